@@ -1,0 +1,29 @@
+"""System checks: `manage.py check` tells an operator what is wrong with JOBQUEUE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+
+
+def check_settings(**_: Any) -> list[checks.CheckMessage]:
+    from django.conf import settings
+
+    from . import conf
+    from .exceptions import JobQueueError
+
+    try:
+        conf.parse(getattr(settings, "JOBQUEUE", {}))
+    except (JobQueueError, TypeError, ValueError) as exc:
+        return [checks.Error(
+            f"JOBQUEUE is invalid: {exc}",
+            hint="See CONTRACT.md 'Settings': QUEUES maps queue names to shards, max_attempts, "
+                 "lease, concurrency, backoff, priority; URL is a redis:// or valkey:// URL.",
+            id="jobqueue.E001",
+        )]
+    return []
+
+
+def register() -> None:
+    checks.register(check_settings, "jobqueue")

@@ -1,0 +1,173 @@
+"""Settings, parsed once into a frozen config, and the Valkey client they describe.
+
+Nothing here runs at import time: the config is read on first use and again when a test
+changes `JOBQUEUE` (Django's `setting_changed` signal clears the caches).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from functools import cache
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .exceptions import ConfigurationError
+
+QUEUE_OPTION_NAMES = ("shards", "max_attempts", "lease", "concurrency", "backoff", "priority")
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """Per-queue defaults; a job's own options win over these."""
+
+    shards: int = 1
+    max_attempts: int = 3
+    lease: float = 30.0
+    concurrency: int | None = None
+    backoff: float = 1.0
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything jobqueue reads from `settings.JOBQUEUE`."""
+
+    url: str = "embedded"
+    cache_alias: str | None = None
+    defaults: QueueOptions = QueueOptions()
+    queues: dict[str, QueueOptions] = field(default_factory=dict)
+    retention: float = 86_400.0
+    dead_retention: float = 7 * 86_400.0
+    on_commit: bool = True
+    import_modules: tuple[str, ...] = ()
+
+    def queue(self, name: str) -> QueueOptions:
+        return self.queues.get(name, self.defaults)
+
+
+def _queue_options(base: QueueOptions, raw: dict[str, Any], where: str) -> QueueOptions:
+    unknown = set(raw) - set(QUEUE_OPTION_NAMES)
+    if unknown:
+        raise ConfigurationError(
+            f"{where}: unknown option(s) {sorted(unknown)}; allowed: {list(QUEUE_OPTION_NAMES)}"
+        )
+    options = replace(base, **raw)
+    checks = [
+        (isinstance(options.shards, int) and 1 <= options.shards <= 1024, "shards: 1…1024"),
+        (isinstance(options.max_attempts, int) and options.max_attempts >= 1, "max_attempts ≥ 1"),
+        (isinstance(options.lease, (int, float)) and 0 < options.lease <= 86_400, "lease: 0…86400 s"),
+        (options.concurrency is None or (isinstance(options.concurrency, int)
+                                         and options.concurrency >= 1), "concurrency ≥ 1"),
+        (isinstance(options.backoff, (int, float)) and options.backoff >= 0, "backoff ≥ 0"),
+        (isinstance(options.priority, int) and -100 <= options.priority <= 100,
+         "priority: -100…100"),
+    ]
+    for ok, rule in checks:
+        if not ok:
+            raise ConfigurationError(f"{where}: {rule}")
+    return options
+
+
+def parse(raw: dict[str, Any]) -> Config:
+    """Validate a `JOBQUEUE` dict into a Config, naming the first wrong entry."""
+    raw = dict(raw)
+    defaults = _queue_options(QueueOptions(), raw.pop("DEFAULTS", {}), "JOBQUEUE['DEFAULTS']")
+    queues = {}
+    from .keys import validate_queue
+
+    for name, opts in raw.pop("QUEUES", {}).items():
+        validate_queue(name)
+        queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
+    known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "IMPORT"}
+    if set(raw) - known:
+        raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(set(raw) - known)}")
+    return Config(
+        url=raw.get("URL") or "embedded",
+        cache_alias=raw.get("CACHE_ALIAS"),
+        defaults=defaults,
+        queues=queues,
+        retention=float(raw.get("RETENTION", Config.retention)),
+        dead_retention=float(raw.get("DEAD_RETENTION", Config.dead_retention)),
+        on_commit=bool(raw.get("ON_COMMIT", True)),
+        import_modules=tuple(raw.get("IMPORT", ())),
+    )
+
+
+@cache
+def get_config() -> Config:
+    """The process's config (defaults when Django settings are not configured)."""
+    from django.conf import settings
+
+    if not settings.configured:
+        return Config()
+    return parse(getattr(settings, "JOBQUEUE", {}))
+
+
+def normalise_url(url: str) -> tuple[str, bool]:
+    """Map valkey(s):// onto redis(s):// and pull out `?cluster=true`, which redis-py rejects."""
+    parts = urlsplit(url)
+    scheme = {"valkey": "redis", "valkeys": "rediss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ConfigurationError(f"Valkey URL scheme {parts.scheme!r} not supported")
+    query = parse_qsl(parts.query)
+    cluster = any(k == "cluster" and v.lower() in ("1", "true", "yes") for k, v in query)
+    rest = urlencode([(k, v) for k, v in query if k != "cluster"])
+    return urlunsplit((scheme, parts.netloc, parts.path, rest, parts.fragment)), cluster
+
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def client_for_url(url: str) -> Any:
+    """A shared client (standalone or cluster) for `url`, text-decoding, with a bounded retry."""
+    with _clients_lock:
+        if url not in _clients:
+            import redis
+            from redis.cluster import RedisCluster
+
+            plain, cluster = normalise_url(url)
+            opts: dict[str, Any] = {"decode_responses": True, "health_check_interval": 30}
+            if cluster:
+                _clients[url] = RedisCluster.from_url(plain, **opts)
+            else:
+                _clients[url] = redis.Redis.from_url(plain, socket_keepalive=True, **opts)
+        return _clients[url]
+
+
+def get_client() -> Any:
+    """The Valkey client jobqueue uses, from JOBQUEUE['URL'] or a django-redis cache alias."""
+    config = get_config()
+    if config.cache_alias:
+        return _client_from_cache(config.cache_alias)
+    if config.url == "embedded":
+        from . import embedded
+
+        return client_for_url(embedded.ensure_running())
+    return client_for_url(config.url)
+
+
+def _client_from_cache(alias: str) -> Any:
+    """Reuse the connection settings of a django-redis cache, but decode replies as text."""
+    import redis
+    from django_redis import get_redis_connection
+
+    key = f"cache:{alias}"
+    with _clients_lock:
+        if key not in _clients:
+            base = get_redis_connection(alias)
+            kwargs = dict(base.connection_pool.connection_kwargs, decode_responses=True)
+            pool = redis.ConnectionPool(connection_class=base.connection_pool.connection_class,
+                                        **kwargs)
+            _clients[key] = redis.Redis(connection_pool=pool)
+        return _clients[key]
+
+
+def reset() -> None:
+    """Forget the parsed config and clients (settings changed, or a test switched servers)."""
+    get_config.cache_clear()
+    with _clients_lock:
+        for client in _clients.values():
+            client.close()
+        _clients.clear()

@@ -1,0 +1,46 @@
+"""Typed errors of jobqueue: every one is a `JobQueueError`.
+
+A stale lease is not an error: `Queue.ack`/`nack`/`extend` answer False/None for it.
+"""
+
+from __future__ import annotations
+
+
+class JobQueueError(Exception):
+    """Base class of every error jobqueue raises on purpose."""
+
+
+class InvalidName(JobQueueError, ValueError):
+    """A queue or lane name outside the allowed charset or length."""
+
+
+class InvalidJobId(JobQueueError, ValueError):
+    """A job id that is not a branded `JOB…` id."""
+
+
+class InvalidPriority(JobQueueError, ValueError):
+    """A priority that is not an integer in -100…100."""
+
+
+class InvalidPayload(JobQueueError, ValueError):
+    """Arguments, results or checkpoints that JSON cannot represent."""
+
+
+class InvalidOption(JobQueueError, ValueError):
+    """An enqueue or worker option with a wrong type or out of range."""
+
+
+class JobNotFound(JobQueueError, LookupError):
+    """No live row for that job id in that queue."""
+
+
+class InvalidTransition(JobQueueError):
+    """An operator action the job's current state does not allow."""
+
+
+class UnknownHandler(JobQueueError, LookupError):
+    """No `@job` handler is registered under that dotted name."""
+
+
+class ConfigurationError(JobQueueError):
+    """Settings that cannot work (bad URL, bad queue options)."""

@@ -1,0 +1,71 @@
+"""The durable floor in MySQL: a mirror of finished jobs, and the shards of each queue."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from .states import State
+
+
+class Job(models.Model):
+    """One finished job, mirrored from its `done` event (idempotent upsert keyed by id)."""
+
+    id = models.CharField(primary_key=True, max_length=14)
+    queue = models.CharField(max_length=64)
+    shard = models.PositiveSmallIntegerField(default=0)
+    lane = models.CharField(max_length=128, blank=True, default="")
+    state = models.CharField(max_length=16, choices=State.choices)
+    priority = models.SmallIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=0)
+    payload = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    unique_key = models.CharField(max_length=200, blank=True, default="")
+    worker = models.CharField(max_length=200, blank=True, default="")
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    mirrored_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-finished_at"]
+        indexes = [
+            models.Index(fields=["queue", "state", "finished_at"], name="jq_job_queue_state"),
+            models.Index(fields=["state", "finished_at"], name="jq_job_state_finished"),
+            models.Index(fields=["finished_at"], name="jq_job_finished"),
+        ]
+        permissions = [
+            ("retry_job", "Can retry jobs"),
+            ("reprioritize_job", "Can reprioritize jobs"),
+            ("cancel_job", "Can cancel jobs"),
+            ("pause_queue", "Can pause and resume queues"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.queue}, {self.state})"
+
+
+class Shard(models.Model):
+    """One Valkey partition of a queue: active, or draining before it is retired."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        """Takes new jobs and is claimed from."""
+        DRAINING = "draining", "Draining"
+        """Beyond the configured shard count: claimed from until empty, takes no new jobs."""
+
+    queue = models.CharField(max_length=64)
+    index = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    pending = models.PositiveIntegerField(default=0)
+    scheduled = models.PositiveIntegerField(default=0)
+    active = models.PositiveIntegerField(default=0)
+    dead = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "index"], name="jq_shard_unique")]
+        ordering = ["queue", "index"]
+
+    def __str__(self) -> str:
+        return f"{self.queue}#{self.index}"

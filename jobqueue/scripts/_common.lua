@@ -1,0 +1,71 @@
+--[[ _common: helpers prepended to every transition script by jobqueue/scripts/__init__.py.
+They only touch keys derived from a braced base key that the script received in KEYS, so
+every key stays in the shard's slot.
+]]
+
+-- Milliseconds on the server clock: leases and schedules never trust a worker's clock.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function job_key(base, id) return base .. ':job:' .. id end
+
+local function uniq_key(base, unique) return base .. ':uniq:' .. unique end
+
+-- The default lane ('') is `pending`; a named lane is `lane:<name>`.
+local function lane_key(base, lane)
+  if lane == nil or lane == '' then return base .. ':pending' end
+  return base .. ':lane:' .. lane
+end
+
+-- Put a job on its lane (score -priority: ZPOPMIN serves the highest priority, then the lowest
+-- id, i.e. mint order) and keep the ring = exactly the lanes that have ready work.
+local function make_ready(base, ring, jk, id)
+  local row = redis.call('HMGET', jk, 'lane', 'priority')
+  local lane = row[1] or ''
+  local lk = lane_key(base, lane)
+  redis.call('HSET', jk, 'state', 'pending')
+  if redis.call('ZADD', lk, -(tonumber(row[2]) or 0), id) == 1 and redis.call('ZCARD', lk) == 1 then
+    redis.call('RPUSH', ring, lane)
+  end
+end
+
+-- Take a waiting job off its lane; an emptied lane leaves the ring.
+local function unready(base, ring, jk, id)
+  local lane = redis.call('HGET', jk, 'lane') or ''
+  local lk = lane_key(base, lane)
+  if redis.call('ZREM', lk, id) == 1 and redis.call('ZCARD', lk) == 0 then
+    redis.call('LREM', ring, 0, lane)
+  end
+end
+
+-- Wake up to `n` blocked workers; the list is capped so idle queues do not accumulate tokens.
+local function wake_workers(wake, n)
+  if n <= 0 then return end
+  local tokens = {}
+  for i = 1, math.min(n, 16) do tokens[i] = '1' end
+  redis.call('RPUSH', wake, unpack(tokens))
+  redis.call('LTRIM', wake, -16, -1)
+end
+
+-- A terminal transition: state, timestamps, counters, the `done` event for the MySQL mirror
+-- (in this same script, so a state change can never miss its event) and the row's retention.
+local function finish(base, done, meta, jk, id, state, now, retention_ms)
+  redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '')
+  local f = redis.call('HMGET', jk, 'attempts', 'priority', 'lane', 'payload', 'result',
+    'last_error', 'enqueued_at', 'queue', 'shard', 'unique_key', 'worker', 'max_attempts')
+  redis.call('XADD', done, '*', 'id', id, 'state', state, 'finished_at', now,
+    'attempts', f[1] or '0', 'priority', f[2] or '0', 'lane', f[3] or '', 'payload', f[4] or '',
+    'result', f[5] or '', 'last_error', f[6] or '', 'enqueued_at', f[7] or '0',
+    'queue', f[8] or '', 'shard', f[9] or '0', 'unique_key', f[10] or '', 'worker', f[11] or '',
+    'max_attempts', f[12] or '0')
+  redis.call('HINCRBY', meta, 'n_' .. state, 1)
+  if retention_ms > 0 then
+    redis.call('PEXPIRE', jk, retention_ms)
+    if f[10] and f[10] ~= '' then
+      local uk = uniq_key(base, f[10])
+      if redis.call('GET', uk) == id then redis.call('PEXPIRE', uk, retention_ms) end
+    end
+  end
+end

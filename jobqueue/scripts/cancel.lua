@@ -1,0 +1,28 @@
+--[[ cancel (operator): a waiting job becomes cancelled at once; an active one is flagged, and
+its worker's ack, nack or release then records it as cancelled.
+KEYS[1] base      prefix  emq:{q}
+KEYS[2] schedule  ZSET    id -> due ms
+KEYS[3] ring      LIST    lanes with ready work
+KEYS[4] done      STREAM  terminal events
+KEYS[5] meta      HASH    counters
+ARGV[1] id, ARGV[2] retention ms
+Returns: 'ok:cancelled', 'ok:active' (flagged), 'missing', or 'state:<state>' when finished
+]]
+local base, schedule, ring, done, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id = ARGV[1]
+local jk = job_key(base, id)
+local state = redis.call('HGET', jk, 'state')
+if not state then return 'missing' end
+if state == 'active' then
+  redis.call('HSET', jk, 'cancel', '1')
+  return 'ok:active'
+end
+if state == 'pending' then
+  unready(base, ring, jk, id)
+elseif state == 'scheduled' then
+  redis.call('ZREM', schedule, id)
+else
+  return 'state:' .. state
+end
+finish(base, done, meta, jk, id, 'cancelled', now_ms(), tonumber(ARGV[2]))
+return 'ok:cancelled'

@@ -1,0 +1,18 @@
+--[[ checkpoint: store a running job's progress on its row (and optionally renew the lease).
+KEYS[1] base    prefix  emq:{q}
+KEYS[2] active  ZSET    id -> lease deadline ms
+ARGV[1] id, ARGV[2] token, ARGV[3] data (JSON), ARGV[4] lease ms from now (0 = keep)
+Returns: 1 (stored) or 0 (stale)
+]]
+local base, active = KEYS[1], KEYS[2]
+local id, token, data, ms = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local jk = job_key(base, id)
+local row = redis.call('HMGET', jk, 'state', 'attempts')
+if row[1] ~= 'active' or row[2] ~= token then return 0 end
+redis.call('HSET', jk, 'checkpoint', data)
+if ms > 0 then
+  local deadline = now_ms() + ms
+  redis.call('ZADD', active, 'XX', deadline, id)
+  redis.call('HSET', jk, 'lease_until', deadline)
+end
+return 1

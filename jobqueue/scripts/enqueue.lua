@@ -1,0 +1,53 @@
+--[[ enqueue: write new job rows and make them ready (or scheduled when delayed).
+KEYS[1] base      prefix  emq:{q}; rows are base:job:<id>, lanes base:pending / base:lane:<l>
+KEYS[2] ring      LIST    lanes with ready work
+KEYS[3] schedule  ZSET    id -> due ms
+KEYS[4] wake      LIST    wake tokens for blocked workers
+ARGV[1] queue, ARGV[2] shard index, ARGV[3] n = number of jobs, then 10 per job:
+        id, payload (JSON), priority, lane ('' = default), max_attempts, backoff_ms, lease_ms
+        (0 = worker default), delay_ms (0 = ready now), unique_key ('' = none),
+        minted ('1' when the caller did not choose the id)
+Returns: per job two entries: id, status — 'new'; 'exists' (unique_key or caller's id already
+        live: id is the existing job's); 'collision' (a minted id already taken: mint again)
+]]
+local base, ring, schedule, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queue, shard, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now = now_ms()
+local out, ready = {}, 0
+for i = 0, n - 1 do
+  local o = 4 + i * 10
+  local id, unique = ARGV[o], ARGV[o + 8]
+  local jk = job_key(base, id)
+  local other = nil
+  if unique ~= '' then
+    other = redis.call('GET', uniq_key(base, unique))
+    if other and redis.call('EXISTS', job_key(base, other)) == 0 then other = nil end
+  end
+  if other then
+    out[#out + 1] = other; out[#out + 1] = 'exists'
+  elseif redis.call('EXISTS', jk) == 1 then
+    -- The same minted id with the same payload is our own write, sent again after a lost reply.
+    local status = 'exists'
+    if ARGV[o + 9] == '1' and redis.call('HGET', jk, 'payload') ~= ARGV[o + 1] then
+      status = 'collision'
+    end
+    out[#out + 1] = id; out[#out + 1] = status
+  else
+    local delay = tonumber(ARGV[o + 7])
+    redis.call('HSET', jk, 'attempts', 0, 'uncharged', 0, 'payload', ARGV[o + 1],
+      'priority', ARGV[o + 2], 'lane', ARGV[o + 3], 'max_attempts', ARGV[o + 4],
+      'backoff_ms', ARGV[o + 5], 'lease_ms', ARGV[o + 6], 'unique_key', unique,
+      'enqueued_at', now, 'run_after', now + delay, 'queue', queue, 'shard', shard)
+    if unique ~= '' then redis.call('SET', uniq_key(base, unique), id) end
+    if delay > 0 then
+      redis.call('HSET', jk, 'state', 'scheduled')
+      redis.call('ZADD', schedule, now + delay, id)
+    else
+      make_ready(base, ring, jk, id)
+      ready = ready + 1
+    end
+    out[#out + 1] = id; out[#out + 1] = 'new'
+  end
+end
+wake_workers(wake, ready)
+return out

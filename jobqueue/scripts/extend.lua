@@ -1,0 +1,22 @@
+--[[ extend: renew leases (the worker's heartbeat); token-fenced.
+KEYS[1] base    prefix  emq:{q}
+KEYS[2] active  ZSET    id -> lease deadline ms
+ARGV[1] n, then 3 per job: id, token, lease ms from now
+Returns: per job 1 (renewed), 2 (renewed, and an operator asked to cancel it) or 0 (stale)
+]]
+local base, active, n = KEYS[1], KEYS[2], tonumber(ARGV[1])
+local now = now_ms()
+local out = {}
+for i = 0, n - 1 do
+  local id, token, ms = ARGV[2 + i * 3], ARGV[3 + i * 3], tonumber(ARGV[4 + i * 3])
+  local jk = job_key(base, id)
+  local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel')
+  if row[1] == 'active' and row[2] == token then
+    redis.call('ZADD', active, 'XX', now + ms, id)
+    redis.call('HSET', jk, 'lease_until', now + ms)
+    out[#out + 1] = (row[3] == '1') and 2 or 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

@@ -1,0 +1,45 @@
+--[[ nack: record a failed run; retry after backoff while the budget lasts, else dead.
+KEYS[1] base      prefix  emq:{q}
+KEYS[2] active    ZSET    id -> lease deadline ms
+KEYS[3] schedule  ZSET    id -> due ms
+KEYS[4] dead      ZSET    id -> finished ms
+KEYS[5] done      STREAM  terminal events
+KEYS[6] ring      LIST    lanes with ready work
+KEYS[7] wake      LIST    wake tokens
+KEYS[8] meta      HASH    counters
+ARGV[1] id, ARGV[2] token, ARGV[3] error text, ARGV[4] retry_in ms (-1 = the job's backoff),
+ARGV[5] '1' = fatal (no retry), ARGV[6] retention ms, ARGV[7] dead retention ms
+Returns: the new state ('pending', 'scheduled', 'dead', 'cancelled'), or '' when stale
+]]
+local base, active, schedule, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local done, ring, wake, meta = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local id, token, err, retry_in, fatal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local jk = job_key(base, id)
+local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
+  'backoff_ms', 'cancel')
+if row[1] ~= 'active' or row[2] ~= token then return '' end
+local now = now_ms()
+redis.call('ZREM', active, id)
+redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
+if row[6] == '1' then
+  finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]))
+  return 'cancelled'
+end
+-- The budget counts runs, not claims: releases and operator retries are `uncharged`.
+local used = tonumber(row[2]) - (tonumber(row[3]) or 0)
+if fatal == '1' or used >= (tonumber(row[4]) or 1) then
+  redis.call('ZADD', dead, now, id)
+  finish(base, done, meta, jk, id, 'dead', now, tonumber(ARGV[7]))
+  return 'dead'
+end
+local delay = retry_in
+if delay < 0 then delay = math.min((tonumber(row[5]) or 0) * 2 ^ (used - 1), 3600000) end
+if delay <= 0 then
+  redis.call('HSET', jk, 'run_after', now)
+  make_ready(base, ring, jk, id)
+  wake_workers(wake, 1)
+  return 'pending'
+end
+redis.call('HSET', jk, 'state', 'scheduled', 'run_after', now + delay)
+redis.call('ZADD', schedule, now + delay, id)
+return 'scheduled'

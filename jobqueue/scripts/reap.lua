@@ -1,0 +1,39 @@
+--[[ reap: jobs whose lease expired (their worker died or stalled) go back to waiting, or to
+dead when their budget is spent; also forgets dead entries older than their retention.
+KEYS[1] base    prefix  emq:{q}
+KEYS[2] active  ZSET    id -> lease deadline ms
+KEYS[3] dead    ZSET    id -> finished ms
+KEYS[4] done    STREAM  terminal events
+KEYS[5] ring    LIST    lanes with ready work
+KEYS[6] wake    LIST    wake tokens
+KEYS[7] meta    HASH    counters
+ARGV[1] limit, ARGV[2] retention ms, ARGV[3] dead retention ms
+Returns: how many expired leases were handled
+]]
+local base, active, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ring, wake, meta = KEYS[5], KEYS[6], KEYS[7]
+local limit, retention, dead_retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', dead, '-inf', now - dead_retention)
+local expired = redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT', 0, limit)
+local ready = 0
+for _, id in ipairs(expired) do
+  redis.call('ZREM', active, id)
+  local jk = job_key(base, id)
+  local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel')
+  if row[1] == 'active' then
+    redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
+    local used = tonumber(row[2]) - (tonumber(row[3]) or 0)
+    if row[5] == '1' then
+      finish(base, done, meta, jk, id, 'cancelled', now, retention)
+    elseif used >= (tonumber(row[4]) or 1) then
+      redis.call('ZADD', dead, now, id)
+      finish(base, done, meta, jk, id, 'dead', now, dead_retention)
+    else
+      make_ready(base, ring, jk, id)
+      ready = ready + 1
+    end
+  end
+end
+wake_workers(wake, ready)
+return #expired

@@ -1,0 +1,16 @@
+--[[ reprioritize (operator): change a job's priority in place; a waiting job is rescored.
+KEYS[1] base    prefix  emq:{q}
+ARGV[1] id, ARGV[2] priority (-100…100)
+Returns: 'ok:<state>', 'missing', or 'state:<state>' for a finished job
+]]
+local base = KEYS[1]
+local id, priority = ARGV[1], tonumber(ARGV[2])
+local jk = job_key(base, id)
+local row = redis.call('HMGET', jk, 'state', 'lane')
+if not row[1] then return 'missing' end
+if row[1] ~= 'pending' and row[1] ~= 'scheduled' and row[1] ~= 'active' then
+  return 'state:' .. row[1]
+end
+redis.call('HSET', jk, 'priority', priority)
+if row[1] == 'pending' then redis.call('ZADD', lane_key(base, row[2]), 'XX', -priority, id) end
+return 'ok:' .. row[1]

@@ -1,0 +1,25 @@
+--[[ retry (operator): a dead or cancelled job goes back to pending with a fresh retry budget.
+`attempts` keeps counting (the fencing token never goes back); `uncharged` absorbs the old runs.
+KEYS[1] base    prefix  emq:{q}
+KEYS[2] dead    ZSET    id -> finished ms
+KEYS[3] ring    LIST    lanes with ready work
+KEYS[4] wake    LIST    wake tokens
+ARGV[1] id
+Returns: 'ok:pending', 'missing', or 'state:<current state>' when the state does not allow it
+]]
+local base, dead, ring, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local id = ARGV[1]
+local jk = job_key(base, id)
+local row = redis.call('HMGET', jk, 'state', 'attempts', 'unique_key')
+if not row[1] then return 'missing' end
+if row[1] ~= 'dead' and row[1] ~= 'cancelled' then return 'state:' .. row[1] end
+redis.call('ZREM', dead, id)
+redis.call('PERSIST', jk)
+if row[3] and row[3] ~= '' and redis.call('GET', uniq_key(base, row[3])) == id then
+  redis.call('PERSIST', uniq_key(base, row[3]))
+end
+redis.call('HSET', jk, 'uncharged', row[2], 'cancel', '0', 'finished_at', '',
+  'run_after', now_ms())
+make_ready(base, ring, jk, id)
+wake_workers(wake, 1)
+return 'ok:pending'

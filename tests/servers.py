@@ -1,0 +1,89 @@
+"""Real servers for the tests: valkey-server processes (standalone and cluster) on loopback."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from jobqueue.embedded import free_port, server_args, wait_until_up
+
+
+class ValkeyProcess:
+    """One valkey-server child process that a test may stop, kill and start again."""
+
+    def __init__(self, *extra: str, port: int | None = None, appendonly: bool = True) -> None:
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="jq-valkey-"))
+        self.extra = [*extra, "--appendonly", "yes" if appendonly else "no",
+                      "--appendfsync", "always" if appendonly else "no"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> ValkeyProcess:
+        log = open(self.dir / "valkey.log", "ab")
+        self.proc = subprocess.Popen(server_args(self.port, self.dir, *self.extra),
+                                     stdout=log, stderr=subprocess.STDOUT)
+        wait_until_up(self.port)
+        return self
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(10)
+
+    def cleanup(self) -> None:
+        self.stop(kill=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ValkeyCluster:
+    """Three primaries in cluster mode; each node's bus on a free port of its own."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.nodes = [ValkeyProcess("--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+                                    "--cluster-node-timeout", "2000", appendonly=False)
+                      for _ in range(size)]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.nodes[0].port}/0?cluster=true"
+
+    def start(self) -> ValkeyCluster:
+        for node in self.nodes:
+            node.extra += ["--cluster-config-file", str(node.dir / "nodes.conf")]
+            node.start()
+        clients = [redis.Redis(port=n.port, decode_responses=True) for n in self.nodes]
+        share = 16384 // len(self.nodes)
+        for i, client in enumerate(clients):
+            last = 16383 if i == len(clients) - 1 else (i + 1) * share - 1
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
+        first = self.nodes[0]
+        bus = first.extra[first.extra.index("--cluster-port") + 1]
+        for client in clients[1:]:
+            client.execute_command("CLUSTER", "MEET", "127.0.0.1", first.port, bus)
+        deadline = time.monotonic() + 30
+        while not all(self._ok(c, len(clients)) for c in clients):
+            if time.monotonic() > deadline:
+                raise RuntimeError("Valkey cluster did not converge")
+            time.sleep(0.1)
+        for client in clients:
+            client.close()
+        return self
+
+    @staticmethod
+    def _ok(client: redis.Redis, size: int) -> bool:
+        info = client.execute_command("CLUSTER", "INFO")
+        text = info if isinstance(info, str) else info.decode()
+        return "cluster_state:ok" in text and f"cluster_known_nodes:{size}" in text
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()

@@ -1,0 +1,39 @@
+"""Test settings: the project's, on MariaDB when one answers on 127.0.0.1:3306, else SQLite.
+
+CI always has MariaDB (.ci/run starts it); a laptop without one still runs the suite and
+says so at the top of the run. Valkey servers are started by fixtures (tests/conftest.py).
+"""
+
+import os
+import socket
+
+from project.settings import *  # noqa: F403
+from project.settings import BASE_DIR, env
+
+MYSQL_URL = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql://root@127.0.0.1:3306/jobqueue")
+
+
+def _mysql_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 3306), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+if "DATABASE_URL" in os.environ:
+    DATABASES = {"default": env.db("DATABASE_URL")}
+elif _mysql_answers():
+    DATABASES = {"default": env.db_url_config(MYSQL_URL)}
+else:
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
+                             "NAME": str(BASE_DIR / "var" / "test.sqlite3"),
+                             "TEST": {"NAME": str(BASE_DIR / "var" / "test.sqlite3")}}}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
+    DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
+
+# Fixtures fill in the URL of the Valkey they start.
+JOBQUEUE = {"URL": "redis://127.0.0.1:1/0", "QUEUES": {"default": {}}}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -1,0 +1,360 @@
+"""The transitions of `Queue`, each on its own and as behaviour, on Valkey and Valkey Cluster."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from jobqueue import keys, scripts
+from jobqueue.exceptions import (
+    InvalidJobId,
+    InvalidName,
+    InvalidOption,
+    InvalidPayload,
+    InvalidPriority,
+    InvalidTransition,
+    JobNotFound,
+)
+from jobqueue.store import JobSpec, Queue
+
+
+def claim_all(queue: Queue, n: int = 1000, **kw: Any) -> list:
+    return queue.dequeue(count=n, lease=30, worker="t", **kw)
+
+
+# -- the scripts themselves ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(scripts.TRANSITIONS))
+def test_each_script_declares_its_keys_and_touches_no_undeclared_key_shape(name: str) -> None:
+    src = scripts.source(name)
+    assert src.key_names[0] == "base"
+    body = (scripts.HERE / scripts.TRANSITIONS[name]).read_text()
+    header, code = body.split("]]", 1)
+    assert "ARGV" in header and "Returns" in header
+    used = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", code)}
+    assert used == set(range(1, len(src.key_names) + 1)), "code uses exactly the declared KEYS"
+
+
+@pytest.mark.parametrize("name", sorted(scripts.TRANSITIONS))
+def test_every_key_a_wrapper_passes_is_in_the_queues_slot(name: str) -> None:
+    for index in (0, 3):
+        shard = Queue("emails").shard(index)
+        passed = scripts.source(name).keys_for(shard)
+        assert len({keys.slot(k) for k in passed}) == 1
+        assert all(k.startswith(shard.base) for k in passed)
+
+
+def test_enqueue_writes_the_row_and_the_lane(queue: Queue, client: Any) -> None:
+    ref = queue.enqueue({"x": 1}, priority=5)
+    row = client.hgetall(f"emq:{{default}}:job:{ref.id}")
+    assert row["state"] == "pending" and row["attempts"] == "0" and row["payload"] == '{"x":1}'
+    assert client.zscore("emq:{default}:pending", ref.id) == -5
+    assert client.lrange("emq:{default}:ring", 0, -1) == [""]
+    assert client.llen("emq:{default}:wake") == 1
+
+
+def test_claim_leases_on_the_server_clock_and_counts_attempts(queue: Queue, client: Any) -> None:
+    ref = queue.enqueue("p", lease=7)
+    before = time.time() * 1000
+    [lease] = queue.dequeue(count=5, lease=30, worker="w1")
+    deadline = client.zscore("emq:{default}:active", ref.id)
+    assert lease.job_id == ref.id and lease.token == 1 and lease.payload == "p"
+    assert lease.lease == 7 and before + 6000 < deadline < time.time() * 1000 + 8000
+    assert client.hget(f"emq:{{default}}:job:{ref.id}", "worker") == "w1"
+    assert client.lrange("emq:{default}:ring", 0, -1) == []  # an empty lane leaves the ring
+
+
+def test_ack_records_success_result_event_and_retention(queue: Queue, client: Any) -> None:
+    ref = queue.enqueue([1, 2])
+    [lease] = claim_all(queue)
+    assert queue.ack(lease, result={"sum": 3}) is True
+    info = queue.get(ref.id)
+    assert info and info.state == "succeeded" and info.result == {"sum": 3}
+    assert client.pttl(f"emq:{{default}}:job:{ref.id}") > 0
+    [(_, event)] = client.xrange("emq:{default}:done")
+    assert event["id"] == ref.id and event["state"] == "succeeded" and event["result"] == '{"sum":3}'
+    assert queue.counts()["succeeded"] == 1 and queue.counts()["active"] == 0
+
+
+def test_stale_ack_extend_nack_checkpoint_change_nothing(queue: Queue) -> None:
+    ref = queue.enqueue("p")
+    [old] = claim_all(queue)
+    assert queue.release(old)
+    [new] = claim_all(queue)
+    assert new.token == old.token + 1
+    assert queue.ack(old) is False
+    assert queue.extend(old, 10) is False
+    assert queue.nack(old, "late") is None
+    assert queue.checkpoint(old, {"x": 1}) is False
+    info = queue.get(ref.id)
+    assert info and info.state == "active" and info.last_error == "" and info.checkpoint is None
+    assert queue.ack(new) is True
+
+
+def test_nack_retries_with_exponential_backoff_then_dies(queue: Queue, client: Any) -> None:
+    ref = queue.enqueue("p", max_attempts=3, backoff=10)
+    [lease] = claim_all(queue)
+    assert queue.nack(lease, "boom 1") == "scheduled"
+    due = client.zscore("emq:{default}:schedule", ref.id)
+    assert 9_000 < due - time.time() * 1000 <= 10_100
+    client.zadd("emq:{default}:schedule", {ref.id: 0})  # make it due now
+    assert queue.promote() == 1
+    [lease] = claim_all(queue)
+    assert queue.nack(lease, "boom 2") == "scheduled"
+    due = client.zscore("emq:{default}:schedule", ref.id)
+    assert 19_000 < due - time.time() * 1000 <= 20_100  # 10 s × 2
+    client.zadd("emq:{default}:schedule", {ref.id: 0})
+    queue.promote()
+    [lease] = claim_all(queue)
+    assert queue.nack(lease, "boom 3") == "dead"
+    info = queue.get(ref.id)
+    assert info and info.state == "dead" and info.last_error == "boom 3" and info.attempts == 3
+    assert client.zscore("emq:{default}:dead", ref.id) is not None
+    assert [e["state"] for _, e in client.xrange("emq:{default}:done")] == ["dead"]
+
+
+def test_nack_retry_in_zero_and_fatal(queue: Queue) -> None:
+    queue.enqueue("p", max_attempts=5)
+    [lease] = claim_all(queue)
+    assert queue.nack(lease, "again", retry_in=0) == "pending"
+    [lease] = claim_all(queue)
+    assert queue.nack(lease, "cannot ever run", fatal=True) == "dead"
+
+
+def test_extend_and_checkpoint(queue: Queue, client: Any) -> None:
+    ref = queue.enqueue("p")
+    [lease] = queue.dequeue(count=1, lease=1, worker="w")
+    assert queue.extend(lease, 60) is True
+    assert client.zscore("emq:{default}:active", ref.id) > time.time() * 1000 + 50_000
+    assert queue.checkpoint(lease, {"page": 3}, extend=120) is True
+    assert queue.release(lease)
+    [again] = claim_all(queue)
+    assert again.checkpoint == {"page": 3}
+
+
+def test_reap_returns_expired_leases_and_kills_spent_ones(queue: Queue) -> None:
+    a = queue.enqueue("a", max_attempts=2)
+    b = queue.enqueue("b", max_attempts=1)
+    queue.dequeue(count=2, lease=0.05, worker="gone")
+    time.sleep(0.1)
+    assert queue.reap() == 2
+    assert queue.get(a.id).state == "pending"  # type: ignore[union-attr]
+    dead = queue.get(b.id)
+    assert dead and dead.state == "dead" and dead.last_error == "lease expired"
+    assert queue.reap() == 0
+
+
+def test_release_does_not_charge_the_retry_budget(queue: Queue) -> None:
+    ref = queue.enqueue("p", max_attempts=1)
+    for _ in range(3):
+        [lease] = claim_all(queue)
+        assert queue.release(lease)
+    [lease] = claim_all(queue)
+    assert lease.token == 4
+    assert queue.nack(lease, "first real failure") == "dead"  # the budget of 1 run is now spent
+    assert queue.get(ref.id).attempts == 4  # type: ignore[union-attr]
+
+
+def test_promote_moves_due_jobs_and_reports_the_next(queue: Queue) -> None:
+    queue.enqueue("soon", delay=0.05)
+    queue.enqueue("later", delay=60)
+    assert claim_all(queue) == []
+    assert queue.counts()["scheduled"] == 2
+    time.sleep(0.08)
+    moved, wait = queue.promote_shard(0)
+    assert moved == 1 and wait is not None and 55 < wait <= 60
+    assert [lease.payload for lease in claim_all(queue)] == ["soon"]
+
+
+# -- behaviour through Queue ----------------------------------------------------------------
+
+def test_higher_priority_first_then_fifo(queue: Queue) -> None:
+    specs = [JobSpec(f"p{p}-{i}", priority=p) for i in range(3) for p in (0, 10, -5)]
+    queue.enqueue_many(specs)
+    order = [lease.payload for lease in claim_all(queue)]
+    assert order == ["p10-0", "p10-1", "p10-2", "p0-0", "p0-1", "p0-2", "p-5-0", "p-5-1", "p-5-2"]
+
+
+def test_one_flooding_lane_cannot_starve_the_others(queue: Queue) -> None:
+    queue.enqueue_many([JobSpec(("flood", i), lane="flood") for i in range(300)])
+    for lane in ("a", "b", "c", "d"):
+        queue.enqueue_many([JobSpec((lane, i), lane=lane) for i in range(10)])
+    first_60 = []
+    while len(first_60) < 60:  # single claims, as a --concurrency 1 worker does
+        first_60 += [lease.payload[0] for lease in queue.dequeue(count=1, worker="w")]
+    served = Counter(first_60)
+    assert all(served[lane] == 10 for lane in "abcd"), served
+    assert served["flood"] == 20
+
+
+def test_a_batch_claim_takes_successive_turns_across_lanes(queue: Queue) -> None:
+    for lane in ("x", "y", "z"):
+        queue.enqueue_many([JobSpec(lane, lane=lane) for _ in range(5)])
+    batch = [lease.payload for lease in queue.dequeue(count=6, worker="w")]
+    assert Counter(batch) == {"x": 2, "y": 2, "z": 2}
+
+
+def test_claim_never_returns_empty_while_a_lane_has_work(queue: Queue, client: Any) -> None:
+    queue.enqueue_many([JobSpec(i, lane=f"l{i % 7}") for i in range(70)])
+    seen = 0
+    while batch := queue.dequeue(count=3, worker="w"):
+        seen += len(batch)
+    assert seen == 70 and client.llen("emq:{default}:ring") == 0
+
+
+def test_unique_key_returns_the_live_job(queue: Queue) -> None:
+    first = queue.enqueue("a", unique_key="order-991")
+    again = queue.enqueue("b", unique_key="order-991")
+    assert again.id == first.id and again.created is False and first.created is True
+    assert queue.counts()["pending"] == 1
+
+
+def test_caller_id_is_idempotent(queue: Queue) -> None:
+    from jobqueue.ids import new_id
+
+    job_id = new_id()
+    assert queue.enqueue("a", job_id=job_id).created is True
+    assert queue.enqueue("a", job_id=job_id).created is False
+
+
+def test_pause_stops_claims_but_not_enqueue(queue: Queue) -> None:
+    queue.pause()
+    queue.enqueue("p")
+    assert queue.is_paused() and claim_all(queue) == []
+    queue.resume()
+    assert len(claim_all(queue)) == 1
+
+
+def test_cancel_retry_reprioritize(queue: Queue) -> None:
+    low = queue.enqueue("low", priority=0)
+    high = queue.enqueue("high", priority=5)
+    assert queue.reprioritize(low.id, 50) == "pending"
+    assert queue.cancel(high.id) == "cancelled"
+    with pytest.raises(InvalidTransition, match="cancel .* it is cancelled"):
+        queue.cancel(high.id)
+    assert queue.retry(high.id) == "pending"
+    order = [lease.payload for lease in claim_all(queue)]
+    assert order == ["low", "high"]
+    with pytest.raises(InvalidTransition, match="retry"):
+        queue.retry(low.id)
+    with pytest.raises(JobNotFound):
+        queue.cancel("JOB00000000001")
+
+
+def test_cancel_of_an_active_job_is_recorded_at_its_ack(queue: Queue) -> None:
+    ref = queue.enqueue("p")
+    [lease] = claim_all(queue)
+    assert queue.cancel(ref.id) == "active"
+    assert queue.extend_many([lease], 10) == [2]
+    assert queue.ack(lease) is True
+    assert queue.get(ref.id).state == "cancelled"  # type: ignore[union-attr]
+
+
+def test_operator_retry_gives_a_fresh_budget_and_keeps_counting(queue: Queue) -> None:
+    ref = queue.enqueue("p", max_attempts=1)
+    [lease] = claim_all(queue)
+    queue.nack(lease, "x")
+    assert queue.retry(ref.id) == "pending"
+    [lease] = claim_all(queue)
+    assert lease.token == 2
+    assert queue.nack(lease, "y") == "dead"
+
+
+def test_delay_and_run_after(queue: Queue) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    a = queue.enqueue("a", delay=timedelta(seconds=30))
+    b = queue.enqueue("b", run_after=datetime.now(UTC) + timedelta(seconds=30))
+    c = queue.enqueue("c", run_after=datetime.now(UTC) - timedelta(seconds=30))
+    assert queue.get(a.id).state == queue.get(b.id).state == "scheduled"  # type: ignore[union-attr]
+    assert queue.get(c.id).state == "pending"  # type: ignore[union-attr]
+
+
+def test_corrupt_payload_is_reported_on_the_lease(queue: Queue, client: Any) -> None:
+    ref = queue.enqueue("p")
+    client.hset(f"emq:{{default}}:job:{ref.id}", "payload", "{not json")
+    [lease] = claim_all(queue)
+    assert lease.payload is None and "corrupt" in (lease.problem or "")
+
+
+def test_sharded_queue_spreads_jobs_and_claims_them_all(client: Any) -> None:
+    queue = Queue("emails", client=client, shards=4)
+    refs = queue.enqueue_many([JobSpec(i) for i in range(200)])
+    per_shard = Counter(queue.place(r.id, "", "") for r in refs)
+    assert len(per_shard) == 4 and min(per_shard.values()) > 20
+    laned = queue.enqueue_many([JobSpec(i, lane="player-7") for i in range(10)])
+    assert len({queue.locate(r.id) for r in laned}) == 1
+    got = []
+    while batch := queue.dequeue(count=50, worker="w"):
+        got += batch
+    assert len(got) == 210 and queue.counts()["active"] == 210
+    assert queue.get(refs[0].id) is not None
+
+
+def test_growing_shards_moves_no_job(client: Any) -> None:
+    before = Queue("grow", client=client, shards=1).enqueue("old")
+    grown = Queue("grow", client=client, shards=8)
+    assert grown.get(before.id) is not None
+    grown.enqueue_many([JobSpec(i) for i in range(20)])
+    assert grown.counts()["pending"] == 21
+    assert len(grown.dequeue(count=50, worker="w")) == 21
+
+
+def test_shrinking_drains_the_retired_shards(client: Any) -> None:
+    Queue("shrink", client=client, shards=4).enqueue_many([JobSpec(i) for i in range(40)])
+    small = Queue("shrink", client=client, shards=1)
+    total = small.claim_shards()
+    assert total == 4
+    got = []
+    while batch := small.dequeue(count=50, worker="w", shards=total):
+        got += batch
+    assert len(got) == 40
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["a{b}", "has space", "", "x" * 65, "tab\t", None, "ü"])
+def test_bad_queue_names_are_refused_before_anything_is_sent(name: Any) -> None:
+    with pytest.raises(InvalidName, match="letters, digits"):
+        Queue(name)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"priority": 101}, InvalidPriority, "-100…100"),
+        ({"priority": "high"}, InvalidPriority, "integer"),
+        ({"priority": True}, InvalidPriority, "integer"),
+        ({"lane": "a b"}, InvalidName, "lane"),
+        ({"lane": "{x}"}, InvalidName, "lane"),
+        ({"delay": -1}, InvalidOption, "delay"),
+        ({"max_attempts": 0}, InvalidOption, "max_attempts"),
+        ({"job_id": "JOB123"}, InvalidJobId, "malformed"),
+        ({"unique_key": ""}, InvalidOption, "unique_key"),
+        ({"run_after": "tomorrow"}, InvalidOption, "timezone-aware"),
+    ],
+)
+def test_bad_options_are_refused_with_what_is_allowed(
+    queue: Queue, options: dict, error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        queue.enqueue("p", **options)
+    assert queue.counts()["pending"] == 0
+
+
+def test_non_json_payload_is_refused_and_a_bad_batch_writes_nothing(queue: Queue) -> None:
+    with pytest.raises(InvalidPayload, match="not JSON-serialisable"):
+        queue.enqueue({"when": object()})
+    with pytest.raises(InvalidPayload):
+        queue.enqueue_many([JobSpec(1), JobSpec(float("nan"))])
+    assert queue.counts()["pending"] == 0
+
+
+def test_malformed_ids_are_refused_by_operator_calls(queue: Queue) -> None:
+    for call in (queue.retry, queue.cancel, queue.get):
+        with pytest.raises(InvalidJobId):
+            call("nope")
