@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from .states import State
+from .store import JobInfo
 
 
 class Job(models.Model):
@@ -43,6 +44,16 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.queue}, {self.state})"
+
+    def info(self) -> JobInfo:
+        """This row as the JobInfo `get_job` answers once the Valkey row has expired."""
+        return JobInfo(
+            id=self.id, queue=self.queue, state=self.state, attempts=self.attempts,
+            priority=self.priority, lane=self.lane or None, payload=self.payload,
+            result=self.result, last_error=self.last_error, max_attempts=self.max_attempts,
+            unique_key=self.unique_key or None, worker=self.worker, shard=self.shard,
+            enqueued_at=self.enqueued_at, finished_at=self.finished_at, source="mirror",
+        )
 
 
 class Shard(models.Model):

@@ -33,7 +33,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
     DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
 
-# Fixtures fill in the URL of the Valkey they start.
-JOBQUEUE = {"URL": "redis://127.0.0.1:1/0", "QUEUES": {"default": {}}}
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.jobapp"]  # noqa: F405
+
+# Fixtures fill in the URL of the Valkey they start (and pass it to worker subprocesses).
+JOBQUEUE = {"URL": os.environ.get("VALKEY_URL", "redis://127.0.0.1:1/0"), "QUEUES": {"default": {}}}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}

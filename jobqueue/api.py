@@ -1,0 +1,171 @@
+"""The producer API: `@job`, `enqueue` by dotted path, `get_job`.
+
+A job's payload is `{"handler": "<dotted name>", "args": [...], "kwargs": {...}}`. Handlers are
+registered when their module is imported; the worker imports every installed app's `jobs`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, overload
+
+from .conf import get_config
+from .exceptions import InvalidOption, UnknownHandler
+from .store import JobInfo, JobRef, JobSpec, Queue, _prepare
+
+_registry: dict[str, JobFunction] = {}
+
+SPEC_OPTIONS = ("lane", "priority", "delay", "run_after", "max_attempts", "backoff", "lease",
+                "unique_key", "job_id")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """A handler's defaults plus per-call overrides from `.using(...)`."""
+
+    queue: str = "default"
+    takes_context: bool = False
+    immediate: bool = False
+    """Enqueue at once even inside `transaction.atomic()` (default: on commit)."""
+    spec: Mapping[str, Any] = field(default_factory=dict)
+
+
+class JobFunction:
+    """A registered handler: call it to run inline, `.enqueue(...)` to run it on a worker."""
+
+    def __init__(self, func: Callable[..., Any], name: str, options: JobOptions) -> None:
+        self.func = func
+        self.name = name
+        self.options = options
+        self.__doc__ = func.__doc__
+        self.__wrapped__ = func
+
+    def __repr__(self) -> str:
+        return f"<job {self.name} queue={self.options.queue!r}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def using(self, *, queue: str | None = None, immediate: bool | None = None,
+              **spec: Any) -> JobFunction:
+        """A copy with per-call options (lane, priority, delay, run_after, max_attempts, …)."""
+        _check_spec_options(spec)
+        options = replace(
+            self.options,
+            queue=queue or self.options.queue,
+            immediate=self.options.immediate if immediate is None else immediate,
+            spec={**self.options.spec, **spec},
+        )
+        return JobFunction(self.func, self.name, options)
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> JobRef:
+        return self.enqueue_many([(args, kwargs)])[0]
+
+    def enqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any]]]) -> list[JobRef]:
+        """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""
+        specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
+        return _submit(Queue(self.options.queue), specs, self.options.immediate)
+
+
+def _split(call: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:
+    if isinstance(call, Mapping):
+        return (), call
+    if (isinstance(call, tuple) and len(call) == 2 and isinstance(call[0], (tuple, list))
+            and isinstance(call[1], Mapping)):
+        return call[0], call[1]
+    if isinstance(call, (tuple, list)):
+        return call, {}
+    raise InvalidOption(f"each call must be a tuple of args, a dict of kwargs or (args, kwargs): {call!r}")
+
+
+def _payload(handler: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"handler": handler, "args": list(args), "kwargs": dict(kwargs)}
+
+
+def _check_spec_options(spec: Mapping[str, Any]) -> None:
+    unknown = set(spec) - set(SPEC_OPTIONS)
+    if unknown:
+        raise InvalidOption(f"unknown option(s) {sorted(unknown)}; allowed: {list(SPEC_OPTIONS)}")
+
+
+def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
+    """Enqueue now, or — inside a transaction — once it commits (nothing if it rolls back).
+
+    The ids are minted now so the caller gets them at once; validation also happens now.
+    """
+    from django.db import transaction
+
+    connection = transaction.get_connection()
+    if immediate or not get_config().on_commit or not connection.in_atomic_block:
+        return queue.enqueue_many(specs)
+    prepared = [_prepare(spec, queue.options) for spec in specs]
+    minted = [replace(spec, job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
+    transaction.on_commit(lambda: queue.enqueue_many(minted), robust=False)
+    return [JobRef(p.job_id, queue.name) for p in prepared]
+
+
+@overload
+def job(func: Callable[..., Any], /) -> JobFunction: ...
+@overload
+def job(*, queue: str = ..., priority: int = ..., max_attempts: int = ..., backoff: float = ...,
+        lease: float = ..., takes_context: bool = ..., name: str | None = ...,
+        immediate: bool = ...) -> Callable[[Callable[..., Any]], JobFunction]: ...
+
+
+def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
+        name: str | None = None, takes_context: bool = False, immediate: bool = False,
+        **spec: Any) -> Any:
+    """Register a handler, bare (`@job`) or with defaults (`@job(queue="emails", priority=5)`)."""
+    _check_spec_options(spec)
+    Queue(queue)  # validates the name now, at import, not at the first enqueue
+
+    def register(f: Callable[..., Any]) -> JobFunction:
+        dotted = name or f"{f.__module__}.{f.__qualname__}"
+        if takes_context and next(iter(inspect.signature(f).parameters), None) != "ctx":
+            raise InvalidOption(f"{dotted}: takes_context=True needs a first parameter named ctx")
+        handler = JobFunction(f, dotted, JobOptions(queue, takes_context, immediate, spec))
+        _registry[dotted] = handler
+        return handler
+
+    return register(func) if func is not None else register
+
+
+def lookup(name: str) -> JobFunction:
+    """The registered handler for a dotted name; UnknownHandler names what is missing."""
+    try:
+        return _registry[name]
+    except KeyError:
+        raise UnknownHandler(f"no @job handler registered as {name!r}") from None
+
+
+def enqueue(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+            queue: str | None = None, lane: str | None = None, priority: int | None = None,
+            delay: float | timedelta | None = None, run_after: datetime | None = None,
+            max_attempts: int | None = None, unique_key: str | None = None,
+            immediate: bool = False, **more: Any) -> JobRef:
+    """Enqueue a handler by dotted path (it need not be imported in this process)."""
+    registered = _registry.get(name)
+    base = registered.options if registered else JobOptions()
+    spec = {**base.spec, **{k: v for k, v in dict(
+        lane=lane, priority=priority, delay=delay, run_after=run_after,
+        max_attempts=max_attempts, unique_key=unique_key, **more).items() if v is not None}}
+    _check_spec_options(spec)
+    if not isinstance(name, str) or not name:
+        raise UnknownHandler(f"handler must be a dotted name, got {name!r}")
+    payload = _payload(name, list(args), dict(kwargs or {}))
+    target = Queue(queue or base.queue)
+    return _submit(target, [JobSpec(payload, **spec)], immediate or base.immediate)[0]
+
+
+def get_job(job_id: str, queue: str = "default") -> JobInfo | None:
+    """A job's state: live from Valkey, else from its MySQL mirror row, else None."""
+    live = Queue(queue).get(job_id)
+    if live is not None:
+        return live
+    from .models import Job
+
+    row = Job.objects.filter(pk=job_id).first()
+    return row.info() if row is not None else None

@@ -1,0 +1,88 @@
+"""`manage.py runworker`: parse the options, wire signals, run a Worker."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from jobqueue.exceptions import JobQueueError
+from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.worker.core import queues_from_option
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {raw!r}") from None
+    if not 0 < value <= 86_400:
+        raise argparse.ArgumentTypeError(f"must be within 0…86400 seconds, got {value}")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Run jobs from Valkey queues and mirror finished ones to the database."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--queues", help="comma-separated queue names (default: every known queue)")
+        parser.add_argument("--concurrency", type=_positive_int, default=4,
+                            help="jobs run at once (default 4)")
+        parser.add_argument("--burst", action="store_true",
+                            help="exit 0 once the queues are empty and every finished job is mirrored")
+        parser.add_argument("--lease", type=_seconds,
+                            help="lease seconds, overriding the job's and the queue's")
+        parser.add_argument("--processes", action="store_true",
+                            help="run jobs in a process pool (CPU-bound work) instead of threads")
+        parser.add_argument("--grace", type=_seconds, default=30.0,
+                            help="seconds running jobs get to finish on the first SIGTERM (default 30)")
+        parser.add_argument("--name", help="worker name (default host:pid)")
+        parser.add_argument("--no-mirror", action="store_true",
+                            help="do not mirror finished jobs to the database from this worker")
+        parser.add_argument("--log-level", default="INFO",
+                            choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["log_level"])
+        try:
+            config = WorkerConfig(
+                queues=tuple(queues_from_option(options["queues"])),
+                concurrency=options["concurrency"], burst=options["burst"], lease=options["lease"],
+                processes=options["processes"], grace=options["grace"],
+                mirror=not options["no_mirror"],
+                **({"name": options["name"]} if options["name"] else {}),
+            )
+        except JobQueueError as exc:
+            raise CommandError(str(exc)) from None
+        worker = Worker(config)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: worker.request_stop())
+        worker.run()
+        if worker.abandoned:
+            # Handlers still running were released to other workers; do not wait for them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+    def _configure_logging(self, level: str) -> None:
+        logger = logging.getLogger("jobqueue")
+        logger.setLevel(level)
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+            logger.addHandler(handler)

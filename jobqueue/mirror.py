@@ -1,0 +1,140 @@
+"""The durable floor: terminal events from `emq:{q}:done` upserted into MySQL.
+
+Read with a consumer group, write one bulk upsert keyed by job id (a replay rewrites the same
+row), commit, then XACK + XDEL. While MySQL is down the entries wait in the stream; entries left
+pending by a dead consumer are claimed by another after `claim_idle` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection, transaction
+
+from .store import Queue
+
+log = logging.getLogger("jobqueue.mirror")
+GROUP = "mirror"
+UPDATE_FIELDS = ["queue", "shard", "lane", "state", "priority", "attempts", "max_attempts",
+                 "payload", "result", "last_error", "unique_key", "worker", "enqueued_at",
+                 "finished_at", "mirrored_at"]
+
+
+def _json(raw: str) -> Any:
+    if raw == "":
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # a corrupt payload is kept as text: the mirror records what happened
+
+
+def _dt(raw: str) -> datetime | None:
+    try:
+        ms = int(float(raw))
+    except ValueError:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC) if ms > 0 else None
+
+
+def _int(raw: str) -> int:
+    try:
+        return int(float(raw))
+    except ValueError:
+        return 0
+
+
+def to_row(event: dict[str, str]) -> Any:
+    from .models import Job
+
+    return Job(
+        id=event["id"], queue=event.get("queue", ""), shard=_int(event.get("shard", "0")),
+        lane=event.get("lane", ""), state=event["state"],
+        priority=_int(event.get("priority", "0")), attempts=_int(event.get("attempts", "0")),
+        max_attempts=_int(event.get("max_attempts", "0")), payload=_json(event.get("payload", "")),
+        result=_json(event.get("result", "")), last_error=event.get("last_error", ""),
+        unique_key=event.get("unique_key", ""), worker=event.get("worker", "")[:200],
+        enqueued_at=_dt(event.get("enqueued_at", "0")), finished_at=_dt(event.get("finished_at", "0")),
+        mirrored_at=datetime.now(UTC),
+    )
+
+
+def upsert(events: Sequence[dict[str, str]]) -> int:
+    """One bulk INSERT … ON DUPLICATE KEY UPDATE (or ON CONFLICT) for a batch; the last event
+    of a job wins, so replays and re-runs after an operator retry converge on the newest state."""
+    from .models import Job
+
+    latest = {event["id"]: event for event in events}
+    rows = [to_row(event) for event in latest.values()]
+    target = ["id"] if connection.features.supports_update_conflicts_with_target else None
+    with transaction.atomic():
+        Job.objects.bulk_create(rows, update_conflicts=True, unique_fields=target,
+                                update_fields=UPDATE_FIELDS)
+    return len(rows)
+
+
+class Mirror:
+    """Moves terminal events of some queues' shards into the `Job` table."""
+
+    def __init__(self, queues: Sequence[Queue], consumer: str, batch: int = 1000,
+                 claim_idle: float = 15.0) -> None:
+        self.queues = list(queues)
+        self.consumer = consumer
+        self.batch = batch
+        self.claim_idle_ms = round(claim_idle * 1000)
+        self._grouped: set[str] = set()
+
+    def _streams(self) -> list[tuple[Any, str]]:
+        return [(q.client, q.shard(i).key("done"))
+                for q in self.queues for i in range(q.claim_shards())]
+
+    def _ensure_group(self, client: Any, stream: str) -> None:
+        if stream in self._grouped:
+            return
+        try:
+            client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except Exception as exc:  # BUSYGROUP: another worker made it first
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._grouped.add(stream)
+
+    def step(self, *, take_over_all: bool = False) -> int:
+        """Mirror what is waiting on every stream once; returns rows written.
+
+        Order per stream: our own unacknowledged entries (a failed write), entries idle with
+        another consumer (a dead worker), then new ones. Raises when the database fails; the
+        entries then stay pending and the next step retries them.
+        """
+        written = 0
+        for client, stream in self._streams():
+            self._ensure_group(client, stream)
+            own = client.xreadgroup(GROUP, self.consumer, {stream: "0"}, count=self.batch)
+            written += self._write(client, stream, own[0][1] if own else [])
+            idle = 0 if take_over_all else self.claim_idle_ms
+            claimed = client.xautoclaim(stream, GROUP, self.consumer, idle, "0-0", count=self.batch)
+            written += self._write(client, stream, claimed[1])
+            while True:
+                reply = client.xreadgroup(GROUP, self.consumer, {stream: ">"}, count=self.batch)
+                entries = reply[0][1] if reply else []
+                written += self._write(client, stream, entries)
+                if len(entries) < self.batch:
+                    break
+        return written
+
+    def _write(self, client: Any, stream: str, entries: list[tuple[str, dict[str, str]]]) -> int:
+        entries = [(entry_id, fields) for entry_id, fields in entries if fields]
+        if not entries:
+            return 0
+        written = upsert([fields for _, fields in entries])
+        ids = [entry_id for entry_id, _ in entries]
+        client.xack(stream, GROUP, *ids)
+        client.xdel(stream, *ids)
+        return written
+
+    def backlog(self) -> int:
+        """Entries still in the streams (pending or unread)."""
+        return sum(int(client.xlen(stream)) for client, stream in self._streams())

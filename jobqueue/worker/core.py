@@ -1,0 +1,478 @@
+"""The worker: claim in batches, run in a pool, renew leases, record outcomes, mirror, stop well.
+
+Threads, each with one job:
+- the main loop claims work when there is room and records finished jobs (acks in one script
+  call per shard, nacks one by one) — it is the only thread that changes job state;
+- a heartbeat renews the lease of every running job at a third of its length;
+- one waiter per shard blocks on the shard's `wake` list while the worker has room, so an idle
+  worker sleeps in BLPOP instead of polling, and wakes within milliseconds of an enqueue;
+- the mirror moves terminal events into MySQL (a slow database never slows claiming).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
+
+from ..keys import WORKERS_KEY
+from ..store import Lease, Queue, known_queues
+from .executor import Outcome, execute
+
+log = logging.getLogger("jobqueue.worker")
+VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How one worker runs; `manage.py runworker` builds it from its options."""
+
+    queues: tuple[str, ...] = ()
+    """Queues to serve; empty: every known queue."""
+    concurrency: int = 4
+    burst: bool = False
+    lease: float | None = None
+    """Overrides the job's and the queue's lease when set."""
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    processes: bool = False
+    grace: float = 30.0
+    maintenance_every: float = 1.0
+    summary_every: float = 30.0
+    mirror: bool = True
+
+
+@dataclass
+class _Running:
+    lease: Lease
+    started: float
+    lost: bool = False
+
+
+class Worker:
+    """Runs jobs from some queues until asked to stop (or, in burst mode, until they are empty)."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.queues: list[Queue] = []
+        self.shard_totals: dict[str, int] = {}
+        self.abandoned = 0
+        self.processed = 0
+        self.failed = 0
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._finished: SimpleQueue[tuple[Lease, Future[Outcome]]] = SimpleQueue()
+        self._unrecorded: list[tuple[Lease, Outcome]] = []
+        self._tick = threading.Event()
+        self._room = threading.Event()
+        self._stop_claiming = threading.Event()
+        self._abort = threading.Event()
+        self._threads_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._waiting_on: set[tuple[str, int]] = set()
+        self._next_maintenance = 0.0
+        self._next_summary = time.monotonic() + config.summary_every
+        self._next_due: float | None = None
+        self._pool: Executor | None = None
+        self._rotation = 0
+
+    # -- control ---------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """First call: stop claiming and let running jobs finish. Second: release them now."""
+        if self._stop_claiming.is_set():
+            log.warning("second stop request: releasing running jobs now")
+            self._abort.set()
+        else:
+            log.info("stop requested: finishing running jobs (grace %.0fs)", self.config.grace)
+        self._stop_claiming.set()
+        self._tick.set()
+
+    def run(self) -> None:
+        """The main loop; returns when stopped (or when a burst run has nothing left)."""
+        self._start()
+        try:
+            while not self._stop_claiming.is_set():
+                self._tick.clear()
+                try:
+                    busy = self._cycle()
+                except VALKEY_DOWN as exc:
+                    self._wait_for_valkey(exc)
+                    continue
+                if busy:
+                    continue
+                if self.config.burst and self._burst_done():
+                    break
+                self._tick.wait(self._idle_wait())
+            self._drain()
+        finally:
+            self._stop_threads()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
+        autodiscover_modules("jobs")
+        names = self.config.queues or tuple(known_queues())
+        self.queues = [Queue(name) for name in names]
+        self.shard_totals = {q.name: q.claim_shards() for q in self.queues}
+        self._pool = self._make_pool()
+        self._room.set()
+        self._spawn(self._heartbeat, "heartbeat")
+        if self.config.mirror:
+            self._spawn(self._mirror_loop, "mirror")
+        self._ensure_waiters()
+        log.info("worker %s serving %s with concurrency %d%s", self.config.name,
+                 ",".join(names) or "(no queues yet)", self.config.concurrency,
+                 " (burst)" if self.config.burst else "")
+
+    def _cycle(self) -> bool:
+        """One turn: record outcomes, maintenance when due, claim. True if it claimed work."""
+        self._record()
+        now = time.monotonic()
+        if now >= self._next_maintenance:
+            self._maintain()
+            self._next_maintenance = now + self.config.maintenance_every
+        if now >= self._next_summary:
+            self._summary()
+            self._next_summary = now + self.config.summary_every
+        return self._claim() > 0
+
+    def _claim(self) -> int:
+        room = self.config.concurrency - len(self._running)
+        if room <= 0:
+            return 0
+        claimed = 0
+        self._rotation += 1
+        order = self.queues[self._rotation % max(len(self.queues), 1):] + \
+            self.queues[: self._rotation % max(len(self.queues), 1)]
+        for queue in order:
+            limit = queue.options.concurrency or self.config.concurrency
+            take = min(room - claimed, limit - self._running_in(queue.name))
+            if take <= 0:
+                continue
+            leases = queue.dequeue(
+                count=take, lease=self.config.lease, worker=self.config.name,
+                override_lease=self.config.lease is not None,
+                shards=self.shard_totals[queue.name],
+            )
+            for lease in leases:
+                self._submit(lease)
+            claimed += len(leases)
+        return claimed
+
+    def _running_in(self, queue: str) -> int:
+        return sum(1 for r in self._running.values() if r.lease.queue == queue)
+
+    def _submit(self, lease: Lease) -> None:
+        assert self._pool is not None
+        with self._lock:
+            self._running[lease.job_id] = _Running(lease, time.monotonic())
+            if len(self._running) >= self.config.concurrency:
+                self._room.clear()
+        future = self._pool.submit(execute, lease)
+        future.add_done_callback(lambda f: self._finished_one(lease, f))
+
+    def _finished_one(self, lease: Lease, future: Future[Outcome]) -> None:
+        self._finished.put((lease, future))
+        self._tick.set()
+
+    def _record(self) -> None:
+        """Turn finished runs into transitions: acks grouped per queue, nacks one by one."""
+        while True:
+            try:
+                lease, future = self._finished.get_nowait()
+            except Empty:
+                break
+            self._unrecorded.append((lease, _outcome_of(future)))
+        if not self._unrecorded:
+            return
+        pending, self._unrecorded = self._unrecorded, []
+        try:
+            self._ack_and_nack(pending)
+        except VALKEY_DOWN:
+            self._unrecorded = pending + self._unrecorded  # record them once Valkey is back
+            raise
+
+    def _ack_and_nack(self, outcomes: list[tuple[Lease, Outcome]]) -> None:
+        by_queue: dict[str, list[tuple[Lease, Outcome]]] = defaultdict(list)
+        for lease, outcome in outcomes:
+            by_queue[lease.queue].append((lease, outcome))
+        for name, items in by_queue.items():
+            queue = self._queue(name)
+            successes = [(lease, out) for lease, out in items if out.ok]
+            answers = queue.ack_many([(lease, out.result) for lease, out in successes])
+            for (lease, out), recorded in zip(successes, answers, strict=True):
+                self._log(lease, out, "succeeded" if recorded else "stale")
+            for lease, out in items:
+                if not out.ok:
+                    state = queue.nack(lease, out.error, out.retry_in, fatal=out.fatal)
+                    self._log(lease, out, state or "stale")
+            with self._lock:
+                for lease, _ in items:
+                    self._running.pop(lease.job_id, None)
+                self._room.set()
+
+    def _log(self, lease: Lease, outcome: Outcome, state: str) -> None:
+        if outcome.ok:
+            self.processed += 1
+        else:
+            self.failed += 1
+        level = logging.INFO if outcome.ok or state in ("scheduled", "pending") else logging.WARNING
+        reason = "" if outcome.ok else " error=" + json.dumps(outcome.error.strip().splitlines()[-1:])
+        log.log(level, "queue=%s job=%s attempt=%d duration=%.3fs outcome=%s%s", lease.queue,
+                lease.job_id, lease.token, outcome.duration, state, reason)
+
+    def _queue(self, name: str) -> Queue:
+        return next(q for q in self.queues if q.name == name)
+
+    # -- maintenance, waiting, summary -------------------------------------------------------
+
+    def _maintain(self) -> None:
+        """promote + reap on every shard (idempotent, cheap), and advertise this worker."""
+        next_due: float | None = None
+        for queue in self.queues:
+            self.shard_totals[queue.name] = queue.claim_shards()
+            for index in range(self.shard_totals[queue.name]):
+                moved, wait = queue.promote_shard(index)
+                if wait is not None:
+                    next_due = wait if next_due is None else min(next_due, wait)
+            queue.reap(shards=self.shard_totals[queue.name])
+        self._next_due = None if next_due is None else time.monotonic() + next_due
+        self._ensure_waiters()
+        self._advertise()
+
+    def _advertise(self) -> None:
+        if not self.queues:
+            return
+        info = {"name": self.config.name, "pid": os.getpid(), "host": socket.gethostname(),
+                "queues": [q.name for q in self.queues], "running": len(self._running),
+                "concurrency": self.config.concurrency, "processed": self.processed,
+                "failed": self.failed, "heartbeat": time.time()}
+        self.queues[0].client.hset(WORKERS_KEY, self.config.name, json.dumps(info))
+
+    def _idle_wait(self) -> float:
+        wait = self.config.maintenance_every
+        if self._next_due is not None:
+            wait = min(wait, max(self._next_due - time.monotonic(), 0.001))
+        return wait
+
+    def _ensure_waiters(self) -> None:
+        for queue in self.queues:
+            for index in range(self.shard_totals[queue.name]):
+                if (queue.name, index) not in self._waiting_on:
+                    self._waiting_on.add((queue.name, index))
+                    self._spawn(self._wait_for_wake, f"wake-{queue.name}#{index}",
+                                queue, queue.shard(index).key("wake"))
+
+    def _wait_for_wake(self, queue: Queue, wake_key: str) -> None:
+        """Block on one shard's wake list while there is room; a token wakes the main loop."""
+        while not self._threads_stop.is_set():
+            if not self._room.wait(0.5) or self._stop_claiming.is_set():
+                continue
+            try:
+                if queue.client.blpop([wake_key], timeout=1):
+                    self._tick.set()
+            except VALKEY_DOWN:
+                self._threads_stop.wait(1.0)
+
+    def _summary(self) -> None:
+        backlog = sum(q.counts()["pending"] for q in self.queues)
+        log.info("summary: processed=%d failed=%d running=%d pending=%d", self.processed,
+                 self.failed, len(self._running), backlog)
+
+    def _wait_for_valkey(self, exc: Exception) -> None:
+        log.warning("Valkey unreachable (%s); retrying", exc)
+        delay = 0.1
+        while not self._stop_claiming.is_set():
+            try:
+                if self.queues:
+                    self.queues[0].client.ping()
+                log.info("Valkey is back")
+                return
+            except VALKEY_DOWN:
+                self._stop_claiming.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _burst_done(self) -> bool:
+        """Nothing running here, and no pending (unless paused), scheduled or active job left."""
+        if self._running or self._unrecorded or not self._finished.empty():
+            return False
+        for queue in self.queues:
+            counts = queue.counts()
+            waiting = counts["scheduled"] + (0 if queue.is_paused() else counts["pending"])
+            if waiting + counts["active"]:
+                return False
+        return True
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        """Renew every running job's lease at a third of its length (a job may run for days)."""
+        while not self._threads_stop.wait(self._heartbeat_interval()):
+            with self._lock:
+                running = list(self._running.values())
+            groups: dict[tuple[str, float], list[_Running]] = defaultdict(list)
+            for item in running:
+                groups[(item.lease.queue, item.lease.lease)].append(item)
+            for (name, seconds), items in groups.items():
+                try:
+                    codes = self._queue(name).extend_many([i.lease for i in items], seconds)
+                except VALKEY_DOWN:
+                    break
+                for item, code in zip(items, codes, strict=True):
+                    if code == 0 and not item.lost:
+                        item.lost = True
+                        log.warning("queue=%s job=%s lease lost: it may run again elsewhere",
+                                    name, item.lease.job_id)
+
+    def _heartbeat_interval(self) -> float:
+        with self._lock:
+            leases = [r.lease.lease for r in self._running.values()]
+        shortest = min(leases, default=self.config.lease or 30.0)
+        return max(0.02, min(shortest / 3, 10.0))
+
+    # -- mirror ------------------------------------------------------------------------------
+
+    def _mirror_loop(self) -> None:
+        from django.db import close_old_connections
+
+        from ..mirror import Mirror
+
+        mirror = Mirror(self.queues, consumer=self.config.name)
+        delay = 0.2
+        while not self._threads_stop.is_set():
+            try:
+                close_old_connections()
+                written = mirror.step()
+                delay = 0.05 if written else 0.2
+            except VALKEY_DOWN:
+                delay = 1.0
+            except Exception as exc:  # the database is down or refused the batch: retry later
+                log.warning("mirror: %s; the events wait in Valkey", exc)
+                _close_db()
+                delay = min(max(delay * 2, 0.5), 5.0)
+            self._threads_stop.wait(delay)
+        self._final_mirror(mirror)
+
+    def _final_mirror(self, mirror: Any) -> None:
+        """On the way out, mirror what is left; a burst run also takes over dead mirrors' entries."""
+        for attempt in range(50 if self.config.burst else 3):
+            try:
+                mirror.step(take_over_all=self.config.burst)
+                if not self.config.burst or mirror.backlog() == 0:
+                    return
+            except Exception as exc:
+                log.warning("mirror (final, try %d): %s", attempt + 1, exc)
+                _close_db()
+            time.sleep(0.2)
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Let running jobs finish within the grace period, then release the rest."""
+        deadline = time.monotonic() + self.config.grace
+        while self._running and not self._abort.is_set() and time.monotonic() < deadline:
+            self._tick.clear()
+            try:
+                self._record()
+            except VALKEY_DOWN:
+                pass
+            self._tick.wait(0.1)
+        try:
+            self._record()
+            self._release_running()
+        except VALKEY_DOWN:
+            log.warning("could not release running jobs: their leases will expire instead")
+
+    def _release_running(self) -> None:
+        with self._lock:
+            leftovers = [r.lease for r in self._running.values()]
+        by_queue: dict[str, list[Lease]] = defaultdict(list)
+        for lease in leftovers:
+            by_queue[lease.queue].append(lease)
+        for name, leases in by_queue.items():
+            released = self._queue(name).release_many(leases)
+            for lease, ok in zip(leases, released, strict=True):
+                log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id,
+                         lease.token, "released" if ok else "stale")
+        self.abandoned = len(leftovers)
+
+    def _spawn(self, target: Any, name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=f"jobqueue-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _stop_threads(self) -> None:
+        self._threads_stop.set()
+        self._room.set()
+        for thread in self._threads:
+            thread.join(timeout=15)
+        if self._pool is not None:
+            self._pool.shutdown(wait=not self.abandoned, cancel_futures=True)
+        if self.queues:
+            try:
+                self.queues[0].client.hdel(WORKERS_KEY, self.config.name)
+            except VALKEY_DOWN:
+                pass
+        log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,
+                 self.processed, self.failed, self.abandoned)
+
+    def _make_pool(self) -> Executor:
+        if not self.config.processes:
+            return ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="jobqueue-job")
+        import multiprocessing
+
+        return ProcessPoolExecutor(
+            self.config.concurrency, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_process, initargs=(os.environ.get("DJANGO_SETTINGS_MODULE"),),
+        )
+
+
+def _outcome_of(future: Future[Outcome]) -> Outcome:
+    """The Outcome of a run; a broken pool (a process that died) is a failure, not a crash."""
+    try:
+        return future.result()
+    except BaseException as exc:  # noqa: BLE001 - reported as the job's error
+        return Outcome(False, error=f"worker pool failed: {exc!r}")
+
+
+def _close_db() -> None:
+    from django.db import connection
+
+    try:
+        connection.close()
+    except Exception:  # noqa: BLE001 - the connection is already broken
+        log.debug("closing a broken database connection failed", exc_info=True)
+
+
+def _init_process(settings_module: str | None) -> None:
+    """Set Django up in a pool process and import the handlers, as the worker did."""
+    import django
+    from django.utils.module_loading import autodiscover_modules
+
+    if settings_module:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", settings_module)
+    django.setup()
+    autodiscover_modules("jobs")
+
+
+def queues_from_option(raw: str | None) -> Sequence[str]:
+    """Parse `--queues a,b` (validated) into a tuple of names."""
+    from ..keys import validate_queue
+
+    if not raw:
+        return ()
+    return tuple(validate_queue(name.strip()) for name in raw.split(",") if name.strip())

@@ -1,0 +1,108 @@
+"""Running one claimed job: resolve its handler, run it, and say which transition records it.
+
+`execute` never raises: whatever the job does, the worker gets an `Outcome` (the worker never
+dies of a job). It is a module-level function so a process pool can run it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from ..api import JobFunction, lookup
+from ..exceptions import JobQueueError, UnknownHandler
+from ..store import Lease, Queue, dumps
+
+
+class RetryLater(Exception):
+    """Raise from a handler to retry after `retry_in` seconds without a traceback."""
+
+    def __init__(self, reason: str = "retry requested", retry_in: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_in = retry_in
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the run came to: `ok` with an encoded result, or an error to nack with."""
+
+    ok: bool
+    result: Any = None
+    error: str = ""
+    retry_in: float | None = None
+    fatal: bool = False
+    """No retry can help (unknown handler, corrupt payload, unencodable result)."""
+    duration: float = 0.0
+
+
+class JobContext:
+    """What a `takes_context=True` handler gets as `ctx`."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.job_id = lease.job_id
+        self.attempt = lease.token
+        self.queue = lease.queue
+        self.checkpoint = lease.checkpoint
+        self._lease = lease
+
+    def save_checkpoint(self, data: Any) -> bool:
+        """Store progress so a re-run (after a crash) starts from it; False if the lease was lost."""
+        saved = Queue(self._lease.queue).checkpoint(self._lease, data)
+        if saved:
+            self.checkpoint = data
+        return saved
+
+
+def resolve(lease: Lease) -> tuple[JobFunction, list[Any], dict[str, Any]]:
+    """The handler and arguments a payload names; JobQueueError says what is wrong."""
+    if lease.problem:
+        raise JobQueueError(lease.problem)
+    payload = lease.payload
+    if not (isinstance(payload, dict) and isinstance(payload.get("handler"), str)
+            and isinstance(payload.get("args", []), list)
+            and isinstance(payload.get("kwargs", {}), dict)):
+        raise JobQueueError(
+            "payload must be {\"handler\": str, \"args\": list, \"kwargs\": dict}, "
+            f"got {str(payload)[:200]!r}"
+        )
+    handler = lookup(payload["handler"])
+    return handler, payload.get("args", []), payload.get("kwargs", {})
+
+
+def run(handler: JobFunction, lease: Lease, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    if handler.options.takes_context:
+        args = [JobContext(lease), *args]
+    result = handler.func(*args, **kwargs)
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    return result
+
+
+def execute(lease: Lease) -> Outcome:
+    """resolve → run → encode; exactly one Outcome, whatever happens."""
+    started = time.monotonic()
+
+    def took() -> float:
+        return time.monotonic() - started
+
+    try:
+        handler, args, kwargs = resolve(lease)
+    except UnknownHandler as exc:
+        return Outcome(False, error=f"{exc}: the job can never run", fatal=True, duration=took())
+    except JobQueueError as exc:
+        return Outcome(False, error=str(exc), fatal=True, duration=took())
+    try:
+        result = run(handler, lease, args, kwargs)
+    except RetryLater as exc:
+        return Outcome(False, error=str(exc), retry_in=exc.retry_in, duration=took())
+    except Exception:
+        return Outcome(False, error=traceback.format_exc(limit=20)[-8000:], duration=took())
+    try:
+        dumps(result, "result")
+    except JobQueueError as exc:
+        return Outcome(False, error=str(exc), fatal=True, duration=took())
+    return Outcome(True, result=result, duration=took())

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class JobAppConfig(AppConfig):
+    name = "tests.jobapp"
+    label = "jobapp"

@@ -1,0 +1,175 @@
+"""The real runworker in subprocesses, against real Valkey and the real test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from jobqueue import Queue, enqueue, get_job
+from jobqueue.models import Job
+from tests.jobapp import jobs
+
+from .servers import ValkeyProcess
+from .workers import run_burst, start_worker, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def states() -> Counter:
+    return Counter(Job.objects.values_list("state", flat=True))
+
+
+def test_200_jobs_round_trip_into_the_mirror(valkey_server: ValkeyProcess) -> None:
+    refs = jobs.add.enqueue_many([(i, i) for i in range(200)])
+    assert run_burst(valkey_server.url, "--concurrency", "8") == 0
+    rows = {row.id: row for row in Job.objects.all()}
+    assert len(rows) == 200 and states() == {"succeeded": 200}
+    assert all(rows[r.id].result == 2 * i for i, r in enumerate(refs))
+    info = get_job(refs[7].id)
+    assert info and info.state == "succeeded" and info.result == 14
+
+
+def test_priorities_lanes_delays_retries_dead_and_unique_keys(
+    valkey_server: ValkeyProcess, tmp_path: Path
+) -> None:
+    order = tmp_path / "order.txt"
+    Queue("default").pause()  # enqueue everything before the worker sees any of it
+    for p in (0, 5, -5, 5):
+        jobs.append_line.using(priority=p).enqueue(str(order), f"p{p}")
+    later = jobs.append_line.using(delay=1.0).enqueue(str(order), "delayed")
+    fails = jobs.always_fails.enqueue("boom")
+    first = jobs.add.using(unique_key="k1").enqueue(1, 1)
+    dup = jobs.add.using(unique_key="k1").enqueue(2, 2)
+    laned = [jobs.add.using(lane=f"player-{i % 3}").enqueue(i, 0) for i in range(9)]
+    Queue("default").resume()
+    assert run_burst(valkey_server.url, "--concurrency", "1") == 0
+    assert order.read_text().split() == ["p5", "p5", "p0", "p-5", "delayed"]
+    assert dup.id == first.id and Job.objects.get(pk=first.id).result == 2
+    dead = Job.objects.get(pk=fails.id)
+    assert dead.state == "dead" and dead.attempts == 2 and "ValueError: boom" in dead.last_error
+    assert Job.objects.get(pk=later.id).state == "succeeded"
+    assert all(Job.objects.get(pk=r.id).lane.startswith("player-") for r in laned)
+
+
+def test_bad_jobs_go_dead_with_a_reason_and_the_worker_lives_on(valkey_server: ValkeyProcess) -> None:
+    unknown = enqueue("tests.jobapp.jobs.nope", args=[1])
+    bad_result = jobs.unencodable.enqueue()
+    corrupt = jobs.add.enqueue(1, 2)
+    Queue("default").client.hset(f"emq:{{default}}:job:{corrupt.id}", "payload", "{garbage")
+    not_a_call = Queue("default").enqueue(["just", "a", "list"])
+    fine = jobs.add.enqueue(2, 3)
+    assert run_burst(valkey_server.url) == 0
+    rows = {row.id: row for row in Job.objects.all()}
+    assert "tests.jobapp.jobs.nope" in rows[unknown.id].last_error and rows[unknown.id].attempts == 1
+    assert "not JSON-serialisable" in rows[bad_result.id].last_error
+    assert "corrupt" in rows[corrupt.id].last_error and rows[corrupt.id].payload == "{garbage"
+    assert "payload must be" in rows[not_a_call.id].last_error
+    assert {rows[i].state for i in (unknown.id, bad_result.id, corrupt.id, not_a_call.id)} == {"dead"}
+    assert rows[fine.id].state == "succeeded"
+
+
+def test_a_crash_mid_job_resumes_from_its_checkpoint(valkey_server: ValkeyProcess) -> None:
+    ref = jobs.crash_once.enqueue()
+    crashed = start_worker(valkey_server.url, "--lease", "1")
+    assert crashed.wait(30) == 1  # the handler took the whole worker down with os._exit(1)
+    assert run_burst(valkey_server.url, "--lease", "1") == 0
+    row = Job.objects.get(pk=ref.id)
+    assert row.state == "succeeded" and row.attempts == 2
+    assert row.result == {"resumed_from": {"step": 1, "attempt": 1}, "attempt": 2}
+
+
+def test_sigkill_loses_nothing_and_records_nothing_twice(valkey_server: ValkeyProcess) -> None:
+    refs = jobs.sleep.enqueue_many([(0.01,)] * 600)
+    queue = Queue("default")
+    victim = start_worker(valkey_server.url, "--concurrency", "8", "--lease", "2")
+    wait_for(lambda: queue.counts()["succeeded"] >= 100)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    assert run_burst(valkey_server.url, "--concurrency", "8", "--lease", "2") == 0
+    rows = Job.objects.filter(pk__in=[r.id for r in refs])
+    assert rows.count() == 600 and states() == {"succeeded": 600}
+    assert queue.counts()["active"] == queue.counts()["pending"] == 0
+
+
+def test_sigterm_lets_the_running_job_finish_and_exits_0(valkey_server: ValkeyProcess) -> None:
+    ref = jobs.sleep.enqueue(3)
+    worker = start_worker(valkey_server.url)
+    wait_for(lambda: (get_job(ref.id) or ref).state == "active")  # type: ignore[union-attr]
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(20) == 0
+    info = get_job(ref.id)
+    assert info and info.state == "succeeded" and info.attempts == 1
+
+
+def test_second_signal_releases_without_charging_the_budget(valkey_server: ValkeyProcess) -> None:
+    ref = jobs.sleep.using(max_attempts=1).enqueue(30)
+    worker = start_worker(valkey_server.url)
+    wait_for(lambda: (get_job(ref.id) or ref).state == "active")  # type: ignore[union-attr]
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(10) == 0
+    info = get_job(ref.id)
+    assert info and info.state == "pending" and info.attempts == 1  # back, budget intact
+
+
+def test_a_job_running_ten_times_its_lease_is_never_reaped(valkey_server: ValkeyProcess) -> None:
+    ref = jobs.sleep.enqueue(3)
+    helper = start_worker(valkey_server.url, "--lease", "0.3", "--concurrency", "1")
+    wait_for(lambda: (get_job(ref.id) or ref).state == "active")  # type: ignore[union-attr]
+    reaped = sum(Queue("default").reap() for _ in range(25) if time.sleep(0.1) is None)
+    helper.send_signal(signal.SIGTERM)
+    assert helper.wait(20) == 0
+    info = get_job(ref.id)
+    assert reaped == 0 and info and info.state == "succeeded" and info.attempts == 1
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_worker_sleeps_and_wakes_at_once(valkey_server: ValkeyProcess) -> None:
+    worker = start_worker(valkey_server.url)
+    try:
+        wait_for(lambda: Queue("default").client.hlen("{emq}:workers") == 1)
+        time.sleep(1)
+        before = _cpu_seconds(worker.pid)
+        time.sleep(3)
+        idle_share = (_cpu_seconds(worker.pid) - before) / 3
+        assert idle_share < 0.05, f"idle worker used {idle_share:.1%} of a core"
+        started = time.monotonic()
+        ref = jobs.noop.enqueue()
+        wait_for(lambda: (get_job(ref.id) or ref).state == "succeeded", every=0.002)  # type: ignore[union-attr]
+        assert time.monotonic() - started < 0.5
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+
+
+def test_a_valkey_restart_does_not_stop_the_worker(valkey_server: ValkeyProcess) -> None:
+    worker = start_worker(valkey_server.url, "--concurrency", "4")
+    try:
+        first = jobs.add.enqueue_many([(i, 1) for i in range(50)])
+        wait_for(lambda: Job.objects.filter(pk__in=[r.id for r in first]).count() == 50)
+        valkey_server.stop()
+        time.sleep(1)
+        valkey_server.start()
+        second = jobs.add.enqueue_many([(i, 2) for i in range(50)])
+        wait_for(lambda: Job.objects.filter(pk__in=[r.id for r in second]).count() == 50)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+    assert states() == {"succeeded": 100}
+
+
+def test_retry_later_and_per_queue_options(valkey_server: ValkeyProcess) -> None:
+    ref = jobs.retry_later.using(max_attempts=2).enqueue(0.2)
+    assert run_burst(valkey_server.url) == 0
+    row = Job.objects.get(pk=ref.id)
+    assert row.state == "dead" and row.attempts == 2 and row.last_error == "not yet"

@@ -1,0 +1,45 @@
+"""Run the real `manage.py runworker` in a subprocess, against the test's Valkey and database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    """The URL of the test database this test process uses, for a subprocess to share."""
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    return f"mysql://{s['USER']}{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 3306}/{s['NAME']}"
+
+
+def start_worker(valkey_url: str, *args: str, db_url: str | None = None,
+                 log: Path | None = None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", VALKEY_URL=valkey_url,
+               DATABASE_URL=db_url or database_url(), PYTHONUNBUFFERED="1")
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "manage.py", "runworker", *args], cwd=ROOT, env=env,
+                            stdout=out, stderr=subprocess.STDOUT)
+
+
+def run_burst(valkey_url: str, *args: str, timeout: float = 120, **kw: object) -> int:
+    proc = start_worker(valkey_url, "--burst", *args, **kw)  # type: ignore[arg-type]
+    return proc.wait(timeout)
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30, every: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {condition}")
+        time.sleep(every)
