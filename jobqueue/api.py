@@ -17,6 +17,8 @@ from .exceptions import InvalidOption, UnknownHandler
 from .store import JobInfo, JobRef, JobSpec, Queue, _prepare
 
 _registry: dict[str, JobFunction] = {}
+Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any]]
+"""One call of a handler: a tuple of args, a dict of kwargs, or (args, kwargs)."""
 
 SPEC_OPTIONS = ("lane", "priority", "delay", "run_after", "max_attempts", "backoff", "lease",
                 "unique_key", "job_id")
@@ -64,7 +66,7 @@ class JobFunction:
     def enqueue(self, *args: Any, **kwargs: Any) -> JobRef:
         return self.enqueue_many([(args, kwargs)])[0]
 
-    def enqueue_many(self, calls: Iterable[Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any]]]) -> list[JobRef]:
+    def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
         """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""
         specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
         return _submit(Queue(self.options.queue), specs, self.options.immediate)

@@ -28,9 +28,9 @@ class ValkeyProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> ValkeyProcess:
-        log = open(self.dir / "valkey.log", "ab")
-        self.proc = subprocess.Popen(server_args(self.port, self.dir, *self.extra),
-                                     stdout=log, stderr=subprocess.STDOUT)
+        with open(self.dir / "valkey.log", "ab") as log:
+            self.proc = subprocess.Popen(server_args(self.port, self.dir, *self.extra),
+                                         stdout=log, stderr=subprocess.STDOUT)
         wait_until_up(self.port)
         return self
 

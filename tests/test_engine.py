@@ -234,7 +234,7 @@ def test_cancel_retry_reprioritize(queue: Queue) -> None:
     high = queue.enqueue("high", priority=5)
     assert queue.reprioritize(low.id, 50) == "pending"
     assert queue.cancel(high.id) == "cancelled"
-    with pytest.raises(InvalidTransition, match="cancel .* it is cancelled"):
+    with pytest.raises(InvalidTransition, match=r"cancel .* it is cancelled"):
         queue.cancel(high.id)
     assert queue.retry(high.id) == "pending"
     order = [lease.payload for lease in claim_all(queue)]

@@ -42,7 +42,7 @@ def test_hashtag_vectors(case: dict) -> None:
 
 
 def test_epoch_matches_the_vectors() -> None:
-    assert ids.EPOCH_MS == VECTORS["epoch_ms"]
+    assert VECTORS["epoch_ms"] == ids.EPOCH_MS
 
 
 def test_minting_is_unique_and_monotonic_across_threads() -> None:

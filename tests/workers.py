@@ -27,9 +27,12 @@ def start_worker(valkey_url: str, *args: str, db_url: str | None = None,
                  log: Path | None = None) -> subprocess.Popen[bytes]:
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", VALKEY_URL=valkey_url,
                DATABASE_URL=db_url or database_url(), PYTHONUNBUFFERED="1")
-    out = open(log, "ab") if log else subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, "manage.py", "runworker", *args], cwd=ROOT, env=env,
-                            stdout=out, stderr=subprocess.STDOUT)
+    command = [sys.executable, "manage.py", "runworker", *args]
+    if log is None:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT)
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def run_burst(valkey_url: str, *args: str, timeout: float = 120, **kw: object) -> int:

@@ -57,7 +57,7 @@ def source(name: str) -> ScriptSource:
     return ScriptSource(name, text, tuple(k for _, k in declared))
 
 
-_registered: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def script(client: Any, name: str) -> Any:

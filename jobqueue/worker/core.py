@@ -11,6 +11,7 @@ Threads, each with one job:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 from typing import Any
 
+from django.db import DatabaseError
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
@@ -246,7 +248,7 @@ class Worker:
         for queue in self.queues:
             self.shard_totals[queue.name] = queue.claim_shards()
             for index in range(self.shard_totals[queue.name]):
-                moved, wait = queue.promote_shard(index)
+                _, wait = queue.promote_shard(index)
                 if wait is not None:
                     next_due = wait if next_due is None else min(next_due, wait)
             queue.reap(shards=self.shard_totals[queue.name])
@@ -360,7 +362,7 @@ class Worker:
                 delay = 0.05 if written else 0.2
             except VALKEY_DOWN:
                 delay = 1.0
-            except Exception as exc:  # the database is down or refused the batch: retry later
+            except DatabaseError as exc:  # the database is down or refused the batch: retry later
                 log.warning("mirror: %s; the events wait in Valkey", exc)
                 _close_db()
                 delay = min(max(delay * 2, 0.5), 5.0)
@@ -374,7 +376,7 @@ class Worker:
                 mirror.step(take_over_all=self.config.burst)
                 if not self.config.burst or mirror.backlog() == 0:
                     return
-            except Exception as exc:
+            except (DatabaseError, *VALKEY_DOWN) as exc:
                 log.warning("mirror (final, try %d): %s", attempt + 1, exc)
                 _close_db()
             time.sleep(0.2)
@@ -386,10 +388,8 @@ class Worker:
         deadline = time.monotonic() + self.config.grace
         while self._running and not self._abort.is_set() and time.monotonic() < deadline:
             self._tick.clear()
-            try:
+            with contextlib.suppress(*VALKEY_DOWN):
                 self._record()
-            except VALKEY_DOWN:
-                pass
             self._tick.wait(0.1)
         try:
             self._record()
@@ -423,10 +423,8 @@ class Worker:
         if self._pool is not None:
             self._pool.shutdown(wait=not self.abandoned, cancel_futures=True)
         if self.queues:
-            try:
+            with contextlib.suppress(*VALKEY_DOWN):
                 self.queues[0].client.hdel(WORKERS_KEY, self.config.name)
-            except VALKEY_DOWN:
-                pass
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,
                  self.processed, self.failed, self.abandoned)
 
@@ -454,7 +452,7 @@ def _close_db() -> None:
 
     try:
         connection.close()
-    except Exception:  # noqa: BLE001 - the connection is already broken
+    except DatabaseError:  # the connection is already broken
         log.debug("closing a broken database connection failed", exc_info=True)
 
 

@@ -69,8 +69,20 @@ def resolve(lease: Lease) -> tuple[JobFunction, list[Any], dict[str, Any]]:
             "payload must be {\"handler\": str, \"args\": list, \"kwargs\": dict}, "
             f"got {str(payload)[:200]!r}"
         )
-    handler = lookup(payload["handler"])
-    return handler, payload.get("args", []), payload.get("kwargs", {})
+    return _handler(payload["handler"], lease), payload.get("args", []), payload.get("kwargs", {})
+
+
+def _handler(name: str, lease: Lease) -> JobFunction:
+    """`@job` handlers by dotted name; Django tasks and Celery tasks by their prefix."""
+    if name.startswith("django.tasks:"):
+        from .. import tasks
+
+        return tasks.handler_for(name, lease)
+    if name.startswith("celery:"):
+        from ..contrib import celery
+
+        return celery.handler_for(name, lease)
+    return lookup(name)
 
 
 def run(handler: JobFunction, lease: Lease, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -99,7 +111,7 @@ def execute(lease: Lease) -> Outcome:
         result = run(handler, lease, args, kwargs)
     except RetryLater as exc:
         return Outcome(False, error=str(exc), retry_in=exc.retry_in, duration=took())
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever a handler raises is its job's failure
         return Outcome(False, error=traceback.format_exc(limit=20)[-8000:], duration=took())
     try:
         dumps(result, "result")

@@ -62,3 +62,6 @@ def unencodable() -> object:
 @job
 def touch(path: str) -> None:
     Path(path).touch()
+
+
+from . import celery_tasks, django_tasks  # noqa: E402,F401 - the worker registers these too

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Developer entry point: `./dev.sh demo` or `./dev.sh test` (see README.md).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PY=${PYTHON:-python3.12}
+VENV=.venv
+
+setup() {
+  if ! command -v mysql_config >/dev/null 2>&1 && ! pkg-config --exists mysqlclient 2>/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "==> installing the MySQL client headers (for mysqlclient)"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        default-libmysqlclient-dev pkg-config >/dev/null
+    fi
+  fi
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "==> creating $VENV with $($PY --version)"
+    "$PY" -m venv "$VENV"
+  fi
+  if [ ! -f "$VENV/.installed" ] || [ requirements.txt -nt "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ]; then
+    echo "==> installing requirements"
+    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q -r requirements.txt
+    "$VENV/bin/pip" install -q --no-deps -e .
+    touch "$VENV/.installed"
+  fi
+}
+
+demo() {
+  setup
+  export DJANGO_SETTINGS_MODULE=project.settings
+  unset VALKEY_URL DATABASE_URL
+  "$VENV/bin/python" manage.py migrate --noinput
+  "$VENV/bin/python" manage.py demo_setup
+  "$VENV/bin/python" manage.py runworker --concurrency 4 &
+  worker=$!
+  trap 'kill -TERM $worker 2>/dev/null; wait $worker 2>/dev/null' EXIT
+  echo "==> admin: http://127.0.0.1:8000/admin/jobqueue/  (user admin, password admin)"
+  "$VENV/bin/python" manage.py runserver 127.0.0.1:8000
+}
+
+test_suite() {
+  setup
+  if [ ! -x /usr/bin/chromium ]; then
+    echo "!! /usr/bin/chromium is missing: browser tests will be skipped (apt-get install chromium)"
+  fi
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/mypy"
+  "$VENV/bin/python" manage.py makemigrations --check --dry-run jobqueue >/dev/null
+  "$VENV/bin/pytest" "$@"
+}
+
+case "${1:-}" in
+  demo) shift; demo "$@" ;;
+  test) shift; test_suite "$@" ;;
+  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args]" >&2; exit 2 ;;
+esac

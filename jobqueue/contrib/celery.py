@@ -1,0 +1,70 @@
+"""Run existing Celery tasks as jobs: `Celery(..., task_cls="jobqueue.contrib.celery:JobTask")`.
+
+`.delay()` / `.apply_async(args, kwargs, countdown=, eta=, priority=, queue=)` enqueue a job whose
+handler is `celery:<task name>`; `runworker` runs the task's own body. `self.retry(countdown=…)`
+becomes a job retry, and `max_retries` becomes the job's retry budget (max_retries + 1 runs).
+Nothing goes through a Celery broker or result backend.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from celery import Task, current_app
+
+from ..api import JobFunction, JobOptions, _submit
+from ..exceptions import UnknownHandler
+from ..store import JobSpec, Lease, Queue
+from ..worker.executor import RetryLater
+
+PREFIX = "celery:"
+
+
+class JobTask(Task):  # type: ignore[misc]
+    """A Celery task class whose calls enqueue jobqueue jobs."""
+
+    abstract = True
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
+                    countdown: float | None = None, eta: datetime | None = None,
+                    priority: int | None = None, queue: str | None = None,
+                    **options: Any) -> Any:
+        from celery.result import AsyncResult
+
+        payload = {"handler": PREFIX + self.name, "args": list(args or ()),
+                   "kwargs": dict(kwargs or {})}
+        max_retries = self.max_retries
+        spec = JobSpec(payload, delay=countdown, run_after=eta, priority=priority,
+                       max_attempts=None if max_retries is None else max_retries + 1,
+                       backoff=float(self.default_retry_delay or 0))
+        [ref] = _submit(Queue(queue or "default"), [spec], immediate=False)
+        return AsyncResult(ref.id, app=self._get_app())
+
+    def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
+              throw: bool = True, eta: datetime | None = None, countdown: float | None = None,
+              max_retries: int | None = None, **options: Any) -> Any:
+        if not getattr(self.request, "jobqueue", False):
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        if eta is not None:
+            countdown = max((eta - datetime.now(eta.tzinfo)).total_seconds(), 0)
+        delay = self.default_retry_delay if countdown is None else countdown
+        raise RetryLater(repr(exc) if exc else "retry requested", retry_in=delay)
+
+
+def handler_for(name: str, lease: Lease) -> JobFunction:
+    """A JobFunction running the registered Celery task `name` with a request context."""
+    current_app.loader.import_default_modules()
+    task = current_app.tasks.get(name[len(PREFIX):])
+    if task is None:
+        raise UnknownHandler(f"no Celery task registered as {name[len(PREFIX):]!r}")
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        task.push_request(id=lease.job_id, retries=lease.token - 1, args=args, kwargs=kwargs,
+                          called_directly=False, jobqueue=True)
+        try:
+            return task.run(*args, **kwargs)
+        finally:
+            task.pop_request()
+
+    return JobFunction(run, name, JobOptions(queue=lease.queue))

@@ -1,0 +1,82 @@
+"""django.tasks backend, Celery tasks, the @job API and on-commit enqueue, through a real worker."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+from django.tasks import TaskResultStatus, task_backends
+
+from jobqueue import Queue, enqueue, get_job
+from jobqueue.exceptions import InvalidOption, InvalidPriority, UnknownHandler
+from jobqueue.models import Job
+from tests.jobapp import celery_tasks, django_tasks, jobs
+
+from .servers import ValkeyProcess
+from .workers import run_burst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _tasks_backend(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.TASKS = {"default": {"BACKEND": "jobqueue.tasks.ValkeyBackend"}}
+
+
+def test_enqueue_inside_a_rolled_back_transaction_enqueues_nothing() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        jobs.add.enqueue(1, 2)
+        raise RuntimeError("rollback")
+    assert Queue("default").counts()["pending"] == 0
+
+
+def test_enqueue_inside_a_transaction_waits_for_the_commit() -> None:
+    with transaction.atomic():
+        ref = jobs.add.enqueue(1, 2)
+        now = jobs.add.using(immediate=True).enqueue(3, 4)
+        assert get_job(ref.id) is None and get_job(now.id) is not None
+    info = get_job(ref.id)
+    assert info and info.state == "pending" and info.payload["args"] == [1, 2]
+
+
+def test_enqueue_by_dotted_path_uses_the_handlers_defaults() -> None:
+    ref = enqueue("tests.jobapp.jobs.always_fails", args=["x"], priority=7)
+    info = get_job(ref.id)
+    assert info and info.priority == 7 and info.max_attempts == 2
+
+
+def test_api_refuses_bad_input_clearly() -> None:
+    with pytest.raises(InvalidPriority):
+        jobs.add.using(priority=500).enqueue(1, 2)
+    with pytest.raises(InvalidOption, match="unknown option"):
+        jobs.add.using(colour="red")
+    with pytest.raises(UnknownHandler):
+        enqueue("", args=[])
+    with pytest.raises(InvalidOption, match="ctx"):
+        from jobqueue import job
+
+        @job(takes_context=True)
+        def no_ctx(x: int) -> None: ...
+
+
+@pytest.mark.slow
+def test_django_tasks_run_on_the_worker_with_results(valkey_server: ValkeyProcess) -> None:
+    ok = django_tasks.multiply.using(priority=10).enqueue(6, 7)
+    bad = django_tasks.explode.enqueue()
+    ctx = django_tasks.which_attempt.enqueue()
+    assert ok.status == TaskResultStatus.READY and task_backends["default"].supports_get_result
+    assert run_burst(valkey_server.url) == 0
+    ok.refresh()
+    assert ok.status == TaskResultStatus.SUCCESSFUL and ok.return_value == 42
+    bad = django_tasks.explode.get_result(bad.id)
+    assert bad.status == TaskResultStatus.FAILED and "kaboom" in bad.errors[0].traceback
+    assert django_tasks.which_attempt.get_result(ctx.id).return_value == 1
+
+
+@pytest.mark.slow
+def test_celery_tasks_run_unchanged_with_retries(valkey_server: ValkeyProcess) -> None:
+    res = celery_tasks.shout.delay("hi")
+    later = celery_tasks.flaky.apply_async(args=[2], countdown=0, priority=5, queue="default")
+    assert run_burst(valkey_server.url) == 0
+    assert Job.objects.get(pk=res.id).result == "HI!"
+    row = Job.objects.get(pk=later.id)
+    assert row.state == "succeeded" and row.result == 3 and row.attempts == 3 and row.priority == 5
