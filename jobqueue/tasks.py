@@ -68,7 +68,7 @@ class ValkeyBackend(BaseTaskBackend):
     def _result(self, task: Task, info: JobInfo) -> TaskResult:
         payload = info.payload if isinstance(info.payload, dict) else {}
         failed = info.state in ("dead", "cancelled")
-        result = TaskResult(
+        result: TaskResult = TaskResult(
             task=task, id=info.id, status=STATUS.get(info.state, TaskResultStatus.FAILED),
             enqueued_at=info.enqueued_at, started_at=info.started_at,
             finished_at=info.finished_at, last_attempted_at=info.started_at,

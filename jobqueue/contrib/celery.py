@@ -21,7 +21,7 @@ from ..worker.executor import RetryLater
 PREFIX = "celery:"
 
 
-class JobTask(Task):  # type: ignore[misc]
+class JobTask(Task):
     """A Celery task class whose calls enqueue jobqueue jobs."""
 
     abstract = True
