@@ -29,11 +29,11 @@ def encode(namespace: str, snowflake: int) -> str:
         raise ValueError(f"namespace must be three uppercase ASCII letters, got {namespace!r}")
     if not 0 <= snowflake <= MAX_SNOWFLAKE:
         raise ValueError(f"snowflake must be in 0…2**63-1, got {snowflake}")
-    digits = []
+    digits = ""
     for _ in range(WIDTH):
-        snowflake, rem = divmod(snowflake, 62)
-        digits.append(ALPHABET[rem])
-    return namespace + "".join(reversed(digits))
+        digits = ALPHABET[snowflake % 62] + digits
+        snowflake //= 62
+    return namespace + digits
 
 
 def decode(branded: str) -> tuple[str, int]:

@@ -21,14 +21,18 @@ end
 
 -- Put a job on its lane (score -priority: ZPOPMIN serves the highest priority, then the lowest
 -- id, i.e. mint order) and keep the ring = exactly the lanes that have ready work.
-local function make_ready(base, ring, jk, id)
-  local row = redis.call('HMGET', jk, 'lane', 'priority')
-  local lane = row[1] or ''
+local function lane_push(base, ring, id, lane, priority)
   local lk = lane_key(base, lane)
-  redis.call('HSET', jk, 'state', 'pending')
-  if redis.call('ZADD', lk, -(tonumber(row[2]) or 0), id) == 1 and redis.call('ZCARD', lk) == 1 then
+  if redis.call('ZADD', lk, -priority, id) == 1 and redis.call('ZCARD', lk) == 1 then
     redis.call('RPUSH', ring, lane)
   end
+end
+
+-- The same for a job whose row already exists: it becomes pending.
+local function make_ready(base, ring, jk, id)
+  local row = redis.call('HMGET', jk, 'lane', 'priority')
+  redis.call('HSET', jk, 'state', 'pending')
+  lane_push(base, ring, id, row[1] or '', tonumber(row[2]) or 0)
 end
 
 -- Take a waiting job off its lane; an emptied lane leaves the ring.
@@ -51,15 +55,21 @@ end
 
 -- A terminal transition: state, timestamps, counters, the `done` event for the MySQL mirror
 -- (in this same script, so a state change can never miss its event) and the row's retention.
-local function finish(base, done, meta, jk, id, state, now, retention_ms)
-  redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '')
-  local f = redis.call('HMGET', jk, 'attempts', 'priority', 'lane', 'payload', 'result',
-    'last_error', 'enqueued_at', 'queue', 'shard', 'unique_key', 'worker', 'max_attempts')
-  redis.call('XADD', done, '*', 'id', id, 'state', state, 'finished_at', now,
-    'attempts', f[1] or '0', 'priority', f[2] or '0', 'lane', f[3] or '', 'payload', f[4] or '',
-    'result', f[5] or '', 'last_error', f[6] or '', 'enqueued_at', f[7] or '0',
-    'queue', f[8] or '', 'shard', f[9] or '0', 'unique_key', f[10] or '', 'worker', f[11] or '',
-    'max_attempts', f[12] or '0')
+-- The event carries the row's non-empty fields, so the mirror needs nothing else.
+local EVENT_FIELDS = {'attempts', 'priority', 'lane', 'payload', 'result', 'last_error',
+  'enqueued_at', 'queue', 'shard', 'unique_key', 'worker', 'max_attempts'}
+local function finish(base, done, meta, jk, id, state, now, retention_ms, result)
+  if result then
+    redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)
+  else
+    redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '')
+  end
+  local f = redis.call('HMGET', jk, unpack(EVENT_FIELDS))
+  local event = {'id', id, 'state', state, 'finished_at', now}
+  for i, name in ipairs(EVENT_FIELDS) do
+    if f[i] and f[i] ~= '' then event[#event + 1] = name; event[#event + 1] = f[i] end
+  end
+  redis.call('XADD', done, '*', unpack(event))
   redis.call('HINCRBY', meta, 'n_' .. state, 1)
   if retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)

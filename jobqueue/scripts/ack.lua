@@ -16,8 +16,8 @@ for i = 0, n - 1 do
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel')
   if row[1] == 'active' and row[2] == token then
     redis.call('ZREM', active, id)
-    redis.call('HSET', jk, 'result', result)
-    finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now, retention)
+    finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now, retention,
+      result)
     out[#out + 1] = 1
   else
     out[#out + 1] = 0

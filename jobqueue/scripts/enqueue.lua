@@ -34,16 +34,16 @@ for i = 0, n - 1 do
     out[#out + 1] = id; out[#out + 1] = status
   else
     local delay = tonumber(ARGV[o + 7])
-    redis.call('HSET', jk, 'attempts', 0, 'uncharged', 0, 'payload', ARGV[o + 1],
-      'priority', ARGV[o + 2], 'lane', ARGV[o + 3], 'max_attempts', ARGV[o + 4],
-      'backoff_ms', ARGV[o + 5], 'lease_ms', ARGV[o + 6], 'unique_key', unique,
-      'enqueued_at', now, 'run_after', now + delay, 'queue', queue, 'shard', shard)
+    redis.call('HSET', jk, 'state', (delay > 0) and 'scheduled' or 'pending', 'attempts', 0,
+      'uncharged', 0, 'payload', ARGV[o + 1], 'priority', ARGV[o + 2], 'lane', ARGV[o + 3],
+      'max_attempts', ARGV[o + 4], 'backoff_ms', ARGV[o + 5], 'lease_ms', ARGV[o + 6],
+      'unique_key', unique, 'enqueued_at', now, 'run_after', now + delay, 'queue', queue,
+      'shard', shard)
     if unique ~= '' then redis.call('SET', uniq_key(base, unique), id) end
     if delay > 0 then
-      redis.call('HSET', jk, 'state', 'scheduled')
       redis.call('ZADD', schedule, now + delay, id)
     else
-      make_ready(base, ring, jk, id)
+      lane_push(base, ring, id, ARGV[o + 3], tonumber(ARGV[o + 2]))
       ready = ready + 1
     end
     out[#out + 1] = id; out[#out + 1] = 'new'
