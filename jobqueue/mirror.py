@@ -19,9 +19,6 @@ from .store import Queue
 
 log = logging.getLogger("jobqueue.mirror")
 GROUP = "mirror"
-UPDATE_FIELDS = ["queue", "shard", "lane", "state", "priority", "attempts", "max_attempts",
-                 "payload", "result", "last_error", "unique_key", "worker", "enqueued_at",
-                 "finished_at", "mirrored_at"]
 
 
 def _json(raw: str) -> Any:
@@ -48,32 +45,46 @@ def _int(raw: str) -> int:
         return 0
 
 
-def to_row(event: dict[str, str]) -> Any:
-    from .models import Job
-
-    return Job(
-        id=event["id"], queue=event.get("queue", ""), shard=_int(event.get("shard", "0")),
-        lane=event.get("lane", ""), state=event["state"],
-        priority=_int(event.get("priority", "0")), attempts=_int(event.get("attempts", "0")),
-        max_attempts=_int(event.get("max_attempts", "0")), payload=_json(event.get("payload", "")),
-        result=_json(event.get("result", "")), last_error=event.get("last_error", ""),
-        unique_key=event.get("unique_key", ""), worker=event.get("worker", "")[:200],
-        enqueued_at=_dt(event.get("enqueued_at", "0")), finished_at=_dt(event.get("finished_at", "0")),
-        mirrored_at=datetime.now(UTC),
-    )
+def _values(event: dict[str, str], now: datetime) -> dict[str, Any]:
+    """The Job columns an event describes (absent fields take their defaults)."""
+    return {
+        "id": event["id"], "queue": event.get("queue", ""), "shard": _int(event.get("shard", "0")),
+        "lane": event.get("lane", ""), "state": event["state"],
+        "priority": _int(event.get("priority", "0")), "attempts": _int(event.get("attempts", "0")),
+        "max_attempts": _int(event.get("max_attempts", "0")),
+        "payload": _json(event.get("payload", "")), "result": _json(event.get("result", "")),
+        "last_error": event.get("last_error", ""), "unique_key": event.get("unique_key", ""),
+        "worker": event.get("worker", "")[:200], "enqueued_at": _dt(event.get("enqueued_at", "0")),
+        "finished_at": _dt(event.get("finished_at", "0")), "mirrored_at": now,
+    }
 
 
 def upsert(events: Sequence[dict[str, str]]) -> int:
-    """One bulk INSERT … ON DUPLICATE KEY UPDATE (or ON CONFLICT) for a batch; the last event
-    of a job wins, so replays and re-runs after an operator retry converge on the newest state."""
+    """Write a batch as one multi-row INSERT … ON DUPLICATE KEY UPDATE (ON CONFLICT elsewhere).
+
+    The last event of a job wins, so replays and re-runs after an operator retry converge on the
+    newest state. Raw SQL because the ORM's bulk_create spends ~10× the database's own time
+    compiling the statement; values still go through each field's own database adaptation.
+    """
     from .models import Job
 
     latest = {event["id"]: event for event in events}
-    rows = [to_row(event) for event in latest.values()]
-    target = ["id"] if connection.features.supports_update_conflicts_with_target else None
-    with transaction.atomic():
-        Job.objects.bulk_create(rows, update_conflicts=True, unique_fields=target,
-                                update_fields=UPDATE_FIELDS)
+    fields = Job._meta.concrete_fields
+    now = datetime.now(UTC)
+    rows = [[f.get_db_prep_save(values[f.attname], connection) for f in fields]
+            for values in (_values(event, now) for event in latest.values())]
+    quote = connection.ops.quote_name
+    columns = [quote(f.column) for f in fields]
+    updates = [c for c in columns if c != quote("id")]
+    if connection.vendor == "mysql":
+        conflict = "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in updates)
+    else:
+        conflict = f"ON CONFLICT ({quote('id')}) DO UPDATE SET " + ", ".join(
+            f"{c} = excluded.{c}" for c in updates)
+    sql = (f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(columns)}) "
+           f"VALUES ({', '.join(['%s'] * len(columns))}) {conflict}")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
     return len(rows)
 
 

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 from .states import State
 from .store import JobInfo
 
 
+class CaseSensitiveCharField(models.CharField):
+    """A CharField compared byte for byte on MySQL too, whatever the table's default collation:
+    branded ids are base62, so `JOB…a` and `JOB…A` are different jobs."""
+
+    def db_parameters(self, connection: Any) -> dict[str, Any]:
+        params = super().db_parameters(connection)
+        if connection.vendor == "mysql":
+            params["collation"] = "ascii_bin"
+        return params
+
+
 class Job(models.Model):
     """One finished job, mirrored from its `done` event (idempotent upsert keyed by id)."""
 
-    id = models.CharField(primary_key=True, max_length=14)
+    id = CaseSensitiveCharField(primary_key=True, max_length=14)
     queue = models.CharField(max_length=64)
     shard = models.PositiveSmallIntegerField(default=0)
     lane = models.CharField(max_length=128, blank=True, default="")

@@ -58,8 +58,7 @@ WSGI_APPLICATION = "project.wsgi.application"
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
-    DATABASES["default"].setdefault("TEST", {}).update({"CHARSET": "utf8mb4",
-                                                         "COLLATION": "utf8mb4_bin"})
+    DATABASES["default"].setdefault("TEST", {}).update({"CHARSET": "utf8mb4"})
 
 JOBQUEUE = {
     "URL": env("VALKEY_URL", default="embedded"),

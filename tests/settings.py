@@ -31,7 +31,7 @@ else:
                              "TEST": {"NAME": str(BASE_DIR / "var" / "test.sqlite3")}}}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
-    DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
+    DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4"}
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.jobapp"]  # noqa: F405
 

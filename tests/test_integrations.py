@@ -80,3 +80,14 @@ def test_celery_tasks_run_unchanged_with_retries(valkey_server: ValkeyProcess) -
     assert Job.objects.get(pk=res.id).result == "HI!"
     row = Job.objects.get(pk=later.id)
     assert row.state == "succeeded" and row.result == 3 and row.attempts == 3 and row.priority == 5
+
+
+def test_mirror_keeps_ids_that_differ_only_in_case_apart() -> None:
+    from jobqueue.mirror import upsert
+
+    upsert([{"id": "JOB0000000000a", "state": "succeeded", "queue": "q"},
+            {"id": "JOB0000000000A", "state": "dead", "queue": "q"}])
+    upsert([{"id": "JOB0000000000a", "state": "succeeded", "queue": "q", "result": "1"}])
+    assert dict(Job.objects.values_list("id", "state")) == {
+        "JOB0000000000a": "succeeded", "JOB0000000000A": "dead"}
+    assert Job.objects.get(pk="JOB0000000000a").result == 1
