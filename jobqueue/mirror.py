@@ -8,7 +8,6 @@ pending by a dead consumer are claimed by another after `claim_idle` seconds.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +16,6 @@ from django.db import connection, transaction
 
 from .store import Queue
 
-log = logging.getLogger("jobqueue.mirror")
 GROUP = "mirror"
 
 
@@ -74,7 +72,7 @@ def upsert(events: Sequence[dict[str, str]]) -> int:
     rows = [[f.get_db_prep_save(values[f.attname], connection) for f in fields]
             for values in (_values(event, now) for event in latest.values())]
     quote = connection.ops.quote_name
-    columns = [quote(f.column) for f in fields]
+    columns = [quote(str(f.column)) for f in fields]
     updates = [c for c in columns if c != quote("id")]
     if connection.vendor == "mysql":
         conflict = "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in updates)
