@@ -358,3 +358,32 @@ def test_malformed_ids_are_refused_by_operator_calls(queue: Queue) -> None:
     for call in (queue.retry, queue.cancel, queue.get):
         with pytest.raises(InvalidJobId):
             call("nope")
+
+
+def test_the_waiting_index_holds_exactly_the_ready_jobs(queue: Queue, client: Any) -> None:
+    a = queue.enqueue("a")
+    b = queue.enqueue("b", lane="l1")
+    c = queue.enqueue("c", delay=60)
+    assert set(client.zrange("emq:{default}:waiting", 0, -1)) == {a.id, b.id}
+    queue.cancel(b.id)
+    [lease] = claim_all(queue)
+    assert client.zcard("emq:{default}:waiting") == 0
+    queue.release(lease)
+    assert client.zrange("emq:{default}:waiting", 0, -1) == [a.id]
+    assert c.id not in client.zrange("emq:{default}:waiting", 0, -1)
+
+
+def test_outcomes_are_counted_per_minute(queue: Queue, client: Any) -> None:
+    queue.enqueue("ok")
+    queue.enqueue("bad", max_attempts=2)
+    for lease in claim_all(queue):
+        if lease.payload == "ok":
+            queue.ack(lease)
+        else:
+            queue.nack(lease, "x", retry_in=0)
+    [lease] = claim_all(queue)
+    queue.nack(lease, "y")
+    minute = int(time.time() // 60)
+    [key] = [k for k in (f"emq:{{default}}:m:{m}" for m in (minute, minute - 1)) if client.exists(k)]
+    assert client.hgetall(key) == {"succeeded": "1", "failed": "2", "dead": "1"}
+    assert 0 < client.ttl(key) <= 7200

@@ -1,6 +1,11 @@
 --[[ _common: helpers prepended to every transition script by jobqueue/scripts/__init__.py.
 They only touch keys derived from a braced base key that the script received in KEYS, so
-every key stays in the shard's slot.
+every key stays in the shard's slot:
+  base:job:<id>     HASH  the job row
+  base:pending      ZSET  the default lane; base:lane:<name> ZSET a named lane (id -> -priority)
+  base:waiting      ZSET  every ready job, id -> ms it became ready (oldest wait, paging)
+  base:uniq:<key>   STRING unique_key -> id
+  base:m:<minute>   HASH  outcomes per minute (succeeded, dead, cancelled, failed), kept 2 hours
 ]]
 
 -- Milliseconds on the server clock: leases and schedules never trust a worker's clock.
@@ -21,18 +26,25 @@ end
 
 -- Put a job on its lane (score -priority: ZPOPMIN serves the highest priority, then the lowest
 -- id, i.e. mint order) and keep the ring = exactly the lanes that have ready work.
-local function lane_push(base, ring, id, lane, priority)
+local function lane_push(base, ring, id, lane, priority, now)
   local lk = lane_key(base, lane)
   if redis.call('ZADD', lk, -priority, id) == 1 and redis.call('ZCARD', lk) == 1 then
     redis.call('RPUSH', ring, lane)
   end
+  redis.call('ZADD', base .. ':waiting', now, id)
+end
+
+-- Count an outcome in this minute's bucket (the dashboard's charts).
+local function count_minute(base, now, what)
+  local key = base .. ':m:' .. math.floor(now / 60000)
+  if redis.call('HINCRBY', key, what, 1) == 1 then redis.call('EXPIRE', key, 7200) end
 end
 
 -- The same for a job whose row already exists: it becomes pending.
-local function make_ready(base, ring, jk, id)
+local function make_ready(base, ring, jk, id, now)
   local row = redis.call('HMGET', jk, 'lane', 'priority')
   redis.call('HSET', jk, 'state', 'pending')
-  lane_push(base, ring, id, row[1] or '', tonumber(row[2]) or 0)
+  lane_push(base, ring, id, row[1] or '', tonumber(row[2]) or 0, now)
 end
 
 -- Take a waiting job off its lane; an emptied lane leaves the ring.
@@ -42,6 +54,7 @@ local function unready(base, ring, jk, id)
   if redis.call('ZREM', lk, id) == 1 and redis.call('ZCARD', lk) == 0 then
     redis.call('LREM', ring, 0, lane)
   end
+  redis.call('ZREM', base .. ':waiting', id)
 end
 
 -- Wake up to `n` blocked workers; the list is capped so idle queues do not accumulate tokens.
@@ -71,6 +84,7 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   end
   redis.call('XADD', done, '*', unpack(event))
   redis.call('HINCRBY', meta, 'n_' .. state, 1)
+  count_minute(base, now, state)
   if retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)
     if f[10] and f[10] ~= '' then

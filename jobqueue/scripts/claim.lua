@@ -25,6 +25,7 @@ local function lease_job(id)
   redis.call('HSET', jk, 'state', 'active', 'started_at', now, 'lease_until', now + lease,
     'worker', worker)
   redis.call('ZADD', active, now + lease, id)
+  redis.call('ZREM', base .. ':waiting', id)
   out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[2] or ''
   out[#out + 1] = row[3] or ''; out[#out + 1] = lease
   claimed = claimed + 1

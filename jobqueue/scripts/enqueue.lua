@@ -43,7 +43,7 @@ for i = 0, n - 1 do
     if delay > 0 then
       redis.call('ZADD', schedule, now + delay, id)
     else
-      lane_push(base, ring, id, ARGV[o + 3], tonumber(ARGV[o + 2]))
+      lane_push(base, ring, id, ARGV[o + 3], tonumber(ARGV[o + 2]), now)
       ready = ready + 1
     end
     out[#out + 1] = id; out[#out + 1] = 'new'

@@ -26,6 +26,7 @@ if row[6] == '1' then
   return 'cancelled'
 end
 -- The budget counts runs, not claims: releases and operator retries are `uncharged`.
+count_minute(base, now, 'failed')
 local used = tonumber(row[2]) - (tonumber(row[3]) or 0)
 if fatal == '1' or used >= (tonumber(row[4]) or 1) then
   redis.call('ZADD', dead, now, id)
@@ -36,7 +37,7 @@ local delay = retry_in
 if delay < 0 then delay = math.min((tonumber(row[5]) or 0) * 2 ^ (used - 1), 3600000) end
 if delay <= 0 then
   redis.call('HSET', jk, 'run_after', now)
-  make_ready(base, ring, jk, id)
+  make_ready(base, ring, jk, id, now)
   wake_workers(wake, 1)
   return 'pending'
 end

@@ -14,7 +14,7 @@ for _, id in ipairs(due) do
   redis.call('ZREM', schedule, id)
   local jk = job_key(base, id)
   if redis.call('HGET', jk, 'state') == 'scheduled' then
-    make_ready(base, ring, jk, id)
+    make_ready(base, ring, jk, id, now)
     moved = moved + 1
   end
 end

@@ -30,7 +30,7 @@ for _, id in ipairs(expired) do
       redis.call('ZADD', dead, now, id)
       finish(base, done, meta, jk, id, 'dead', now, dead_retention)
     else
-      make_ready(base, ring, jk, id)
+      make_ready(base, ring, jk, id, now)
       ready = ready + 1
     end
   end

@@ -24,7 +24,7 @@ for i = 0, n - 1 do
     if row[3] == '1' then
       finish(base, done, meta, jk, id, 'cancelled', now, retention)
     else
-      make_ready(base, ring, jk, id)
+      make_ready(base, ring, jk, id, now)
       ready = ready + 1
     end
     out[#out + 1] = 1

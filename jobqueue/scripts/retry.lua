@@ -18,8 +18,8 @@ redis.call('PERSIST', jk)
 if row[3] and row[3] ~= '' and redis.call('GET', uniq_key(base, row[3])) == id then
   redis.call('PERSIST', uniq_key(base, row[3]))
 end
-redis.call('HSET', jk, 'uncharged', row[2], 'cancel', '0', 'finished_at', '',
-  'run_after', now_ms())
-make_ready(base, ring, jk, id)
+local now = now_ms()
+redis.call('HSET', jk, 'uncharged', row[2], 'cancel', '0', 'finished_at', '', 'run_after', now)
+make_ready(base, ring, jk, id, now)
 wake_workers(wake, 1)
 return 'ok:pending'
