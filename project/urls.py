@@ -1,4 +1,11 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
+from django.views.generic import RedirectView
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from jobqueue.urls import console_urls
+
+urlpatterns = [
+    path("", RedirectView.as_view(url="/admin/jobqueue/")),
+    path("admin/jobqueue/", include(console_urls(admin.site))),
+    path("admin/", admin.site.urls),
+]

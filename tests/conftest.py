@@ -47,7 +47,7 @@ def _jobqueue_isolated(settings: Any, valkey_server: ValkeyProcess) -> Iterator[
 
 
 @pytest.fixture(params=["standalone", "cluster"])
-def client(request: pytest.FixtureRequest, valkey_server: ValkeyProcess) -> Iterator[Any]:
+def valkey(request: pytest.FixtureRequest, valkey_server: ValkeyProcess) -> Iterator[Any]:
     """A text client on the standalone server or the cluster: engine tests run on both."""
     if request.param == "standalone":
         yield conf.client_for_url(valkey_server.url)
@@ -60,5 +60,5 @@ def client(request: pytest.FixtureRequest, valkey_server: ValkeyProcess) -> Iter
 
 
 @pytest.fixture
-def queue(client: Any) -> Queue:
-    return Queue("default", client=client)
+def queue(valkey: Any) -> Queue:
+    return Queue("default", client=valkey)

@@ -48,34 +48,34 @@ def test_every_key_a_wrapper_passes_is_in_the_queues_slot(name: str) -> None:
         assert all(k.startswith(shard.base) for k in passed)
 
 
-def test_enqueue_writes_the_row_and_the_lane(queue: Queue, client: Any) -> None:
+def test_enqueue_writes_the_row_and_the_lane(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue({"x": 1}, priority=5)
-    row = client.hgetall(f"emq:{{default}}:job:{ref.id}")
+    row = valkey.hgetall(f"emq:{{default}}:job:{ref.id}")
     assert row["state"] == "pending" and row["attempts"] == "0" and row["payload"] == '{"x":1}'
-    assert client.zscore("emq:{default}:pending", ref.id) == -5
-    assert client.lrange("emq:{default}:ring", 0, -1) == [""]
-    assert client.llen("emq:{default}:wake") == 1
+    assert valkey.zscore("emq:{default}:pending", ref.id) == -5
+    assert valkey.lrange("emq:{default}:ring", 0, -1) == [""]
+    assert valkey.llen("emq:{default}:wake") == 1
 
 
-def test_claim_leases_on_the_server_clock_and_counts_attempts(queue: Queue, client: Any) -> None:
+def test_claim_leases_on_the_server_clock_and_counts_attempts(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue("p", lease=7)
     before = time.time() * 1000
     [lease] = queue.dequeue(count=5, lease=30, worker="w1")
-    deadline = client.zscore("emq:{default}:active", ref.id)
+    deadline = valkey.zscore("emq:{default}:active", ref.id)
     assert lease.job_id == ref.id and lease.token == 1 and lease.payload == "p"
     assert lease.lease == 7 and before + 6000 < deadline < time.time() * 1000 + 8000
-    assert client.hget(f"emq:{{default}}:job:{ref.id}", "worker") == "w1"
-    assert client.lrange("emq:{default}:ring", 0, -1) == []  # an empty lane leaves the ring
+    assert valkey.hget(f"emq:{{default}}:job:{ref.id}", "worker") == "w1"
+    assert valkey.lrange("emq:{default}:ring", 0, -1) == []  # an empty lane leaves the ring
 
 
-def test_ack_records_success_result_event_and_retention(queue: Queue, client: Any) -> None:
+def test_ack_records_success_result_event_and_retention(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue([1, 2])
     [lease] = claim_all(queue)
     assert queue.ack(lease, result={"sum": 3}) is True
     info = queue.get(ref.id)
     assert info and info.state == "succeeded" and info.result == {"sum": 3}
-    assert client.pttl(f"emq:{{default}}:job:{ref.id}") > 0
-    [(_, event)] = client.xrange("emq:{default}:done")
+    assert valkey.pttl(f"emq:{{default}}:job:{ref.id}") > 0
+    [(_, event)] = valkey.xrange("emq:{default}:done")
     assert event["id"] == ref.id and event["state"] == "succeeded" and event["result"] == '{"sum":3}'
     assert queue.counts()["succeeded"] == 1 and queue.counts()["active"] == 0
 
@@ -95,26 +95,26 @@ def test_stale_ack_extend_nack_checkpoint_change_nothing(queue: Queue) -> None:
     assert queue.ack(new) is True
 
 
-def test_nack_retries_with_exponential_backoff_then_dies(queue: Queue, client: Any) -> None:
+def test_nack_retries_with_exponential_backoff_then_dies(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue("p", max_attempts=3, backoff=10)
     [lease] = claim_all(queue)
     assert queue.nack(lease, "boom 1") == "scheduled"
-    due = client.zscore("emq:{default}:schedule", ref.id)
+    due = valkey.zscore("emq:{default}:schedule", ref.id)
     assert 9_000 < due - time.time() * 1000 <= 10_100
-    client.zadd("emq:{default}:schedule", {ref.id: 0})  # make it due now
+    valkey.zadd("emq:{default}:schedule", {ref.id: 0})  # make it due now
     assert queue.promote() == 1
     [lease] = claim_all(queue)
     assert queue.nack(lease, "boom 2") == "scheduled"
-    due = client.zscore("emq:{default}:schedule", ref.id)
+    due = valkey.zscore("emq:{default}:schedule", ref.id)
     assert 19_000 < due - time.time() * 1000 <= 20_100  # 10 s × 2
-    client.zadd("emq:{default}:schedule", {ref.id: 0})
+    valkey.zadd("emq:{default}:schedule", {ref.id: 0})
     queue.promote()
     [lease] = claim_all(queue)
     assert queue.nack(lease, "boom 3") == "dead"
     info = queue.get(ref.id)
     assert info and info.state == "dead" and info.last_error == "boom 3" and info.attempts == 3
-    assert client.zscore("emq:{default}:dead", ref.id) is not None
-    assert [e["state"] for _, e in client.xrange("emq:{default}:done")] == ["dead"]
+    assert valkey.zscore("emq:{default}:dead", ref.id) is not None
+    assert [e["state"] for _, e in valkey.xrange("emq:{default}:done")] == ["dead"]
 
 
 def test_nack_retry_in_zero_and_fatal(queue: Queue) -> None:
@@ -125,11 +125,11 @@ def test_nack_retry_in_zero_and_fatal(queue: Queue) -> None:
     assert queue.nack(lease, "cannot ever run", fatal=True) == "dead"
 
 
-def test_extend_and_checkpoint(queue: Queue, client: Any) -> None:
+def test_extend_and_checkpoint(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue("p")
     [lease] = queue.dequeue(count=1, lease=1, worker="w")
     assert queue.extend(lease, 60) is True
-    assert client.zscore("emq:{default}:active", ref.id) > time.time() * 1000 + 50_000
+    assert valkey.zscore("emq:{default}:active", ref.id) > time.time() * 1000 + 50_000
     assert queue.checkpoint(lease, {"page": 3}, extend=120) is True
     assert queue.release(lease)
     [again] = claim_all(queue)
@@ -198,12 +198,12 @@ def test_a_batch_claim_takes_successive_turns_across_lanes(queue: Queue) -> None
     assert Counter(batch) == {"x": 2, "y": 2, "z": 2}
 
 
-def test_claim_never_returns_empty_while_a_lane_has_work(queue: Queue, client: Any) -> None:
+def test_claim_never_returns_empty_while_a_lane_has_work(queue: Queue, valkey: Any) -> None:
     queue.enqueue_many([JobSpec(i, lane=f"l{i % 7}") for i in range(70)])
     seen = 0
     while batch := queue.dequeue(count=3, worker="w"):
         seen += len(batch)
-    assert seen == 70 and client.llen("emq:{default}:ring") == 0
+    assert seen == 70 and valkey.llen("emq:{default}:ring") == 0
 
 
 def test_unique_key_returns_the_live_job(queue: Queue) -> None:
@@ -274,15 +274,15 @@ def test_delay_and_run_after(queue: Queue) -> None:
     assert queue.get(c.id).state == "pending"  # type: ignore[union-attr]
 
 
-def test_corrupt_payload_is_reported_on_the_lease(queue: Queue, client: Any) -> None:
+def test_corrupt_payload_is_reported_on_the_lease(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue("p")
-    client.hset(f"emq:{{default}}:job:{ref.id}", "payload", "{not json")
+    valkey.hset(f"emq:{{default}}:job:{ref.id}", "payload", "{not json")
     [lease] = claim_all(queue)
     assert lease.payload is None and "corrupt" in (lease.problem or "")
 
 
-def test_sharded_queue_spreads_jobs_and_claims_them_all(client: Any) -> None:
-    queue = Queue("emails", client=client, shards=4)
+def test_sharded_queue_spreads_jobs_and_claims_them_all(valkey: Any) -> None:
+    queue = Queue("emails", valkey=valkey, shards=4)
     refs = queue.enqueue_many([JobSpec(i) for i in range(200)])
     per_shard = Counter(queue.place(r.id, "", "") for r in refs)
     assert len(per_shard) == 4 and min(per_shard.values()) > 20
@@ -295,18 +295,18 @@ def test_sharded_queue_spreads_jobs_and_claims_them_all(client: Any) -> None:
     assert queue.get(refs[0].id) is not None
 
 
-def test_growing_shards_moves_no_job(client: Any) -> None:
-    before = Queue("grow", client=client, shards=1).enqueue("old")
-    grown = Queue("grow", client=client, shards=8)
+def test_growing_shards_moves_no_job(valkey: Any) -> None:
+    before = Queue("grow", valkey=valkey, shards=1).enqueue("old")
+    grown = Queue("grow", valkey=valkey, shards=8)
     assert grown.get(before.id) is not None
     grown.enqueue_many([JobSpec(i) for i in range(20)])
     assert grown.counts()["pending"] == 21
     assert len(grown.dequeue(count=50, worker="w")) == 21
 
 
-def test_shrinking_drains_the_retired_shards(client: Any) -> None:
-    Queue("shrink", client=client, shards=4).enqueue_many([JobSpec(i) for i in range(40)])
-    small = Queue("shrink", client=client, shards=1)
+def test_shrinking_drains_the_retired_shards(valkey: Any) -> None:
+    Queue("shrink", valkey=valkey, shards=4).enqueue_many([JobSpec(i) for i in range(40)])
+    small = Queue("shrink", valkey=valkey, shards=1)
     total = small.claim_shards()
     assert total == 4
     got = []
@@ -360,20 +360,20 @@ def test_malformed_ids_are_refused_by_operator_calls(queue: Queue) -> None:
             call("nope")
 
 
-def test_the_waiting_index_holds_exactly_the_ready_jobs(queue: Queue, client: Any) -> None:
+def test_the_waiting_index_holds_exactly_the_ready_jobs(queue: Queue, valkey: Any) -> None:
     a = queue.enqueue("a")
     b = queue.enqueue("b", lane="l1")
     c = queue.enqueue("c", delay=60)
-    assert set(client.zrange("emq:{default}:waiting", 0, -1)) == {a.id, b.id}
+    assert set(valkey.zrange("emq:{default}:waiting", 0, -1)) == {a.id, b.id}
     queue.cancel(b.id)
     [lease] = claim_all(queue)
-    assert client.zcard("emq:{default}:waiting") == 0
+    assert valkey.zcard("emq:{default}:waiting") == 0
     queue.release(lease)
-    assert client.zrange("emq:{default}:waiting", 0, -1) == [a.id]
-    assert c.id not in client.zrange("emq:{default}:waiting", 0, -1)
+    assert valkey.zrange("emq:{default}:waiting", 0, -1) == [a.id]
+    assert c.id not in valkey.zrange("emq:{default}:waiting", 0, -1)
 
 
-def test_outcomes_are_counted_per_minute(queue: Queue, client: Any) -> None:
+def test_outcomes_are_counted_per_minute(queue: Queue, valkey: Any) -> None:
     queue.enqueue("ok")
     queue.enqueue("bad", max_attempts=2)
     for lease in claim_all(queue):
@@ -384,6 +384,6 @@ def test_outcomes_are_counted_per_minute(queue: Queue, client: Any) -> None:
     [lease] = claim_all(queue)
     queue.nack(lease, "y")
     minute = int(time.time() // 60)
-    [key] = [k for k in (f"emq:{{default}}:m:{m}" for m in (minute, minute - 1)) if client.exists(k)]
-    assert client.hgetall(key) == {"succeeded": "1", "failed": "2", "dead": "1"}
-    assert 0 < client.ttl(key) <= 7200
+    [key] = [k for k in (f"emq:{{default}}:m:{m}" for m in (minute, minute - 1)) if valkey.exists(k)]
+    assert valkey.hgetall(key) == {"succeeded": "1", "failed": "2", "dead": "1"}
+    assert 0 < valkey.ttl(key) <= 7200

@@ -1,0 +1,89 @@
+"""The mirror's changelist (finished jobs in MySQL) and shard metadata, in the Django admin.
+
+The live console (dashboard, queue pages, job pages, stuck jobs) is in `views.py`; include
+`jobqueue.urls.console_urls(admin.site)` under `admin/jobqueue/` before `admin.site.urls`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+
+from .exceptions import JobQueueError
+from .models import Job, Shard
+from .store import Queue
+from .views import _log, retry_job
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("job_link", "queue", "state", "lane", "priority", "attempts", "finished_at")
+    list_display_links = None
+    list_filter = ("queue", "state", "lane", "finished_at")
+    date_hierarchy = "finished_at"
+    search_fields = ("=id", "=unique_key")
+    list_per_page = 100
+    show_full_result_count = False
+    actions = ["retry_selected"]
+    readonly_fields = [f.name for f in Job._meta.fields]
+
+    @admin.display(description="job", ordering="id")
+    def job_link(self, obj: Job) -> str:
+        try:
+            url = reverse("jobqueue_job", args=[obj.queue, obj.id])
+        except NoReverseMatch:
+            return obj.id
+        return format_html('<a href="{}">{}</a>', url, obj.id)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobqueue.retry_job")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the mirror is history: it is not edited here
+
+    @admin.action(permissions=["retry"], description="Retry selected jobs")
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        """Confirm first (showing how many), then retry each job through the Queue API."""
+        if request.POST.get("post") != "yes":
+            return TemplateResponse(request, "admin/jobqueue/confirm_bulk_retry.html", {
+                **self.admin_site.each_context(request), "title": "Retry jobs?",
+                "count": queryset.count(), "sample": queryset[:20], "opts": self.model._meta,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+                "select_across": request.POST.get("select_across", "0"),
+            })
+        done, failed = 0, []
+        for row in queryset.iterator():
+            try:
+                retry_job(Queue(row.queue), row.info())
+            except JobQueueError as exc:
+                failed.append(f"{row.id}: {exc}")
+                continue
+            done += 1
+            _log(request, row, f"Retried job {row.id} (bulk).")
+        self.message_user(request, f"Retried {done} job(s).", messages.SUCCESS)
+        for problem in failed[:10]:
+            self.message_user(request, problem, messages.WARNING)
+        return None
+
+
+@admin.register(Shard)
+class ShardAdmin(admin.ModelAdmin):
+    list_display = ("queue", "index", "status", "pending", "scheduled", "active", "dead", "updated_at")
+    list_filter = ("queue", "status")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

@@ -1,0 +1,166 @@
+"""What the operator console reads: bounded, pipelined reads of a queue's live state.
+
+Every read here is bounded (a page, the first N lanes, the last N minutes), so the console stays
+fast at a million jobs. Writes go through `Queue`'s transitions, never through this module.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .keys import WORKERS_KEY, ShardKeys
+from .store import JobInfo, Queue
+
+LIST_FIELDS = ("state", "attempts", "priority", "lane", "enqueued_at", "run_after", "started_at",
+               "lease_until", "finished_at", "worker", "last_error", "payload", "max_attempts",
+               "queue", "shard")
+PAGE_STATES = {"pending": "waiting", "scheduled": "schedule", "active": "active", "dead": "dead"}
+MAX_LANES = 500
+MAX_ACTIVE_SCAN = 1000
+
+
+def server_ms(queue: Queue) -> int:
+    seconds, micros = queue.client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@dataclass
+class Overview:
+    """One queue's card on the dashboard."""
+
+    name: str
+    shards: int
+    counts: dict[str, int]
+    paused: bool
+    oldest_wait: float | None
+    succeeded: list[int]
+    failed: list[int]
+    lanes: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def succeeded_recently(self) -> int:
+        return sum(self.succeeded)
+
+
+def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
+    """Counts, pause state, oldest wait, per-minute outcomes and deepest lanes of a queue."""
+    total = queue.claim_shards()
+    now = server_ms(queue)
+    buckets = [now // 60_000 - i for i in range(minutes - 1, -1, -1)]
+    pipe = queue.client.pipeline(transaction=False)
+    for index in range(total):
+        shard = queue.shard(index)
+        pipe.zrange(shard.key("waiting"), 0, 0, withscores=True)
+        for minute in buckets:
+            pipe.hmget(shard.key(f"m:{minute}"), "succeeded", "failed")
+    replies = pipe.execute()
+    oldest: float | None = None
+    succeeded, failed = [0] * minutes, [0] * minutes
+    step = 1 + minutes
+    for index in range(total):
+        head = replies[index * step]
+        if head:
+            wait = max(now - head[0][1], 0) / 1000
+            oldest = wait if oldest is None else max(oldest, wait)
+        for i, (ok, bad) in enumerate(replies[index * step + 1 : (index + 1) * step]):
+            succeeded[i] += int(ok or 0)
+            failed[i] += int(bad or 0)
+    return Overview(queue.name, total, queue.counts(), queue.is_paused(), oldest, succeeded,
+                    failed, deepest_lanes(queue, lanes))
+
+
+def deepest_lanes(queue: Queue, limit: int = 20) -> list[tuple[str, int]]:
+    """The lanes with the most ready jobs (among the first MAX_LANES of each shard's ring)."""
+    depths: list[tuple[str, int]] = []
+    for index in range(queue.claim_shards()):
+        shard = queue.shard(index)
+        names = queue.client.lrange(shard.key("ring"), 0, MAX_LANES - 1)
+        pipe = queue.client.pipeline(transaction=False)
+        for lane in names:
+            pipe.zcard(shard.lane(lane))
+        depths += zip(names, (int(n) for n in pipe.execute()), strict=True)
+    depths.sort(key=lambda item: -item[1])
+    return [(lane or "(default)", depth) for lane, depth in depths[:limit]]
+
+
+def lanes_in_flight(queue: Queue, index: int) -> Counter[str]:
+    """Running jobs per lane on one shard (from the first MAX_ACTIVE_SCAN active jobs)."""
+    shard = queue.shard(index)
+    ids = queue.client.zrange(shard.key("active"), 0, MAX_ACTIVE_SCAN - 1)
+    pipe = queue.client.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(shard.job(job_id), "lane")
+    return Counter(lane or "(default)" for lane in pipe.execute())
+
+
+def _rows(queue: Queue, shard: ShardKeys, ids: list[str]) -> list[JobInfo]:
+    pipe = queue.client.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hmget(shard.job(job_id), LIST_FIELDS)
+    rows = []
+    for job_id, values in zip(ids, pipe.execute(), strict=True):
+        row = {k: v for k, v in zip(LIST_FIELDS, values, strict=True) if v is not None}
+        if row:
+            rows.append(JobInfo.from_row(job_id, queue.name, row))
+    return rows
+
+
+def page(queue: Queue, state: str, index: int, number: int, per_page: int = 50
+         ) -> tuple[list[JobInfo], int]:
+    """One page of a shard's jobs in a live state, oldest first (dead: newest first)."""
+    shard = queue.shard(index)
+    key = shard.key(PAGE_STATES[state])
+    total = int(queue.client.zcard(key))
+    start = (number - 1) * per_page
+    if state == "dead":
+        ids = queue.client.zrevrange(key, start, start + per_page - 1)
+    else:
+        ids = queue.client.zrange(key, start, start + per_page - 1)
+    return _rows(queue, shard, ids), total
+
+
+@dataclass
+class Stuck:
+    expired: list[JobInfo]
+    long_running: list[JobInfo]
+    old_pending: list[JobInfo]
+    dead: list[JobInfo]
+
+
+def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 50) -> Stuck:
+    """Jobs an operator should look at: expired leases, long runs, old waits, dead jobs."""
+    now = server_ms(queue)
+    found = Stuck([], [], [], [])
+    for index in range(queue.claim_shards()):
+        shard = queue.shard(index)
+        client = queue.client
+        expired = client.zrangebyscore(shard.key("active"), "-inf", now, start=0, num=limit)
+        found.expired += _rows(queue, shard, expired)
+        active = _rows(queue, shard, client.zrange(shard.key("active"), 0, MAX_ACTIVE_SCAN - 1))
+        found.long_running += [job for job in active if job.started_at
+                               and now / 1000 - job.started_at.timestamp() > running_over
+                               and job.id not in expired][:limit]
+        old = client.zrangebyscore(shard.key("waiting"), "-inf", now - pending_over * 1000,
+                                   start=0, num=limit)
+        found.old_pending += _rows(queue, shard, old)
+        found.dead += _rows(queue, shard, client.zrevrange(shard.key("dead"), 0, limit - 1))
+    return found
+
+
+def workers(client: Any, stale_after: float = 30.0) -> list[dict[str, Any]]:
+    """Workers that advertised themselves, newest heartbeat first, marked stale when quiet."""
+    now = time.time()
+    found = []
+    for raw in client.hvals(WORKERS_KEY):
+        try:
+            info = json.loads(raw)
+            info["age"] = max(now - float(info["heartbeat"]), 0.0)
+        except (ValueError, KeyError, TypeError):
+            continue
+        info["stale"] = info["age"] > stale_after
+        found.append(info)
+    return sorted(found, key=lambda w: w["age"])

@@ -1,0 +1,277 @@
+"""The operator console: pages inside the Django admin (same login, look and permissions).
+
+Reads come from `console` (live Valkey) and the `Job` mirror; every action is a POST with CSRF,
+needs staff plus a specific permission, goes through `Queue`, reports with the messages framework
+and records an admin LogEntry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin import AdminSite
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
+
+from . import console, ids
+from .exceptions import InvalidJobId, JobQueueError
+from .keys import validate_queue
+from .models import Job, Shard
+from .store import JobInfo, Queue, known_queues
+
+ACTIONS = {"retry": "retry_job", "reprioritize": "reprioritize_job", "cancel": "cancel_job"}
+ALLOWED = {"retry": {"dead", "cancelled"}, "reprioritize": {"pending", "scheduled", "active"},
+           "cancel": {"pending", "scheduled", "active"}}
+
+
+def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
+    """A small inline SVG bar chart, one bar per minute (numbers only, so nothing to escape)."""
+    height, width = 32, 4
+    top = max(values, default=0) or 1
+    bars = format_html_join(
+        "", '<rect x="{}" y="{}" width="3" height="{}"><title>{}</title></rect>',
+        ((i * width, f"{height - v * height / top:.1f}", f"{v * height / top:.1f}", v)
+         for i, v in enumerate(values)),
+    )
+    return format_html(
+        '<svg class="jq-chart" role="img" aria-label="{}" width="{}" height="{}" fill="{}" '
+        'xmlns="http://www.w3.org/2000/svg"><title>{}</title>{}</svg>',
+        title, width * len(values), height, colour, title, bars,
+    )
+
+
+class Console:
+    """The console's views, bound to one admin site so they share its login and chrome."""
+
+    def __init__(self, site: AdminSite) -> None:
+        self.site = site
+
+    def urls(self) -> list[Any]:
+        from django.urls import path
+
+        wrap: Callable[[Any], Any] = self.site.admin_view
+        return [
+            path("", wrap(self.dashboard), name="jobqueue_dashboard"),
+            path("find/", wrap(self.find), name="jobqueue_find"),
+            path("stuck/", wrap(self.stuck), name="jobqueue_stuck"),
+            path("queues/<str:name>/", wrap(self.queue_page), name="jobqueue_queue"),
+            path("queues/<str:name>/<str:action>/", wrap(require_POST(self.queue_action)),
+                 name="jobqueue_queue_action"),
+            path("jobs/<str:queue>/<str:job_id>/", wrap(self.job_page), name="jobqueue_job"),
+            path("jobs/<str:queue>/<str:job_id>/<str:action>/", wrap(require_POST(self.job_action)),
+                 name="jobqueue_job_action"),
+        ]
+
+    def _render(self, request: HttpRequest, template: str, title: str, status: int = 200,
+                **context: Any) -> HttpResponse:
+        return render(request, f"admin/jobqueue/{template}", {
+            **self.site.each_context(request), "title": title, **context,
+        }, status=status)
+
+    # -- pages -------------------------------------------------------------------------------
+
+    def dashboard(self, request: HttpRequest) -> HttpResponse:
+        cards = []
+        for name in known_queues():
+            view = console.overview(Queue(name))
+            cards.append({
+                "o": view,
+                "throughput": bar_chart(view.succeeded, f"{name}: succeeded per minute", "#417690"),
+                "failures": bar_chart(view.failed, f"{name}: failed runs per minute", "#ba2121"),
+            })
+        return self._render(request, "dashboard.html", "Job queues", cards=cards,
+                            workers=console.workers(Queue("default").client),
+                            can_pause=request.user.has_perm("jobqueue.pause_queue"))
+
+    def queue_page(self, request: HttpRequest, name: str) -> HttpResponse:
+        queue = self._queue(name)
+        state = request.GET.get("state", "pending")
+        if state not in console.PAGE_STATES:
+            state = "pending"
+        shards = queue.claim_shards()
+        shard = _int(request.GET.get("shard"), 0, 0, shards - 1)
+        number = _int(request.GET.get("page"), 1, 1, 10**9)
+        jobs, total = console.page(queue, state, shard, number)
+        in_flight = console.lanes_in_flight(queue, shard)
+        lanes = [(lane, depth, in_flight.get(lane, 0))
+                 for lane, depth in console.deepest_lanes(queue, 50)]
+        last = max((total + 49) // 50, 1)
+        return self._render(
+            request, "queue.html", f"Queue {name}", queue=queue, view=console.overview(queue),
+            jobs=jobs, total=total, state=state, states=list(console.PAGE_STATES), shard=shard,
+            shard_range=range(shards), page=number, last_page=last, lanes=lanes,
+            prev_page=number - 1 if number > 1 else None,
+            next_page=number + 1 if number < last else None,
+        )
+
+    def stuck(self, request: HttpRequest) -> HttpResponse:
+        pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)
+        running_over = _int(request.GET.get("running_over"), 600, 1, 10**7)
+        sections = []
+        for name in known_queues():
+            found = console.stuck(Queue(name), pending_over, running_over)
+            sections.append((name, found))
+        return self._render(request, "stuck.html", "Stuck jobs", sections=sections,
+                            pending_over=pending_over, running_over=running_over)
+
+    def find(self, request: HttpRequest) -> HttpResponse:
+        raw = request.GET.get("id", "").strip()
+        if not raw:
+            return self._render(request, "find.html", "Find a job", query="")
+        try:
+            job_id = ids.validate_job_id(raw)
+        except InvalidJobId as exc:
+            messages.error(request, str(exc))
+            return self._render(request, "find.html", "Find a job", query=raw, status=400)
+        for name in known_queues():
+            if Queue(name).locate(job_id) is not None:
+                return HttpResponseRedirect(reverse("jobqueue_job", args=[name, job_id]))
+        row = Job.objects.filter(pk=job_id).first()
+        if row is not None:
+            return HttpResponseRedirect(reverse("jobqueue_job", args=[row.queue, job_id]))
+        messages.warning(request, f"No job {job_id} in Valkey or in the mirror.")
+        return self._render(request, "find.html", "Find a job", query=raw)
+
+    def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
+        info = self._job(queue, job_id)
+        allowed = {action for action, perm in ACTIONS.items()
+                   if info.state in ALLOWED[action] and request.user.has_perm(f"jobqueue.{perm}")}
+        if info.source == "mirror":
+            allowed &= {"retry"}
+        timeline = sorted(
+            ((label, when) for label, when in [
+                ("enqueued", info.enqueued_at), ("ready / due", info.run_after),
+                ("started", info.started_at), ("lease until", info.lease_until),
+                ("finished", info.finished_at)] if when),
+            key=lambda item: item[1],
+        )
+        return self._render(
+            request, "job.html", f"Job {job_id}", job=info, actions=allowed, timeline=timeline,
+            payload=_pretty(info.payload), result=_pretty(info.result),
+            checkpoint=_pretty(info.checkpoint),
+            mirror_url=reverse("admin:jobqueue_job_changelist") + f"?q={job_id}",
+        )
+
+    # -- actions -----------------------------------------------------------------------------
+
+    def job_action(self, request: HttpRequest, queue: str, job_id: str, action: str) -> HttpResponse:
+        if action not in ACTIONS:
+            raise PermissionDenied(f"unknown action {action!r}")
+        if not request.user.has_perm(f"jobqueue.{ACTIONS[action]}"):
+            raise PermissionDenied
+        info = self._job(queue, job_id)
+        if action == "cancel" and request.POST.get("confirm") != "yes":
+            return self._render(request, "confirm.html", f"Cancel job {job_id}?", job=info,
+                                action=action)
+        try:
+            message = self._do(action, info, request)
+        except JobQueueError as exc:
+            messages.error(request, f"{action} {job_id}: {exc}")
+        else:
+            messages.success(request, message)
+            _log(request, Job(id=job_id, queue=queue, state=info.state), message)
+        return self._back(request, reverse("jobqueue_job", args=[queue, job_id]))
+
+    def _do(self, action: str, info: JobInfo, request: HttpRequest) -> str:
+        queue = Queue(info.queue)
+        if action == "retry":
+            state = retry_job(queue, info)
+            return f"Retried job {info.id}: it is {state} again."
+        if action == "reprioritize":
+            raw = request.POST.get("priority", "")
+            try:
+                priority = int(raw)
+            except ValueError:
+                raise JobQueueError(f"priority must be an integer in -100…100, got {raw!r}") from None
+            queue.reprioritize(info.id, priority)
+            return f"Job {info.id} now has priority {priority}."
+        state = queue.cancel(info.id)
+        if state == "active":
+            return f"Job {info.id} is running: it will be recorded as cancelled when it stops."
+        return f"Cancelled job {info.id}."
+
+    def queue_action(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
+        if action not in ("pause", "resume"):
+            raise PermissionDenied(f"unknown action {action!r}")
+        if not request.user.has_perm("jobqueue.pause_queue"):
+            raise PermissionDenied
+        queue = self._queue(name)
+        if action == "pause":
+            queue.pause()
+        else:
+            queue.resume()
+        message = f"Queue {name} {'paused' if action == 'pause' else 'resumed'}."
+        shard, _ = Shard.objects.get_or_create(queue=name, index=0)
+        _log(request, shard, message)
+        messages.success(request, message)
+        return self._back(request, reverse("jobqueue_dashboard"))
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _queue(self, name: str) -> Queue:
+        try:
+            return Queue(validate_queue(name))
+        except JobQueueError as exc:
+            raise PermissionDenied(str(exc)) from None
+
+    def _job(self, queue: str, job_id: str) -> JobInfo:
+        from django.http import Http404
+
+        try:
+            ids.validate_job_id(job_id)
+            info = self._queue(queue).get(job_id)
+        except JobQueueError as exc:
+            raise Http404(str(exc)) from None
+        if info is None:
+            row = Job.objects.filter(pk=job_id).first()
+            if row is None:
+                raise Http404(f"No job {job_id} in queue {queue!r}, live or mirrored.")
+            info = row.info()
+        return info
+
+    def _back(self, request: HttpRequest, default: str) -> HttpResponse:
+        target = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+            target = default
+        return HttpResponseRedirect(target or default)
+
+
+def retry_job(queue: Queue, info: JobInfo) -> str:
+    """Retry a dead or cancelled job: in place while Valkey has its row, else re-created from
+    its mirror row under the same id (a fresh row: its attempts start again)."""
+    if queue.locate(info.id) is not None:
+        return queue.retry(info.id)
+    if info.state not in ALLOWED["retry"]:
+        raise JobQueueError(f"cannot retry job {info.id}: it is {info.state}")
+    queue.enqueue(info.payload, job_id=info.id, lane=info.lane, priority=info.priority,
+                  max_attempts=info.max_attempts or None)
+    return "pending"
+
+
+def _log(request: HttpRequest, obj: Any, message: str) -> None:
+    LogEntry.objects.log_actions(user_id=int(request.user.pk or 0), queryset=[obj], action_flag=CHANGE,
+                                 change_message=message, single_object=True)
+
+
+def _pretty(value: Any) -> str:
+    if value is None:
+        return ""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _int(raw: str | None, default: int, low: int, high: int) -> int:
+    try:
+        return min(max(int(raw or default), low), high)
+    except ValueError:
+        return default
+

@@ -1,0 +1,158 @@
+"""The operator console through Django's test client: pages, permissions, actions, escaping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from jobqueue import Queue, get_job
+from jobqueue.mirror import upsert
+from jobqueue.models import Job
+from tests.jobapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+XSS = "<script>alert('x')</script>"
+
+
+@pytest.fixture
+def admin_client(client: Client) -> Client:
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    return client
+
+
+def staff(client: Client, *perms: str) -> Client:
+    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=perms))
+    client.login(username="op", password="pw")
+    return client
+
+
+def dead_job(arg: Any = XSS) -> str:
+    ref = jobs.always_fails.using(max_attempts=1).enqueue(arg)
+    queue = Queue("default")
+    [lease] = queue.dequeue(count=1)
+    queue.nack(lease, f"ValueError: {XSS}")
+    return ref.id
+
+
+def test_dashboard_lists_every_queue_with_counts_and_pause(admin_client: Client) -> None:
+    jobs.add.enqueue_many([(1, 1)] * 3)
+    jobs.add.using(queue="emails", lane="player-1").enqueue(1, 2)
+    page = admin_client.get("/admin/jobqueue/").content.decode()
+    assert 'data-queue="default"' in page and 'data-queue="emails"' in page
+    assert ">3<" in page and 'value="Pause"' in page and "<svg" in page
+    assert "player-1 (1)" in page
+
+
+def test_non_staff_users_are_sent_to_the_login_page(client: Client) -> None:
+    User.objects.create_user("joe", "joe@example.com", "pw")
+    client.login(username="joe", password="pw")
+    for url in ("/admin/jobqueue/", "/admin/jobqueue/find/?id=JOB00000000001",
+                "/admin/jobqueue/stuck/"):
+        response = client.get(url)
+        assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    assert client.post("/admin/jobqueue/queues/default/pause/").status_code == 302
+    assert not Queue("default").is_paused()
+
+
+def test_find_leads_to_the_job_page_and_escapes_payload_and_error(admin_client: Client) -> None:
+    job_id = dead_job()
+    response = admin_client.get(f"/admin/jobqueue/find/?id={job_id}")
+    assert response.status_code == 302 and response["Location"] == f"/admin/jobqueue/jobs/default/{job_id}/"
+    page = admin_client.get(response["Location"]).content.decode()
+    assert XSS not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert 'value="Retry"' in page and 'value="Cancel"' not in page
+
+
+def test_find_explains_malformed_and_unknown_ids(admin_client: Client) -> None:
+    bad = admin_client.get("/admin/jobqueue/find/?id=<b>nope")
+    assert bad.status_code == 400 and "Malformed id" in bad.content.decode()
+    assert "&lt;b&gt;nope" in bad.content.decode()
+    unknown = admin_client.get("/admin/jobqueue/find/?id=JOB00000000001")
+    assert unknown.status_code == 200 and "No job JOB00000000001" in unknown.content.decode()
+    assert admin_client.get("/admin/jobqueue/jobs/default/JOB00000000001/").status_code == 404
+    assert admin_client.get("/admin/jobqueue/jobs/default/nope/").status_code == 404
+
+
+def test_retry_reprioritize_cancel_and_their_log_entries(admin_client: Client) -> None:
+    job_id = dead_job()
+    assert admin_client.post(f"/admin/jobqueue/jobs/default/{job_id}/retry/").status_code == 302
+    assert get_job(job_id).state == "pending"  # type: ignore[union-attr]
+    url = f"/admin/jobqueue/jobs/default/{job_id}/"
+    admin_client.post(url + "reprioritize/", {"priority": "42"})
+    assert get_job(job_id).priority == 42  # type: ignore[union-attr]
+    response = admin_client.post(url + "reprioritize/", {"priority": "500"}, follow=True)
+    assert "-100…100" in response.content.decode() and get_job(job_id).priority == 42  # type: ignore[union-attr]
+    confirm = admin_client.post(url + "cancel/")
+    assert confirm.status_code == 200 and "Yes, cancel it" in confirm.content.decode()
+    assert get_job(job_id).state == "pending"  # type: ignore[union-attr]
+    admin_client.post(url + "cancel/", {"confirm": "yes"})
+    assert get_job(job_id).state == "cancelled"  # type: ignore[union-attr]
+    messages = list(LogEntry.objects.values_list("change_message", flat=True))
+    assert len(messages) == 3 and any("priority 42" in m for m in messages)
+
+
+def test_actions_need_their_own_permission(client: Client) -> None:
+    job_id = dead_job()
+    operator = staff(client, "view_job")
+    assert operator.post(f"/admin/jobqueue/jobs/default/{job_id}/retry/").status_code == 403
+    assert operator.post("/admin/jobqueue/queues/default/pause/").status_code == 403
+    page = operator.get(f"/admin/jobqueue/jobs/default/{job_id}/").content.decode()
+    assert 'value="Retry"' not in page
+    assert get_job(job_id).state == "dead"  # type: ignore[union-attr]
+    assert operator.get(f"/admin/jobqueue/jobs/default/{job_id}/retry/").status_code == 405
+
+
+def test_pause_and_resume(admin_client: Client) -> None:
+    jobs.add.enqueue(1, 1)
+    admin_client.post("/admin/jobqueue/queues/default/pause/")
+    assert Queue("default").is_paused()
+    assert 'value="Resume"' in admin_client.get("/admin/jobqueue/").content.decode()
+    admin_client.post("/admin/jobqueue/queues/default/resume/")
+    assert not Queue("default").is_paused()
+
+
+def test_queue_page_pages_through_jobs(admin_client: Client) -> None:
+    jobs.add.enqueue_many([(i, i) for i in range(120)])
+    page = admin_client.get("/admin/jobqueue/queues/default/?state=pending&page=3").content.decode()
+    assert "page 3 of 3" in page and page.count("/admin/jobqueue/jobs/default/JOB") == 20
+    assert admin_client.get("/admin/jobqueue/queues/default/?page=zz").status_code == 200
+    assert admin_client.get("/admin/jobqueue/queues/a%20b/").status_code == 403
+
+
+def test_stuck_view_shows_old_waits_and_dead_jobs(admin_client: Client) -> None:
+    dead_job("stuck-dead")
+    waiting = jobs.add.enqueue(1, 1)
+    page = admin_client.get("/admin/jobqueue/stuck/?pending_over=1").content.decode()
+    assert "stuck-dead" not in page  # payloads are not listed, ids are
+    assert waiting.id not in page
+    import time
+
+    time.sleep(1.1)
+    assert waiting.id in admin_client.get("/admin/jobqueue/stuck/?pending_over=1").content.decode()
+
+
+def test_mirror_changelist_filters_and_bulk_retry_confirms_with_the_count(admin_client: Client) -> None:
+    ids = [dead_job(i) for i in range(3)]
+    queue = Queue("default")
+    upsert([e for _, e in queue.client.xrange("emq:{default}:done")])
+    upsert([{"id": "JOB0000000000z", "state": "dead", "queue": "default",
+             "payload": '{"handler": "tests.jobapp.jobs.add", "args": [1, 2], "kwargs": {}}'}])
+    changelist = admin_client.get("/admin/jobqueue/job/?state__exact=dead").content.decode()
+    assert all(i in changelist for i in ids)
+    data = {"action": "retry_selected", "select_across": "1", "index": "0",
+            "_selected_action": ids[:1]}
+    confirm = admin_client.post("/admin/jobqueue/job/?state__exact=dead", data)
+    assert '<b id="retry-count">4</b>' in confirm.content.decode()
+    assert get_job(ids[0]).state == "dead"  # type: ignore[union-attr]
+    admin_client.post("/admin/jobqueue/job/?state__exact=dead", {**data, "post": "yes"})
+    assert {get_job(i).state for i in ids} == {"pending"}  # type: ignore[union-attr]
+    recreated = get_job("JOB0000000000z")  # only in the mirror: re-created under its id
+    assert recreated and recreated.source == "valkey" and recreated.state == "pending"
+    assert Job.objects.count() == 4
