@@ -45,8 +45,10 @@ def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
     )
     return format_html(
         '<svg class="jq-chart" role="img" aria-label="{}" width="{}" height="{}" fill="{}" '
-        'xmlns="http://www.w3.org/2000/svg"><title>{}</title>{}</svg>',
-        title, width * len(values), height, colour, title, bars,
+        'xmlns="http://www.w3.org/2000/svg"><title>{}</title>'
+        '<line x1="0" y1="{}" x2="{}" y2="{}" stroke="#bbb" stroke-width="1"/>{}</svg>',
+        title, width * len(values), height + 1, colour, title, height + 0.5, width * len(values),
+        height + 0.5, bars,
     )
 
 
