@@ -87,3 +87,68 @@ class ValkeyCluster:
     def cleanup(self) -> None:
         for node in self.nodes:
             node.cleanup()
+
+
+class MariaDBProcess:
+    """A private mariadbd with its own datadir and port, that a test may stop and start.
+
+    Never the machine's server: outage tests stop this one. Grant tables are skipped: it only
+    listens on loopback and lives for one test.
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="jq-mariadb-"))
+        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={self.dir / 'data'}",
+                        "--user=root"], check=True, capture_output=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, database: str) -> str:
+        return f"mysql://root@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> MariaDBProcess:
+        with open(self.dir / "mariadb.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                ["mariadbd", "--no-defaults", f"--datadir={self.dir / 'data'}", "--user=root",
+                 f"--port={self.port}", "--bind-address=127.0.0.1", f"--socket={self.dir / 'sock'}",
+                 "--skip-grant-tables", "--innodb-buffer-pool-size=32M", "--skip-log-bin"],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not self._answers():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"private mariadbd did not start: see {self.dir / 'mariadb.log'}")
+            time.sleep(0.1)
+        return self
+
+    def _answers(self) -> bool:
+        import MySQLdb
+
+        try:
+            MySQLdb.connect(host="127.0.0.1", port=self.port, user="root").close()
+            return True
+        except MySQLdb.OperationalError:
+            return False
+
+    def query(self, sql: str, database: str | None = None) -> tuple:
+        import MySQLdb
+
+        conn = MySQLdb.connect(host="127.0.0.1", port=self.port, user="root",
+                               **({"database": database} if database else {}))
+        try:
+            cursor = conn.cursor()
+            cursor.execute(sql)
+            conn.commit()
+            return tuple(cursor.fetchall())
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+    def cleanup(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -282,7 +282,7 @@ def test_corrupt_payload_is_reported_on_the_lease(queue: Queue, valkey: Any) -> 
 
 
 def test_sharded_queue_spreads_jobs_and_claims_them_all(valkey: Any) -> None:
-    queue = Queue("emails", valkey=valkey, shards=4)
+    queue = Queue("emails", client=valkey, shards=4)
     refs = queue.enqueue_many([JobSpec(i) for i in range(200)])
     per_shard = Counter(queue.place(r.id, "", "") for r in refs)
     assert len(per_shard) == 4 and min(per_shard.values()) > 20
@@ -296,8 +296,8 @@ def test_sharded_queue_spreads_jobs_and_claims_them_all(valkey: Any) -> None:
 
 
 def test_growing_shards_moves_no_job(valkey: Any) -> None:
-    before = Queue("grow", valkey=valkey, shards=1).enqueue("old")
-    grown = Queue("grow", valkey=valkey, shards=8)
+    before = Queue("grow", client=valkey, shards=1).enqueue("old")
+    grown = Queue("grow", client=valkey, shards=8)
     assert grown.get(before.id) is not None
     grown.enqueue_many([JobSpec(i) for i in range(20)])
     assert grown.counts()["pending"] == 21
@@ -305,8 +305,8 @@ def test_growing_shards_moves_no_job(valkey: Any) -> None:
 
 
 def test_shrinking_drains_the_retired_shards(valkey: Any) -> None:
-    Queue("shrink", valkey=valkey, shards=4).enqueue_many([JobSpec(i) for i in range(40)])
-    small = Queue("shrink", valkey=valkey, shards=1)
+    Queue("shrink", client=valkey, shards=4).enqueue_many([JobSpec(i) for i in range(40)])
+    small = Queue("shrink", client=valkey, shards=1)
     total = small.claim_shards()
     assert total == 4
     got = []

@@ -21,6 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 from typing import Any
@@ -87,6 +88,7 @@ class Worker:
         self._next_summary = time.monotonic() + config.summary_every
         self._next_due: float | None = None
         self._pool: Executor | None = None
+        self._mirror: Any = None
         self._rotation = 0
 
     # -- control ---------------------------------------------------------------------------
@@ -184,7 +186,15 @@ class Worker:
             self._running[lease.job_id] = _Running(lease, time.monotonic())
             if len(self._running) >= self.config.concurrency:
                 self._room.clear()
-        future = self._pool.submit(execute, lease)
+        try:
+            future = self._pool.submit(execute, lease)
+        except BrokenProcessPool:
+            # A handler killed its pool process (its own job is nacked with the pool's error);
+            # a new pool serves the jobs that follow.
+            log.warning("process pool broken by a job that died; starting a new pool")
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._make_pool()
+            future = self._pool.submit(execute, lease)
         future.add_done_callback(lambda f: self._finished_one(lease, f))
 
     def _finished_one(self, lease: Lease, future: Future[Outcome]) -> None:
@@ -353,7 +363,7 @@ class Worker:
 
         from ..mirror import Mirror
 
-        mirror = Mirror(self.queues, consumer=self.config.name)
+        mirror = self._mirror = Mirror(self.queues, consumer=self.config.name)
         delay = 0.2
         while not self._threads_stop.is_set():
             try:
@@ -367,19 +377,27 @@ class Worker:
                 _close_db()
                 delay = min(max(delay * 2, 0.5), 5.0)
             self._threads_stop.wait(delay)
-        self._final_mirror(mirror)
 
-    def _final_mirror(self, mirror: Any) -> None:
-        """On the way out, mirror what is left; a burst run also takes over dead mirrors' entries."""
-        for attempt in range(50 if self.config.burst else 3):
+    def _final_mirror(self) -> None:
+        """On the way out, mirror what is left. A burst run insists, taking over dead mirrors'
+        entries too, until the streams are empty (or a second signal); others try three times
+        and leave the rest in Valkey for the next worker."""
+        if self._mirror is None:
+            return
+        delay, tries = 0.2, 0
+        while not self._abort.is_set():
             try:
-                mirror.step(take_over_all=self.config.burst)
-                if not self.config.burst or mirror.backlog() == 0:
+                self._mirror.step(take_over_all=self.config.burst)
+                if self._mirror.backlog() == 0:
                     return
             except (DatabaseError, *VALKEY_DOWN) as exc:
-                log.warning("mirror (final, try %d): %s", attempt + 1, exc)
+                log.warning("mirror (final pass %d): %s; retrying", tries + 1, exc)
                 _close_db()
-            time.sleep(0.2)
+            tries += 1
+            if not self.config.burst and tries >= 3:
+                return
+            self._abort.wait(delay)
+            delay = min(delay * 2, 5.0)
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -420,6 +438,7 @@ class Worker:
         self._room.set()
         for thread in self._threads:
             thread.join(timeout=15)
+        self._final_mirror()
         if self._pool is not None:
             self._pool.shutdown(wait=not self.abandoned, cancel_futures=True)
         if self.queues:
