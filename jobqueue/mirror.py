@@ -86,6 +86,19 @@ def upsert(events: Sequence[dict[str, str]]) -> int:
     return len(rows)
 
 
+def record_shards(queue: Queue) -> None:
+    """Refresh the `Shard` rows of a queue: counts seen now, and whether each shard takes new
+    jobs (active) or is only drained (beyond the configured count after a shrink)."""
+    from .models import Shard
+
+    for index in range(queue.claim_shards()):
+        counts = queue.shard_counts(index)
+        Shard.objects.update_or_create(queue=queue.name, index=index, defaults={
+            "status": Shard.Status.ACTIVE if index < queue.shards else Shard.Status.DRAINING,
+            **{name: counts[name] for name in ("pending", "scheduled", "active", "dead")},
+        })
+
+
 class Mirror:
     """Moves terminal events of some queues' shards into the `Job` table."""
 

@@ -473,10 +473,13 @@ class Queue:
         """Jobs by state over all shards (succeeded/cancelled: totals since the queue began)."""
         totals = dict.fromkeys(COUNT_FIELDS, 0)
         for i in range(self.claim_shards()):
-            reply = self._run("counts", self.shard(i), [])
-            for name, value in zip(COUNT_FIELDS, reply, strict=False):
-                totals[name] += int(value)
+            for name, value in self.shard_counts(i).items():
+                totals[name] += value
         return totals
+
+    def shard_counts(self, index: int) -> dict[str, int]:
+        reply = self._run("counts", self.shard(index), [])
+        return {name: int(value) for name, value in zip(COUNT_FIELDS, reply, strict=False)}
 
     def get(self, job_id: str) -> JobInfo | None:
         """The live row of a job, or None when Valkey holds none (expired or unknown)."""

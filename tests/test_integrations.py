@@ -9,6 +9,7 @@ from django.tasks import TaskResultStatus, task_backends
 from jobqueue import Queue, enqueue, get_job
 from jobqueue.exceptions import InvalidOption, InvalidPriority, UnknownHandler
 from jobqueue.models import Job
+from jobqueue.store import JobSpec
 from tests.jobapp import celery_tasks, django_tasks, jobs
 
 from .servers import ValkeyProcess
@@ -91,3 +92,14 @@ def test_mirror_keeps_ids_that_differ_only_in_case_apart() -> None:
     assert dict(Job.objects.values_list("id", "state")) == {
         "JOB0000000000a": "succeeded", "JOB0000000000A": "dead"}
     assert Job.objects.get(pk="JOB0000000000a").result == 1
+
+
+def test_shard_rows_record_counts_and_draining_shards(valkey_server: ValkeyProcess) -> None:
+    from jobqueue.mirror import record_shards
+    from jobqueue.models import Shard
+
+    Queue("wide", shards=3).enqueue_many([JobSpec(i) for i in range(30)])
+    record_shards(Queue("wide", shards=2))
+    rows = {s.index: s for s in Shard.objects.filter(queue="wide")}
+    assert sum(s.pending for s in rows.values()) == 30
+    assert [rows[i].status for i in range(3)] == ["active", "active", "draining"]

@@ -361,14 +361,18 @@ class Worker:
     def _mirror_loop(self) -> None:
         from django.db import close_old_connections
 
-        from ..mirror import Mirror
+        from ..mirror import Mirror, record_shards
 
         mirror = self._mirror = Mirror(self.queues, consumer=self.config.name)
-        delay = 0.2
+        delay, next_shards = 0.2, 0.0
         while not self._threads_stop.is_set():
             try:
                 close_old_connections()
                 written = mirror.step()
+                if time.monotonic() >= next_shards:
+                    for queue in self.queues:
+                        record_shards(queue)
+                    next_shards = time.monotonic() + 10.0
                 delay = 0.05 if written else 0.2
             except VALKEY_DOWN:
                 delay = 1.0
