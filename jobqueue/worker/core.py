@@ -45,6 +45,9 @@ class WorkerConfig:
     queues: tuple[str, ...] = ()
     """Queues to serve; empty: every known queue."""
     concurrency: int = 4
+    prefetch: int | None = None
+    """Jobs claimed beyond those running (default: as many as `concurrency`); they wait in the
+    pool's queue with their leases renewed, so claims and acks travel in batches."""
     burst: bool = False
     lease: float | None = None
     """Overrides the job's and the queue's lease when set."""
@@ -54,6 +57,11 @@ class WorkerConfig:
     maintenance_every: float = 1.0
     summary_every: float = 30.0
     mirror: bool = True
+
+    @property
+    def capacity(self) -> int:
+        """How many claimed jobs the worker holds at most (running plus prefetched)."""
+        return self.concurrency + (self.concurrency if self.prefetch is None else self.prefetch)
 
 
 @dataclass
@@ -155,15 +163,17 @@ class Worker:
         return self._claim() > 0
 
     def _claim(self) -> int:
-        room = self.config.concurrency - len(self._running)
-        if room <= 0:
-            return 0
+        room = self.config.capacity - len(self._running)
+        if room <= 0 or (self._running and room < max(1, self.config.capacity // 4)):
+            return 0  # wait until a batch's worth is free: one claim serves many jobs
         claimed = 0
         self._rotation += 1
         order = self.queues[self._rotation % max(len(self.queues), 1):] + \
             self.queues[: self._rotation % max(len(self.queues), 1)]
         for queue in order:
-            limit = queue.options.concurrency or self.config.concurrency
+            # A queue's `concurrency` caps the jobs of that queue this worker holds at once, so a
+            # busy queue cannot take every slot from the others (Pacer's isolation).
+            limit = queue.options.concurrency or self.config.capacity
             take = min(room - claimed, limit - self._running_in(queue.name))
             if take <= 0:
                 continue
@@ -184,7 +194,7 @@ class Worker:
         assert self._pool is not None
         with self._lock:
             self._running[lease.job_id] = _Running(lease, time.monotonic())
-            if len(self._running) >= self.config.concurrency:
+            if len(self._running) >= self.config.capacity:
                 self._room.clear()
         try:
             future = self._pool.submit(execute, lease)

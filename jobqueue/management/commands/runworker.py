@@ -43,6 +43,8 @@ class Command(BaseCommand):
         parser.add_argument("--queues", help="comma-separated queue names (default: every known queue)")
         parser.add_argument("--concurrency", type=_positive_int, default=4,
                             help="jobs run at once (default 4)")
+        parser.add_argument("--prefetch", type=int, default=None,
+                            help="jobs claimed ahead of free threads (default: the concurrency; 0: none)")
         parser.add_argument("--burst", action="store_true",
                             help="exit 0 once the queues are empty and every finished job is mirrored")
         parser.add_argument("--lease", type=_seconds,
@@ -62,7 +64,8 @@ class Command(BaseCommand):
         try:
             config = WorkerConfig(
                 queues=tuple(queues_from_option(options["queues"])),
-                concurrency=options["concurrency"], burst=options["burst"], lease=options["lease"],
+                concurrency=options["concurrency"], prefetch=options["prefetch"],
+                burst=options["burst"], lease=options["lease"],
                 processes=options["processes"], grace=options["grace"],
                 mirror=not options["no_mirror"],
                 **({"name": options["name"]} if options["name"] else {}),

@@ -1,0 +1,32 @@
+// BullMQ side of bench/peers.py: `node peer.js enqueue N` or `node peer.js work CONCURRENCY`.
+const { Queue, Worker } = require("bullmq");
+const url = new URL(process.env.BENCH_URL || "redis://127.0.0.1:6399/0");
+const connection = { host: url.hostname, port: Number(url.port) };
+const [mode, arg] = process.argv.slice(2);
+
+async function main() {
+  if (mode === "enqueue") {
+    const queue = new Queue("bench", { connection });
+    const n = Number(arg);
+    const single = process.argv[4] === "single";
+    const started = Date.now();
+    if (single) {
+      for (let i = 0; i < n; i++) await queue.add("tick", {}, { removeOnComplete: true });
+    } else {
+      for (let i = 0; i < n; i += 1000) {
+        const batch = [];
+        for (let j = i; j < Math.min(n, i + 1000); j++) batch.push({ name: "tick", data: {}, opts: { removeOnComplete: true } });
+        await queue.addBulk(batch);
+      }
+    }
+    console.log(JSON.stringify({ seconds: (Date.now() - started) / 1000 }));
+    await queue.close();
+  } else {
+    const IORedis = require("ioredis");
+    const counter = new IORedis(connection);
+    const worker = new Worker("bench", async () => { await counter.incr("bench:done"); },
+      { connection, concurrency: Number(arg) });
+    process.on("SIGTERM", async () => { await worker.close(); process.exit(0); });
+  }
+}
+main();
