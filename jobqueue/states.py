@@ -20,6 +20,3 @@ class State(models.TextChoices):
     """Its retry budget is spent, or it can never run; last_error says why."""
     CANCELLED = "cancelled", "Cancelled"
     """An operator cancelled it."""
-
-
-TERMINAL = frozenset({State.SUCCEEDED, State.DEAD, State.CANCELLED})

@@ -9,6 +9,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -210,3 +211,25 @@ def test_the_process_pool_runs_jobs_and_survives_a_crashing_one(valkey_server: V
     assert {Job.objects.get(pk=r.id).result for r in refs} == {i + 1 for i in range(20)}
     row = Job.objects.get(pk=crash.id)
     assert row.state == "succeeded" and row.result["resumed_from"] == {"step": 1, "attempt": 1}
+
+
+def test_the_worker_runs_on_a_valkey_cluster(valkey_cluster: Any, settings: Any) -> None:
+    settings.JOBQUEUE = {"URL": valkey_cluster.url, "QUEUES": {"default": {"shards": 3}}}
+    Queue("default").client.flushall(target_nodes="primaries")
+    refs = jobs.add.enqueue_many([(i, 1) for i in range(90)])
+    laned = jobs.add.using(lane="player-1").enqueue(5, 5)
+    assert run_burst(valkey_cluster.url, "--concurrency", "4") == 0
+    assert Job.objects.filter(state="succeeded").count() == 91
+    assert {Job.objects.get(pk=r.id).shard for r in refs} == {0, 1, 2}
+    assert Job.objects.get(pk=laned.id).result == 10
+
+
+def test_workers_stop_on_sigterm_whatever_moment_it_arrives(valkey_server: ValkeyProcess) -> None:
+    import random
+
+    workers = [start_worker(valkey_server.url, "--concurrency", "2") for _ in range(8)]
+    wait_for(lambda: Queue("default").client.hlen("{emq}:workers") == 8)
+    for worker in workers:
+        time.sleep(random.uniform(0, 0.3))
+        worker.send_signal(signal.SIGTERM)
+    assert [w.wait(15) for w in workers] == [0] * 8

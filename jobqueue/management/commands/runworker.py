@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -34,6 +35,24 @@ def _seconds(raw: str) -> float:
     if not 0 < value <= 86_400:
         raise argparse.ArgumentTypeError(f"must be within 0…86400 seconds, got {value}")
     return value
+
+
+def _relay_signals(worker: Worker) -> None:
+    """SIGTERM/SIGINT ask the worker to stop, from a thread of their own.
+
+    A handler runs on the main thread between two bytecodes, possibly inside `Event.wait()`
+    holding that event's lock; calling `Event.set()` there can deadlock. So the handler only
+    writes a byte to a pipe (async-signal-safe) and a relay thread calls `request_stop()`.
+    """
+    read_fd, write_fd = os.pipe()
+
+    def relay() -> None:
+        while os.read(read_fd, 1):
+            worker.request_stop()
+
+    threading.Thread(target=relay, name="jobqueue-signals", daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: os.write(write_fd, b"!"))
 
 
 class Command(BaseCommand):
@@ -73,8 +92,7 @@ class Command(BaseCommand):
         except JobQueueError as exc:
             raise CommandError(str(exc)) from None
         worker = Worker(config)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: worker.request_stop())
+        _relay_signals(worker)
         worker.run()
         if worker.abandoned:
             # Handlers still running were released to other workers; do not wait for them.

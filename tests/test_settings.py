@@ -1,0 +1,50 @@
+"""Settings: URL forms, the django-redis alias, and the system check that explains mistakes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+
+from jobqueue import Queue, conf
+from jobqueue.exceptions import ConfigurationError
+
+from .servers import ValkeyProcess
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("redis://h:1/0", ("redis://h:1/0", False)),
+    ("valkey://:pw@h:1/2", ("redis://:pw@h:1/2", False)),
+    ("valkeys://h:1/0", ("rediss://h:1/0", False)),
+    ("redis://h:1/0?cluster=true", ("redis://h:1/0", True)),
+    ("valkey://h:1?cluster=1&socket_timeout=5", ("redis://h:1?socket_timeout=5", True)),
+])
+def test_url_forms(url: str, expected: tuple[str, bool]) -> None:
+    assert conf.normalise_url(url) == expected
+
+
+def test_unknown_url_scheme_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="scheme"):
+        conf.normalise_url("http://h:1/0")
+
+
+def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_server: ValkeyProcess) -> None:
+    settings.CACHES = {"jq": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": valkey_server.url}}
+    settings.JOBQUEUE = {"CACHE_ALIAS": "jq"}
+    ref = Queue("default").enqueue({"x": 1})
+    assert Queue("default").get(ref.id).payload == {"x": 1}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("jobqueue", "fragment"), [
+    ({"QUEUES": {"emails": {"shards": 0}}}, "shards: 1…1024"),
+    ({"QUEUES": {"emails": {"colour": "red"}}}, "unknown option"),
+    ({"QUEUES": {"bad name": {}}}, "invalid queue name"),
+    ({"RETRIES": 3}, "unknown key"),
+])
+def test_manage_py_check_explains_a_bad_jobqueue_setting(
+    settings: Any, jobqueue: dict, fragment: str
+) -> None:
+    settings.JOBQUEUE = jobqueue
+    errors = [e for e in run_checks() if e.id == "jobqueue.E001"]
+    assert len(errors) == 1 and fragment in errors[0].msg and errors[0].hint
