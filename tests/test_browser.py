@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 
 from jobqueue import Queue, get_job
 from tests.jobapp import jobs
+from tests.workers import dead_job
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -57,17 +58,9 @@ def login(page: Any, username: str, password: str) -> None:
     page.click("input[type=submit]")
 
 
-def make_dead_job() -> str:
-    ref = jobs.always_fails.using(max_attempts=1).enqueue(XSS)
-    queue = Queue("default")
-    [lease] = queue.dequeue(count=1)
-    queue.nack(lease, f"ValueError: {XSS}")
-    return ref.id
-
-
 def test_an_operator_finds_retries_reprioritizes_cancels_and_pauses(page: Any) -> None:
     User.objects.create_superuser("admin", "admin@example.com", "admin")
-    dead_id = make_dead_job()
+    dead_id = dead_job(XSS, f"ValueError: {XSS}")
     jobs.add.enqueue_many([(i, i) for i in range(25)])
     jobs.add.using(queue="emails", lane="player-7").enqueue(1, 2)
     login(page, "admin", "admin")

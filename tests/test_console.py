@@ -12,6 +12,7 @@ from django.test import Client
 from jobqueue import Queue, get_job
 from jobqueue.mirror import upsert
 from jobqueue.models import Job
+from tests import workers
 from tests.jobapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,11 +35,7 @@ def staff(client: Client, *perms: str) -> Client:
 
 
 def dead_job(arg: Any = XSS) -> str:
-    ref = jobs.always_fails.using(max_attempts=1).enqueue(arg)
-    queue = Queue("default")
-    [lease] = queue.dequeue(count=1)
-    queue.nack(lease, f"ValueError: {XSS}")
-    return ref.id
+    return workers.dead_job(arg, f"ValueError: {XSS}")
 
 
 def test_dashboard_lists_every_queue_with_counts_and_pause(admin_client: Client) -> None:

@@ -46,3 +46,15 @@ def wait_for(condition: Callable[[], object], timeout: float = 30, every: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {condition}")
         time.sleep(every)
+
+
+def dead_job(payload_arg: object, error: str) -> str:
+    """A job on `default` that ran once and died with `error`, as a failing handler leaves it."""
+    from jobqueue import Queue
+    from tests.jobapp import jobs
+
+    ref = jobs.always_fails.using(max_attempts=1).enqueue(payload_arg)
+    queue = Queue("default")
+    [lease] = queue.dequeue(count=1)
+    queue.nack(lease, error)
+    return ref.id
