@@ -14,7 +14,7 @@ from typing import Any, overload
 
 from .conf import get_config
 from .exceptions import InvalidOption, UnknownHandler
-from .store import JobInfo, JobRef, JobSpec, Queue, _prepare
+from .store import JobInfo, JobRef, JobSpec, Queue, prepare
 
 _registry: dict[str, JobFunction] = {}
 Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any]]
@@ -69,7 +69,7 @@ class JobFunction:
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
         """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""
         specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
-        return _submit(Queue(self.options.queue), specs, self.options.immediate)
+        return submit(Queue(self.options.queue), specs, self.options.immediate)
 
 
 def _split(call: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:
@@ -93,7 +93,7 @@ def _check_spec_options(spec: Mapping[str, Any]) -> None:
         raise InvalidOption(f"unknown option(s) {sorted(unknown)}; allowed: {list(SPEC_OPTIONS)}")
 
 
-def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
+def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
     """Enqueue now, or — inside a transaction — once it commits (nothing if it rolls back).
 
     The ids are minted now so the caller gets them at once; validation also happens now.
@@ -103,7 +103,7 @@ def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]
     connection = transaction.get_connection()
     if immediate or not get_config().on_commit or not connection.in_atomic_block:
         return queue.enqueue_many(specs)
-    prepared = [_prepare(spec, queue.options) for spec in specs]
+    prepared = [prepare(spec, queue.options) for spec in specs]
     minted = [replace(spec, job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
     transaction.on_commit(lambda: queue.enqueue_many(minted), robust=False)
     return [JobRef(p.job_id, queue.name) for p in prepared]
@@ -159,7 +159,7 @@ def enqueue(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | Non
         raise UnknownHandler(f"handler must be a dotted name, got {name!r}")
     payload = _payload(name, list(args), dict(kwargs or {}))
     target = Queue(queue or base.queue)
-    return _submit(target, [JobSpec(payload, **spec)], immediate or base.immediate)[0]
+    return submit(target, [JobSpec(payload, **spec)], immediate or base.immediate)[0]
 
 
 def get_job(job_id: str, queue: str = "default") -> JobInfo | None:

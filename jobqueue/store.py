@@ -100,7 +100,7 @@ class _Prepared:
                 "1" if self.minted else "0"]
 
 
-def _prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
+def prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
     """Validate every field of a spec, with errors that say what is allowed."""
     if spec.delay is not None and spec.run_after is not None:
         raise InvalidOption("give delay or run_after, not both")
@@ -291,7 +291,7 @@ class Queue:
 
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[JobRef]:
         """Add many jobs: validated first (all or none), then one script call per shard chunk."""
-        prepared = [_prepare(spec, self.options) for spec in specs]
+        prepared = [prepare(spec, self.options) for spec in specs]
         self._register()
         by_shard: dict[int, list[int]] = defaultdict(list)
         for i, job in enumerate(prepared):

@@ -15,7 +15,7 @@ from django.tasks.base import TaskContext, TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.utils.module_loading import import_string
 
-from .api import JobFunction, JobOptions, _submit
+from .api import JobFunction, JobOptions, submit
 from .exceptions import JobQueueError, UnknownHandler
 from .keys import validate_queue
 from .store import JobInfo, JobSpec, Lease, Queue
@@ -47,7 +47,7 @@ class ValkeyBackend(BaseTaskBackend):
         self.validate_task(task)
         payload = {"handler": PREFIX + task.module_path, "args": list(args), "kwargs": dict(kwargs)}
         spec = JobSpec(payload, priority=task.priority, run_after=task.run_after)
-        [ref] = _submit(Queue(task.queue_name), [spec], immediate=False)
+        [ref] = submit(Queue(task.queue_name), [spec], immediate=False)
         info = Queue(task.queue_name).get(ref.id)
         return self._result(task, info or JobInfo(ref.id, ref.queue, "pending", payload=payload))
 

@@ -14,8 +14,9 @@ MYSQL_URL = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql://root@127.0.0.1:3306/j
 
 
 def _mysql_answers() -> bool:
+    where = env.db_url_config(MYSQL_URL)
     try:
-        with socket.create_connection(("127.0.0.1", 3306), timeout=1):
+        with socket.create_connection((where["HOST"] or "127.0.0.1", int(where["PORT"] or 3306)), timeout=1):
             return True
     except OSError:
         return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,6 +180,7 @@ def test_retry_later_and_per_queue_options(valkey_server: ValkeyProcess) -> None
     assert row.state == "dead" and row.attempts == 2 and row.last_error == "not yet"
 
 
+@pytest.mark.skipif(not shutil.which("mariadbd"), reason="needs MariaDB's server binaries")
 def test_a_mariadb_outage_under_load_loses_no_mirror_row(valkey_server: ValkeyProcess) -> None:
     db = MariaDBProcess().start()
     try:

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Task, current_app
 
-from ..api import JobFunction, JobOptions, _submit
+from ..api import JobFunction, JobOptions, submit
 from ..exceptions import UnknownHandler
 from ..store import JobSpec, Lease, Queue
 from ..worker.executor import RetryLater
@@ -38,7 +38,7 @@ class JobTask(Task):
         spec = JobSpec(payload, delay=countdown, run_after=eta, priority=priority,
                        max_attempts=None if max_retries is None else max_retries + 1,
                        backoff=float(self.default_retry_delay or 0))
-        [ref] = _submit(Queue(queue or "default"), [spec], immediate=False)
+        [ref] = submit(Queue(queue or "default"), [spec], immediate=False)
         return AsyncResult(ref.id, app=self._get_app())
 
     def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
