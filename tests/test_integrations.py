@@ -103,3 +103,31 @@ def test_shard_rows_record_counts_and_draining_shards(valkey_server: ValkeyProce
     rows = {s.index: s for s in Shard.objects.filter(queue="wide")}
     assert sum(s.pending for s in rows.values()) == 30
     assert [rows[i].status for i in range(3)] == ["active", "active", "draining"]
+
+
+@pytest.mark.slow
+def test_get_job_falls_back_to_the_mirror_once_the_row_expires(valkey_server: ValkeyProcess) -> None:
+    import time
+
+    ref = jobs.add.enqueue(20, 22)
+    assert run_burst(valkey_server.url) == 0
+    info = get_job(ref.id)
+    assert info and info.source == "valkey"
+    Queue("default").client.pexpire(f"emq:{{default}}:job:{ref.id}", 1)  # retention runs out
+    time.sleep(0.05)
+    info = get_job(ref.id)
+    assert info and info.source == "mirror" and info.state == "succeeded" and info.result == 42
+
+
+def test_worker_summary_reports_rate_and_lag(valkey_server: ValkeyProcess, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from jobqueue.worker import Worker, WorkerConfig
+
+    jobs.add.enqueue(1, 1)
+    worker = Worker(WorkerConfig(queues=("default",), summary_every=1.0, mirror=False))
+    worker.queues = [Queue("default")]
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        worker._summary()
+    [line] = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
+    assert "jobs/s" in line and "pending=1" in line and "lag=" in line

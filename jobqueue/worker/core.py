@@ -94,6 +94,7 @@ class Worker:
         self._waiting_on: set[tuple[str, int]] = set()
         self._next_maintenance = 0.0
         self._next_summary = time.monotonic() + config.summary_every
+        self._summarised = 0
         self._next_due: float | None = None
         self._pool: Executor | None = None
         self._mirror: Any = None
@@ -311,9 +312,17 @@ class Worker:
                 self._threads_stop.wait(1.0)
 
     def _summary(self) -> None:
-        backlog = sum(q.counts()["pending"] for q in self.queues)
-        log.info("summary: processed=%d failed=%d running=%d pending=%d", self.processed,
-                 self.failed, len(self._running), backlog)
+        """One line per period: throughput, jobs held, backlog and lag (the oldest wait)."""
+        from ..console import overview
+
+        done = self.processed + self.failed
+        rate = (done - self._summarised) / self.config.summary_every
+        self._summarised = done
+        views = [overview(q, minutes=1, lanes=0) for q in self.queues]
+        lag = max((v.oldest_wait for v in views if v.oldest_wait is not None), default=0.0)
+        log.info("summary: %.1f jobs/s, processed=%d failed=%d in_flight=%d pending=%d lag=%.1fs",
+                 rate, self.processed, self.failed, len(self._running),
+                 sum(v.counts["pending"] for v in views), lag)
 
     def _wait_for_valkey(self, exc: Exception) -> None:
         log.warning("Valkey unreachable (%s); retrying", exc)
