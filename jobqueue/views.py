@@ -108,10 +108,12 @@ class Console:
         lanes = [(lane, depth, in_flight.get(lane, 0))
                  for lane, depth in console.deepest_lanes(queue, 50)]
         last = max((total + 49) // 50, 1)
+        shard_rows = [(i, "active" if i < queue.shards else "draining", queue.shard_counts(i))
+                      for i in range(shards)]
         return self._render(
             request, "queue.html", f"Queue {name}", queue=queue, view=console.overview(queue),
             jobs=jobs, total=total, state=state, states=list(console.PAGE_STATES), shard=shard,
-            shard_range=range(shards), page=number, last_page=last, lanes=lanes,
+            shard_range=range(shards), shard_rows=shard_rows, page=number, last_page=last, lanes=lanes,
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,
         )
