@@ -157,6 +157,10 @@ class Mirror:
         client.xdel(stream, *ids)
         return written
 
+    def forget_groups(self) -> None:
+        """Make the next step create the consumer groups again (Valkey may have lost them)."""
+        self._grouped.clear()
+
     def backlog(self) -> int:
         """Entries still in the streams (pending or unread)."""
         return sum(int(client.xlen(stream)) for client, stream in self._streams())

@@ -235,3 +235,42 @@ def test_workers_stop_on_sigterm_whatever_moment_it_arrives(valkey_server: Valke
         time.sleep(random.uniform(0, 0.3))
         worker.send_signal(signal.SIGTERM)
     assert [w.wait(15) for w in workers] == [0] * 8
+
+
+def test_a_worker_for_every_queue_serves_queues_created_after_it_started(
+    valkey_server: ValkeyProcess,
+) -> None:
+    worker = start_worker(valkey_server.url)
+    try:
+        wait_for(lambda: Queue("default").client.hlen("{emq}:workers") == 1)
+        ref = jobs.add.using(queue="latecomer").enqueue(2, 2)
+        wait_for(lambda: (get_job(ref.id, queue="latecomer") or ref).state == "succeeded")  # type: ignore[union-attr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+
+
+def test_sigterm_hands_prefetched_jobs_back_at_once_uncharged(valkey_server: ValkeyProcess) -> None:
+    first, second = jobs.sleep.using(max_attempts=1).enqueue_many([(2,), (2,)])
+    worker = start_worker(valkey_server.url, "--concurrency", "1", "--prefetch", "1")
+    wait_for(lambda: Queue("default").counts()["active"] == 2)  # one running, one prefetched
+    worker.send_signal(signal.SIGTERM)
+    wait_for(lambda: Queue("default").counts()["pending"] == 1, timeout=1.5)  # before the run ends
+    assert worker.wait(20) == 0
+    states = {ref.id: get_job(ref.id) for ref in (first, second)}
+    assert sorted(i.state for i in states.values()) == ["pending", "succeeded"]  # type: ignore[union-attr]
+    waiting = next(i for i in states.values() if i.state == "pending")  # type: ignore[union-attr]
+    assert waiting.last_error == "" and waiting.attempts == 1  # released: budget of 1 intact
+
+
+def test_the_mirror_recreates_a_lost_consumer_group(valkey_server: ValkeyProcess) -> None:
+    worker = start_worker(valkey_server.url)
+    try:
+        first = jobs.add.enqueue(1, 1)
+        wait_for(lambda: Job.objects.filter(pk=first.id).exists())
+        Queue("default").client.xgroup_destroy("emq:{default}:done", "mirror")
+        second = jobs.add.enqueue(2, 2)
+        wait_for(lambda: Job.objects.filter(pk=second.id).exists())
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0

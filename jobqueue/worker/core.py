@@ -28,6 +28,7 @@ from typing import Any
 
 from django.db import DatabaseError
 from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from ..keys import WORKERS_KEY
@@ -69,6 +70,7 @@ class _Running:
     lease: Lease
     started: float
     lost: bool = False
+    future: Future[Outcome] | None = None
 
 
 class Worker:
@@ -122,6 +124,10 @@ class Worker:
                     busy = self._cycle()
                 except VALKEY_DOWN as exc:
                     self._wait_for_valkey(exc)
+                    continue
+                except RedisError:  # e.g. OOM or a failover: the next turn may succeed
+                    log.exception("Valkey refused a command; retrying in 1 s")
+                    self._stop_claiming.wait(1.0)
                     continue
                 if busy:
                     continue
@@ -206,6 +212,9 @@ class Worker:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = self._make_pool()
             future = self._pool.submit(execute, lease)
+        with self._lock:
+            if lease.job_id in self._running:
+                self._running[lease.job_id].future = future
         future.add_done_callback(lambda f: self._finished_one(lease, f))
 
     def _finished_one(self, lease: Lease, future: Future[Outcome]) -> None:
@@ -219,7 +228,8 @@ class Worker:
                 lease, future = self._finished.get_nowait()
             except Empty:
                 break
-            self._unrecorded.append((lease, _outcome_of(future)))
+            if not future.cancelled():  # a cancelled one was never started: it was released
+                self._unrecorded.append((lease, _outcome_of(future)))
         if not self._unrecorded:
             return
         pending, self._unrecorded = self._unrecorded, []
@@ -265,6 +275,12 @@ class Worker:
 
     def _maintain(self) -> None:
         """promote + reap on every shard (idempotent, cheap), and advertise this worker."""
+        if not self.config.queues:  # serving every known queue: pick up queues created since
+            for name in known_queues(self.queues[0].client if self.queues else None):
+                if name not in self.shard_totals:
+                    self.queues.append(Queue(name))
+                    self.shard_totals[name] = self.queues[-1].claim_shards()
+                    log.info("serving new queue %s", name)
         next_due: float | None = None
         for queue in self.queues:
             self.shard_totals[queue.name] = queue.claim_shards()
@@ -308,7 +324,7 @@ class Worker:
             try:
                 if queue.client.blpop([wake_key], timeout=1):
                     self._tick.set()
-            except VALKEY_DOWN:
+            except RedisError:
                 self._threads_stop.wait(1.0)
 
     def _summary(self) -> None:
@@ -361,7 +377,8 @@ class Worker:
             for (name, seconds), items in groups.items():
                 try:
                     codes = self._queue(name).extend_many([i.lease for i in items], seconds)
-                except VALKEY_DOWN:
+                except RedisError as exc:
+                    log.warning("could not renew leases (%s); retrying", exc)
                     break
                 for item, code in zip(items, codes, strict=True):
                     if code == 0 and not item.lost:
@@ -387,6 +404,7 @@ class Worker:
         while not self._threads_stop.is_set():
             try:
                 close_old_connections()
+                mirror.queues = list(self.queues)
                 written = mirror.step()
                 if time.monotonic() >= next_shards:
                     for queue in self.queues:
@@ -394,6 +412,10 @@ class Worker:
                     next_shards = time.monotonic() + 10.0
                 delay = 0.05 if written else 0.2
             except VALKEY_DOWN:
+                delay = 1.0
+            except RedisError as exc:  # e.g. NOGROUP after Valkey lost its data: recreate groups
+                log.warning("mirror: %s; retrying", exc)
+                mirror.forget_groups()
                 delay = 1.0
             except DatabaseError as exc:  # the database is down or refused the batch: retry later
                 log.warning("mirror: %s; the events wait in Valkey", exc)
@@ -425,7 +447,14 @@ class Worker:
     # -- stopping ----------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        """Let running jobs finish within the grace period, then release the rest."""
+        """Hand back prefetched jobs at once, let running jobs finish within the grace period,
+        then release the rest."""
+        with self._lock:
+            unstarted = [r.lease for r in self._running.values() if r.future and r.future.cancel()]
+        try:
+            self._release(unstarted)
+        except RedisError:
+            log.warning("could not release prefetched jobs: their leases will expire instead")
         deadline = time.monotonic() + self.config.grace
         while self._running and not self._abort.is_set() and time.monotonic() < deadline:
             self._tick.clear()
@@ -434,22 +463,26 @@ class Worker:
             self._tick.wait(0.1)
         try:
             self._record()
-            self._release_running()
-        except VALKEY_DOWN:
+            with self._lock:
+                leftovers = [r.lease for r in self._running.values()]
+            self._release(leftovers)
+            self.abandoned = len(leftovers)
+        except RedisError:
             log.warning("could not release running jobs: their leases will expire instead")
 
-    def _release_running(self) -> None:
-        with self._lock:
-            leftovers = [r.lease for r in self._running.values()]
+    def _release(self, leases: list[Lease]) -> None:
+        """Give claimed jobs back without charging their budget, and forget them here."""
         by_queue: dict[str, list[Lease]] = defaultdict(list)
-        for lease in leftovers:
+        for lease in leases:
             by_queue[lease.queue].append(lease)
-        for name, leases in by_queue.items():
-            released = self._queue(name).release_many(leases)
-            for lease, ok in zip(leases, released, strict=True):
+        for name, group in by_queue.items():
+            released = self._queue(name).release_many(group)
+            for lease, ok in zip(group, released, strict=True):
                 log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id,
                          lease.token, "released" if ok else "stale")
-        self.abandoned = len(leftovers)
+        with self._lock:
+            for lease in leases:
+                self._running.pop(lease.job_id, None)
 
     def _spawn(self, target: Any, name: str, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=f"jobqueue-{name}", daemon=True)
