@@ -6,6 +6,7 @@ from the first finished job to the last, so worker start-up does not count.
 
     .venv/bin/pip install -r bench/requirements.txt && (cd bench/node && npm install)
     .venv/bin/python bench/peers.py [--jobs 10000]
+    JQ_BENCH_ARGS="--prefetch 24" .venv/bin/python bench/peers.py --only jobqueue   # tune jobqueue
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class JobQueuePeer(Peer):
 
     def worker(self) -> list[str]:
         return [PY, str(ROOT / "manage.py"), "runworker", "--concurrency", "8", "--no-mirror",
-                "--log-level", "WARNING"]
+                "--log-level", "WARNING", *os.environ.get("JQ_BENCH_ARGS", "").split()]
 
 
 class CeleryPeer(Peer):
