@@ -100,17 +100,22 @@ class _Prepared:
                 "1" if self.minted else "0"]
 
 
-def prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
-    """Validate every field of a spec, with errors that say what is allowed."""
+def _delay(spec: JobSpec) -> float:
+    """Seconds until the job may run, from `delay` or `run_after` (never both)."""
     if spec.delay is not None and spec.run_after is not None:
         raise InvalidOption("give delay or run_after, not both")
-    delay = 0.0
     if spec.delay is not None:
-        delay = _seconds(spec.delay, "delay", low=0, high=366 * 86_400)
+        return _seconds(spec.delay, "delay", low=0, high=366 * 86_400)
     if spec.run_after is not None:
         if not isinstance(spec.run_after, datetime) or spec.run_after.tzinfo is None:
             raise InvalidOption(f"run_after must be a timezone-aware datetime, got {spec.run_after!r}")
-        delay = max(0.0, (spec.run_after - datetime.now(UTC)).total_seconds())
+        return max(0.0, (spec.run_after - datetime.now(UTC)).total_seconds())
+    return 0.0
+
+
+def prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
+    """Validate every field of a spec, with errors that say what is allowed."""
+    delay = _delay(spec)
     max_attempts = options.max_attempts if spec.max_attempts is None else spec.max_attempts
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
         raise InvalidOption(f"max_attempts must be an integer in 1…1000, got {max_attempts!r}")
