@@ -274,3 +274,21 @@ def test_the_mirror_recreates_a_lost_consumer_group(valkey_server: ValkeyProcess
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
+
+
+def test_a_worker_started_before_valkey_waits_for_it() -> None:
+    from jobqueue import conf
+
+    late = ValkeyProcess()
+    worker = start_worker(late.url, "--queues", "default")
+    try:
+        time.sleep(1.5)
+        assert worker.poll() is None, "the worker gave up while Valkey was not there yet"
+        late.start()
+        queue = Queue("default", client=conf.client_for_url(late.url))
+        ref = queue.enqueue({"handler": "tests.jobapp.jobs.add", "args": [3, 4], "kwargs": {}})
+        wait_for(lambda: queue.get(ref.id).state == "succeeded", timeout=20)  # type: ignore[union-attr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+        late.cleanup()

@@ -144,9 +144,18 @@ class Worker:
         from django.utils.module_loading import autodiscover_modules
 
         autodiscover_modules("jobs")
-        names = self.config.queues or tuple(known_queues())
-        self.queues = [Queue(name) for name in names]
-        self.shard_totals = {q.name: q.claim_shards() for q in self.queues}
+        delay = 0.1
+        while True:  # a worker may start before Valkey does: wait for it, as after a restart
+            try:
+                names = self.config.queues or tuple(known_queues())
+                self.queues = [Queue(name) for name in names]
+                self.shard_totals = {q.name: q.claim_shards() for q in self.queues}
+                break
+            except VALKEY_DOWN as exc:
+                log.warning("Valkey unreachable at start (%s); retrying", exc)
+                if self._stop_claiming.wait(delay):
+                    break
+                delay = min(delay * 2, 5.0)
         self._pool = self._make_pool()
         self._room.set()
         self._spawn(self._heartbeat, "heartbeat")
@@ -173,11 +182,11 @@ class Worker:
         room = self.config.capacity - len(self._running)
         if room <= 0 or (self._running and room < max(1, self.config.capacity // 4)):
             return 0  # wait until a batch's worth is free: one claim serves many jobs
+        if not self.queues:
+            return 0
         claimed = 0
-        self._rotation += 1
-        order = self.queues[self._rotation % max(len(self.queues), 1):] + \
-            self.queues[: self._rotation % max(len(self.queues), 1)]
-        for queue in order:
+        self._rotation = (self._rotation + 1) % len(self.queues)  # no queue always goes first
+        for queue in self.queues[self._rotation:] + self.queues[: self._rotation]:
             # A queue's `concurrency` caps the jobs of that queue this worker holds at once, so a
             # busy queue cannot take every slot from the others (Pacer's isolation).
             limit = queue.options.concurrency or self.config.capacity
