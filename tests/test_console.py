@@ -156,3 +156,19 @@ def test_mirror_changelist_filters_and_bulk_retry_confirms_with_the_count(admin_
     recreated = get_job("JOB0000000000z")  # only in the mirror: re-created under its id
     assert recreated and recreated.source == "valkey" and recreated.state == "pending"
     assert Job.objects.count() == 4
+
+
+def test_the_console_works_on_a_valkey_cluster(admin_client: Client, settings: Any,
+                                               valkey_cluster: Any) -> None:
+    settings.JOBQUEUE = {"URL": valkey_cluster.url, "QUEUES": {"wide": {"shards": 3}}}
+    queue = Queue("wide")
+    queue.client.flushall(target_nodes="primaries")
+    refs = jobs.add.using(queue="wide").enqueue_many([(i, i) for i in range(30)])
+    jobs.add.using(queue="wide", lane="p1").enqueue(1, 1)
+    for url in ("/admin/jobqueue/", "/admin/jobqueue/queues/wide/?shard=2", "/admin/jobqueue/stuck/",
+                f"/admin/jobqueue/jobs/wide/{refs[0].id}/"):
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+    assert ">31<" in admin_client.get("/admin/jobqueue/").content.decode()
+    admin_client.post("/admin/jobqueue/queues/wide/pause/")
+    assert queue.is_paused() and queue.dequeue(count=5) == []
