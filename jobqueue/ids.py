@@ -29,11 +29,15 @@ def encode(namespace: str, snowflake: int) -> str:
         raise ValueError(f"namespace must be three uppercase ASCII letters, got {namespace!r}")
     if not 0 <= snowflake <= MAX_SNOWFLAKE:
         raise ValueError(f"snowflake must be in 0…2**63-1, got {snowflake}")
-    digits = ""
-    for _ in range(WIDTH):
-        digits = ALPHABET[snowflake % 62] + digits
-        snowflake //= 62
-    return namespace + digits
+    return namespace + _base62(snowflake)
+
+
+def _base62(value: int) -> str:
+    """11 base62 digits, most significant first (the caller has checked the range)."""
+    digits = [""] * WIDTH
+    for i in range(WIDTH - 1, -1, -1):
+        value, digits[i] = value // 62, ALPHABET[value % 62]
+    return "".join(digits)
 
 
 def decode(branded: str) -> tuple[str, int]:
@@ -117,6 +121,8 @@ def _process_minter() -> Minter:
 
 def new_id(namespace: str = "JOB") -> str:
     """Mint a fresh branded id."""
+    if namespace == "JOB":  # the hot path: a namespace known to be valid
+        return "JOB" + _base62(_process_minter().next())
     return encode(namespace, _process_minter().next())
 
 

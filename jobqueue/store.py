@@ -6,13 +6,16 @@ Everything above this module (the `@job` API, the worker, the mirror, the admin,
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
+
+from redis.cluster import RedisCluster
 
 from . import ids, scripts
 from .conf import QueueOptions, get_client, get_config
@@ -29,10 +32,13 @@ ENQUEUE_CHUNK = 500
 MAX_UNIQUE_KEY = 200
 
 
+_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: Any, what: str) -> str:
     """Compact JSON, or InvalidPayload naming what could not be encoded (never pickle)."""
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+        return _encoder.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
 
@@ -79,9 +85,8 @@ class JobSpec:
     unique_key: str | None = None
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    """A validated JobSpec in the form the enqueue script takes."""
+class _Prepared(NamedTuple):
+    """A validated JobSpec in the form the enqueue script takes (a tuple: built per job)."""
 
     job_id: str
     minted: bool
@@ -113,15 +118,32 @@ def _delay(spec: JobSpec) -> float:
     return 0.0
 
 
+def _options(options: QueueOptions, priority: Any, lane: Any, max_attempts: Any, backoff: Any,
+             lease: Any) -> tuple[int, str, int, int, int]:
+    """The validated options a job shares with most jobs of its batch:
+    (priority, lane, max_attempts, backoff ms, lease ms)."""
+    max_attempts = options.max_attempts if max_attempts is None else max_attempts
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
+        raise InvalidOption(f"max_attempts must be an integer in 1…1000, got {max_attempts!r}")
+    backoff = _seconds(options.backoff if backoff is None else backoff, "backoff", low=0, high=86_400)
+    lease = 0.0 if lease is None else _seconds(lease, "lease", low=0.001, high=86_400)
+    return (validate_priority(options.priority if priority is None else priority),
+            "" if lane is None else validate_lane(lane), max_attempts, round(backoff * 1000),
+            round(lease * 1000))
+
+
+# typed: True and 1 are different keys, so a bool priority is still refused.
+_cached_options = functools.lru_cache(maxsize=1024, typed=True)(_options)
+
+
 def prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
     """Validate every field of a spec, with errors that say what is allowed."""
     delay = _delay(spec)
-    max_attempts = options.max_attempts if spec.max_attempts is None else spec.max_attempts
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
-        raise InvalidOption(f"max_attempts must be an integer in 1…1000, got {max_attempts!r}")
-    backoff = options.backoff if spec.backoff is None else spec.backoff
-    backoff = _seconds(backoff, "backoff", low=0, high=86_400)
-    lease = 0.0 if spec.lease is None else _seconds(spec.lease, "lease", low=0.001, high=86_400)
+    shared = (options, spec.priority, spec.lane, spec.max_attempts, spec.backoff, spec.lease)
+    try:
+        priority, lane, max_attempts, backoff_ms, lease_ms = _cached_options(*shared)
+    except TypeError:  # an unhashable option: validate it uncached, which says what is wrong
+        priority, lane, max_attempts, backoff_ms, lease_ms = _options(*shared)
     unique = spec.unique_key or ""
     if spec.unique_key is not None and (
         not isinstance(unique, str) or not 0 < len(unique) <= MAX_UNIQUE_KEY or not unique.isprintable()
@@ -132,11 +154,11 @@ def prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
         job_id=job_id,
         minted=spec.job_id is None,
         payload=dumps(spec.payload, "payload"),
-        priority=validate_priority(options.priority if spec.priority is None else spec.priority),
-        lane="" if spec.lane is None else validate_lane(spec.lane),
+        priority=priority,
+        lane=lane,
         max_attempts=max_attempts,
-        backoff_ms=round(backoff * 1000),
-        lease_ms=round(lease * 1000),
+        backoff_ms=backoff_ms,
+        lease_ms=lease_ms,
         delay_ms=math.ceil(delay * 1000),
         unique_key=unique,
     )
@@ -251,6 +273,19 @@ class Queue:
         source = scripts.source(name)
         return scripts.script(self.client, name)(keys=source.keys_for(shard), args=list(args))
 
+    def _run_many(self, name: str, shard: ShardKeys, calls: list[list[Any]]) -> list[Any]:
+        """Several calls of one script on one shard in a single round trip (a pipeline), so the
+        server works through the first while the rest arrive. The cluster client refuses
+        scripts in pipelines, so there the calls go one by one."""
+        if len(calls) == 1 or isinstance(self.client, RedisCluster):
+            return [self._run(name, shard, args) for args in calls]
+        keys = scripts.source(name).keys_for(shard)
+        script = scripts.script(self.client, name)
+        pipe = self.client.pipeline(transaction=False)
+        for args in calls:
+            script(keys=keys, args=args, client=pipe)
+        return list(pipe.execute())
+
     # -- placement -------------------------------------------------------------------------
 
     def place(self, job_id: str, lane: str, unique_key: str) -> int:
@@ -303,26 +338,30 @@ class Queue:
             by_shard[self.place(job.job_id, job.lane, job.unique_key)].append(i)
         refs: list[JobRef | None] = [None] * len(prepared)
         for index, positions in by_shard.items():
-            for start in range(0, len(positions), ENQUEUE_CHUNK):
-                self._enqueue_chunk(index, prepared, positions[start : start + ENQUEUE_CHUNK], refs)
+            while positions:
+                positions = self._enqueue_on_shard(index, prepared, positions, refs)
         return [ref for ref in refs if ref is not None]
 
-    def _enqueue_chunk(self, index: int, prepared: list[_Prepared], positions: list[int],
-                       refs: list[JobRef | None]) -> None:
-        while positions:
-            args: list[Any] = [self.name, index, len(positions)]
-            for i in positions:
+    def _enqueue_on_shard(self, index: int, prepared: list[_Prepared], positions: list[int],
+                          refs: list[JobRef | None]) -> list[int]:
+        """Send a shard's jobs in chunks; return the positions to send again (id collisions)."""
+        chunks = [positions[s : s + ENQUEUE_CHUNK] for s in range(0, len(positions), ENQUEUE_CHUNK)]
+        calls = []
+        for chunk in chunks:
+            args: list[Any] = [self.name, index, len(chunk)]
+            for i in chunk:
                 args.extend(prepared[i].argv())
-            reply = self._run("enqueue", self.shard(index), args)
-            retry = []
-            for n, i in enumerate(positions):
+            calls.append(args)
+        retry = []
+        for chunk, reply in zip(chunks, self._run_many("enqueue", self.shard(index), calls), strict=True):
+            for n, i in enumerate(chunk):
                 job_id, status = reply[2 * n], reply[2 * n + 1]
                 if status == "collision":  # another process minted the same id: mint anew
-                    prepared[i] = _Prepared(**{**prepared[i].__dict__, "job_id": ids.new_id()})
+                    prepared[i] = prepared[i]._replace(job_id=ids.new_id())
                     retry.append(i)
                 else:
                     refs[i] = JobRef(job_id, self.name, created=status == "new")
-            positions = retry
+        return retry
 
     # -- worker side -----------------------------------------------------------------------
 
