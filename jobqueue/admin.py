@@ -22,11 +22,33 @@ from .store import Queue
 from .views import _log, retry_job
 
 
+class LaneFilter(admin.SimpleListFilter):
+    """An exact-lane text box: lanes are per tenant or user, far too many to list as links."""
+
+    title = "lane"
+    parameter_name = "lane"
+    template = "admin/jobqueue/input_filter.html"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return []
+
+    def has_output(self) -> bool:
+        return True
+
+    def choices(self, changelist: Any) -> Any:
+        """One 'choice': the other filters, kept as hidden fields of the text box's form."""
+        keep = [(k, v) for k, v in changelist.params.items() if k != self.parameter_name]
+        yield {"keep": keep, "value": self.value() or ""}
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(lane=self.value()) if self.value() else queryset
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("job_link", "queue", "state", "lane", "priority", "attempts", "finished_at")
     list_display_links = None
-    list_filter = ("queue", "state", "lane", "finished_at")
+    list_filter = ("queue", "state", LaneFilter, "finished_at")
     date_hierarchy = "finished_at"
     search_fields = ("=id", "=unique_key")
     list_per_page = 100

@@ -103,7 +103,7 @@ def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
     connection = transaction.get_connection()
     if immediate or not get_config().on_commit or not connection.in_atomic_block:
         return queue.enqueue_many(specs)
-    prepared = [prepare(spec, queue.options) for spec in specs]
+    prepared = [prepare(spec, queue.options, get_config().max_payload) for spec in specs]
     minted = [replace(spec, job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
     transaction.on_commit(lambda: queue.enqueue_many(minted), robust=False)
     return [JobRef(p.job_id, queue.name) for p in prepared]

@@ -40,7 +40,8 @@ class Config:
     retention: float = 86_400.0
     dead_retention: float = 7 * 86_400.0
     on_commit: bool = True
-    import_modules: tuple[str, ...] = ()
+    max_payload: int = 1 << 20
+    """Largest encoded payload (bytes) enqueue accepts: Valkey holds every waiting job in RAM."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
@@ -79,7 +80,7 @@ def parse(raw: dict[str, Any]) -> Config:
     for name, opts in raw.pop("QUEUES", {}).items():
         validate_queue(name)
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
-    known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "IMPORT"}
+    known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD"}
     if set(raw) - known:
         raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(set(raw) - known)}")
     return Config(
@@ -90,7 +91,7 @@ def parse(raw: dict[str, Any]) -> Config:
         retention=float(raw.get("RETENTION", Config.retention)),
         dead_retention=float(raw.get("DEAD_RETENTION", Config.dead_retention)),
         on_commit=bool(raw.get("ON_COMMIT", True)),
-        import_modules=tuple(raw.get("IMPORT", ())),
+        max_payload=int(raw.get("MAX_PAYLOAD", Config.max_payload)),
     )
 
 

@@ -47,6 +47,7 @@ class Job(models.Model):
             models.Index(fields=["queue", "state", "finished_at"], name="jq_job_queue_state"),
             models.Index(fields=["state", "finished_at"], name="jq_job_state_finished"),
             models.Index(fields=["finished_at"], name="jq_job_finished"),
+            models.Index(fields=["lane", "finished_at"], name="jq_job_lane"),
         ]
         permissions = [
             ("retry_job", "Can retry jobs"),

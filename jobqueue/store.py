@@ -136,7 +136,7 @@ def _options(options: QueueOptions, priority: Any, lane: Any, max_attempts: Any,
 _cached_options = functools.lru_cache(maxsize=1024, typed=True)(_options)
 
 
-def prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
+def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) -> _Prepared:
     """Validate every field of a spec, with errors that say what is allowed."""
     delay = _delay(spec)
     shared = (options, spec.priority, spec.lane, spec.max_attempts, spec.backoff, spec.lease)
@@ -150,10 +150,14 @@ def prepare(spec: JobSpec, options: QueueOptions) -> _Prepared:
     ):
         raise InvalidOption(f"unique_key must be 1…{MAX_UNIQUE_KEY} printable characters, got {unique!r}")
     job_id = ids.validate_job_id(spec.job_id) if spec.job_id is not None else ids.new_id()
+    payload = dumps(spec.payload, "payload")
+    if len(payload) > max_payload:
+        raise InvalidPayload(f"payload is {len(payload):,} characters of JSON; the limit is "
+                             f"{max_payload:,} (JOBQUEUE['MAX_PAYLOAD']): pass a reference instead")
     return _Prepared(
         job_id=job_id,
         minted=spec.job_id is None,
-        payload=dumps(spec.payload, "payload"),
+        payload=payload,
         priority=priority,
         lane=lane,
         max_attempts=max_attempts,
@@ -331,7 +335,8 @@ class Queue:
 
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[JobRef]:
         """Add many jobs: validated first (all or none), then one script call per shard chunk."""
-        prepared = [prepare(spec, self.options) for spec in specs]
+        limit = get_config().max_payload
+        prepared = [prepare(spec, self.options, limit) for spec in specs]
         self._register()
         by_shard: dict[int, list[int]] = defaultdict(list)
         for i, job in enumerate(prepared):

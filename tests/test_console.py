@@ -172,3 +172,12 @@ def test_the_console_works_on_a_valkey_cluster(admin_client: Client, settings: A
     assert ">31<" in admin_client.get("/admin/jobqueue/").content.decode()
     admin_client.post("/admin/jobqueue/queues/wide/pause/")
     assert queue.is_paused() and queue.dequeue(count=5) == []
+
+
+def test_mirror_changelist_filters_by_exact_lane_keeping_other_filters(admin_client: Client) -> None:
+    upsert([{"id": f"JOB000000000{i:02d}", "state": "succeeded" if i % 2 else "dead",
+             "queue": "default", "lane": f"player-{i % 3}"} for i in range(12)])
+    page = admin_client.get("/admin/jobqueue/job/?state__exact=dead&lane=player-1").content.decode()
+    shown = {f"JOB000000000{i:02d}" for i in range(12) if i % 2 == 0 and i % 3 == 1}
+    assert all(i in page for i in shown) and page.count("/admin/jobqueue/jobs/default/JOB") == len(shown)
+    assert 'name="state__exact" value="dead"' in page and 'value="player-1"' in page

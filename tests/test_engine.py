@@ -387,3 +387,10 @@ def test_outcomes_are_counted_per_minute(queue: Queue, valkey: Any) -> None:
     [key] = [k for k in (f"emq:{{default}}:m:{m}" for m in (minute, minute - 1)) if valkey.exists(k)]
     assert valkey.hgetall(key) == {"succeeded": "1", "failed": "2", "dead": "1"}
     assert 0 < valkey.ttl(key) <= 7200
+
+
+def test_an_oversized_payload_is_refused_with_the_limit(queue: Queue, settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_PAYLOAD": 1000}
+    with pytest.raises(InvalidPayload, match="limit is 1,000"):
+        Queue("default", client=queue.client).enqueue("x" * 2000)
+    assert Queue("default", client=queue.client).enqueue("x" * 900).created

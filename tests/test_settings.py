@@ -48,3 +48,22 @@ def test_manage_py_check_explains_a_bad_jobqueue_setting(
     settings.JOBQUEUE = jobqueue
     errors = [e for e in run_checks(tags=["jobqueue"]) if e.id == "jobqueue.E001"]
     assert len(errors) == 1 and fragment in errors[0].msg and errors[0].hint
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--queues", "a b"], 1, "invalid queue name"),
+    (["--queues", "{x}"], 1, "invalid queue name"),
+    (["--concurrency", "0"], 2, "must be at least 1"),
+    (["--lease", "-3"], 2, "0…86400"),
+    (["--lease", "soon"], 2, "expected seconds"),
+])
+def test_runworker_refuses_bad_options_clearly(args: list[str], code: int, message: str) -> None:
+    import subprocess
+    import sys
+
+    from .workers import ROOT
+
+    done = subprocess.run([sys.executable, "manage.py", "runworker", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60,
+                          env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "tests.settings"})
+    assert done.returncode == code and message in done.stderr

@@ -292,3 +292,14 @@ def test_a_worker_started_before_valkey_waits_for_it() -> None:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
         late.cleanup()
+
+
+def test_a_worker_starts_and_runs_jobs_while_the_database_is_down(valkey_server: ValkeyProcess) -> None:
+    ref = jobs.add.using(immediate=True).enqueue(4, 4)
+    worker = start_worker(valkey_server.url, db_url="mysql://root@127.0.0.1:1/unreachable")
+    try:
+        wait_for(lambda: Queue("default").get(ref.id).state == "succeeded")  # type: ignore[union-attr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert Queue("default").client.xlen("emq:{default}:done") == 1  # waiting for the mirror

@@ -57,6 +57,9 @@ def _relay_signals(worker: Worker) -> None:
 
 class Command(BaseCommand):
     help = "Run jobs from Valkey queues and mirror finished ones to the database."
+    # Only jobqueue's own settings check: Django's model checks query MySQL, and a worker must
+    # start (and run jobs) while the database is down; the mirror catches up when it returns.
+    requires_system_checks = ["jobqueue"]
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--queues", help="comma-separated queue names (default: every known queue)")
