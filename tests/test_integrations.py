@@ -131,3 +131,18 @@ def test_worker_summary_reports_rate_and_lag(valkey_server: ValkeyProcess, caplo
         worker._summary()
     [line] = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
     assert "jobs/s" in line and "pending=1" in line and "lag=" in line
+
+
+def test_workers_silent_for_ten_minutes_are_forgotten(valkey_server: ValkeyProcess) -> None:
+    import json
+    import time
+
+    from jobqueue.worker import Worker, WorkerConfig
+
+    client = Queue("default").client
+    client.hset("{emq}:workers", "ghost", json.dumps({"name": "ghost", "heartbeat": time.time() - 3600}))
+    client.hset("{emq}:workers", "alive", json.dumps({"name": "alive", "heartbeat": time.time()}))
+    worker = Worker(WorkerConfig(queues=("default",), mirror=False))
+    worker.queues = [Queue("default")]
+    worker._summary()
+    assert client.hkeys("{emq}:workers") == ["alive"]

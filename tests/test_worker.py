@@ -303,3 +303,21 @@ def test_a_worker_starts_and_runs_jobs_while_the_database_is_down(valkey_server:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
     assert Queue("default").client.xlen("emq:{default}:done") == 1  # waiting for the mirror
+
+
+def test_a_queues_concurrency_keeps_it_from_taking_every_slot(valkey_server: ValkeyProcess) -> None:
+    slow = jobs.sleep.using(queue="isolated").enqueue_many([(0.5,)] * 4)  # "isolated": concurrency 1
+    quick = jobs.add.enqueue_many([(i, i) for i in range(20)])
+    worker = start_worker(valkey_server.url, "--queues", "isolated,default", "--concurrency", "4")
+    try:
+        most_held = 0
+        started = time.monotonic()
+        while any((get_job(r.id) or r).state != "succeeded" for r in quick):  # type: ignore[union-attr]
+            most_held = max(most_held, Queue("isolated").counts()["active"])
+            time.sleep(0.01)
+        quick_done = time.monotonic() - started
+        wait_for(lambda: all((get_job(r.id, "isolated") or r).state == "succeeded" for r in slow))  # type: ignore[union-attr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+    assert most_held <= 1 and quick_done < 1.5

@@ -37,6 +37,8 @@ from .executor import Outcome, execute
 
 log = logging.getLogger("jobqueue.worker")
 VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
+WORKER_FORGOTTEN_AFTER = 600.0
+"""Seconds without a heartbeat after which a worker is dropped from the console's list."""
 
 
 @dataclass(frozen=True)
@@ -338,7 +340,13 @@ class Worker:
 
     def _summary(self) -> None:
         """One line per period: throughput, jobs held, backlog and lag (the oldest wait)."""
-        from ..console import overview
+        from ..console import overview, workers
+
+        if self.queues:  # forget workers that died without saying goodbye (SIGKILL)
+            client = self.queues[0].client
+            gone = [w["name"] for w in workers(client) if w["age"] > WORKER_FORGOTTEN_AFTER]
+            if gone:
+                client.hdel(WORKERS_KEY, *gone)
 
         done = self.processed + self.failed
         rate = (done - self._summarised) / self.config.summary_every
