@@ -317,12 +317,16 @@ class Queue:
             self.client.hset(REGISTRY_KEY, self.name, self.shards)
         Queue._registered.add(marker)
 
-    def locate(self, job_id: str) -> int | None:
-        """The shard holding a live row for `job_id`, or None."""
+    def _candidates(self, job_id: str) -> list[int]:
+        """Shards that may hold a job, likeliest first (its id's shard, for an unlaned job)."""
         ids.validate_job_id(job_id)
         total = self.claim_shards() if self.shards > 1 else 1
         first = ids.hash32(ids.decode(job_id)[1]) % self.shards
-        for index in [first, *(i for i in range(total) if i != first)]:
+        return [first, *(i for i in range(total) if i != first)]
+
+    def locate(self, job_id: str) -> int | None:
+        """The shard holding a live row for `job_id`, or None."""
+        for index in self._candidates(job_id):
             if self.client.exists(self.shard(index).job(job_id)):
                 return index
         return None
@@ -532,11 +536,11 @@ class Queue:
 
     def get(self, job_id: str) -> JobInfo | None:
         """The live row of a job, or None when Valkey holds none (expired or unknown)."""
-        index = self.locate(job_id)
-        if index is None:
-            return None
-        row = self.client.hgetall(self.shard(index).job(job_id))
-        return JobInfo.from_row(job_id, self.name, row) if row else None
+        for index in self._candidates(job_id):
+            row = self.client.hgetall(self.shard(index).job(job_id))
+            if row:
+                return JobInfo.from_row(job_id, self.name, row)
+        return None
 
     def _retention_ms(self) -> int:
         return round(get_config().retention * 1000)
