@@ -146,3 +146,12 @@ def test_workers_silent_for_ten_minutes_are_forgotten(valkey_server: ValkeyProce
     worker.queues = [Queue("default")]
     worker._summary()
     assert client.hkeys("{emq}:workers") == ["alive"]
+
+
+def test_celery_options_jobqueue_cannot_honour_are_refused() -> None:
+    with pytest.raises(InvalidOption, match="expires"):
+        celery_tasks.shout.apply_async(args=["x"], expires=10)
+    with pytest.raises(InvalidOption, match="link"):
+        celery_tasks.shout.apply_async(args=["x"], link=celery_tasks.shout.s("y"))
+    assert Queue("default").counts()["pending"] == 0
+    assert celery_tasks.shout.apply_async(args=["x"], serializer="json").id.startswith("JOB")

@@ -14,11 +14,15 @@ from typing import Any
 from celery import Task, current_app
 
 from ..api import JobFunction, JobOptions, submit
-from ..exceptions import UnknownHandler
+from ..exceptions import InvalidOption, UnknownHandler
 from ..store import JobSpec, Lease, Queue
 from ..worker.executor import RetryLater
 
 PREFIX = "celery:"
+# Transport details with no meaning here; anything else (link, expires, chord, …) would be
+# silently lost, so it is refused instead.
+IGNORED_OPTIONS = {"serializer", "compression", "headers", "shadow", "ignore_result", "exchange",
+                   "routing_key", "retry", "retry_policy"}
 
 
 class JobTask(Task):
@@ -27,11 +31,17 @@ class JobTask(Task):
     abstract = True
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
+                    producer: Any = None, link: Any = None, link_error: Any = None,
                     countdown: float | None = None, eta: datetime | None = None,
                     priority: int | None = None, queue: str | None = None,
                     **options: Any) -> Any:
         from celery.result import AsyncResult
 
+        unsupported = set(options) - IGNORED_OPTIONS
+        unsupported |= {name for name, value in (("link", link), ("link_error", link_error)) if value}
+        if unsupported:
+            raise InvalidOption(f"{self.name}: apply_async option(s) {sorted(unsupported)} are not "
+                                "supported by jobqueue (args, kwargs, countdown, eta, priority, queue are)")
         payload = {"handler": PREFIX + self.name, "args": list(args or ()),
                    "kwargs": dict(kwargs or {})}
         max_retries = self.max_retries
