@@ -123,18 +123,40 @@ def page(queue: Queue, state: str, index: int, number: int, per_page: int = 50
     return _rows(queue, shard, ids), total
 
 
+def usual_run_time(queue: str, sample: int = 500) -> float | None:
+    """The 95th percentile run time (seconds) of the queue's last `sample` successes in the
+    mirror; None while it has fewer than 20."""
+    from .models import Job
+
+    rows = (Job.objects.filter(queue=queue, state="succeeded", started_at__isnull=False)
+            .order_by("-finished_at").values_list("started_at", "finished_at")[:sample])
+    durations = sorted((finished - started).total_seconds() for started, finished in rows
+                       if started and finished)
+    if len(durations) < 20:
+        return None
+    return durations[int(0.95 * (len(durations) - 1))]
+
+
 @dataclass
 class Stuck:
     expired: list[JobInfo]
     long_running: list[JobInfo]
     old_pending: list[JobInfo]
     dead: list[JobInfo]
+    usual: float | None = None
+    """The queue's usual (p95) run time, when the mirror knows it."""
+    running_over: float = 0.0
+    """The run time beyond which an active job is listed: 3× usual, or the operator's limit."""
 
 
 def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 50) -> Stuck:
-    """Jobs an operator should look at: expired leases, long runs, old waits, dead jobs."""
+    """Jobs an operator should look at: expired leases, jobs running far beyond the queue's
+    usual time (or the given limit, whichever is shorter), old waits, dead jobs."""
     now = server_ms(queue)
-    found = Stuck([], [], [], [])
+    usual = usual_run_time(queue.name)
+    if usual is not None:
+        running_over = min(running_over, max(3 * usual, 1.0))
+    found = Stuck([], [], [], [], usual, running_over)
     for index in range(queue.claim_shards()):
         shard = queue.shard(index)
         client = queue.client

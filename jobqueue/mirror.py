@@ -53,6 +53,7 @@ def _values(event: dict[str, str], now: datetime) -> dict[str, Any]:
         "payload": _json(event.get("payload", "")), "result": _json(event.get("result", "")),
         "last_error": event.get("last_error", ""), "unique_key": event.get("unique_key", ""),
         "worker": event.get("worker", "")[:200], "enqueued_at": _dt(event.get("enqueued_at", "0")),
+        "started_at": _dt(event.get("started_at", "0")),
         "finished_at": _dt(event.get("finished_at", "0")), "mirrored_at": now,
     }
 

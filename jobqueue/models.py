@@ -38,6 +38,8 @@ class Job(models.Model):
     unique_key = models.CharField(max_length=200, blank=True, default="")
     worker = models.CharField(max_length=200, blank=True, default="")
     enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    """When its last run started (a cancelled waiting job has none)."""
     finished_at = models.DateTimeField(null=True, blank=True)
     mirrored_at = models.DateTimeField(auto_now=True)
 
@@ -66,7 +68,8 @@ class Job(models.Model):
             priority=self.priority, lane=self.lane or None, payload=self.payload,
             result=self.result, last_error=self.last_error, max_attempts=self.max_attempts,
             unique_key=self.unique_key or None, worker=self.worker, shard=self.shard,
-            enqueued_at=self.enqueued_at, finished_at=self.finished_at, source="mirror",
+            enqueued_at=self.enqueued_at, started_at=self.started_at,
+            finished_at=self.finished_at, source="mirror",
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -181,3 +182,22 @@ def test_mirror_changelist_filters_by_exact_lane_keeping_other_filters(admin_cli
     shown = {f"JOB000000000{i:02d}" for i in range(12) if i % 2 == 0 and i % 3 == 1}
     assert all(i in page for i in shown) and page.count("/admin/jobqueue/jobs/default/JOB") == len(shown)
     assert 'name="state__exact" value="dead"' in page and 'value="player-1"' in page
+
+
+def test_stuck_view_flags_jobs_running_far_beyond_the_queues_usual_time(admin_client: Client) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    finished = datetime.now(UTC)
+    for i in range(30):  # the queue's history: runs of about half a second
+        Job.objects.create(id=f"JOB00000000{i:03d}", queue="default", state="succeeded",
+                           started_at=finished - timedelta(seconds=0.5), finished_at=finished)
+    slow = jobs.add.enqueue(1, 1)
+    quick = jobs.add.enqueue(2, 2)
+    queue = Queue("default")
+    leases = queue.dequeue(count=2, lease=60)
+    queue.client.hset(f"emq:{{default}}:job:{slow.id}", "started_at",
+                      int((time.time() - 5) * 1000))  # it has run for 5 s: 10× the usual
+    page = admin_client.get("/admin/jobqueue/stuck/").content.decode()
+    section = page.split("Running longer than")[1].split("Waiting longer than")[0]
+    assert "3× the usual 0.50 s" in section and slow.id in section and quick.id not in section
+    assert len(leases) == 2

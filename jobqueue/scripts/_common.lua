@@ -70,7 +70,7 @@ end
 -- (in this same script, so a state change can never miss its event) and the row's retention.
 -- The event carries the row's non-empty fields, so the mirror needs nothing else.
 local EVENT_FIELDS = {'attempts', 'priority', 'lane', 'payload', 'result', 'last_error',
-  'enqueued_at', 'queue', 'shard', 'unique_key', 'worker', 'max_attempts'}
+  'enqueued_at', 'queue', 'shard', 'unique_key', 'worker', 'max_attempts', 'started_at'}
 local function finish(base, done, meta, jk, id, state, now, retention_ms, result)
   if result then
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)
