@@ -90,6 +90,13 @@ def test_an_operator_finds_retries_reprioritizes_cancels_and_pauses(page: Any) -
     page.wait_for_selector(".messagelist .success")
     assert page.inner_text("#job-state") == "cancelled"
 
+    page.goto("/admin/jobqueue/queues/default/")
+    page.wait_for_selector("text=Lanes with ready work")
+    page.screenshot(path=str(SHOTS / "queue.png"), full_page=True)
+    page.goto("/admin/jobqueue/stuck/?pending_over=1")
+    page.wait_for_selector("text=Leases expired")
+    page.screenshot(path=str(SHOTS / "stuck.png"), full_page=True)
+
     page.goto("/admin/jobqueue/")
     page.click("section[data-queue=emails] input[value=Pause]")
     page.wait_for_selector("section[data-queue=emails] .jq-paused")
