@@ -10,7 +10,7 @@ import functools
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -317,15 +317,16 @@ class Queue:
             self.client.hset(REGISTRY_KEY, self.name, self.shards)
         Queue._registered.add(marker)
 
-    def _candidates(self, job_id: str) -> list[int]:
-        """Shards that may hold a job, likeliest first (its id's shard, for an unlaned job)."""
-        ids.validate_job_id(job_id)
-        total = self.claim_shards() if self.shards > 1 else 1
-        first = ids.hash32(ids.decode(job_id)[1]) % self.shards
-        return [first, *(i for i in range(total) if i != first)]
+    def _candidates(self, job_id: str) -> Iterator[int]:
+        """Shards that may hold a job, likeliest first: its id's shard, then (only if the caller
+        asks for more) every other shard, retired ones still draining after a shrink included."""
+        first = ids.hash32(ids.decode(job_id)[1]) % self.shards  # the caller validated job_id
+        yield first
+        yield from (i for i in range(self.claim_shards()) if i != first)
 
     def locate(self, job_id: str) -> int | None:
         """The shard holding a live row for `job_id`, or None."""
+        ids.validate_job_id(job_id)
         for index in self._candidates(job_id):
             if self.client.exists(self.shard(index).job(job_id)):
                 return index
@@ -376,12 +377,13 @@ class Queue:
 
     def dequeue(self, count: int = 1, lease: float | None = None, worker: str = "",
                 *, override_lease: bool = False, shards: int | None = None) -> list[Lease]:
-        """Claim up to `count` ready jobs, lanes served round-robin, shards in rotation."""
+        """Claim up to `count` ready jobs, lanes served round-robin, shards in rotation.
+        `shards` (the worker passes it) saves looking up how many shards hold work."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
         default = lease if lease is not None else self.options.lease
         lease_ms = round(_seconds(default, "lease", low=0.001, high=86_400) * 1000)
-        total = shards or self.shards
+        total = shards or self.claim_shards()
         out: list[Lease] = []
         start = self._next_shard = (self._next_shard + 1) % total
         for step in range(total):
@@ -475,12 +477,12 @@ class Queue:
         return sum(
             int(self._run("reap", self.shard(i),
                           [limit, self._retention_ms(), self._dead_retention_ms()]))
-            for i in range(shards or self.shards)
+            for i in range(shards or self.claim_shards())
         )
 
     def promote(self, limit: int = 1000, shards: int | None = None) -> int:
         """Due scheduled jobs move to their lanes; returns how many."""
-        return sum(self.promote_shard(i, limit)[0] for i in range(shards or self.shards))
+        return sum(self.promote_shard(i, limit)[0] for i in range(shards or self.claim_shards()))
 
     def promote_shard(self, index: int, limit: int = 1000) -> tuple[int, float | None]:
         """Promote one shard: (moved, seconds until its next scheduled job or None)."""
@@ -536,6 +538,7 @@ class Queue:
 
     def get(self, job_id: str) -> JobInfo | None:
         """The live row of a job, or None when Valkey holds none (expired or unknown)."""
+        ids.validate_job_id(job_id)
         for index in self._candidates(job_id):
             row = self.client.hgetall(self.shard(index).job(job_id))
             if row:

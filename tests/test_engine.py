@@ -394,3 +394,15 @@ def test_an_oversized_payload_is_refused_with_the_limit(queue: Queue, settings: 
     with pytest.raises(InvalidPayload, match="limit is 1,000"):
         Queue("default", client=queue.client).enqueue("x" * 2000)
     assert Queue("default", client=queue.client).enqueue("x" * 900).created
+
+
+def test_after_a_shrink_jobs_on_retired_shards_stay_reachable(valkey: Any) -> None:
+    wide = Queue("shrunk", client=valkey, shards=4)
+    refs = wide.enqueue_many([JobSpec(i, delay=0.05 if i % 2 else None) for i in range(40)])
+    far = next(r for r in refs if wide.place(r.id, "", "") == 3 and wide.get(r.id).state == "pending")  # type: ignore[union-attr]
+    narrow = Queue("shrunk", client=valkey, shards=1)
+    assert narrow.get(far.id) is not None  # get_job, retry, cancel find it on shard 3
+    assert narrow.cancel(far.id) == "cancelled"
+    time.sleep(0.08)
+    assert narrow.promote() == 20  # maintenance covers the retired shards too
+    assert len(narrow.dequeue(count=100)) == 39
