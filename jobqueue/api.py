@@ -14,6 +14,7 @@ from typing import Any, overload
 
 from .conf import get_config
 from .exceptions import InvalidOption, UnknownHandler
+from .keys import validate_queue
 from .store import JobInfo, JobRef, JobSpec, Queue, prepare
 
 _registry: dict[str, JobFunction] = {}
@@ -122,7 +123,7 @@ def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
         **spec: Any) -> Any:
     """Register a handler, bare (`@job`) or with defaults (`@job(queue="emails", priority=5)`)."""
     _check_spec_options(spec)
-    Queue(queue)  # validates the name now, at import, not at the first enqueue
+    validate_queue(queue)  # now, at import, not at the first enqueue
 
     def register(f: Callable[..., Any]) -> JobFunction:
         dotted = name or f"{f.__module__}.{f.__qualname__}"

@@ -413,15 +413,25 @@ class Queue:
 
     def ack_many(self, items: Sequence[tuple[Lease, Any]]) -> list[bool]:
         """Record many successes with one script call per shard."""
-        encoded = [(lease, dumps(result, "result")) for lease, result in items]
-        answers: dict[int, bool] = {}
-        for index, group in _by_shard(encoded, lambda item: item[0].shard).items():
-            args: list[Any] = [self._retention_ms(), len(group)]
-            for _, (lease, result) in group:
-                args.extend([lease.job_id, lease.token, result])
-            reply = self._run("ack", self.shard(index), args)
-            answers.update({pos: bool(ok) for (pos, _), ok in zip(group, reply, strict=True)})
-        return [answers[i] for i in range(len(items))]
+        results = [[dumps(result, "result")] for _, result in items]
+        replies = self._per_shard("ack", [self._retention_ms()], [lease for lease, _ in items], results)
+        return [bool(ok) for ok in replies]
+
+    def _per_shard(self, script: str, head: list[Any], leases: Sequence[Lease],
+                   extras: Sequence[list[Any]] | None = None) -> list[Any]:
+        """Run a batch script once per shard: ARGV = head, n, then id, token and the lease's
+        extras for each lease. Replies come back in the leases' order."""
+        groups: dict[int, list[tuple[int, Lease, list[Any]]]] = defaultdict(list)
+        for pos, lease in enumerate(leases):
+            groups[lease.shard].append((pos, lease, extras[pos] if extras else []))
+        answers: dict[int, Any] = {}
+        for index, group in groups.items():  # one round trip per shard
+            args: list[Any] = [*head, len(group)]
+            for _, lease, extra in group:
+                args.extend([lease.job_id, lease.token, *extra])
+            reply = self._run(script, self.shard(index), args)
+            answers.update(zip((pos for pos, _, _ in group), reply, strict=True))
+        return [answers[i] for i in range(len(leases))]
 
     def nack(self, lease: Lease, error: str = "", retry_in: float | None = None,
              *, fatal: bool = False) -> str | None:
@@ -441,14 +451,7 @@ class Queue:
     def extend_many(self, leases: Sequence[Lease], seconds: float) -> list[int]:
         """Renew many leases, one call per shard: 1 renewed, 2 renewed but cancel requested, 0 stale."""
         ms = round(_seconds(seconds, "seconds", low=0.001, high=86_400) * 1000)
-        answers: dict[int, int] = {}
-        for index, group in _by_shard(leases, lambda lease: lease.shard).items():
-            args: list[Any] = [len(group)]
-            for _, lease in group:
-                args.extend([lease.job_id, lease.token, ms])
-            reply = self._run("extend", self.shard(index), args)
-            answers.update({pos: int(code) for (pos, _), code in zip(group, reply, strict=True)})
-        return [answers[i] for i in range(len(leases))]
+        return [int(code) for code in self._per_shard("extend", [], leases, [[ms]] * len(leases))]
 
     def checkpoint(self, lease: Lease, data: Any, extend: float | None = None) -> bool:
         """Store a running job's progress on its row; a re-run sees it. False when stale."""
@@ -461,14 +464,7 @@ class Queue:
         return self.release_many([lease])[0]
 
     def release_many(self, leases: Sequence[Lease]) -> list[bool]:
-        answers: dict[int, bool] = {}
-        for index, group in _by_shard(leases, lambda lease: lease.shard).items():
-            args: list[Any] = [self._retention_ms(), len(group)]
-            for _, lease in group:
-                args.extend([lease.job_id, lease.token])
-            reply = self._run("release", self.shard(index), args)
-            answers.update({pos: bool(ok) for (pos, _), ok in zip(group, reply, strict=True)})
-        return [answers[i] for i in range(len(leases))]
+        return [bool(ok) for ok in self._per_shard("release", [self._retention_ms()], leases)]
 
     # -- maintenance -----------------------------------------------------------------------
 
@@ -550,14 +546,6 @@ class Queue:
 
     def _dead_retention_ms(self) -> int:
         return round(get_config().dead_retention * 1000)
-
-
-def _by_shard(items: Sequence[Any], shard_of: Any) -> dict[int, list[tuple[int, Any]]]:
-    """Group items by shard, keeping their positions so answers come back in order."""
-    groups: dict[int, list[tuple[int, Any]]] = defaultdict(list)
-    for pos, item in enumerate(items):
-        groups[shard_of(item)].append((pos, item))
-    return groups
 
 
 def known_queues(client: Any = None) -> list[str]:

@@ -69,8 +69,9 @@ class WorkerConfig:
 
 @dataclass
 class _Running:
+    """A claimed job this worker holds: prefetched (not started) or running."""
+
     lease: Lease
-    started: float
     lost: bool = False
     future: Future[Outcome] | None = None
 
@@ -211,7 +212,7 @@ class Worker:
     def _submit(self, lease: Lease) -> None:
         assert self._pool is not None
         with self._lock:
-            self._running[lease.job_id] = _Running(lease, time.monotonic())
+            self._running[lease.job_id] = _Running(lease)
             if len(self._running) >= self.config.capacity:
                 self._room.clear()
         try:
