@@ -15,7 +15,9 @@ from typing import Any, overload
 from .conf import get_config
 from .exceptions import InvalidOption, UnknownHandler
 from .keys import validate_queue
-from .store import JobInfo, JobRef, JobSpec, Queue, prepare
+from .records import JobInfo, JobRef
+from .spec import JobSpec, prepare
+from .store import Queue
 
 _registry: dict[str, JobFunction] = {}
 Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any]]
@@ -58,7 +60,7 @@ class JobFunction:
         _check_spec_options(spec)
         options = replace(
             self.options,
-            queue=queue or self.options.queue,
+            queue=self.options.queue if queue is None else validate_queue(queue),
             immediate=self.options.immediate if immediate is None else immediate,
             spec={**self.options.spec, **spec},
         )
@@ -159,7 +161,7 @@ def enqueue(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | Non
     if not isinstance(name, str) or not name:
         raise UnknownHandler(f"handler must be a dotted name, got {name!r}")
     payload = _payload(name, list(args), dict(kwargs or {}))
-    target = Queue(queue or base.queue)
+    target = Queue(base.queue if queue is None else queue)  # an explicit "" is refused
     return submit(target, [JobSpec(payload, **spec)], immediate or base.immediate)[0]
 
 

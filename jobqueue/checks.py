@@ -18,7 +18,7 @@ def check_settings(**_: Any) -> list[checks.CheckMessage]:
     except (JobQueueError, TypeError, ValueError) as exc:
         return [checks.Error(
             f"JOBQUEUE is invalid: {exc}",
-            hint="See CONTRACT.md 'Settings': QUEUES maps queue names to shards, max_attempts, "
+            hint="See the README's 'Settings': QUEUES maps queue names to shards, max_attempts, "
                  "lease, concurrency, backoff, priority; URL is a redis:// or valkey:// URL.",
             id="jobqueue.E001",
         )]

@@ -12,7 +12,8 @@ from functools import cache
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, JobQueueError
+from .spec import check_queue_options
 
 QUEUE_OPTION_NAMES = ("shards", "max_attempts", "lease", "concurrency", "backoff", "priority")
 
@@ -54,19 +55,10 @@ def _queue_options(base: QueueOptions, raw: dict[str, Any], where: str) -> Queue
             f"{where}: unknown option(s) {sorted(unknown)}; allowed: {list(QUEUE_OPTION_NAMES)}"
         )
     options = replace(base, **raw)
-    checks = [
-        (isinstance(options.shards, int) and 1 <= options.shards <= 1024, "shards: 1…1024"),
-        (isinstance(options.max_attempts, int) and options.max_attempts >= 1, "max_attempts ≥ 1"),
-        (isinstance(options.lease, (int, float)) and 0 < options.lease <= 86_400, "lease: 0…86400 s"),
-        (options.concurrency is None or (isinstance(options.concurrency, int)
-                                         and options.concurrency >= 1), "concurrency ≥ 1"),
-        (isinstance(options.backoff, (int, float)) and options.backoff >= 0, "backoff ≥ 0"),
-        (isinstance(options.priority, int) and -100 <= options.priority <= 100,
-         "priority: -100…100"),
-    ]
-    for ok, rule in checks:
-        if not ok:
-            raise ConfigurationError(f"{where}: {rule}")
+    try:
+        check_queue_options(options)
+    except JobQueueError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from None
     return options
 
 
@@ -117,6 +109,10 @@ def normalise_url(url: str) -> tuple[str, bool]:
     return urlunsplit((scheme, parts.netloc, parts.path, rest, parts.fragment)), cluster
 
 
+CLIENT_OPTIONS: dict[str, Any] = {"decode_responses": True, "encoding_errors": "surrogateescape"}
+"""Replies are text; bytes that are not UTF-8 (a corrupt row) arrive as lone surrogates instead
+of raising, and `records.text` shows them and names the field."""
+
 _clients: dict[str, Any] = {}
 _clients_lock = threading.Lock()
 
@@ -129,7 +125,7 @@ def client_for_url(url: str) -> Any:
             from redis.cluster import RedisCluster
 
             plain, cluster = normalise_url(url)
-            opts: dict[str, Any] = {"decode_responses": True, "health_check_interval": 30}
+            opts: dict[str, Any] = {**CLIENT_OPTIONS, "health_check_interval": 30}
             if cluster:
                 _clients[url] = RedisCluster.from_url(plain, **opts)
             else:
@@ -158,7 +154,7 @@ def _client_from_cache(alias: str) -> Any:
     with _clients_lock:
         if key not in _clients:
             base = get_redis_connection(alias)
-            kwargs = dict(base.connection_pool.connection_kwargs, decode_responses=True)
+            kwargs = {**base.connection_pool.connection_kwargs, **CLIENT_OPTIONS}
             pool = redis.ConnectionPool(connection_class=base.connection_pool.connection_class,
                                         **kwargs)
             _clients[key] = redis.Redis(connection_pool=pool)

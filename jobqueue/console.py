@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .keys import WORKERS_KEY, ShardKeys
+from .states import State
 from .store import JobInfo, Queue
 
 LIST_FIELDS = ("state", "attempts", "priority", "lane", "enqueued_at", "run_after", "started_at",
                "lease_until", "finished_at", "worker", "last_error", "payload", "max_attempts",
                "queue", "shard")
-PAGE_STATES = {"pending": "waiting", "scheduled": "schedule", "active": "active", "dead": "dead"}
+PAGE_STATES: dict[str, str] = {State.PENDING: "waiting", State.SCHEDULED: "schedule", State.ACTIVE: "active",
+               State.DEAD: "dead"}
+"""The shard index (sorted set) that lists the jobs of each state a page shows."""
 MAX_LANES = 500
 MAX_ACTIVE_SCAN = 1000
 
@@ -116,7 +119,7 @@ def page(queue: Queue, state: str, index: int, number: int, per_page: int = 50
     key = shard.key(PAGE_STATES[state])
     total = int(queue.client.zcard(key))
     start = (number - 1) * per_page
-    if state == "dead":
+    if state == State.DEAD:
         ids = queue.client.zrevrange(key, start, start + per_page - 1)
     else:
         ids = queue.client.zrange(key, start, start + per_page - 1)
@@ -128,7 +131,7 @@ def usual_run_time(queue: str, sample: int = 500) -> float | None:
     mirror; None while it has fewer than 20."""
     from .models import Job
 
-    rows = (Job.objects.filter(queue=queue, state="succeeded", started_at__isnull=False)
+    rows = (Job.objects.filter(queue=queue, state=State.SUCCEEDED, started_at__isnull=False)
             .order_by("-finished_at").values_list("started_at", "finished_at")[:sample])
     durations = sorted((finished - started).total_seconds() for started, finished in rows
                        if started and finished)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from .exceptions import InvalidName
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-LANE_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+LANE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 REGISTRY_KEY = "{emq}:queues"
 WORKERS_KEY = "{emq}:workers"
 
@@ -45,7 +45,7 @@ def slot(key: str) -> int:
 
 def validate_queue(name: object) -> str:
     """Return a valid queue name or raise InvalidName saying what is allowed."""
-    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidName(
             f"invalid queue name {name!r}: use 1-64 letters, digits, '.', '_' or '-'"
         )
@@ -54,7 +54,7 @@ def validate_queue(name: object) -> str:
 
 def validate_lane(name: object) -> str:
     """Return a valid lane name or raise InvalidName saying what is allowed."""
-    if not isinstance(name, str) or not LANE_NAME.match(name):
+    if not isinstance(name, str) or not LANE_NAME.fullmatch(name):
         raise InvalidName(
             f"invalid lane name {name!r}: use 1-128 letters, digits, '.', '_', '-' or ':'"
         )

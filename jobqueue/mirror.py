@@ -7,58 +7,20 @@ pending by a dead consumer are claimed by another after `claim_idle` seconds.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
 
+from .records import mirror_columns
 from .store import Queue
 
 GROUP = "mirror"
 
 
-def _json(raw: str) -> Any:
-    if raw == "":
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw  # a corrupt payload is kept as text: the mirror records what happened
-
-
-def _dt(raw: str) -> datetime | None:
-    try:
-        ms = int(float(raw))
-    except ValueError:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC) if ms > 0 else None
-
-
-def _int(raw: str) -> int:
-    try:
-        return int(float(raw))
-    except ValueError:
-        return 0
-
-
-def _values(event: dict[str, str], now: datetime) -> dict[str, Any]:
-    """The Job columns an event describes (absent fields take their defaults)."""
-    return {
-        "id": event["id"], "queue": event.get("queue", ""), "shard": _int(event.get("shard", "0")),
-        "lane": event.get("lane", ""), "state": event["state"],
-        "priority": _int(event.get("priority", "0")), "attempts": _int(event.get("attempts", "0")),
-        "max_attempts": _int(event.get("max_attempts", "0")),
-        "payload": _json(event.get("payload", "")), "result": _json(event.get("result", "")),
-        "last_error": event.get("last_error", ""), "unique_key": event.get("unique_key", ""),
-        "worker": event.get("worker", "")[:200], "enqueued_at": _dt(event.get("enqueued_at", "0")),
-        "started_at": _dt(event.get("started_at", "0")),
-        "finished_at": _dt(event.get("finished_at", "0")), "mirrored_at": now,
-    }
-
-
-def upsert(events: Sequence[dict[str, str]]) -> int:
+def upsert(events: Sequence[Mapping[str, str]], queue: str | None = None,
+           shard: int | None = None) -> int:
     """Write a batch as one multi-row INSERT … ON DUPLICATE KEY UPDATE (ON CONFLICT elsewhere).
 
     The last event of a job wins, so replays and re-runs after an operator retry converge on the
@@ -71,7 +33,8 @@ def upsert(events: Sequence[dict[str, str]]) -> int:
     fields = Job._meta.concrete_fields
     now = datetime.now(UTC)
     rows = [[f.get_db_prep_save(values[f.attname], connection) for f in fields]
-            for values in (_values(event, now) for event in latest.values())]
+            for values in ({**mirror_columns(event, queue, shard), "mirrored_at": now}
+                           for event in latest.values())]
     quote = connection.ops.quote_name
     columns = [quote(str(f.column)) for f in fields]
     updates = [c for c in columns if c != quote("id")]
@@ -111,8 +74,9 @@ class Mirror:
         self.claim_idle_ms = round(claim_idle * 1000)
         self._grouped: set[str] = set()
 
-    def _streams(self) -> list[tuple[Any, str]]:
-        return [(q.client, q.shard(i).key("done"))
+    def _streams(self) -> list[tuple[Any, str, str, int]]:
+        """(client, stream key, queue name, shard index) of every shard that may hold events."""
+        return [(q.client, q.shard(i).key("done"), q.name, i)
                 for q in self.queues for i in range(q.claim_shards())]
 
     def _ensure_group(self, client: Any, stream: str) -> None:
@@ -133,26 +97,30 @@ class Mirror:
         entries then stay pending and the next step retries them.
         """
         written = 0
-        for client, stream in self._streams():
+        for client, stream, queue, shard in self._streams():
             self._ensure_group(client, stream)
+            where = (queue, shard)
             own = client.xreadgroup(GROUP, self.consumer, {stream: "0"}, count=self.batch)
-            written += self._write(client, stream, own[0][1] if own else [])
+            written += self._write(client, stream, own[0][1] if own else [], *where)
             idle = 0 if take_over_all else self.claim_idle_ms
             claimed = client.xautoclaim(stream, GROUP, self.consumer, idle, "0-0", count=self.batch)
-            written += self._write(client, stream, claimed[1])
+            written += self._write(client, stream, claimed[1], *where)
             while True:
                 reply = client.xreadgroup(GROUP, self.consumer, {stream: ">"}, count=self.batch)
                 entries = reply[0][1] if reply else []
-                written += self._write(client, stream, entries)
+                written += self._write(client, stream, entries, *where)
                 if len(entries) < self.batch:
                     break
         return written
 
-    def _write(self, client: Any, stream: str, entries: list[tuple[str, dict[str, str]]]) -> int:
-        entries = [(entry_id, fields) for entry_id, fields in entries if fields]
+    def _write(self, client: Any, stream: str, entries: list[tuple[str, dict[str, str]]],
+               queue: str, shard: int) -> int:
         if not entries:
             return 0
-        written = upsert([fields for _, fields in entries])
+        # Scripts write every event with an id and a state; an entry without them (deleted,
+        # or added by hand) is acknowledged and dropped rather than blocking the stream.
+        events = [fields for _, fields in entries if fields and fields.get("id") and fields.get("state")]
+        written = upsert(events, queue, shard) if events else 0
         ids = [entry_id for entry_id, _ in entries]
         client.xack(stream, GROUP, *ids)
         client.xdel(stream, *ids)
@@ -164,4 +132,4 @@ class Mirror:
 
     def backlog(self) -> int:
         """Entries still in the streams (pending or unread)."""
-        return sum(int(client.xlen(stream)) for client, stream in self._streams())
+        return sum(int(client.xlen(stream)) for client, stream, _, _ in self._streams())

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.db import models
 
+from .records import JobInfo
 from .states import State
-from .store import JobInfo
 
 
 class CaseSensitiveCharField(models.CharField):

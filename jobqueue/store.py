@@ -6,249 +6,23 @@ Everything above this module (the `@job` API, the worker, the mirror, the admin,
 
 from __future__ import annotations
 
-import functools
-import json
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from redis.cluster import RedisCluster
 
 from . import ids, scripts
-from .conf import QueueOptions, get_client, get_config
-from .exceptions import (
-    InvalidOption,
-    InvalidPayload,
-    InvalidPriority,
-    InvalidTransition,
-    JobNotFound,
-)
-from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_lane, validate_queue
+from .conf import get_client, get_config
+from .exceptions import InvalidOption, InvalidTransition, JobNotFound
+from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
+from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
+from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
+from .spec import seconds as _seconds
+
+__all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
 ENQUEUE_CHUNK = 500
-MAX_UNIQUE_KEY = 200
-
-
-_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
-def dumps(value: Any, what: str) -> str:
-    """Compact JSON, or InvalidPayload naming what could not be encoded (never pickle)."""
-    try:
-        return _encoder.encode(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
-
-
-def validate_priority(priority: object) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-        raise InvalidPriority(f"priority must be an integer in -100…100, got {priority!r}")
-    return priority
-
-
-def _seconds(value: object, what: str, *, low: float, high: float) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidOption(f"{what} must be a number of seconds, got {value!r}")
-    if not low <= value <= high:
-        raise InvalidOption(f"{what} must be within {low}…{high} seconds, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """A handle on an enqueued job."""
-
-    id: str
-    queue: str
-    created: bool = True
-    """False when a unique_key (or the caller's id) matched a live job: `id` is that job's."""
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job to enqueue, before validation. `payload` is any JSON value."""
-
-    payload: Any
-    job_id: str | None = None
-    lane: str | None = None
-    priority: int | None = None
-    delay: float | timedelta | None = None
-    run_after: datetime | None = None
-    max_attempts: int | None = None
-    backoff: float | None = None
-    lease: float | None = None
-    unique_key: str | None = None
-
-
-class _Prepared(NamedTuple):
-    """A validated JobSpec in the form the enqueue script takes (a tuple: built per job)."""
-
-    job_id: str
-    minted: bool
-    payload: str
-    priority: int
-    lane: str
-    max_attempts: int
-    backoff_ms: int
-    lease_ms: int
-    delay_ms: int
-    unique_key: str
-
-    def argv(self) -> list[Any]:
-        return [self.job_id, self.payload, self.priority, self.lane, self.max_attempts,
-                self.backoff_ms, self.lease_ms, self.delay_ms, self.unique_key,
-                "1" if self.minted else "0"]
-
-
-def _delay(spec: JobSpec) -> float:
-    """Seconds until the job may run, from `delay` or `run_after` (never both)."""
-    if spec.delay is not None and spec.run_after is not None:
-        raise InvalidOption("give delay or run_after, not both")
-    if spec.delay is not None:
-        return _seconds(spec.delay, "delay", low=0, high=366 * 86_400)
-    if spec.run_after is not None:
-        if not isinstance(spec.run_after, datetime) or spec.run_after.tzinfo is None:
-            raise InvalidOption(f"run_after must be a timezone-aware datetime, got {spec.run_after!r}")
-        return max(0.0, (spec.run_after - datetime.now(UTC)).total_seconds())
-    return 0.0
-
-
-def _options(options: QueueOptions, priority: Any, lane: Any, max_attempts: Any, backoff: Any,
-             lease: Any) -> tuple[int, str, int, int, int]:
-    """The validated options a job shares with most jobs of its batch:
-    (priority, lane, max_attempts, backoff ms, lease ms)."""
-    max_attempts = options.max_attempts if max_attempts is None else max_attempts
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
-        raise InvalidOption(f"max_attempts must be an integer in 1…1000, got {max_attempts!r}")
-    backoff = _seconds(options.backoff if backoff is None else backoff, "backoff", low=0, high=86_400)
-    lease = 0.0 if lease is None else _seconds(lease, "lease", low=0.001, high=86_400)
-    return (validate_priority(options.priority if priority is None else priority),
-            "" if lane is None else validate_lane(lane), max_attempts, round(backoff * 1000),
-            round(lease * 1000))
-
-
-# typed: True and 1 are different keys, so a bool priority is still refused.
-_cached_options = functools.lru_cache(maxsize=1024, typed=True)(_options)
-
-
-def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) -> _Prepared:
-    """Validate every field of a spec, with errors that say what is allowed."""
-    delay = _delay(spec)
-    shared = (options, spec.priority, spec.lane, spec.max_attempts, spec.backoff, spec.lease)
-    try:
-        priority, lane, max_attempts, backoff_ms, lease_ms = _cached_options(*shared)
-    except TypeError:  # an unhashable option: validate it uncached, which says what is wrong
-        priority, lane, max_attempts, backoff_ms, lease_ms = _options(*shared)
-    unique = spec.unique_key or ""
-    if spec.unique_key is not None and (
-        not isinstance(unique, str) or not 0 < len(unique) <= MAX_UNIQUE_KEY or not unique.isprintable()
-    ):
-        raise InvalidOption(f"unique_key must be 1…{MAX_UNIQUE_KEY} printable characters, got {unique!r}")
-    job_id = ids.validate_job_id(spec.job_id) if spec.job_id is not None else ids.new_id()
-    payload = dumps(spec.payload, "payload")
-    if len(payload) > max_payload:
-        raise InvalidPayload(f"payload is {len(payload):,} characters of JSON; the limit is "
-                             f"{max_payload:,} (JOBQUEUE['MAX_PAYLOAD']): pass a reference instead")
-    return _Prepared(
-        job_id=job_id,
-        minted=spec.job_id is None,
-        payload=payload,
-        priority=priority,
-        lane=lane,
-        max_attempts=max_attempts,
-        backoff_ms=backoff_ms,
-        lease_ms=lease_ms,
-        delay_ms=math.ceil(delay * 1000),
-        unique_key=unique,
-    )
-
-
-def _loads(raw: str | None) -> tuple[Any, str | None]:
-    """Decode stored JSON: (value, None), or (None, reason) when the text is not JSON."""
-    if raw is None or raw == "":
-        return None, None
-    try:
-        return json.loads(raw), None
-    except ValueError as exc:
-        return None, f"stored JSON is corrupt: {exc}"
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A claimed job: whoever holds it may ack, nack, extend or checkpoint it with `token`."""
-
-    job_id: str
-    token: int
-    payload: Any
-    checkpoint: Any
-    lease: float
-    queue: str
-    shard: int
-    problem: str | None = None
-    """Why the row cannot run (corrupt payload); the worker sends such a job to dead."""
-
-
-def _ms_to_dt(raw: str | None) -> datetime | None:
-    if not raw:
-        return None
-    return datetime.fromtimestamp(int(float(raw)) / 1000, UTC)
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """A snapshot of one job, live from Valkey or from its mirror row."""
-
-    id: str
-    queue: str
-    state: str
-    attempts: int = 0
-    priority: int = 0
-    lane: str | None = None
-    payload: Any = None
-    result: Any = None
-    last_error: str = ""
-    checkpoint: Any = None
-    max_attempts: int = 0
-    unique_key: str | None = None
-    worker: str = ""
-    shard: int = 0
-    enqueued_at: datetime | None = None
-    run_after: datetime | None = None
-    started_at: datetime | None = None
-    lease_until: datetime | None = None
-    finished_at: datetime | None = None
-    cancel_requested: bool = False
-    source: str = "valkey"
-
-    @classmethod
-    def from_row(cls, job_id: str, queue: str, row: dict[str, str]) -> JobInfo:
-        def num(name: str) -> int:
-            try:
-                return int(float(row.get(name) or 0))
-            except ValueError:
-                return 0
-
-        payload, problem = _loads(row.get("payload"))
-        return cls(
-            id=job_id, queue=queue, state=row.get("state", "dead"), attempts=num("attempts"),
-            priority=num("priority"), lane=row.get("lane") or None,
-            payload=payload if problem is None else row.get("payload"),
-            result=_loads(row.get("result"))[0], last_error=row.get("last_error", ""),
-            checkpoint=_loads(row.get("checkpoint"))[0], max_attempts=num("max_attempts"),
-            unique_key=row.get("unique_key") or None, worker=row.get("worker", ""),
-            shard=num("shard"), enqueued_at=_ms_to_dt(row.get("enqueued_at")),
-            run_after=_ms_to_dt(row.get("run_after")), started_at=_ms_to_dt(row.get("started_at")),
-            lease_until=_ms_to_dt(row.get("lease_until")),
-            finished_at=_ms_to_dt(row.get("finished_at")), cancel_requested=row.get("cancel") == "1",
-        )
-
-
-COUNT_FIELDS = ("pending", "scheduled", "active", "dead", "succeeded", "cancelled")
 
 
 class Queue:
@@ -352,7 +126,7 @@ class Queue:
                 positions = self._enqueue_on_shard(index, prepared, positions, refs)
         return [ref for ref in refs if ref is not None]
 
-    def _enqueue_on_shard(self, index: int, prepared: list[_Prepared], positions: list[int],
+    def _enqueue_on_shard(self, index: int, prepared: list[Prepared], positions: list[int],
                           refs: list[JobRef | None]) -> list[int]:
         """Send a shard's jobs in chunks; return the positions to send again (id collisions)."""
         chunks = [positions[s : s + ENQUEUE_CHUNK] for s in range(0, len(positions), ENQUEUE_CHUNK)]
@@ -382,7 +156,7 @@ class Queue:
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
         default = lease if lease is not None else self.options.lease
-        lease_ms = round(_seconds(default, "lease", low=0.001, high=86_400) * 1000)
+        lease_ms = round(validate_lease(default) * 1000)
         total = shards or self.claim_shards()
         out: list[Lease] = []
         start = self._next_shard = (self._next_shard + 1) % total
@@ -391,21 +165,13 @@ class Queue:
                 break
             index = (start + step) % total
             reply = self._run("claim", self.shard(index),
-                              [count - len(out), lease_ms, "1" if override_lease else "0", worker])
+                              [count - len(out), lease_ms, "1" if override_lease else "0", worker,
+                               self._dead_retention_ms()])
             out.extend(self._leases(index, reply))
         return out
 
     def _leases(self, index: int, reply: list[Any]) -> list[Lease]:
-        leases = []
-        for n in range(0, len(reply), 5):
-            job_id, token, raw, raw_checkpoint, lease_ms = reply[n : n + 5]
-            payload, problem = _loads(raw)
-            if raw == "":
-                problem = "job row has no payload"
-            checkpoint, _ = _loads(raw_checkpoint)
-            leases.append(Lease(job_id, int(token), payload, checkpoint, int(lease_ms) / 1000,
-                                self.name, index, problem))
-        return leases
+        return [Lease.from_claim(self.name, index, *reply[n : n + 5]) for n in range(0, len(reply), 5)]
 
     def ack(self, lease: Lease, result: Any = None) -> bool:
         """Record success; False when the lease is stale (the job was re-claimed)."""
@@ -437,7 +203,7 @@ class Queue:
              *, fatal: bool = False) -> str | None:
         """Record a failure: the job's new state, or None when the lease is stale."""
         retry_ms = -1 if retry_in is None else round(
-            _seconds(retry_in, "retry_in", low=0, high=366 * 86_400) * 1000)
+            _seconds(retry_in, "retry_in", low=0, high=MAX_DELAY) * 1000)
         state = self._run("nack", self.shard(lease.shard), [
             lease.job_id, lease.token, str(error)[:65_536], retry_ms, "1" if fatal else "0",
             self._retention_ms(), self._dead_retention_ms(),
@@ -450,12 +216,12 @@ class Queue:
 
     def extend_many(self, leases: Sequence[Lease], seconds: float) -> list[int]:
         """Renew many leases, one call per shard: 1 renewed, 2 renewed but cancel requested, 0 stale."""
-        ms = round(_seconds(seconds, "seconds", low=0.001, high=86_400) * 1000)
+        ms = round(validate_lease(seconds) * 1000)
         return [int(code) for code in self._per_shard("extend", [], leases, [[ms]] * len(leases))]
 
     def checkpoint(self, lease: Lease, data: Any, extend: float | None = None) -> bool:
         """Store a running job's progress on its row; a re-run sees it. False when stale."""
-        ms = 0 if extend is None else round(_seconds(extend, "extend", low=0.001, high=86_400) * 1000)
+        ms = 0 if extend is None else round(validate_lease(extend) * 1000)
         return bool(self._run("checkpoint", self.shard(lease.shard),
                               [lease.job_id, lease.token, dumps(data, "checkpoint"), ms]))
 
@@ -501,11 +267,13 @@ class Queue:
 
     def _operator(self, name: str, job_id: str, args: list[Any]) -> str:
         index = self.locate(job_id)
-        answer = "missing" if index is None else self._run(name, self.shard(index), args)
+        answer = "missing" if index is None else text(self._run(name, self.shard(index), args))[0]
         if answer == "missing":
             raise JobNotFound(f"no live job {job_id} in queue {self.name!r}")
         if answer.startswith("state:"):
             raise InvalidTransition(f"cannot {name} job {job_id}: it is {answer[6:]}")
+        if answer.startswith("corrupt:"):
+            raise InvalidTransition(f"cannot {name} job {job_id}: its field {answer[8:]} is corrupt")
         return str(answer[3:])
 
     def pause(self) -> None:

@@ -18,13 +18,14 @@ from django.utils.module_loading import import_string
 from .api import JobFunction, JobOptions, submit
 from .exceptions import JobQueueError, UnknownHandler
 from .keys import validate_queue
+from .states import State
 from .store import JobInfo, JobSpec, Lease, Queue
 
 PREFIX = "django.tasks:"
-STATUS = {
-    "pending": TaskResultStatus.READY, "scheduled": TaskResultStatus.READY,
-    "active": TaskResultStatus.RUNNING, "succeeded": TaskResultStatus.SUCCESSFUL,
-    "dead": TaskResultStatus.FAILED, "cancelled": TaskResultStatus.FAILED,
+STATUS: dict[str, TaskResultStatus] = {
+    State.PENDING: TaskResultStatus.READY, State.SCHEDULED: TaskResultStatus.READY,
+    State.ACTIVE: TaskResultStatus.RUNNING, State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    State.DEAD: TaskResultStatus.FAILED, State.CANCELLED: TaskResultStatus.FAILED,
 }
 
 
@@ -49,7 +50,7 @@ class ValkeyBackend(BaseTaskBackend):
         spec = JobSpec(payload, priority=task.priority, run_after=task.run_after)
         [ref] = submit(Queue(task.queue_name), [spec], immediate=False)
         info = Queue(task.queue_name).get(ref.id)
-        return self._result(task, info or JobInfo(ref.id, ref.queue, "pending", payload=payload))
+        return self._result(task, info or JobInfo(ref.id, ref.queue, State.PENDING, payload=payload))
 
     def get_result(self, result_id: str) -> TaskResult:
         from .api import get_job
@@ -67,7 +68,7 @@ class ValkeyBackend(BaseTaskBackend):
 
     def _result(self, task: Task, info: JobInfo) -> TaskResult:
         payload = info.payload if isinstance(info.payload, dict) else {}
-        failed = info.state in ("dead", "cancelled")
+        failed = info.state in (State.DEAD, State.CANCELLED)
         result: TaskResult = TaskResult(
             task=task, id=info.id, status=STATUS.get(info.state, TaskResultStatus.FAILED),
             enqueued_at=info.enqueued_at, started_at=info.started_at,
@@ -101,7 +102,7 @@ def handler_for(name: str, lease: Lease) -> JobFunction:
     def run(*args: Any, **kwargs: Any) -> Any:
         if task.takes_context:
             backend = task.get_backend()
-            info = JobInfo(lease.job_id, lease.queue, "active", attempts=lease.token,
+            info = JobInfo(lease.job_id, lease.queue, State.ACTIVE, attempts=lease.token,
                            payload=lease.payload)
             result = backend._result(task, info) if isinstance(backend, ValkeyBackend) else None
             return task.call(TaskContext(task_result=result), *args, **kwargs)  # type: ignore[arg-type]

@@ -27,11 +27,13 @@ from . import console, ids
 from .exceptions import InvalidJobId, JobQueueError
 from .keys import validate_queue
 from .models import Job, Shard
+from .states import State
 from .store import JobInfo, Queue, known_queues
 
 ACTIONS = {"retry": "retry_job", "reprioritize": "reprioritize_job", "cancel": "cancel_job"}
-ALLOWED = {"retry": {"dead", "cancelled"}, "reprioritize": {"pending", "scheduled", "active"},
-           "cancel": {"pending", "scheduled", "active"}}
+WAITING_OR_RUNNING = {State.PENDING, State.SCHEDULED, State.ACTIVE}
+ALLOWED = {"retry": {State.DEAD, State.CANCELLED}, "reprioritize": WAITING_OR_RUNNING,
+           "cancel": WAITING_OR_RUNNING}
 
 
 def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
@@ -97,9 +99,9 @@ class Console:
 
     def queue_page(self, request: HttpRequest, name: str) -> HttpResponse:
         queue = self._queue(name)
-        state = request.GET.get("state", "pending")
+        state = request.GET.get("state", State.PENDING)
         if state not in console.PAGE_STATES:
-            state = "pending"
+            state = State.PENDING
         shards = queue.claim_shards()
         shard = _int(request.GET.get("shard"), 0, 0, shards - 1)
         number = _int(request.GET.get("page"), 1, 1, 10**9)
@@ -200,7 +202,7 @@ class Console:
             queue.reprioritize(info.id, priority)
             return f"Job {info.id} now has priority {priority}."
         state = queue.cancel(info.id)
-        if state == "active":
+        if state == State.ACTIVE:
             return f"Job {info.id} is running: it will be recorded as cancelled when it stops."
         return f"Cancelled job {info.id}."
 
@@ -259,7 +261,7 @@ def retry_job(queue: Queue, info: JobInfo) -> str:
         raise JobQueueError(f"cannot retry job {info.id}: it is {info.state}")
     queue.enqueue(info.payload, job_id=info.id, lane=info.lane, priority=info.priority,
                   max_attempts=info.max_attempts or None)
-    return "pending"
+    return State.PENDING
 
 
 def _log(request: HttpRequest, obj: Any, message: str) -> None:

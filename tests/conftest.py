@@ -53,7 +53,7 @@ def valkey(request: pytest.FixtureRequest, valkey_server: ValkeyProcess) -> Iter
         yield conf.client_for_url(valkey_server.url)
         return
     cluster = request.getfixturevalue("valkey_cluster")
-    client = RedisCluster.from_url(cluster.url.split("?")[0], decode_responses=True)
+    client = RedisCluster.from_url(cluster.url.split("?")[0], **conf.CLIENT_OPTIONS)
     client.flushall(target_nodes=RedisCluster.PRIMARIES)
     yield client
     client.close()

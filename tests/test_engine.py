@@ -317,7 +317,7 @@ def test_shrinking_drains_the_retired_shards(valkey: Any) -> None:
 
 # -- bad input --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["a{b}", "has space", "", "x" * 65, "tab\t", None, "ü"])
+@pytest.mark.parametrize("name", ["a{b}", "has space", "", "x" * 65, "tab\t", None, "ü", "ok\n"])
 def test_bad_queue_names_are_refused_before_anything_is_sent(name: Any) -> None:
     with pytest.raises(InvalidName, match="letters, digits"):
         Queue(name)

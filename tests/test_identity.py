@@ -1,4 +1,4 @@
-"""Branded ids, hash32 and cluster slots against the shared contract vectors."""
+"""Branded ids, hash32 and cluster slots against the contract vectors in tests/vectors/."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from jobqueue import ids, keys
 from jobqueue.exceptions import InvalidJobId
 
 VECTORS = json.loads(
-    (Path(__file__).resolve().parents[2] / "shared" / "vectors" / "identity.json").read_text()
+    (Path(__file__).resolve().parent / "vectors" / "identity.json").read_text()
 )
 
 

@@ -155,3 +155,13 @@ def test_celery_options_jobqueue_cannot_honour_are_refused() -> None:
         celery_tasks.shout.apply_async(args=["x"], link=celery_tasks.shout.s("y"))
     assert Queue("default").counts()["pending"] == 0
     assert celery_tasks.shout.apply_async(args=["x"], serializer="json").id.startswith("JOB")
+
+
+def test_an_explicit_empty_queue_name_is_refused_not_defaulted() -> None:
+    from jobqueue.exceptions import InvalidName
+
+    with pytest.raises(InvalidName, match="invalid queue name ''"):
+        enqueue("tests.jobapp.jobs.add", args=[1, 2], queue="")
+    with pytest.raises(InvalidName, match="invalid queue name ''"):
+        jobs.add.using(queue="")
+    assert Queue("default").counts()["pending"] == 0

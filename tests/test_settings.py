@@ -37,7 +37,10 @@ def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_ser
 
 
 @pytest.mark.parametrize(("jobqueue", "fragment"), [
-    ({"QUEUES": {"emails": {"shards": 0}}}, "shards: 1…1024"),
+    ({"QUEUES": {"emails": {"shards": 0}}}, "shards must be an integer in 1…1024"),
+    ({"QUEUES": {"emails": {"max_attempts": 5000}}}, "max_attempts must be an integer in 1…1000"),
+    ({"DEFAULTS": {"backoff": 100_000}}, "backoff must be within 0…86400 seconds"),
+    ({"QUEUES": {"emails": {"lease": 0}}}, "lease must be within"),
     ({"QUEUES": {"emails": {"colour": "red"}}}, "unknown option"),
     ({"QUEUES": {"bad name": {}}}, "invalid queue name"),
     ({"RETRIES": 3}, "unknown key"),
@@ -56,6 +59,7 @@ def test_manage_py_check_explains_a_bad_jobqueue_setting(
     (["--concurrency", "0"], 2, "must be at least 1"),
     (["--lease", "-3"], 2, "0…86400"),
     (["--lease", "soon"], 2, "expected seconds"),
+    (["--prefetch", "-1"], 2, "must be at least 0"),
 ])
 def test_runworker_refuses_bad_options_clearly(args: list[str], code: int, message: str) -> None:
     import subprocess
@@ -67,3 +71,15 @@ def test_runworker_refuses_bad_options_clearly(args: list[str], code: int, messa
                           capture_output=True, text=True, timeout=60,
                           env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "tests.settings"})
     assert done.returncode == code and message in done.stderr
+
+
+@pytest.mark.parametrize("options", [
+    {"max_attempts": 1000, "backoff": 86_400, "lease": 86_400, "priority": -100},
+    {"max_attempts": 1, "backoff": 0, "lease": 0.001, "priority": 100},
+])
+def test_every_queue_setting_that_check_accepts_can_enqueue(settings: Any, options: dict) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"edge": options}}
+    assert not run_checks(tags=["jobqueue"])
+    ref = Queue("edge").enqueue({"x": 1})
+    info = Queue("edge").get(ref.id)
+    assert info and info.max_attempts == options["max_attempts"] and info.priority == options["priority"]

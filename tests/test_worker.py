@@ -321,3 +321,14 @@ def test_a_queues_concurrency_keeps_it_from_taking_every_slot(valkey_server: Val
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
     assert most_held <= 1 and quick_done < 1.5
+
+
+def test_a_stop_signal_while_valkey_is_still_unreachable_at_start_exits_0(tmp_path: Path) -> None:
+    from jobqueue.embedded import free_port
+
+    log = tmp_path / "worker.log"
+    worker = start_worker(f"redis://127.0.0.1:{free_port()}/0", log=log)
+    wait_for(lambda: "unreachable at start" in log.read_text())
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+    assert "Traceback" not in log.read_text() and "stopped before Valkey answered" in log.read_text()

@@ -14,6 +14,27 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Any field of a row may be corrupt (hand-edited, bit-rotted): scripts read the fields they rely
+-- on through these checks and bury a row that fails them, instead of raising mid-script (a
+-- script error keeps its earlier writes, so it could strand jobs it had already popped).
+local STATES = {pending = true, scheduled = true, active = true, succeeded = true, dead = true,
+  cancelled = true}
+
+-- A non-negative integer field (at most 15 digits: exact as a Lua number), or nil.
+local function count_field(v)
+  if v and #v <= 15 and string.find(v, '^%d+$') then return tonumber(v) end
+  return nil
+end
+
+local function valid_lane(lane)
+  return lane == '' or (#lane <= 128 and not string.find(lane, '[^%w%._:%-]'))
+end
+
+local function valid_priority(v)
+  local p = v and string.find(v, '^%-?%d%d?%d?$') and tonumber(v)
+  return p and p >= -100 and p <= 100
+end
+
 local function job_key(base, id) return base .. ':job:' .. id end
 
 local function uniq_key(base, unique) return base .. ':uniq:' .. unique end
@@ -40,11 +61,15 @@ local function count_minute(base, now, what)
   if redis.call('HINCRBY', key, what, 1) == 1 then redis.call('EXPIRE', key, 7200) end
 end
 
--- The same for a job whose row already exists: it becomes pending.
+-- The same for a job whose row already exists: it becomes pending. A corrupt lane or priority
+-- puts it on the default lane, where the claim that pops it buries it with the reason.
 local function make_ready(base, ring, jk, id, now)
   local row = redis.call('HMGET', jk, 'lane', 'priority')
+  local lane, priority = row[1] or '', 0
+  if not valid_lane(lane) then lane = '' end
+  if valid_priority(row[2]) then priority = tonumber(row[2]) end
   redis.call('HSET', jk, 'state', 'pending')
-  lane_push(base, ring, id, row[1] or '', tonumber(row[2]) or 0, now)
+  lane_push(base, ring, id, lane, priority, now)
 end
 
 -- Take a waiting job off its lane; an emptied lane leaves the ring.
@@ -85,11 +110,20 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   redis.call('XADD', done, '*', unpack(event))
   redis.call('HINCRBY', meta, 'n_' .. state, 1)
   count_minute(base, now, state)
-  if retention_ms > 0 then
+  if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)
     if f[10] and f[10] ~= '' then
       local uk = uniq_key(base, f[10])
       if redis.call('GET', uk) == id then redis.call('PEXPIRE', uk, retention_ms) end
     end
   end
+end
+
+-- A row that cannot run (a field its transitions rely on is corrupt) goes dead, saying which.
+local function bury(base, dead, done, meta, jk, id, field, now, retention_ms)
+  redis.call('HSET', jk, 'last_error', 'corrupt field ' .. field .. ': the job cannot run',
+    'lease_until', '')
+  redis.call('ZREM', base .. ':waiting', id)
+  redis.call('ZADD', dead, now, id)
+  finish(base, done, meta, jk, id, 'dead', now, retention_ms)
 end

@@ -3,31 +3,57 @@ KEYS[1] base    prefix  emq:{q}
 KEYS[2] ring    LIST    lanes with ready work; rotated one step per turn with LMOVE
 KEYS[3] active  ZSET    id -> lease deadline ms (server clock)
 KEYS[4] meta    HASH    paused
+KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
+KEYS[6] done    STREAM  terminal events
 ARGV[1] count, ARGV[2] default lease ms, ARGV[3] '1' = ARGV[2] overrides each job's lease,
-ARGV[4] worker name
+ARGV[4] worker name, ARGV[5] dead retention ms
 Returns: 5 entries per claimed job: id, token (the new `attempts`: the fencing token),
         payload, checkpoint ('' = none), lease ms. Empty when paused or nothing is ready.
+        A popped row with a corrupt state, count, priority or lane is buried (dead, with the
+        field named in last_error) and not returned; payload and checkpoint are checked by
+        the caller, which decodes them anyway.
 ]]
-local base, ring, active, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local base, ring, active, meta, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local count, default_lease, force, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local dead_retention = tonumber(ARGV[5])
 if redis.call('HGET', meta, 'paused') == '1' then return {} end
 local now = now_ms()
 local out, claimed, turns = {}, 0, 0
 
--- Lease one popped id; a lane entry without a pending row (expired or hand-edited) is dropped.
+-- The first field (in this order) that a claimed job relies on and that is corrupt, or nil.
+local function corrupt_field(r)
+  if not STATES[r[1]] then return 'state' end
+  if not count_field(r[2]) then return 'attempts' end
+  if r[3] and not count_field(r[3]) then return 'uncharged' end
+  if (count_field(r[4]) or 0) < 1 then return 'max_attempts' end
+  if r[5] and not count_field(r[5]) then return 'lease_ms' end
+  if r[6] and not count_field(r[6]) then return 'backoff_ms' end
+  if not valid_priority(r[7]) then return 'priority' end
+  if not valid_lane(r[8] or '') then return 'lane' end
+  return nil
+end
+
+-- Lease one popped id. A lane entry whose row is gone (expired) or no longer pending is a
+-- stale index entry and is dropped; a corrupt row is buried.
 local function lease_job(id)
   local jk = job_key(base, id)
-  local row = redis.call('HMGET', jk, 'state', 'payload', 'checkpoint', 'lease_ms')
-  if row[1] ~= 'pending' then return end
-  local token = redis.call('HINCRBY', jk, 'attempts', 1)
-  local lease = tonumber(row[4]) or 0
+  local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
+    'lease_ms', 'backoff_ms', 'priority', 'lane', 'payload', 'checkpoint')
+  if row[1] ~= 'pending' and (not row[1] or STATES[row[1]]) then
+    redis.call('ZREM', base .. ':waiting', id)
+    return
+  end
+  local bad = corrupt_field(row)
+  if bad then return bury(base, dead, done, meta, jk, id, bad, now, dead_retention) end
+  local token = tonumber(row[2]) + 1
+  local lease = tonumber(row[5]) or 0
   if force == '1' or lease <= 0 then lease = default_lease end
-  redis.call('HSET', jk, 'state', 'active', 'started_at', now, 'lease_until', now + lease,
-    'worker', worker)
+  redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
+    'lease_until', now + lease, 'worker', worker)
   redis.call('ZADD', active, now + lease, id)
   redis.call('ZREM', base .. ':waiting', id)
-  out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[2] or ''
-  out[#out + 1] = row[3] or ''; out[#out + 1] = lease
+  out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[9] or ''
+  out[#out + 1] = row[10] or ''; out[#out + 1] = lease
   claimed = claimed + 1
 end
 

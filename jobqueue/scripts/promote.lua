@@ -13,8 +13,12 @@ local moved = 0
 for _, id in ipairs(due) do
   redis.call('ZREM', schedule, id)
   local jk = job_key(base, id)
-  if redis.call('HGET', jk, 'state') == 'scheduled' then
+  local state = redis.call('HGET', jk, 'state')
+  if state == 'scheduled' then
     make_ready(base, ring, jk, id, now)
+    moved = moved + 1
+  elseif state and not STATES[state] then
+    lane_push(base, ring, id, '', 0, now)  -- the claim that pops it buries it, naming the field
     moved = moved + 1
   end
 end

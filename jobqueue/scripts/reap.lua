@@ -22,17 +22,24 @@ for _, id in ipairs(expired) do
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel')
   if row[1] == 'active' then
-    redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
-    local used = tonumber(row[2]) - (tonumber(row[3]) or 0)
-    if row[5] == '1' then
-      finish(base, done, meta, jk, id, 'cancelled', now, retention)
-    elseif used >= (tonumber(row[4]) or 1) then
-      redis.call('ZADD', dead, now, id)
-      finish(base, done, meta, jk, id, 'dead', now, dead_retention)
+    local attempts = count_field(row[2])
+    if not attempts then
+      bury(base, dead, done, meta, jk, id, 'attempts', now, dead_retention)
     else
-      make_ready(base, ring, jk, id, now)
-      ready = ready + 1
+      redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
+      if row[5] == '1' then
+        finish(base, done, meta, jk, id, 'cancelled', now, retention)
+      elseif attempts - (count_field(row[3]) or 0) >= (count_field(row[4]) or 1) then
+        redis.call('ZADD', dead, now, id)
+        finish(base, done, meta, jk, id, 'dead', now, dead_retention)
+      else
+        make_ready(base, ring, jk, id, now)
+        ready = ready + 1
+      end
     end
+  elseif row[1] and not STATES[row[1]] then
+    lane_push(base, ring, id, '', 0, now)  -- the claim that pops it buries it, naming the field
+    ready = ready + 1
   end
 end
 wake_workers(wake, ready)

@@ -5,7 +5,8 @@ KEYS[2] dead    ZSET    id -> finished ms
 KEYS[3] ring    LIST    lanes with ready work
 KEYS[4] wake    LIST    wake tokens
 ARGV[1] id
-Returns: 'ok:pending', 'missing', or 'state:<current state>' when the state does not allow it
+Returns: 'ok:pending', 'missing', 'state:<current state>' when the state does not allow it, or
+        'corrupt:attempts' when the row's attempts is unreadable
 ]]
 local base, dead, ring, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
@@ -13,6 +14,8 @@ local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'attempts', 'unique_key')
 if not row[1] then return 'missing' end
 if row[1] ~= 'dead' and row[1] ~= 'cancelled' then return 'state:' .. row[1] end
+-- The fencing token must never go back, so a job whose count is unreadable cannot run again.
+if not count_field(row[2]) then return 'corrupt:attempts' end
 redis.call('ZREM', dead, id)
 redis.call('PERSIST', jk)
 if row[3] and row[3] ~= '' and redis.call('GET', uniq_key(base, row[3])) == id then

@@ -31,8 +31,12 @@ from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
+from .. import spec
+from ..exceptions import InvalidOption
 from ..keys import WORKERS_KEY
-from ..store import Lease, Queue, known_queues
+from ..records import Lease
+from ..states import State
+from ..store import Queue, known_queues
 from .executor import Outcome, execute
 
 log = logging.getLogger("jobqueue.worker")
@@ -61,10 +65,23 @@ class WorkerConfig:
     summary_every: float = 30.0
     mirror: bool = True
 
+    def __post_init__(self) -> None:
+        _check_whole(self.concurrency, "concurrency", 1)
+        if self.prefetch is not None:
+            _check_whole(self.prefetch, "prefetch", 0)
+        if self.lease is not None:
+            spec.validate_lease(self.lease)
+        spec.seconds(self.grace, "grace", low=0, high=86_400)
+
     @property
     def capacity(self) -> int:
         """How many claimed jobs the worker holds at most (running plus prefetched)."""
         return self.concurrency + (self.concurrency if self.prefetch is None else self.prefetch)
+
+
+def _check_whole(value: object, what: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidOption(f"{what} must be a whole number ≥ {minimum}, got {value!r}")
 
 
 @dataclass
@@ -119,7 +136,8 @@ class Worker:
 
     def run(self) -> None:
         """The main loop; returns when stopped (or when a burst run has nothing left)."""
-        self._start()
+        if not self._start():
+            return
         try:
             while not self._stop_claiming.is_set():
                 self._tick.clear()
@@ -143,7 +161,8 @@ class Worker:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start(self) -> bool:
+        """Find the queues and start the threads; False when stopped before Valkey answered."""
         from django.utils.module_loading import autodiscover_modules
 
         autodiscover_modules("jobs")
@@ -151,13 +170,15 @@ class Worker:
         while True:  # a worker may start before Valkey does: wait for it, as after a restart
             try:
                 names = self.config.queues or tuple(known_queues())
-                self.queues = [Queue(name) for name in names]
-                self.shard_totals = {q.name: q.claim_shards() for q in self.queues}
+                queues = [Queue(name) for name in names]
+                self.shard_totals = {q.name: q.claim_shards() for q in queues}
+                self.queues = queues
                 break
             except VALKEY_DOWN as exc:
                 log.warning("Valkey unreachable at start (%s); retrying", exc)
                 if self._stop_claiming.wait(delay):
-                    break
+                    log.info("worker %s stopped before Valkey answered", self.config.name)
+                    return False
                 delay = min(delay * 2, 5.0)
         self._pool = self._make_pool()
         self._room.set()
@@ -168,6 +189,7 @@ class Worker:
         log.info("worker %s serving %s with concurrency %d%s", self.config.name,
                  ",".join(names) or "(no queues yet)", self.config.concurrency,
                  " (burst)" if self.config.burst else "")
+        return True
 
     def _cycle(self) -> bool:
         """One turn: record outcomes, maintenance when due, claim. True if it claimed work."""
@@ -260,7 +282,7 @@ class Worker:
             successes = [(lease, out) for lease, out in items if out.ok]
             answers = queue.ack_many([(lease, out.result) for lease, out in successes])
             for (lease, out), recorded in zip(successes, answers, strict=True):
-                self._log(lease, out, "succeeded" if recorded else "stale")
+                self._log(lease, out, State.SUCCEEDED if recorded else "stale")
             for lease, out in items:
                 if not out.ok:
                     state = queue.nack(lease, out.error, out.retry_in, fatal=out.fatal)
@@ -275,7 +297,7 @@ class Worker:
             self.processed += 1
         else:
             self.failed += 1
-        level = logging.INFO if outcome.ok or state in ("scheduled", "pending") else logging.WARNING
+        level = logging.INFO if outcome.ok or state in (State.SCHEDULED, State.PENDING) else logging.WARNING
         reason = "" if outcome.ok else " error=" + json.dumps(outcome.error.strip().splitlines()[-1:])
         log.log(level, "queue=%s job=%s attempt=%d duration=%.3fs outcome=%s%s", lease.queue,
                 lease.job_id, lease.token, outcome.duration, state, reason)

@@ -15,7 +15,9 @@ from typing import Any
 
 from ..api import JobFunction, lookup
 from ..exceptions import JobQueueError, UnknownHandler
-from ..store import Lease, Queue, dumps
+from ..records import Lease
+from ..spec import dumps
+from ..store import Queue
 
 
 class RetryLater(Exception):

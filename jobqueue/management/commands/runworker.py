@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -17,14 +18,19 @@ from jobqueue.worker import Worker, WorkerConfig
 from jobqueue.worker.core import queues_from_option
 
 
-def _positive_int(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _whole(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `minimum`."""
+
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def _seconds(raw: str) -> float:
@@ -63,9 +69,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--queues", help="comma-separated queue names (default: every known queue)")
-        parser.add_argument("--concurrency", type=_positive_int, default=4,
+        parser.add_argument("--concurrency", type=_whole(1), default=4,
                             help="jobs run at once (default 4)")
-        parser.add_argument("--prefetch", type=int, default=None,
+        parser.add_argument("--prefetch", type=_whole(0), default=None,
                             help="jobs claimed ahead of free threads (default: the concurrency; 0: none)")
         parser.add_argument("--burst", action="store_true",
                             help="exit 0 once the queues are empty and every finished job is mirrored")

@@ -1,0 +1,213 @@
+"""The one row codec: what the store, the mirror and the console read back from Valkey.
+
+Any field of any row may be corrupt (hand-edited, written by an old version, bit-rotted). The
+client decodes replies with `surrogateescape`, so bytes that are not UTF-8 reach Python as lone
+surrogates instead of raising; this module turns them into readable text (U+FFFD) and says which
+field was bad, so a corrupt row is shown, mirrored and buried — never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .states import State
+
+COUNT_FIELDS: tuple[str, ...] = (State.PENDING, State.SCHEDULED, State.ACTIVE, State.DEAD, State.SUCCEEDED,
+                State.CANCELLED)
+"""The states `Queue.counts()` reports, in the order the counts script answers."""
+
+
+def text(raw: str) -> tuple[str, bool]:
+    """`raw` as printable text, and whether it held bytes that are not UTF-8."""
+    if raw.isascii():
+        return raw, False
+    try:
+        raw.encode()
+    except UnicodeEncodeError:
+        return raw.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), True
+    return raw, False
+
+
+def json_field(raw: str | None, field: str) -> tuple[Any, str | None]:
+    """Decode a stored JSON field: (value, None), or (the text as found, a problem naming it)."""
+    if raw is None or raw == "":
+        return None, None
+    clean, corrupt = text(raw)
+    if corrupt:
+        return clean, f"corrupt field {field}: not valid UTF-8"
+    try:
+        return json.loads(raw), None
+    except ValueError as exc:
+        return raw, f"corrupt field {field}: stored JSON is corrupt ({exc})"
+
+
+def int_field(raw: str | None) -> int | None:
+    """An integer field (Lua may have written it as a float); None when absent or corrupt."""
+    if not raw:
+        return None
+    try:
+        return int(float(raw))
+    except (ValueError, OverflowError):
+        return None
+
+
+def ms_to_dt(raw: str | None) -> datetime | None:
+    ms = int_field(raw)
+    if not ms or ms <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A handle on an enqueued job."""
+
+    id: str
+    queue: str
+    created: bool = True
+    """False when a unique_key (or the caller's id) matched a live job: `id` is that job's."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed job: whoever holds it may ack, nack, extend or checkpoint it with `token`."""
+
+    job_id: str
+    token: int
+    payload: Any
+    checkpoint: Any
+    lease: float
+    queue: str
+    shard: int
+    problem: str | None = None
+    """Why the row cannot run (a corrupt payload or checkpoint); the worker buries such a job."""
+
+    @classmethod
+    def from_claim(cls, queue: str, shard: int, job_id: str, token: str, raw_payload: str,
+                   raw_checkpoint: str, lease_ms: str) -> Lease:
+        payload, problem = json_field(raw_payload, "payload")
+        if raw_payload == "":
+            problem = "corrupt field payload: the row has none"
+        checkpoint, checkpoint_problem = json_field(raw_checkpoint, "checkpoint")
+        problem = problem or checkpoint_problem
+        if problem:  # the job will be buried, not run: hand nothing half-decoded to a handler
+            payload = checkpoint = None
+        return cls(job_id, int(token), payload, checkpoint, int(lease_ms) / 1000, queue, shard,
+                   problem)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A snapshot of one job, live from Valkey or from its mirror row."""
+
+    id: str
+    queue: str
+    state: str
+    attempts: int = 0
+    priority: int = 0
+    lane: str | None = None
+    payload: Any = None
+    result: Any = None
+    last_error: str = ""
+    checkpoint: Any = None
+    max_attempts: int = 0
+    unique_key: str | None = None
+    worker: str = ""
+    shard: int = 0
+    enqueued_at: datetime | None = None
+    run_after: datetime | None = None
+    started_at: datetime | None = None
+    lease_until: datetime | None = None
+    finished_at: datetime | None = None
+    cancel_requested: bool = False
+    source: str = "valkey"
+    corrupt: tuple[str, ...] = ()
+    """Fields of the row that could not be read (shown as found, bad bytes replaced)."""
+
+    @classmethod
+    def from_row(cls, job_id: str, queue: str, row: Mapping[str, str]) -> JobInfo:
+        """Decode a Valkey job row; never raises, whatever the row holds."""
+        fields = RowFields(row)
+        return cls(
+            id=job_id, queue=queue, state=fields.text("state") or State.DEAD,
+            attempts=fields.int("attempts"), priority=fields.int("priority"),
+            lane=fields.text("lane") or None, payload=fields.json("payload"),
+            result=fields.json("result"), last_error=fields.text("last_error"),
+            checkpoint=fields.json("checkpoint"), max_attempts=fields.int("max_attempts"),
+            unique_key=fields.text("unique_key") or None, worker=fields.text("worker"),
+            shard=fields.int("shard"), enqueued_at=fields.time("enqueued_at"),
+            run_after=fields.time("run_after"), started_at=fields.time("started_at"),
+            lease_until=fields.time("lease_until"), finished_at=fields.time("finished_at"),
+            cancel_requested=row.get("cancel") == "1", corrupt=tuple(fields.corrupt),
+        )
+
+
+class RowFields:
+    """Reads the fields of one row or event, noting each that is corrupt."""
+
+    def __init__(self, row: Mapping[str, str]) -> None:
+        self.row = row
+        self.corrupt: list[str] = []
+
+    def text(self, name: str) -> str:
+        clean, bad = text(self.row.get(name) or "")
+        if bad:
+            self.corrupt.append(name)
+        return clean
+
+    def int(self, name: str) -> int:
+        raw = self.row.get(name)
+        value = int_field(raw)
+        if value is None and raw:
+            self.corrupt.append(name)
+        return value or 0
+
+    def time(self, name: str) -> datetime | None:
+        raw = self.row.get(name)
+        value = ms_to_dt(raw)
+        if value is None and raw and raw != "0":
+            self.corrupt.append(name)
+        return value
+
+    def json(self, name: str) -> Any:
+        value, problem = json_field(self.row.get(name), name)
+        if problem:
+            self.corrupt.append(name)
+        return value
+
+
+INT_MAX = 2**31 - 1
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(value, high))
+
+
+def mirror_columns(event: Mapping[str, str], queue: str | None = None,
+                   shard: int | None = None) -> dict[str, Any]:
+    """The `Job` columns a terminal event describes. The mirror passes the queue and shard of
+    the stream it read, so a corrupt `queue` field cannot file a job under another queue."""
+    fields = RowFields(event)
+    columns = {
+        "id": event["id"], "queue": fields.text("queue")[:64] if queue is None else queue,
+        "shard": _clamp(fields.int("shard"), 0, 1023) if shard is None else shard,
+        "lane": fields.text("lane")[:128],
+        "state": fields.text("state")[:16], "priority": _clamp(fields.int("priority"), -100, 100),
+        "attempts": _clamp(fields.int("attempts"), 0, INT_MAX),
+        "max_attempts": _clamp(fields.int("max_attempts"), 0, INT_MAX),
+        "payload": fields.json("payload"), "result": fields.json("result"),
+        "last_error": fields.text("last_error"), "unique_key": fields.text("unique_key")[:200],
+        "worker": fields.text("worker")[:200], "enqueued_at": fields.time("enqueued_at"),
+        "started_at": fields.time("started_at"), "finished_at": fields.time("finished_at"),
+    }
+    if fields.corrupt:
+        note = f"corrupt field(s) in the row: {', '.join(fields.corrupt)}"
+        columns["last_error"] = f"{columns['last_error']}\n{note}".strip()
+    return columns

@@ -1,0 +1,178 @@
+"""What a job may ask for: one validator per option, shared by enqueue and by settings.
+
+`prepare` turns a `JobSpec` into the arguments the enqueue script takes; `conf` validates
+`JOBQUEUE["QUEUES"]` with the same rules (`check_queue_options`), so a setting that
+`manage.py check` accepts can never make every enqueue fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import ids
+from .exceptions import InvalidOption, InvalidPayload, InvalidPriority
+from .keys import validate_lane
+
+if TYPE_CHECKING:
+    from .conf import QueueOptions
+
+MAX_UNIQUE_KEY = 200
+MAX_ATTEMPTS = 1000
+MAX_SECONDS = 86_400.0
+"""Longest lease and retry backoff base: one day."""
+MAX_DELAY = 366 * 86_400.0
+
+_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def dumps(value: Any, what: str) -> str:
+    """Compact JSON, or InvalidPayload naming what could not be encoded (never pickle)."""
+    try:
+        return _encoder.encode(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def validate_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise InvalidPriority(f"priority must be an integer in -100…100, got {priority!r}")
+    return priority
+
+
+def validate_max_attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise InvalidOption(f"max_attempts must be an integer in 1…{MAX_ATTEMPTS}, got {value!r}")
+    return value
+
+
+def seconds(value: object, what: str, *, low: float, high: float) -> float:
+    """A number of seconds (or a timedelta) within low…high, else InvalidOption saying so."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidOption(f"{what} must be a number of seconds, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidOption(f"{what} must be within {low:g}…{high:g} seconds, got {value!r}")
+    return float(value)
+
+
+def validate_lease(value: object) -> float:
+    return seconds(value, "lease", low=0.001, high=MAX_SECONDS)
+
+
+def validate_backoff(value: object) -> float:
+    return seconds(value, "backoff", low=0, high=MAX_SECONDS)
+
+
+def _positive_int(value: object, what: str, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InvalidOption(f"{what} must be an integer in 1…{high}, got {value!r}")
+    return value
+
+
+def check_queue_options(options: QueueOptions) -> None:
+    """Validate a queue's options with the rules a job's own options follow."""
+    _positive_int(options.shards, "shards", 1024)
+    validate_max_attempts(options.max_attempts)
+    validate_lease(options.lease)
+    if options.concurrency is not None:
+        _positive_int(options.concurrency, "concurrency", 10_000)
+    validate_backoff(options.backoff)
+    validate_priority(options.priority)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue, before validation. `payload` is any JSON value."""
+
+    payload: Any
+    job_id: str | None = None
+    lane: str | None = None
+    priority: int | None = None
+    delay: float | timedelta | None = None
+    run_after: datetime | None = None
+    max_attempts: int | None = None
+    backoff: float | None = None
+    lease: float | None = None
+    unique_key: str | None = None
+
+
+class Prepared(NamedTuple):
+    """A validated JobSpec in the form the enqueue script takes (a tuple: built per job)."""
+
+    job_id: str
+    minted: bool
+    payload: str
+    priority: int
+    lane: str
+    max_attempts: int
+    backoff_ms: int
+    lease_ms: int
+    delay_ms: int
+    unique_key: str
+
+    def argv(self) -> list[Any]:
+        return [self.job_id, self.payload, self.priority, self.lane, self.max_attempts,
+                self.backoff_ms, self.lease_ms, self.delay_ms, self.unique_key,
+                "1" if self.minted else "0"]
+
+
+def _delay(spec: JobSpec) -> float:
+    """Seconds until the job may run, from `delay` or `run_after` (never both)."""
+    if spec.delay is not None and spec.run_after is not None:
+        raise InvalidOption("give delay or run_after, not both")
+    if spec.delay is not None:
+        return seconds(spec.delay, "delay", low=0, high=MAX_DELAY)
+    if spec.run_after is not None:
+        if not isinstance(spec.run_after, datetime) or spec.run_after.tzinfo is None:
+            raise InvalidOption(f"run_after must be a timezone-aware datetime, got {spec.run_after!r}")
+        return max(0.0, (spec.run_after - datetime.now(UTC)).total_seconds())
+    return 0.0
+
+
+def _options(options: QueueOptions, priority: Any, lane: Any, max_attempts: Any, backoff: Any,
+             lease: Any) -> tuple[int, str, int, int, int]:
+    """The validated options a job shares with most jobs of its batch:
+    (priority, lane, max_attempts, backoff ms, lease ms). lease 0 = the worker's default."""
+    return (
+        validate_priority(options.priority if priority is None else priority),
+        "" if lane is None else validate_lane(lane),
+        validate_max_attempts(options.max_attempts if max_attempts is None else max_attempts),
+        round(validate_backoff(options.backoff if backoff is None else backoff) * 1000),
+        0 if lease is None else round(validate_lease(lease) * 1000),
+    )
+
+
+# typed: True and 1 are different keys, so a bool priority is still refused.
+_cached_options = functools.lru_cache(maxsize=1024, typed=True)(_options)
+
+
+def _unique_key(value: object) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_UNIQUE_KEY or not value.isprintable():
+        raise InvalidOption(f"unique_key must be 1…{MAX_UNIQUE_KEY} printable characters, got {value!r}")
+    return value
+
+
+def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) -> Prepared:
+    """Validate every field of a spec, with errors that say what is allowed."""
+    delay = _delay(spec)
+    shared = (options, spec.priority, spec.lane, spec.max_attempts, spec.backoff, spec.lease)
+    try:
+        priority, lane, max_attempts, backoff_ms, lease_ms = _cached_options(*shared)
+    except TypeError:  # an unhashable option: validate it uncached, which says what is wrong
+        priority, lane, max_attempts, backoff_ms, lease_ms = _options(*shared)
+    unique = _unique_key(spec.unique_key)
+    job_id = ids.validate_job_id(spec.job_id) if spec.job_id is not None else ids.new_id()
+    payload = dumps(spec.payload, "payload")
+    if len(payload) > max_payload:
+        raise InvalidPayload(f"payload is {len(payload):,} characters of JSON; the limit is "
+                             f"{max_payload:,} (JOBQUEUE['MAX_PAYLOAD']): pass a reference instead")
+    return Prepared(job_id, spec.job_id is None, payload, priority, lane, max_attempts, backoff_ms,
+                    lease_ms, math.ceil(delay * 1000), unique)
