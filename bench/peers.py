@@ -1,12 +1,14 @@
-"""jobqueue and its peers on the same Valkey, in one run: enqueue rate and processing rate.
+"""jobqueue and its peers on one Valkey, in one run, each at its best: a table and ratios.
 
-Every system runs the same no-op job (INCR one counter) with one worker process of 8 threads
-(RQ: its one-job-at-a-time SimpleWorker; BullMQ: concurrency 8 in Node). Processing is timed
-from the first finished job to the last, so worker start-up does not count.
+Every system runs the same job (INCR one counter; django-vtasks as an async task, its best).
+Processing is timed from the first finished job to the last, so start-up does not count; CPU
+per job counts every worker process from start to stop. "raw" is the floor: redis-py
+LPUSH/BRPOP with no queue semantics at all.
 
     .venv/bin/pip install -r bench/requirements.txt && (cd bench/node && npm install)
-    .venv/bin/python bench/peers.py [--jobs 10000]
-    JQ_BENCH_ARGS="--prefetch 24" .venv/bin/python bench/peers.py --only jobqueue   # tune jobqueue
+    .venv/bin/python bench/peers.py [--jobs 20000] [--only jobqueue,bullmq,vtasks,raw]
+
+jobqueue runs with its mirror off (the peers keep no history); `bench/worker.py` measures it on.
 """
 
 from __future__ import annotations
@@ -14,26 +16,41 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import ROOT, valkey
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
+NODE = ["node", str(HERE / "node" / "peer.js")]
 
 
 def env(url: str, **extra: str) -> dict[str, str]:
-    return dict(os.environ, BENCH_URL=url, VALKEY_URL=url, PYTHONPATH=f"{HERE}:{ROOT}",
-                DJANGO_SETTINGS_MODULE="bench_settings", **extra)
+    return {**os.environ, "BENCH_URL": url, "VALKEY_URL": url, "PYTHONPATH": f"{HERE}:{ROOT}",
+            "DJANGO_SETTINGS_MODULE": "bench_settings", **extra}
+
+
+@dataclass
+class Config:
+    """One way to run a system's workers: a command, started `procs` times."""
+
+    label: str
+    argv: list[str]
+    procs: int = 1
+    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 class Peer:
-    """One system under test: how to enqueue N jobs, and how to start its worker."""
+    """One system under test: how it enqueues, and its worker configurations by role:
+    "one" (its best in one process), "best" (its best on this machine), "c1" (concurrency 1)."""
 
     name = ""
     bulk = False
@@ -41,119 +58,17 @@ class Peer:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def enqueue(self, n: int, single: bool) -> None:
+    def enqueue(self, n: int, single: bool) -> float:
+        """Enqueue n jobs; seconds it took."""
         raise NotImplementedError
 
-    def worker(self) -> list[str]:
+    def configs(self) -> dict[str, Config]:
         raise NotImplementedError
 
-    def worker_env(self) -> dict[str, str]:
-        return env(self.url)
-
-
-class JobQueuePeer(Peer):
-    name, bulk = "jobqueue", True
-
-    def enqueue(self, n: int, single: bool) -> None:
-        from benchapp.jobs import tick
-
-        if single:
-            for _ in range(n):
-                tick.enqueue()
-        else:
-            tick.enqueue_many([() for _ in range(n)])
-
-    def worker(self) -> list[str]:
-        return [PY, str(ROOT / "manage.py"), "runworker", "--concurrency", "8", "--no-mirror",
-                "--log-level", "WARNING", *os.environ.get("JQ_BENCH_ARGS", "").split()]
-
-
-class CeleryPeer(Peer):
-    name = "celery"
-
-    def enqueue(self, n: int, single: bool) -> None:
-        import peer_tasks
-
-        app = peer_tasks.celery_app()
-        task = app.tasks["tick"]
-        for _ in range(n):
-            task.delay()
-
-    def worker(self) -> list[str]:
-        return [PY, "-m", "celery", "-A", "peer_tasks", "worker", "-P", "threads", "-c", "8",
-                "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]
-
-    def worker_env(self) -> dict[str, str]:
-        return env(self.url, PEER="celery")
-
-
-class RQPeer(Peer):
-    name, bulk = "rq", True
-
-    def enqueue(self, n: int, single: bool) -> None:
-        import peer_tasks
-        from redis import Redis
-        from rq import Queue
-
-        queue = Queue("bench", connection=Redis.from_url(self.url))
-        if single:
-            for _ in range(n):
-                queue.enqueue(peer_tasks.tick)
-        else:
-            for start in range(0, n, 1000):
-                queue.enqueue_many([Queue.prepare_data(peer_tasks.tick)
-                                    for _ in range(min(1000, n - start))])
-
-    def worker(self) -> list[str]:
-        return [PY, "-m", "rq.cli", "worker", "-w", "rq.worker.SimpleWorker", "--url", self.url,
-                "--logging_level", "WARNING", "bench"]
-
-
-class DramatiqPeer(Peer):
-    name = "dramatiq"
-
-    def enqueue(self, n: int, single: bool) -> None:
-        import peer_tasks
-
-        actor = peer_tasks.dramatiq_actor()
-        for _ in range(n):
-            actor.send()
-
-    def worker(self) -> list[str]:
-        return [PY, "-m", "dramatiq", "peer_tasks", "--processes", "1", "--threads", "8"]
-
-    def worker_env(self) -> dict[str, str]:
-        return env(self.url, PEER="dramatiq")
-
-
-class HueyPeer(Peer):
-    name = "huey"
-
-    def enqueue(self, n: int, single: bool) -> None:
-        import peer_tasks
-
-        _, task = peer_tasks.huey_app()
-        for _ in range(n):
-            task()
-
-    def worker(self) -> list[str]:
-        return [PY, "-m", "huey.bin.huey_consumer", "peer_tasks.huey", "-w", "8", "-k", "thread",
-                "-q"]
-
-    def worker_env(self) -> dict[str, str]:
-        return env(self.url, PEER="huey")
-
-
-class BullMQPeer(Peer):
-    name, bulk = "bullmq", True
-
-    def enqueue(self, n: int, single: bool) -> None:
-        args = ["node", str(HERE / "node" / "peer.js"), "enqueue", str(n)]
-        subprocess.run(args + (["single"] if single else []), env=env(self.url), check=True,
-                       capture_output=True)
-
-    def worker(self) -> list[str]:
-        return ["node", str(HERE / "node" / "peer.js"), "work", "8"]
+    def subprocess_seconds(self, argv: list[str]) -> float:
+        done = subprocess.run(argv, env=env(self.url), cwd=HERE, check=True, capture_output=True,
+                              text=True)
+        return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -162,49 +77,281 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def measure(peer: Peer, n: int) -> dict[str, float]:
+class JobQueuePeer(Peer):
+    name, bulk = "jobqueue", True
+
+    def enqueue(self, n: int, single: bool) -> float:
+        from benchapp.jobs import tick
+
+        if single:
+            return timed(lambda: [tick.enqueue() for _ in range(n)])
+        return timed(lambda: tick.enqueue_many([() for _ in range(n)]))
+
+    def configs(self) -> dict[str, Config]:
+        def run(workers: int, concurrency: int) -> list[str]:
+            return [PY, str(ROOT / "manage.py"), "runworker", "--workers", str(workers),
+                    "--concurrency", str(concurrency), "--no-mirror", "--log-level", "WARNING"]
+
+        return {"one": Config("1 proc, c=32", run(1, 32)),
+                "best": Config("--workers 2, c=16", run(2, 16)),
+                "c1": Config("c=1", run(1, 1))}
+
+
+class BullMQPeer(Peer):
+    name, bulk = "bullmq", True
+
+    def enqueue(self, n: int, single: bool) -> float:
+        return self.subprocess_seconds([*NODE, "enqueue", str(n), *(["single"] if single else [])])
+
+    def configs(self) -> dict[str, Config]:
+        return {"one": Config("1 proc, c=50", [*NODE, "work", "50"]),
+                "best": Config("2 procs, c=50", [*NODE, "work", "50"], procs=2),
+                "c1": Config("c=1", [*NODE, "work", "1"])}
+
+
+class VTasksPeer(Peer):
+    name = "vtasks"
+
+    def enqueue(self, n: int, single: bool) -> float:
+        return self.subprocess_seconds([PY, "vtasks_enqueue.py", str(n)])
+
+    def configs(self) -> dict[str, Config]:
+        argv = [PY, "-m", "django", "runworker", "--concurrency", "200"]
+        settings = {"DJANGO_SETTINGS_MODULE": "vtasks_settings"}
+        return {"one": Config("1 proc, c=200", argv, extra_env=settings),
+                "best": Config("2 procs, c=200", argv, procs=2, extra_env=settings)}
+
+
+class RawPeer(Peer):
+    name, bulk = "raw", True
+
+    def enqueue(self, n: int, single: bool) -> float:
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        if single:
+            return timed(lambda: [client.lpush("raw", "x") for _ in range(n)])
+
+        def bulk() -> None:
+            for start in range(0, n, 1000):
+                client.lpush("raw", *["x"] * min(1000, n - start))
+
+        return timed(bulk)
+
+    def configs(self) -> dict[str, Config]:
+        return {"one": Config("1 proc", [PY, "raw_worker.py"]),
+                "best": Config("2 procs", [PY, "raw_worker.py"], procs=2)}
+
+
+class CeleryPeer(Peer):
+    name = "celery"
+
+    def enqueue(self, n: int, single: bool) -> float:
+        import peer_tasks
+
+        task = peer_tasks.celery_app().tasks["tick"]
+        return timed(lambda: [task.delay() for _ in range(n)])
+
+    def configs(self) -> dict[str, Config]:
+        return {"one": Config("threads, c=8", [
+            PY, "-m", "celery", "-A", "peer_tasks", "worker", "-P", "threads", "-c", "8",
+            "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"],
+            extra_env={"PEER": "celery"})}
+
+
+class DramatiqPeer(Peer):
+    name = "dramatiq"
+
+    def enqueue(self, n: int, single: bool) -> float:
+        import peer_tasks
+
+        actor = peer_tasks.dramatiq_actor()
+        return timed(lambda: [actor.send() for _ in range(n)])
+
+    def configs(self) -> dict[str, Config]:
+        return {"one": Config("1 proc, 8 threads", [
+            PY, "-m", "dramatiq", "peer_tasks", "--processes", "1", "--threads", "8"],
+            extra_env={"PEER": "dramatiq"})}
+
+
+class HueyPeer(Peer):
+    name = "huey"
+
+    def enqueue(self, n: int, single: bool) -> float:
+        import peer_tasks
+
+        _, task = peer_tasks.huey_app()
+        return timed(lambda: [task() for _ in range(n)])
+
+    def configs(self) -> dict[str, Config]:
+        return {"one": Config("8 threads", [
+            PY, "-m", "huey.bin.huey_consumer", "peer_tasks.huey", "-w", "8", "-k", "thread", "-q"],
+            extra_env={"PEER": "huey"})}
+
+
+class RQPeer(Peer):
+    name, bulk = "rq", True
+
+    def enqueue(self, n: int, single: bool) -> float:
+        import peer_tasks
+        from redis import Redis
+        from rq import Queue
+
+        queue = Queue("bench", connection=Redis.from_url(self.url))
+        if single:
+            return timed(lambda: [queue.enqueue(peer_tasks.tick) for _ in range(n)])
+        return timed(lambda: [queue.enqueue_many([Queue.prepare_data(peer_tasks.tick)
+                                                  for _ in range(min(1000, n - s))])
+                              for s in range(0, n, 1000)])
+
+    def configs(self) -> dict[str, Config]:
+        return {"one": Config("SimpleWorker", [
+            PY, "-m", "rq.cli", "worker", "-w", "rq.worker.SimpleWorker", "--url", self.url,
+            "--logging_level", "WARNING", "bench"])}
+
+
+PEERS = [JobQueuePeer, BullMQPeer, VTasksPeer, RawPeer, CeleryPeer, DramatiqPeer, HueyPeer, RQPeer]
+
+
+def _cpu(info: dict[str, float]) -> float:
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def process(peer: Peer, config: Config, n: int) -> dict[str, float]:
+    """Start the config's workers on n waiting jobs; rate, worker and Valkey CPU per job."""
     import redis
 
     client = redis.Redis.from_url(peer.url)
-    out: dict[str, float] = {}
-    client.flushall()
-    out["enqueue_single"] = n / timed(lambda: peer.enqueue(n, single=True))
-    if peer.bulk:
-        client.flushall()
-        out["enqueue_bulk"] = n / timed(lambda: peer.enqueue(n, single=False))
     client.set("bench:done", 0)
-    proc = subprocess.Popen(peer.worker(), env=peer.worker_env(), cwd=HERE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    valkey_before = _cpu(client.info("cpu"))
+    procs = [subprocess.Popen(config.argv, env=env(peer.url, **config.extra_env), cwd=HERE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(config.procs)]
     try:
         deadline = time.monotonic() + 600
         while int(client.get("bench:done") or 0) < 1:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"{peer.name}: worker never ran a job")
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"{peer.name} {config.label}: worker never ran a job")
             time.sleep(0.001)
         first, done = time.perf_counter(), 1
         while done < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{peer.name}: {done}/{n} after 600 s")
-            time.sleep(0.005)
+            time.sleep(0.002)
             done = int(client.get("bench:done") or 0)
-        out["process"] = (n - 1) / (time.perf_counter() - first)
+        rate = (n - 1) / (time.perf_counter() - first)
+        valkey_cpu = _cpu(client.info("cpu")) - valkey_before
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    worker_cpu = (after.ru_utime + after.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
+    return {"rate": rate, "worker_us": worker_cpu / n * 1e6, "valkey_us": valkey_cpu / n * 1e6}
+
+
+def latency(peer: Peer, config: Config, samples: int = 200) -> tuple[float, float]:
+    """p50 and p99 ms from enqueue to start, one job at a time on an idle queue."""
+    import redis
+
+    client = redis.Redis.from_url(peer.url)
+    client.flushall()
+    client.set("bench:done", 0)
+    proc = subprocess.Popen(config.argv, env=env(peer.url, **config.extra_env), cwd=HERE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)  # started and idle
+        if isinstance(peer, JobQueuePeer):
+            from benchapp.jobs import stamp
+
+            send: Callable[[], object] = lambda: stamp.enqueue(time.time())  # noqa: E731
+        else:
+            send = lambda: client.lpush("raw", repr(time.time()))  # noqa: E731
+        for i in range(samples):
+            send()
+            while client.llen("bench:latency") <= i:
+                time.sleep(0.0002)
+            time.sleep(0.01)
+        values = sorted(float(v) * 1000 for v in client.lrange("bench:latency", 0, -1))
     finally:
         proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        proc.wait(30)
+    return statistics.median(values), values[int(0.99 * (len(values) - 1))]
+
+
+def measure(peer: Peer, n: int) -> dict[str, object]:
+    import redis
+
+    client = redis.Redis.from_url(peer.url)
+    out: dict[str, object] = {}
+    client.flushall()
+    before = int(client.info("memory")["used_memory"])
+    out["enqueue_single"] = n / peer.enqueue(n, single=True)
+    out["bytes_per_job"] = (int(client.info("memory")["used_memory"]) - before) / n
+    for role, config in peer.configs().items():
+        client.flushall()
+        count = n // 4 if role == "c1" else n  # concurrency 1 is slow: fewer jobs
+        seconds = peer.enqueue(count, single=not peer.bulk)
+        if peer.bulk and "enqueue_bulk" not in out:
+            out["enqueue_bulk"] = count / seconds
+        out[role] = {"label": config.label, **process(peer, config, count)}
+        print(f"  {peer.name:<9} {config.label:<18} {out[role]['rate']:>9,.0f} jobs/s", flush=True)  # type: ignore[index]
+    if isinstance(peer, JobQueuePeer | RawPeer):
+        config = peer.configs().get("c1") or peer.configs()["one"]
+        out["latency_ms"] = latency(peer, config)
     return out
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:5.2f}×" if a and b else "    —"
+
+
+def report(results: dict[str, dict], n: int) -> None:
+    print(f"\n{n:,} no-op jobs, one valkey-server; rates in jobs/s, CPU in µs per job")
+    print(f"  {'system':<9} {'best':>8} {'1 proc':>8} {'c=1':>7} {'enq 1':>7} {'enq bulk':>9}"
+          f" {'bytes/job':>9} {'worker µs':>9} {'valkey µs':>9}  best config")
+    for name, r in results.items():
+        best = r.get("best") or r["one"]
+        print(f"  {name:<9} {best['rate']:>8,.0f} {r['one']['rate']:>8,.0f}"
+              f" {r['c1']['rate'] if 'c1' in r else 0:>7,.0f} {r['enqueue_single']:>7,.0f}"
+              f" {r.get('enqueue_bulk', 0):>9,.0f} {r['bytes_per_job']:>9,.0f}"
+              f" {best['worker_us']:>9,.0f} {best['valkey_us']:>9,.1f}  {best['label']}")
+    jq = results.get("jobqueue")
+    if not jq:
+        return
+
+    def get(name: str, key: str) -> float | None:
+        r = results.get(name, {})
+        value = (r.get(key) or r.get("one")) if key == "best" else r.get(key)
+        return value["rate"] if isinstance(value, dict) else value
+
+    print(f"\n  jobqueue ÷ {'':<8} {'best':>7} {'1 proc':>7} {'c=1':>7} {'enq 1':>7} {'enq bulk':>8}")
+    for peer in ("bullmq", "vtasks", "raw"):
+        if peer in results:
+            print(f"  {peer:<17} " + " ".join(
+                f"{ratio(get('jobqueue', k), get(peer, k)):>7}"
+                for k in ("best", "one", "c1", "enqueue_single", "enqueue_bulk")))
+    if "latency_ms" in jq:
+        p50, p99 = jq["latency_ms"]
+        line = f"\n  latency enqueue → start, idle queue, c=1: jobqueue p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+        if "latency_ms" in results.get("raw", {}):
+            raw50, raw99 = results["raw"]["latency_ms"]
+            line += f"; raw p50 {raw50:.2f}, p99 {raw99:.2f} (p50 ratio {p50 / raw50:.2f}×)"
+        print(line)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--only", help="comma-separated peer names")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--only", help="comma-separated peer names (default: all)")
     args = parser.parse_args()
-    peers = [JobQueuePeer, CeleryPeer, RQPeer, DramatiqPeer, HueyPeer, BullMQPeer]
-    if args.only:
-        peers = [p for p in peers if p.name in args.only.split(",")]
+    peers = [p for p in PEERS if not args.only or p.name in args.only.split(",")]
     with valkey() as url:
         for key, value in env(url).items():
             os.environ.setdefault(key, value)
@@ -214,15 +361,7 @@ def main() -> None:
 
         django.setup()
         results = {p.name: measure(p(url), args.jobs) for p in peers}
-    base = results.get("jobqueue", {})
-    print(f"\n{args.jobs:,} no-op jobs, one valkey-server, one worker process (8 threads)")
-    print(f"  {'system':<10} {'enqueue 1/call':>15} {'enqueue bulk':>13} {'process':>10}"
-          f"   jobqueue ÷ system (process)")
-    for name, r in results.items():
-        ratio = base.get("process", 0) / r["process"] if r.get("process") else 0
-        bulk = f"{r['enqueue_bulk']:>13,.0f}" if "enqueue_bulk" in r else f"{'—':>13}"
-        print(f"  {name:<10} {r['enqueue_single']:>15,.0f} {bulk} {r['process']:>10,.0f}"
-              f"   {ratio:5.2f}×")
+    report(results, args.jobs)
     print(json.dumps(results))
 
 

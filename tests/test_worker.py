@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -332,3 +333,31 @@ def test_a_stop_signal_while_valkey_is_still_unreachable_at_start_exits_0(tmp_pa
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(15) == 0
     assert "Traceback" not in log.read_text() and "stopped before Valkey answered" in log.read_text()
+
+
+def test_workers_n_runs_n_processes_and_restarts_one_that_dies(valkey_server: ValkeyProcess,
+                                                             tmp_path: Path) -> None:
+    queue = Queue("default")
+    log = tmp_path / "supervisor.log"
+    supervisor = start_worker(valkey_server.url, "--workers", "2", "--concurrency", "2", log=log)
+    try:
+        wait_for(lambda: queue.client.hlen("{emq}:workers") == 2)
+        names = sorted(queue.client.hkeys("{emq}:workers"))
+        assert [n.rsplit("-", 1)[1] for n in names] == ["0", "1"]
+        victim = json.loads(queue.client.hget("{emq}:workers", names[0]))["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: "exited with code -9" in log.read_text())
+        refs = jobs.add.enqueue_many([(i, 1) for i in range(100)])
+        wait_for(lambda: queue.counts()["succeeded"] == 100)
+        wait_for(lambda: json.loads(queue.client.hget("{emq}:workers", names[0]))["pid"] != victim)
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0
+    assert queue.client.hlen("{emq}:workers") == 0  # each said goodbye
+    assert all((get_job(r.id) or r).state == "succeeded" for r in refs)  # type: ignore[union-attr]
+
+
+def test_a_burst_with_several_workers_exits_0_when_all_are_done(valkey_server: ValkeyProcess) -> None:
+    refs = jobs.add.enqueue_many([(i, i) for i in range(300)])
+    assert run_burst(valkey_server.url, "--workers", "2", "--concurrency", "4") == 0
+    assert Job.objects.filter(pk__in=[r.id for r in refs], state="succeeded").count() == 300

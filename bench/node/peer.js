@@ -1,4 +1,5 @@
-// BullMQ side of bench/peers.py: `node peer.js enqueue N` or `node peer.js work CONCURRENCY`.
+// BullMQ side of bench/peers.py: `node peer.js enqueue N [single]` prints {"seconds": …};
+// `node peer.js work CONCURRENCY` runs a worker until SIGTERM.
 const { Queue, Worker } = require("bullmq");
 const url = new URL(process.env.BENCH_URL || "redis://127.0.0.1:6399/0");
 const connection = { host: url.hostname, port: Number(url.port) };
@@ -7,9 +8,10 @@ const [mode, arg] = process.argv.slice(2);
 async function main() {
   if (mode === "enqueue") {
     const queue = new Queue("bench", { connection });
+    await queue.waitUntilReady();
     const n = Number(arg);
     const single = process.argv[4] === "single";
-    const started = Date.now();
+    const started = process.hrtime.bigint();
     if (single) {
       for (let i = 0; i < n; i++) await queue.add("tick", {}, { removeOnComplete: true });
     } else {
@@ -19,7 +21,8 @@ async function main() {
         await queue.addBulk(batch);
       }
     }
-    console.log(JSON.stringify({ seconds: (Date.now() - started) / 1000 }));
+    const seconds = Number(process.hrtime.bigint() - started) / 1e9;
+    console.log(JSON.stringify({ seconds }));
     await queue.close();
   } else {
     const IORedis = require("ioredis");

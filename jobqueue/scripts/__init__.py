@@ -57,6 +57,12 @@ def source(name: str) -> ScriptSource:
     return ScriptSource(name, text, tuple(k for _, k in declared))
 
 
+@cache
+def keys_for(name: str, shard: ShardKeys) -> tuple[str, ...]:
+    """The KEYS a transition takes on a shard (cached: the hot path builds none per call)."""
+    return tuple(source(name).keys_for(shard))
+
+
 _registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 

@@ -297,10 +297,16 @@ class Worker:
             self.processed += 1
         else:
             self.failed += 1
-        level = logging.INFO if outcome.ok or state in (State.SCHEDULED, State.PENDING) else logging.WARNING
-        reason = "" if outcome.ok else " error=" + json.dumps(outcome.error.strip().splitlines()[-1:])
-        log.log(level, "queue=%s job=%s attempt=%d duration=%.3fs outcome=%s%s", lease.queue,
-                lease.job_id, lease.token, outcome.duration, state, reason)
+        # A line per success would cost more than a short job: successes are logged at DEBUG
+        # (the summary line counts them), failures always.
+        if outcome.ok:
+            level = logging.DEBUG
+        else:
+            level = logging.INFO if state in (State.SCHEDULED, State.PENDING) else logging.WARNING
+        if log.isEnabledFor(level):
+            reason = "" if outcome.ok else " error=" + json.dumps(outcome.error.strip().splitlines()[-1:])
+            log.log(level, "queue=%s job=%s attempt=%d duration=%.3fs outcome=%s%s", lease.queue,
+                    lease.job_id, lease.token, outcome.duration, state, reason)
 
     def _queue(self, name: str) -> Queue:
         return next(q for q in self.queues if q.name == name)

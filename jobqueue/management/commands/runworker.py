@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from jobqueue.exceptions import JobQueueError
 from jobqueue.worker import Worker, WorkerConfig
 from jobqueue.worker.core import queues_from_option
+from jobqueue.worker.supervisor import Supervisor, default_workers
 
 
 def _whole(minimum: int) -> Callable[[str], int]:
@@ -33,6 +34,10 @@ def _whole(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _workers(raw: str) -> int:
+    return default_workers() if raw == "auto" else _whole(1)(raw)
+
+
 def _seconds(raw: str) -> float:
     try:
         value = float(raw)
@@ -43,7 +48,7 @@ def _seconds(raw: str) -> float:
     return value
 
 
-def _relay_signals(worker: Worker) -> None:
+def _relay_signals(worker: Worker | Supervisor) -> None:
     """SIGTERM/SIGINT ask the worker to stop, from a thread of their own.
 
     A handler runs on the main thread between two bytecodes, possibly inside `Event.wait()`
@@ -61,6 +66,20 @@ def _relay_signals(worker: Worker) -> None:
         signal.signal(sig, lambda *_: os.write(write_fd, b"!"))
 
 
+def _child_argv(options: dict[str, Any], name: str, index: int) -> list[str]:
+    """The command line of one supervised worker: these options, one process, its own name."""
+    argv = [sys.executable, "-m", "django", "runworker", "--workers", "1", "--name", f"{name}-{index}",
+            "--concurrency", str(options["concurrency"]), "--grace", str(options["grace"]),
+            "--log-level", options["log_level"]]
+    for option in ("queues", "prefetch", "lease"):
+        if options[option] is not None:
+            argv += [f"--{option}", str(options[option])]
+    for flag in ("burst", "processes", "no_mirror"):
+        if options[flag]:
+            argv.append("--" + flag.replace("_", "-"))
+    return argv
+
+
 class Command(BaseCommand):
     help = "Run jobs from Valkey queues and mirror finished ones to the database."
     # Only jobqueue's own settings check: Django's model checks query MySQL, and a worker must
@@ -69,6 +88,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--queues", help="comma-separated queue names (default: every known queue)")
+        parser.add_argument("--workers", type=_workers, default=None,
+                            help="worker processes, each with its own claim loop (default: one per "
+                                 "core; 'auto' says the same)")
         parser.add_argument("--concurrency", type=_whole(1), default=4,
                             help="jobs run at once (default 4)")
         parser.add_argument("--prefetch", type=_whole(0), default=None,
@@ -100,6 +122,12 @@ class Command(BaseCommand):
             )
         except JobQueueError as exc:
             raise CommandError(str(exc)) from None
+        workers = options["workers"] or default_workers()
+        if workers > 1:
+            supervisor = Supervisor([_child_argv(options, config.name, i) for i in range(workers)],
+                                    burst=config.burst)
+            _relay_signals(supervisor)
+            sys.exit(supervisor.run())
         worker = Worker(config)
         _relay_signals(worker)
         worker.run()

@@ -1,0 +1,1 @@
+"""django-vtasks' side of bench/peers.py (its own Django project: see vtasks_settings.py)."""
