@@ -8,7 +8,6 @@ import sys
 import time
 
 import redis
-
 from peer_tasks import URL, tick
 
 client = redis.Redis.from_url(URL)

@@ -9,7 +9,7 @@ import sys
 import time
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "vtasks_settings"
-import django  # noqa: E402
+import django
 
 django.setup()
 from vtasks_app.tasks import tick  # noqa: E402

@@ -6,7 +6,6 @@ from functools import cache
 
 import redis.asyncio
 from django_vtasks import task
-
 from peer_tasks import URL
 
 
