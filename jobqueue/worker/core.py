@@ -1,8 +1,10 @@
-"""The worker: claim in batches, run in a pool, renew leases, record outcomes, mirror, stop well.
+"""The worker: claim in batches, run on runner threads, renew leases, record outcomes, mirror,
+stop well.
 
 Threads, each with one job:
 - the main loop claims work when there is room and records finished jobs (acks in one script
   call per shard, nacks one by one) — it is the only thread that changes job state;
+- `concurrency` runner threads run the claimed jobs (`runners.py`);
 - a heartbeat renews the lease of every running job at a third of its length;
 - one waiter per shard blocks on the shard's `wake` list while the worker has room, so an idle
   worker sleeps in BLPOP instead of polling, and wakes within milliseconds of an enqueue;
@@ -20,8 +22,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 from typing import Any
@@ -37,7 +37,8 @@ from ..keys import WORKERS_KEY
 from ..records import Lease
 from ..states import State
 from ..store import Queue, known_queues
-from .executor import Outcome, execute
+from .executor import Outcome
+from .runners import Runners
 
 log = logging.getLogger("jobqueue.worker")
 VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
@@ -90,7 +91,6 @@ class _Running:
 
     lease: Lease
     lost: bool = False
-    future: Future[Outcome] | None = None
 
 
 class Worker:
@@ -105,7 +105,7 @@ class Worker:
         self.failed = 0
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
-        self._finished: SimpleQueue[tuple[Lease, Future[Outcome]]] = SimpleQueue()
+        self._finished: SimpleQueue[tuple[Lease, Outcome]] = SimpleQueue()
         self._unrecorded: list[tuple[Lease, Outcome]] = []
         self._tick = threading.Event()
         self._room = threading.Event()
@@ -118,7 +118,7 @@ class Worker:
         self._next_summary = time.monotonic() + config.summary_every
         self._summarised = 0
         self._next_due: float | None = None
-        self._pool: Executor | None = None
+        self._runners: Runners | None = None
         self._mirror: Any = None
         self._rotation = 0
 
@@ -180,7 +180,8 @@ class Worker:
                     log.info("worker %s stopped before Valkey answered", self.config.name)
                     return False
                 delay = min(delay * 2, 5.0)
-        self._pool = self._make_pool()
+        self._runners = Runners(self.config.concurrency, self._finished_one,
+                                processes=self.config.processes)
         self._room.set()
         self._spawn(self._heartbeat, "heartbeat")
         if self.config.mirror:
@@ -232,38 +233,25 @@ class Worker:
         return sum(1 for r in self._running.values() if r.lease.queue == queue)
 
     def _submit(self, lease: Lease) -> None:
-        assert self._pool is not None
+        assert self._runners is not None
         with self._lock:
             self._running[lease.job_id] = _Running(lease)
             if len(self._running) >= self.config.capacity:
                 self._room.clear()
-        try:
-            future = self._pool.submit(execute, lease)
-        except BrokenProcessPool:
-            # A handler killed its pool process (its own job is nacked with the pool's error);
-            # a new pool serves the jobs that follow.
-            log.warning("process pool broken by a job that died; starting a new pool")
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = self._make_pool()
-            future = self._pool.submit(execute, lease)
-        with self._lock:
-            if lease.job_id in self._running:
-                self._running[lease.job_id].future = future
-        future.add_done_callback(lambda f: self._finished_one(lease, f))
+        self._runners.submit(lease)
 
-    def _finished_one(self, lease: Lease, future: Future[Outcome]) -> None:
-        self._finished.put((lease, future))
+    def _finished_one(self, lease: Lease, outcome: Outcome) -> None:
+        """Called by a runner thread: queue the outcome for the main loop to record."""
+        self._finished.put((lease, outcome))
         self._tick.set()
 
     def _record(self) -> None:
         """Turn finished runs into transitions: acks grouped per queue, nacks one by one."""
         while True:
             try:
-                lease, future = self._finished.get_nowait()
+                self._unrecorded.append(self._finished.get_nowait())
             except Empty:
                 break
-            if not future.cancelled():  # a cancelled one was never started: it was released
-                self._unrecorded.append((lease, _outcome_of(future)))
         if not self._unrecorded:
             return
         pending, self._unrecorded = self._unrecorded, []
@@ -495,8 +483,7 @@ class Worker:
     def _drain(self) -> None:
         """Hand back prefetched jobs at once, let running jobs finish within the grace period,
         then release the rest."""
-        with self._lock:
-            unstarted = [r.lease for r in self._running.values() if r.future and r.future.cancel()]
+        unstarted = self._runners.take_unstarted() if self._runners else []
         try:
             self._release(unstarted)
         except RedisError:
@@ -541,32 +528,13 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout=15)
         self._final_mirror()
-        if self._pool is not None:
-            self._pool.shutdown(wait=not self.abandoned, cancel_futures=True)
+        if self._runners is not None:
+            self._runners.stop(wait=not self.abandoned)
         if self.queues:
             with contextlib.suppress(*VALKEY_DOWN):
                 self.queues[0].client.hdel(WORKERS_KEY, self.config.name)
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,
                  self.processed, self.failed, self.abandoned)
-
-    def _make_pool(self) -> Executor:
-        if not self.config.processes:
-            return ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="jobqueue-job")
-        import multiprocessing
-
-        return ProcessPoolExecutor(
-            self.config.concurrency, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_process, initargs=(os.environ.get("DJANGO_SETTINGS_MODULE"),),
-        )
-
-
-def _outcome_of(future: Future[Outcome]) -> Outcome:
-    """The Outcome of a run; a broken pool (a process that died) is a failure, not a crash."""
-    try:
-        return future.result()
-    except BaseException as exc:  # noqa: BLE001 - reported as the job's error
-        return Outcome(False, error=f"worker pool failed: {exc!r}")
-
 
 def _close_db() -> None:
     from django.db import connection
@@ -575,17 +543,6 @@ def _close_db() -> None:
         connection.close()
     except DatabaseError:  # the connection is already broken
         log.debug("closing a broken database connection failed", exc_info=True)
-
-
-def _init_process(settings_module: str | None) -> None:
-    """Set Django up in a pool process and import the handlers, as the worker did."""
-    import django
-    from django.utils.module_loading import autodiscover_modules
-
-    if settings_module:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", settings_module)
-    django.setup()
-    autodiscover_modules("jobs")
 
 
 def queues_from_option(raw: str | None) -> Sequence[str]:
