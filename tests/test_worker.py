@@ -361,3 +361,18 @@ def test_a_burst_with_several_workers_exits_0_when_all_are_done(valkey_server: V
     refs = jobs.add.enqueue_many([(i, i) for i in range(300)])
     assert run_burst(valkey_server.url, "--workers", "2", "--concurrency", "4") == 0
     assert Job.objects.filter(pk__in=[r.id for r in refs], state="succeeded").count() == 300
+
+
+def test_a_busy_worker_still_serves_a_queue_it_found_empty_moments_ago(
+        valkey_server: ValkeyProcess) -> None:
+    busy = jobs.sleep.enqueue_many([(0.01,)] * 300)
+    worker = start_worker(valkey_server.url, "--queues", "default,isolated", "--concurrency", "2")
+    try:
+        wait_for(lambda: Queue("default").counts()["succeeded"] >= 20)  # isolated was found empty
+        late = jobs.add.using(queue="isolated").enqueue(1, 1)
+        wait_for(lambda: (get_job(late.id, queue="isolated") or late).state == "succeeded",  # type: ignore[union-attr]
+                 timeout=10)
+        assert Queue("default").counts()["succeeded"] < len(busy)  # served while still busy
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0

@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
@@ -42,6 +42,10 @@ from .runners import Runners
 
 log = logging.getLogger("jobqueue.worker")
 VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
+DRAINED = 0.05
+"""Seconds a queue whose claim came back short is not asked again, unless a wake token for it
+arrives first: a busy worker serving many queues then does not make a round trip per idle
+queue per claim (an enqueue wakes an idle worker at once through its shard's wake list)."""
 WORKER_FORGOTTEN_AFTER = 600.0
 """Seconds without a heartbeat after which a worker is dropped from the console's list."""
 
@@ -104,6 +108,10 @@ class Worker:
         self.processed = 0
         self.failed = 0
         self._running: dict[str, _Running] = {}
+        self._held: Counter[str] = Counter()
+        """Jobs held per queue (what `concurrency` caps)."""
+        self._drained_until: dict[str, float] = {}
+        """Queues whose last claim came back short, not asked again until then (or a wake)."""
         self._lock = threading.Lock()
         self._finished: SimpleQueue[tuple[Lease, Outcome]] = SimpleQueue()
         self._unrecorded: list[tuple[Lease, Outcome]] = []
@@ -211,31 +219,32 @@ class Worker:
         if not self.queues:
             return 0
         claimed = 0
+        now = time.monotonic()
         self._rotation = (self._rotation + 1) % len(self.queues)  # no queue always goes first
         for queue in self.queues[self._rotation:] + self.queues[: self._rotation]:
             # A queue's `concurrency` caps the jobs of that queue this worker holds at once, so a
             # busy queue cannot take every slot from the others (Pacer's isolation).
             limit = queue.options.concurrency or self.config.capacity
-            take = min(room - claimed, limit - self._running_in(queue.name))
-            if take <= 0:
+            take = min(room - claimed, limit - self._held[queue.name])
+            if take <= 0 or now < self._drained_until.get(queue.name, 0.0):
                 continue
             leases = queue.dequeue(
                 count=take, lease=self.config.lease, worker=self.config.name,
                 override_lease=self.config.lease is not None,
                 shards=self.shard_totals[queue.name],
             )
+            if len(leases) < take:  # every shard tried: skip the queue for a moment (see DRAINED)
+                self._drained_until[queue.name] = now + DRAINED
             for lease in leases:
                 self._submit(lease)
             claimed += len(leases)
         return claimed
 
-    def _running_in(self, queue: str) -> int:
-        return sum(1 for r in self._running.values() if r.lease.queue == queue)
-
     def _submit(self, lease: Lease) -> None:
         assert self._runners is not None
         with self._lock:
             self._running[lease.job_id] = _Running(lease)
+            self._held[lease.queue] += 1
             if len(self._running) >= self.config.capacity:
                 self._room.clear()
         self._runners.submit(lease)
@@ -277,7 +286,7 @@ class Worker:
                     self._log(lease, out, state or "stale")
             with self._lock:
                 for lease, _ in items:
-                    self._running.pop(lease.job_id, None)
+                    self._forget(lease)
                 self._room.set()
 
     def _log(self, lease: Lease, outcome: Outcome, state: str) -> None:
@@ -295,6 +304,11 @@ class Worker:
             reason = "" if outcome.ok else " error=" + json.dumps(outcome.error.strip().splitlines()[-1:])
             log.log(level, "queue=%s job=%s attempt=%d duration=%.3fs outcome=%s%s", lease.queue,
                     lease.job_id, lease.token, outcome.duration, state, reason)
+
+    def _forget(self, lease: Lease) -> None:
+        """Drop a job this worker no longer holds (call with the lock held)."""
+        if self._running.pop(lease.job_id, None) is not None:
+            self._held[lease.queue] -= 1
 
     def _queue(self, name: str) -> Queue:
         return next(q for q in self.queues if q.name == name)
@@ -351,6 +365,7 @@ class Worker:
                 continue
             try:
                 if queue.client.blpop([wake_key], timeout=1):
+                    self._drained_until.pop(queue.name, None)
                     self._tick.set()
             except RedisError:
                 self._threads_stop.wait(1.0)
@@ -515,7 +530,7 @@ class Worker:
                          lease.token, "released" if ok else "stale")
         with self._lock:
             for lease in leases:
-                self._running.pop(lease.job_id, None)
+                self._forget(lease)
 
     def _spawn(self, target: Any, name: str, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=f"jobqueue-{name}", daemon=True)
