@@ -3,11 +3,12 @@ stop well.
 
 Threads, each with one job:
 - the main loop claims work when there is room and records finished jobs (acks in one script
-  call per shard, nacks one by one) — it is the only thread that changes job state;
+  call per shard, nacks one by one) — it is the only thread that records outcomes;
 - `concurrency` runner threads run the claimed jobs (`runners.py`);
 - a heartbeat renews the lease of every running job at a third of its length;
 - one waiter per shard blocks on the shard's `wake` list while the worker has room, so an idle
-  worker sleeps in BLPOP instead of polling, and wakes within milliseconds of an enqueue;
+  worker sleeps in BLPOP instead of polling; a token makes the waiter claim at once (claims
+  take one lock, so the main loop and the waiters never both count the same room);
 - the mirror moves terminal events into MySQL (a slow database never slows claiming).
 """
 
@@ -113,6 +114,7 @@ class Worker:
         self._drained_until: dict[str, float] = {}
         """Queues whose last claim came back short, not asked again until then (or a wake)."""
         self._lock = threading.Lock()
+        self._claim_lock = threading.Lock()
         self._finished: SimpleQueue[tuple[Lease, Outcome]] = SimpleQueue()
         self._unrecorded: list[tuple[Lease, Outcome]] = []
         self._tick = threading.Event()
@@ -213,6 +215,14 @@ class Worker:
         return self._claim() > 0
 
     def _claim(self) -> int:
+        """Claim what there is room for (the main loop, or a wake waiter that just got a token:
+        one lock, so their counts of room never race)."""
+        with self._claim_lock:
+            return self._claim_locked()
+
+    def _claim_locked(self) -> int:
+        if self._stop_claiming.is_set():
+            return 0
         room = self.config.capacity - len(self._running)
         if room <= 0 or (self._running and room < max(1, self.config.capacity // 4)):
             return 0  # wait until a batch's worth is free: one claim serves many jobs
@@ -359,14 +369,16 @@ class Worker:
                                 queue, queue.shard(index).key("wake"))
 
     def _wait_for_wake(self, queue: Queue, wake_key: str) -> None:
-        """Block on one shard's wake list while there is room; a token wakes the main loop."""
+        """Block on one shard's wake list while there is room; a token means work: claim it."""
         while not self._threads_stop.is_set():
             if not self._room.wait(0.5) or self._stop_claiming.is_set():
                 continue
             try:
                 if queue.client.blpop([wake_key], timeout=1):
+                    # Claim here rather than wake the main loop to do it: an enqueue reaches an
+                    # idle worker's runner in one hop.
                     self._drained_until.pop(queue.name, None)
-                    self._tick.set()
+                    self._claim()
             except RedisError:
                 self._threads_stop.wait(1.0)
 
