@@ -186,8 +186,12 @@ class Queue:
 
     def ack_many(self, items: Sequence[tuple[Lease, Any]]) -> list[bool]:
         """Record many successes with one script call per shard."""
-        results = [[dumps(result, "result")] for _, result in items]
-        replies = self._per_shard("ack", [self._retention_ms()], [lease for lease, _ in items], results)
+        return self.ack_encoded([(lease, dumps(result, "result")) for lease, result in items])
+
+    def ack_encoded(self, items: Sequence[tuple[Lease, str]]) -> list[bool]:
+        """`ack_many` for results already encoded as JSON (the worker encodes them once)."""
+        replies = self._per_shard("ack", [self._retention_ms()], [lease for lease, _ in items],
+                                  [[encoded] for _, encoded in items])
         return [bool(ok) for ok in replies]
 
     def _per_shard(self, script: str, head: list[Any], leases: Sequence[Lease],

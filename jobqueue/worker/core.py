@@ -287,7 +287,7 @@ class Worker:
         for name, items in by_queue.items():
             queue = self._queue(name)
             successes = [(lease, out) for lease, out in items if out.ok]
-            answers = queue.ack_many([(lease, out.result) for lease, out in successes])
+            answers = queue.ack_encoded([(lease, out.result) for lease, out in successes])
             for (lease, out), recorded in zip(successes, answers, strict=True):
                 self._log(lease, out, State.SUCCEEDED if recorded else "stale")
             for lease, out in items:

@@ -30,10 +30,11 @@ class RetryLater(Exception):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the run came to: `ok` with an encoded result, or an error to nack with."""
+    """What the run came to: `ok` with a result, or an error to nack with."""
 
     ok: bool
-    result: Any = None
+    result: str = "null"
+    """The handler's return value as JSON (encoded once, in the runner thread)."""
     error: str = ""
     retry_in: float | None = None
     fatal: bool = False
@@ -116,7 +117,7 @@ def execute(lease: Lease) -> Outcome:
     except Exception:  # noqa: BLE001 - whatever a handler raises is its job's failure
         return Outcome(False, error=traceback.format_exc(limit=20)[-8000:], duration=took())
     try:
-        dumps(result, "result")
+        encoded = dumps(result, "result")
     except JobQueueError as exc:
         return Outcome(False, error=str(exc), fatal=True, duration=took())
-    return Outcome(True, result=result, duration=took())
+    return Outcome(True, result=encoded, duration=took())
