@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, overload
 
+from . import outbox
 from .conf import get_config
 from .exceptions import InvalidOption, UnknownHandler
 from .keys import validate_queue
@@ -99,16 +100,23 @@ def _check_spec_options(spec: Mapping[str, Any]) -> None:
 def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
     """Enqueue now, or — inside a transaction — once it commits (nothing if it rolls back).
 
-    The ids are minted now so the caller gets them at once; validation also happens now.
+    The ids are minted now so the caller gets them at once; validation also happens now. A
+    durable queue's jobs are first written to the database (in the transaction, if any) and
+    always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py.
     """
     from django.db import transaction
 
-    connection = transaction.get_connection()
-    if immediate or not get_config().on_commit or not connection.in_atomic_block:
+    in_transaction = transaction.get_connection().in_atomic_block
+    durable = queue.options.durable
+    if not durable and (immediate or not get_config().on_commit or not in_transaction):
         return queue.enqueue_many(specs)
     prepared = [prepare(spec, queue.options, get_config().max_payload) for spec in specs]
     minted = [replace(spec, job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
-    transaction.on_commit(lambda: queue.enqueue_many(minted), robust=False)
+    if durable:
+        outbox.write(queue, prepared)
+        transaction.on_commit(lambda: outbox.push(queue, minted))  # now, outside a transaction
+    else:
+        transaction.on_commit(lambda: queue.enqueue_many(minted), robust=False)
     return [JobRef(p.job_id, queue.name) for p in prepared]
 
 

@@ -15,7 +15,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .exceptions import ConfigurationError, JobQueueError
 from .spec import check_queue_options
 
-QUEUE_OPTION_NAMES = ("shards", "max_attempts", "lease", "concurrency", "backoff", "priority")
+QUEUE_OPTION_NAMES = ("shards", "max_attempts", "lease", "concurrency", "backoff", "priority",
+                      "durable")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class QueueOptions:
     concurrency: int | None = None
     backoff: float = 1.0
     priority: int = 0
+    durable: bool = False
+    """Write each job to the database (in the caller's transaction) before Valkey: outbox.py."""
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,13 @@ def validate_lane(name: object) -> str:
     return name
 
 
+def queue_list(raw: str | None) -> tuple[str, ...]:
+    """Parse a `--queues a,b` option into validated names (empty: none given)."""
+    if not raw:
+        return ()
+    return tuple(validate_queue(name.strip()) for name in raw.split(",") if name.strip())
+
+
 def placement_hash(text: str) -> int:
     """Stable 32-bit hash of a lane name or unique key, for shard placement."""
     return zlib.crc32(text.encode())

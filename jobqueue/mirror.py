@@ -17,6 +17,9 @@ from .records import mirror_columns
 from .store import Queue
 
 GROUP = "mirror"
+NOT_DURABLE = {"durable": False, "relayed": True, "run_after": None, "backoff_ms": None,
+               "lease_ms": None}
+"""The outbox columns of a row the mirror creates (see outbox.py); it never updates them."""
 
 
 def upsert(events: Sequence[Mapping[str, str]], queue: str | None = None,
@@ -33,11 +36,12 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str | None = None,
     fields = Job._meta.concrete_fields
     now = datetime.now(UTC)
     rows = [[f.get_db_prep_save(values[f.attname], connection) for f in fields]
-            for values in ({**mirror_columns(event, queue, shard), "mirrored_at": now}
+            for values in ({**NOT_DURABLE, **mirror_columns(event, queue, shard), "mirrored_at": now}
                            for event in latest.values())]
     quote = connection.ops.quote_name
     columns = [quote(str(f.column)) for f in fields]
-    updates = [c for c in columns if c != quote("id")]
+    kept = {quote(name) for name in ("id", *NOT_DURABLE)}  # a durable row keeps its outbox fields
+    updates = [c for c in columns if c not in kept]
     if connection.vendor == "mysql":
         conflict = "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in updates)
     else:

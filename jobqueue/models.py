@@ -42,6 +42,14 @@ class Job(models.Model):
     """When its last run started (a cancelled waiting job has none)."""
     finished_at = models.DateTimeField(null=True, blank=True)
     mirrored_at = models.DateTimeField(auto_now=True)
+    # A durable queue's job is written here when it is enqueued (the outbox: see outbox.py),
+    # with what it takes to create it again in Valkey; the mirror later makes the row terminal.
+    durable = models.BooleanField(default=False)
+    relayed = models.BooleanField(default=True)
+    """False until a relay pass has made sure Valkey holds the durable job."""
+    run_after = models.DateTimeField(null=True, blank=True)
+    backoff_ms = models.PositiveIntegerField(null=True, blank=True)
+    lease_ms = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-finished_at"]
@@ -50,6 +58,8 @@ class Job(models.Model):
             models.Index(fields=["state", "finished_at"], name="jq_job_state_finished"),
             models.Index(fields=["finished_at"], name="jq_job_finished"),
             models.Index(fields=["lane", "finished_at"], name="jq_job_lane"),
+            models.Index(fields=["relayed", "enqueued_at"], name="jq_job_relay"),
+            models.Index(fields=["durable", "state"], name="jq_job_durable"),
         ]
         permissions = [
             ("retry_job", "Can retry jobs"),

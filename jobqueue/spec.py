@@ -84,6 +84,8 @@ def check_queue_options(options: QueueOptions) -> None:
         _positive_int(options.concurrency, "concurrency", 10_000)
     validate_backoff(options.backoff)
     validate_priority(options.priority)
+    if not isinstance(options.durable, bool):
+        raise InvalidOption(f"durable must be True or False, got {options.durable!r}")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,21 @@ class ValkeyProcess:
         with open(self.dir / "valkey.log", "ab") as log:
             self.proc = subprocess.Popen(server_args(self.port, self.dir, *self.extra),
                                          stdout=log, stderr=subprocess.STDOUT)
-        wait_until_up(self.port)
+        if "--requirepass" in self.extra:  # PING wants the password: ask with it
+            password = self.extra[self.extra.index("--requirepass") + 1]
+            client = redis.Redis(port=self.port, password=password)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            client.close()
+        else:
+            wait_until_up(self.port)
         return self
 
     def stop(self, kill: bool = False) -> None:

@@ -22,18 +22,17 @@ import socket
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from django.db import DatabaseError
+from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as ValkeyConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
-from .. import spec
-from ..exceptions import InvalidOption
+from .. import outbox, spec
+from ..exceptions import ConfigurationError, InvalidOption
 from ..keys import WORKERS_KEY
 from ..records import Lease
 from ..states import State
@@ -184,6 +183,8 @@ class Worker:
                 self.shard_totals = {q.name: q.claim_shards() for q in queues}
                 self.queues = queues
                 break
+            except AuthenticationError as exc:  # waiting would not help: say so and stop
+                raise ConfigurationError(f"Valkey refused the credentials in the URL: {exc}") from None
             except VALKEY_DOWN as exc:
                 log.warning("Valkey unreachable at start (%s); retrying", exc)
                 if self._stop_claiming.wait(delay):
@@ -415,9 +416,18 @@ class Worker:
                 delay = min(delay * 2, 5.0)
 
     def _burst_done(self) -> bool:
-        """Nothing running here, and no pending (unless paused), scheduled or active job left."""
+        """Nothing running here, no durable job left to relay, and no pending (unless paused),
+        scheduled or active job left."""
         if self._running or self._unrecorded or not self._finished.empty():
             return False
+        if any(q.options.durable for q in self.queues):
+            try:
+                if outbox.relay(self.queues, grace=0):
+                    return False
+            except DatabaseError as exc:
+                log.warning("relay: %s; retrying", exc)
+                _close_db()
+                return False
         for queue in self.queues:
             counts = queue.counts()
             waiting = counts["scheduled"] + (0 if queue.is_paused() else counts["pending"])
@@ -461,12 +471,15 @@ class Worker:
         from ..mirror import Mirror, record_shards
 
         mirror = self._mirror = Mirror(self.queues, consumer=self.config.name)
-        delay, next_shards = 0.2, 0.0
+        delay, next_shards, next_relay = 0.2, 0.0, 0.0
         while not self._threads_stop.is_set():
             try:
                 close_old_connections()
                 mirror.queues = list(self.queues)
                 written = mirror.step()
+                if time.monotonic() >= next_relay:  # durable jobs whose push failed
+                    outbox.relay(self.queues)
+                    next_relay = time.monotonic() + 2.0
                 if time.monotonic() >= next_shards:
                     for queue in self.queues:
                         record_shards(queue)
@@ -570,12 +583,3 @@ def _close_db() -> None:
         connection.close()
     except DatabaseError:  # the connection is already broken
         log.debug("closing a broken database connection failed", exc_info=True)
-
-
-def queues_from_option(raw: str | None) -> Sequence[str]:
-    """Parse `--queues a,b` (validated) into a tuple of names."""
-    from ..keys import validate_queue
-
-    if not raw:
-        return ()
-    return tuple(validate_queue(name.strip()) for name in raw.split(",") if name.strip())

@@ -14,8 +14,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from jobqueue.exceptions import JobQueueError
+from jobqueue.keys import queue_list
 from jobqueue.worker import Worker, WorkerConfig
-from jobqueue.worker.core import queues_from_option
 from jobqueue.worker.supervisor import Supervisor, default_workers
 
 
@@ -113,7 +113,7 @@ class Command(BaseCommand):
         self._configure_logging(options["log_level"])
         try:
             config = WorkerConfig(
-                queues=tuple(queues_from_option(options["queues"])),
+                queues=queue_list(options["queues"]),
                 concurrency=options["concurrency"], prefetch=options["prefetch"],
                 burst=options["burst"], lease=options["lease"],
                 processes=options["processes"], grace=options["grace"],
@@ -130,7 +130,10 @@ class Command(BaseCommand):
             sys.exit(supervisor.run())
         worker = Worker(config)
         _relay_signals(worker)
-        worker.run()
+        try:
+            worker.run()
+        except JobQueueError as exc:  # e.g. wrong credentials: one line, no traceback
+            raise CommandError(str(exc)) from None
         if worker.abandoned:
             # Handlers still running were released to other workers; do not wait for them.
             sys.stdout.flush()

@@ -1,0 +1,130 @@
+"""Durable queues: the database row first (a transactional outbox), Valkey second.
+
+For a queue with `durable: True`, enqueue inserts each job's `Job` row — inside the caller's
+transaction when there is one, so a rollback leaves neither row nor job — and pushes the job to
+Valkey once the row is committed. Valkey is then a fast index of the work that can be rebuilt:
+
+- `relay` (run by every worker's mirror thread, and by a `--burst` run before it decides it is
+  done) sends the rows no relay pass has confirmed yet, so a job whose push failed (Valkey down
+  at the commit) reaches Valkey once it answers;
+- `restore` (`manage.py jobqueue restore`) re-creates every unfinished durable job Valkey lacks,
+  after Valkey lost its data.
+
+Both are idempotent: the id is minted before either write, and an enqueue with a known id is a
+no-op while Valkey holds that job. The mirror makes the same rows terminal when jobs finish.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db import transaction
+
+from .spec import JobSpec, Prepared
+from .states import State
+
+if TYPE_CHECKING:
+    from .models import Job
+    from .store import Queue
+
+log = logging.getLogger("jobqueue.outbox")
+UNFINISHED = (State.PENDING, State.SCHEDULED)
+RELAY_GRACE = 5.0
+"""Seconds a durable row is left to its own push before a relay pass sends it again."""
+
+
+def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
+    """Insert the rows of durable jobs (one multi-row INSERT per 500), in the current transaction."""
+    import json
+
+    from .models import Job
+
+    now = datetime.now(UTC)
+    rows = [Job(
+        id=job.job_id, queue=queue.name, shard=queue.place(job.job_id, job.lane, job.unique_key),
+        lane=job.lane, state=State.SCHEDULED if job.delay_ms else State.PENDING,
+        priority=job.priority, max_attempts=job.max_attempts, payload=json.loads(job.payload),
+        unique_key=job.unique_key, enqueued_at=now, durable=True, relayed=False,
+        run_after=now + timedelta(milliseconds=job.delay_ms), backoff_ms=job.backoff_ms,
+        lease_ms=job.lease_ms,
+    ) for job in prepared]
+    if len(rows) <= 500:  # one INSERT statement: atomic on its own, no transaction round trips
+        Job.objects.bulk_create(rows)
+        return
+    with transaction.atomic(savepoint=False):
+        Job.objects.bulk_create(rows, batch_size=500)
+
+
+def push(queue: Queue, specs: list[JobSpec]) -> None:
+    """Send committed durable jobs to Valkey; if Valkey is down they wait for the relay."""
+    from redis.exceptions import ConnectionError as ValkeyConnectionError
+    from redis.exceptions import TimeoutError as ValkeyTimeoutError
+
+    try:
+        queue.enqueue_many(specs)
+    except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
+        log.warning("queue=%s: Valkey unreachable (%s); %d durable job(s) wait in the database "
+                    "for a worker's relay", queue.name, exc, len(specs))
+
+
+def spec_of(row: Job) -> JobSpec:
+    """The enqueue that creates a durable row's job again, with its own id."""
+    due = row.run_after if row.run_after and row.run_after > datetime.now(UTC) else None
+    return JobSpec(
+        row.payload, job_id=row.id, lane=row.lane or None, priority=row.priority,
+        run_after=due, max_attempts=row.max_attempts or None,
+        backoff=None if row.backoff_ms is None else row.backoff_ms / 1000,
+        lease=(row.lease_ms / 1000) if row.lease_ms else None, unique_key=row.unique_key or None,
+    )
+
+
+def _resend(queue: Queue, rows: Sequence[Job]) -> int:
+    """Enqueue rows again by id; mark them relayed; how many Valkey did not have."""
+    from .models import Job
+
+    refs = queue.enqueue_many([spec_of(row) for row in rows])
+    Job.objects.filter(pk__in=[row.pk for row in rows], relayed=False).update(relayed=True)
+    return sum(1 for ref in refs if ref.created)
+
+
+def relay(queues: Iterable[Queue], grace: float = RELAY_GRACE, limit: int = 2000) -> int:
+    """Send durable rows no relay pass has confirmed yet (older than `grace` seconds) to Valkey.
+    Returns how many Valkey lacked (a push that had failed)."""
+    from .models import Job
+
+    cutoff = datetime.now(UTC) - timedelta(seconds=grace)
+    sent = 0
+    for queue in queues:
+        if not queue.options.durable:
+            continue
+        rows = list(Job.objects.filter(relayed=False, enqueued_at__lte=cutoff, queue=queue.name,
+                                       state__in=UNFINISHED).order_by("enqueued_at")[:limit])
+        if rows:
+            sent += _resend(queue, rows)
+    if sent:
+        log.warning("relayed %d durable job(s) that had not reached Valkey", sent)
+    return sent
+
+
+def restore(queues: Iterable[Queue], batch: int = 500,
+            progress: Callable[[str, int, int], None] | None = None) -> int:
+    """Re-create in Valkey every unfinished durable job it lacks; returns how many."""
+    from .models import Job
+
+    restored = 0
+    for queue in queues:
+        last, seen = "", 0
+        while True:
+            rows = list(Job.objects.filter(durable=True, queue=queue.name, state__in=UNFINISHED,
+                                           pk__gt=last).order_by("pk")[:batch])
+            if not rows:
+                break
+            restored += _resend(queue, rows)
+            seen += len(rows)
+            last = rows[-1].pk
+            if progress:
+                progress(queue.name, seen, restored)
+    return restored

@@ -1,0 +1,128 @@
+"""Durable queues: the database row first (in the caller's transaction), Valkey after the
+commit; a push that failed is relayed by a worker; `jobqueue restore` rebuilds Valkey."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import redis
+from django.db import transaction
+
+from jobqueue import Queue, get_job
+from jobqueue.models import Job
+from tests.jobapp import jobs
+
+from .servers import ValkeyProcess
+from .workers import ROOT, database_url, run_burst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+durable_add = jobs.add.using(queue="durable")
+
+
+@pytest.fixture(autouse=True)
+def _durable_queue(settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {}, "durable": {"durable": True}}}
+
+
+def in_valkey(job_id: str) -> bool:
+    return Queue("durable").get(job_id) is not None
+
+
+def manage(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "VALKEY_URL": url,
+           "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_row_is_written_in_the_transaction_and_the_job_reaches_valkey_on_commit() -> None:
+    with transaction.atomic():
+        ref = durable_add.enqueue(1, 2)
+        row = Job.objects.get(pk=ref.id)
+        assert row.durable and row.state == "pending" and row.payload["args"] == [1, 2]
+        assert not in_valkey(ref.id)
+    assert in_valkey(ref.id)
+
+
+def test_a_rollback_leaves_neither_row_nor_job() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        ref = durable_add.using(delay=30).enqueue(1, 2)
+        raise RuntimeError("rollback")
+    assert not Job.objects.filter(pk=ref.id).exists() and not in_valkey(ref.id)
+    assert Queue("durable").counts()["scheduled"] == 0
+
+
+@pytest.mark.slow
+def test_a_job_whose_push_failed_is_relayed_once_valkey_answers(settings: Any,
+                                                                 valkey_server: ValkeyProcess) -> None:
+    down = ValkeyProcess()  # never started: nothing listens on its port
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": down.url}
+    refs = durable_add.enqueue_many([(i, 1) for i in range(20)])  # no error: the rows hold them
+    assert Job.objects.filter(durable=True, relayed=False).count() == 20
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": valkey_server.url}
+    assert not any(in_valkey(r.id) for r in refs)
+    assert run_burst(valkey_server.url, "--queues", "durable") == 0
+    rows = Job.objects.filter(pk__in=[r.id for r in refs])
+    assert {row.state for row in rows} == {"succeeded"} and {row.result for row in rows} == set(
+        range(1, 21))
+    assert all(row.attempts == 1 for row in rows)
+
+
+@pytest.mark.slow
+def test_restore_brings_back_every_unfinished_durable_job_once(valkey_server: ValkeyProcess) -> None:
+    refs = durable_add.enqueue_many([(i, i) for i in range(50)])
+    later = durable_add.using(delay=3600, lane="tenant-1", priority=7).enqueue(5, 5)
+    redis.Redis.from_url(valkey_server.url).flushall()  # Valkey lost its data
+    first = manage("jobqueue", "restore", url=valkey_server.url)
+    assert first.returncode == 0 and "restored 51 job(s)" in first.stdout, first.stderr
+    second = manage("jobqueue", "restore", "--queues", "durable", url=valkey_server.url)
+    assert "restored 0 job(s)" in second.stdout
+    info = get_job(later.id, queue="durable")
+    assert info and info.state == "scheduled" and info.lane == "tenant-1" and info.priority == 7
+    Queue("durable").cancel(later.id)  # else the burst would wait an hour for it
+    assert run_burst(valkey_server.url, "--queues", "durable") == 0
+    done = Job.objects.filter(pk__in=[r.id for r in refs], state="succeeded")
+    assert done.count() == 50 and all(row.attempts == 1 for row in done)
+    assert Job.objects.get(pk=later.id).state == "cancelled"
+    assert "restored 0 job(s)" in manage("jobqueue", "restore", url=valkey_server.url).stdout
+
+
+def test_stats_prints_counts_by_queue_and_state(valkey_server: ValkeyProcess) -> None:
+    import json
+
+    jobs.add.enqueue_many([(1, 1)] * 3)
+    out = manage("jobqueue", "stats", "--json", url=valkey_server.url)
+    assert out.returncode == 0 and json.loads(out.stdout)["default"]["pending"] == 3
+    table = manage("jobqueue", "stats", url=valkey_server.url)
+    assert "pending" in table.stdout and "default" in table.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["restore", "--queues", "a b"], "invalid queue name"),
+    (["resize"], "invalid choice"),
+    ([], "the following arguments are required"),
+])
+def test_the_jobqueue_command_refuses_bad_arguments_in_one_line(args: list[str], message: str,
+                                                                 valkey_server: ValkeyProcess) -> None:
+    done = manage("jobqueue", *args, url=valkey_server.url)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_wrong_password_or_no_server_is_one_clear_line_without_the_secret(tmp_path: Any) -> None:
+    guarded = ValkeyProcess("--requirepass", "s3cret-pass").start()
+    try:
+        for url in (f"redis://:wrong-guess@127.0.0.1:{guarded.port}/0",
+                    ValkeyProcess().url):  # the second one: nothing listens there
+            done = manage("jobqueue", "stats", url=url)
+            assert done.returncode == 1 and "cannot use Valkey" in done.stderr
+            assert "Traceback" not in done.stderr and "wrong-guess" not in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+        worker = manage("runworker", "--workers", "1", "--burst",
+                        url=f"redis://:wrong-guess@127.0.0.1:{guarded.port}/0")
+        assert worker.returncode == 1 and "refused the credentials" in worker.stderr
+        assert "Traceback" not in worker.stderr and "wrong-guess" not in worker.stderr
+    finally:
+        guarded.cleanup()
