@@ -11,8 +11,6 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection, transaction
-
 from .records import mirror_columns
 from .store import Queue
 
@@ -24,34 +22,16 @@ NOT_DURABLE = {"durable": False, "relayed": True, "run_after": None, "backoff_ms
 
 def upsert(events: Sequence[Mapping[str, str]], queue: str | None = None,
            shard: int | None = None) -> int:
-    """Write a batch as one multi-row INSERT … ON DUPLICATE KEY UPDATE (ON CONFLICT elsewhere).
-
-    The last event of a job wins, so replays and re-runs after an operator retry converge on the
-    newest state. Raw SQL because the ORM's bulk_create spends ~10× the database's own time
-    compiling the statement; values still go through each field's own database adaptation.
-    """
-    from .models import Job
+    """Write a batch as one multi-row upsert keyed by job id. The last event of a job wins, so
+    replays and re-runs after an operator retry converge on the newest state."""
+    from .models import Job, insert_jobs
 
     latest = {event["id"]: event for event in events}
-    fields = Job._meta.concrete_fields
     now = datetime.now(UTC)
-    rows = [[f.get_db_prep_save(values[f.attname], connection) for f in fields]
-            for values in ({**NOT_DURABLE, **mirror_columns(event, queue, shard), "mirrored_at": now}
-                           for event in latest.values())]
-    quote = connection.ops.quote_name
-    columns = [quote(str(f.column)) for f in fields]
-    kept = {quote(name) for name in ("id", *NOT_DURABLE)}  # a durable row keeps its outbox fields
-    updates = [c for c in columns if c not in kept]
-    if connection.vendor == "mysql":
-        conflict = "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in updates)
-    else:
-        conflict = f"ON CONFLICT ({quote('id')}) DO UPDATE SET " + ", ".join(
-            f"{c} = excluded.{c}" for c in updates)
-    sql = (f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(columns)}) "
-           f"VALUES ({', '.join(['%s'] * len(columns))}) {conflict}")
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.executemany(sql, rows)
-    return len(rows)
+    kept = {"id", *NOT_DURABLE}  # a durable row keeps its outbox columns
+    update = [f.attname for f in Job._meta.concrete_fields if f.attname not in kept]
+    return insert_jobs(({**NOT_DURABLE, **mirror_columns(event, queue, shard), "mirrored_at": now}
+                        for event in latest.values()), update)
 
 
 def record_shards(queue: Queue) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
+from functools import cache
 from typing import Any
 
-from django.db import models
+from django.db import connection, models, transaction
 
 from .records import JobInfo
 from .states import State
@@ -107,3 +109,36 @@ class Shard(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}#{self.index}"
+
+
+def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) -> int:
+    """Write `Job` rows (dicts with every column) as one multi-row INSERT; rows whose id exists
+    get the `update` columns overwritten (none: the INSERT fails on a duplicate id). Raw SQL
+    because the ORM's bulk_create spends several times the database's own time compiling the
+    statement; values still go through each field's own database adaptation."""
+    db = transaction.get_connection()  # the wrapper itself: the proxy costs a lookup per use
+    fields = Job._meta.concrete_fields
+    values = [[f.get_db_prep_save(row[f.attname], db) for f in fields] for row in rows]
+    sql = _insert_sql(db.vendor, tuple(sorted(update)))
+    if len(values) == 1:  # one statement is atomic by itself: no BEGIN/COMMIT round trips
+        with db.cursor() as cursor:
+            cursor.execute(sql, values[0])
+    elif values:  # the driver may split a long batch into several statements
+        with transaction.atomic(savepoint=False), db.cursor() as cursor:
+            cursor.executemany(sql, values)
+    return len(values)
+
+
+@cache
+def _insert_sql(vendor: str, update: tuple[str, ...]) -> str:
+    quote = connection.ops.quote_name
+    columns = [quote(str(f.column)) for f in Job._meta.concrete_fields]
+    sql = (f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(columns)}) "
+           f"VALUES ({', '.join(['%s'] * len(columns))})")
+    if not update:
+        return sql
+    changed = [quote(name) for name in update]
+    if vendor == "mysql":
+        return sql + " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in changed)
+    return sql + f" ON CONFLICT ({quote('id')}) DO UPDATE SET " + ", ".join(
+        f"{c} = excluded.{c}" for c in changed)

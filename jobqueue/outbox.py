@@ -16,12 +16,11 @@ no-op while Valkey holds that job. The mirror makes the same rows terminal when 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
-
-from django.db import transaction
 
 from .spec import JobSpec, Prepared
 from .states import State
@@ -37,25 +36,20 @@ RELAY_GRACE = 5.0
 
 
 def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
-    """Insert the rows of durable jobs (one multi-row INSERT per 500), in the current transaction."""
-    import json
-
-    from .models import Job
+    """Insert the rows of durable jobs (one multi-row INSERT), in the current transaction."""
+    from .models import insert_jobs
 
     now = datetime.now(UTC)
-    rows = [Job(
-        id=job.job_id, queue=queue.name, shard=queue.place(job.job_id, job.lane, job.unique_key),
-        lane=job.lane, state=State.SCHEDULED if job.delay_ms else State.PENDING,
-        priority=job.priority, max_attempts=job.max_attempts, payload=json.loads(job.payload),
-        unique_key=job.unique_key, enqueued_at=now, durable=True, relayed=False,
-        run_after=now + timedelta(milliseconds=job.delay_ms), backoff_ms=job.backoff_ms,
-        lease_ms=job.lease_ms,
-    ) for job in prepared]
-    if len(rows) <= 500:  # one INSERT statement: atomic on its own, no transaction round trips
-        Job.objects.bulk_create(rows)
-        return
-    with transaction.atomic(savepoint=False):
-        Job.objects.bulk_create(rows, batch_size=500)
+    insert_jobs({
+        "id": job.job_id, "queue": queue.name,
+        "shard": queue.place(job.job_id, job.lane, job.unique_key), "lane": job.lane,
+        "state": State.SCHEDULED if job.delay_ms else State.PENDING, "priority": job.priority,
+        "attempts": 0, "max_attempts": job.max_attempts, "payload": json.loads(job.payload),
+        "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",
+        "enqueued_at": now, "started_at": None, "finished_at": None, "mirrored_at": now,
+        "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
+        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms,
+    } for job in prepared)
 
 
 def push(queue: Queue, specs: list[JobSpec]) -> None:
