@@ -312,12 +312,17 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:5.2f}×" if a and b else "    —"
 
 
+def _best(r: dict) -> dict:
+    """A system's fastest processing configuration."""
+    return max((r[role] for role in ("one", "best") if role in r), key=lambda c: c["rate"])
+
+
 def report(results: dict[str, dict], n: int) -> None:
     print(f"\n{n:,} no-op jobs, one valkey-server; rates in jobs/s, CPU in µs per job")
     print(f"  {'system':<9} {'best':>8} {'1 proc':>8} {'c=1':>7} {'enq 1':>7} {'enq bulk':>9}"
           f" {'bytes/job':>9} {'worker µs':>9} {'valkey µs':>9}  best config")
     for name, r in results.items():
-        best = r.get("best") or r["one"]
+        best = _best(r)
         print(f"  {name:<9} {best['rate']:>8,.0f} {r['one']['rate']:>8,.0f}"
               f" {r['c1']['rate'] if 'c1' in r else 0:>7,.0f} {r['enqueue_single']:>7,.0f}"
               f" {r.get('enqueue_bulk', 0):>9,.0f} {r['bytes_per_job']:>9,.0f}"
@@ -328,7 +333,7 @@ def report(results: dict[str, dict], n: int) -> None:
 
     def get(name: str, key: str) -> float | None:
         r = results.get(name, {})
-        value = (r.get(key) or r.get("one")) if key == "best" else r.get(key)
+        value = (_best(r) if r else None) if key == "best" else r.get(key)
         return value["rate"] if isinstance(value, dict) else value
 
     print(f"\n  jobqueue ÷ {'':<8} {'best':>7} {'1 proc':>7} {'c=1':>7} {'enq 1':>7} {'enq bulk':>8}")
