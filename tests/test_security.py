@@ -1,0 +1,81 @@
+"""Security rules checked over the whole package and the console: no pickle or eval anywhere,
+no user data in script text, and every action wants its own permission, POST and CSRF."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from jobqueue import Queue
+from jobqueue.scripts import TRANSITIONS, source
+from tests.jobapp import jobs
+
+PACKAGE = Path(__file__).resolve().parent.parent / "jobqueue"
+
+
+def test_the_package_never_pickles_evaluates_or_execs() -> None:
+    forbidden = re.compile(r"\b(pickle|marshal|shelve|eval|exec)\b\s*[.(]|import (pickle|marshal|shelve)")
+    offenders = [f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}"
+                 for path in PACKAGE.rglob("*.py") if "migrations" not in path.parts
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if forbidden.search(line)]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("name", sorted(TRANSITIONS))
+def test_scripts_are_fixed_text_and_never_build_code(name: str) -> None:
+    text = source(name).text
+    assert "loadstring" not in text and "dofile" not in text and "setfenv" not in text
+    assert source(name).text is source(name).text  # read once; nothing is formatted into it
+
+
+def _operator(*codenames: str) -> Client:
+    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client
+
+
+ACTIONS = [  # (permission, how to reach the action for a job id)
+    ("retry_job", lambda job_id: f"/admin/jobqueue/jobs/default/{job_id}/retry/"),
+    ("reprioritize_job", lambda job_id: f"/admin/jobqueue/jobs/default/{job_id}/reprioritize/"),
+    ("cancel_job", lambda job_id: f"/admin/jobqueue/jobs/default/{job_id}/cancel/"),
+    ("pause_queue", lambda job_id: "/admin/jobqueue/queues/default/pause/"),
+]
+
+
+TOKEN = "t" * 32
+
+
+def _post(client: Client, path: str, *, csrf: bool) -> int:
+    client.cookies["csrftoken"] = TOKEN
+    headers = {"HTTP_X_CSRFTOKEN": TOKEN} if csrf else {}
+    data = {"priority": "5", "confirm": "yes"}  # cancel asks to confirm first
+    return client.post(path, data, **headers).status_code  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("permission", "url"), ACTIONS, ids=[a[0] for a in ACTIONS])
+def test_each_action_needs_its_permission_post_and_csrf(permission: str, url: object) -> None:
+    job_id = jobs.add.using(delay=60).enqueue(1, 1).id  # scheduled: every action applies
+    path = url(job_id)  # type: ignore[operator]
+    others = [codename for codename, _ in ACTIONS if codename != permission]
+    assert _post(_operator("view_job", *others), path, csrf=True) == 403  # every other right
+    User.objects.all().delete()
+    allowed = _operator("view_job", permission)
+    assert allowed.get(path).status_code == 405  # GET never acts
+    assert _post(allowed, path, csrf=False) == 403  # no CSRF token: refused
+    info = Queue("default").get(job_id)
+    assert info and info.state == "scheduled" and info.priority == 0
+    assert not Queue("default").is_paused()
+    assert _post(allowed, path, csrf=True) == 302  # all three: it acts
+    after = Queue("default").get(job_id)
+    acted = {"retry_job": after and after.state == "scheduled",  # not retryable: refused politely
+             "reprioritize_job": after and after.priority == 5,
+             "cancel_job": after and after.state == "cancelled",
+             "pause_queue": Queue("default").is_paused()}
+    assert acted[permission]
