@@ -6,13 +6,10 @@ fast at a million jobs. Writes go through `Queue`'s transitions, never through t
 
 from __future__ import annotations
 
-import json
-import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
-from .keys import WORKERS_KEY, ShardKeys
+from .keys import ShardKeys
 from .states import State
 from .store import JobInfo, Queue
 
@@ -174,18 +171,3 @@ def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 5
         found.old_pending += _rows(queue, shard, old)
         found.dead += _rows(queue, shard, client.zrevrange(shard.key("dead"), 0, limit - 1))
     return found
-
-
-def workers(client: Any, stale_after: float = 30.0) -> list[dict[str, Any]]:
-    """Workers that advertised themselves, newest heartbeat first, marked stale when quiet."""
-    now = time.time()
-    found = []
-    for raw in client.hvals(WORKERS_KEY):
-        try:
-            info = json.loads(raw)
-            info["age"] = max(now - float(info["heartbeat"]), 0.0)
-        except (ValueError, KeyError, TypeError):
-            continue
-        info["stale"] = info["age"] > stale_after
-        found.append(info)
-    return sorted(found, key=lambda w: w["age"])

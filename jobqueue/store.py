@@ -307,6 +307,15 @@ class Queue:
                 totals[name] += value
         return totals
 
+    def oldest_wait(self) -> float | None:
+        """Seconds the longest-waiting ready job has waited (server clock), or None when none."""
+        seconds, micros = self.client.time()
+        now = int(seconds) * 1000 + int(micros) // 1000
+        heads = [self.client.zrange(self.shard(i).key("waiting"), 0, 0, withscores=True)
+                 for i in range(self.claim_shards())]
+        oldest = min((head[0][1] for head in heads if head), default=None)
+        return None if oldest is None else max(now - oldest, 0) / 1000
+
     def shard_counts(self, index: int) -> dict[str, int]:
         reply = self._run("counts", self.shard(index), [])
         return {name: int(value) for name, value in zip(COUNT_FIELDS, reply, strict=False)}

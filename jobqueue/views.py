@@ -29,6 +29,7 @@ from .keys import validate_queue
 from .models import Job, Shard
 from .states import State
 from .store import JobInfo, Queue, known_queues
+from .worker import presence
 
 ACTIONS = {"retry": "retry_job", "reprioritize": "reprioritize_job", "cancel": "cancel_job"}
 WAITING_OR_RUNNING = {State.PENDING, State.SCHEDULED, State.ACTIVE}
@@ -94,7 +95,7 @@ class Console:
                 "failures": bar_chart(view.failed, f"{name}: failed runs per minute", "#ba2121"),
             })
         return self._render(request, "dashboard.html", "Job queues", cards=cards,
-                            workers=console.workers(Queue("default").client),
+                            workers=presence.workers(Queue("default").client),
                             can_pause=request.user.has_perm("jobqueue.pause_queue"))
 
     def queue_page(self, request: HttpRequest, name: str) -> HttpResponse:

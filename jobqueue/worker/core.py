@@ -5,11 +5,13 @@ Threads, each with one job:
 - the main loop claims work when there is room and records finished jobs (acks in one script
   call per shard, nacks one by one) — it is the only thread that records outcomes;
 - `concurrency` runner threads run the claimed jobs (`runners.py`);
-- a heartbeat renews the lease of every running job at a third of its length;
+- a heartbeat renews the lease of every running job at a third of its length (`heartbeat.py`);
 - one waiter per shard blocks on the shard's `wake` list while the worker has room, so an idle
   worker sleeps in BLPOP instead of polling; a token makes the waiter claim at once (claims
   take one lock, so the main loop and the waiters never both count the same room);
-- the mirror moves terminal events into MySQL (a slow database never slows claiming).
+- the mirror moves terminal events into MySQL and relays durable jobs (`mirror_thread.py`: a
+  slow database never slows claiming).
+Worker presence (what the console lists) lives in `presence.py`.
 """
 
 from __future__ import annotations
@@ -28,27 +30,23 @@ from typing import Any
 
 from django.db import DatabaseError
 from redis.exceptions import AuthenticationError, RedisError
-from redis.exceptions import ConnectionError as ValkeyConnectionError
-from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from .. import outbox, spec
 from ..exceptions import ConfigurationError, InvalidOption
-from ..keys import WORKERS_KEY
 from ..records import Lease
 from ..states import State
 from ..store import Queue, known_queues
+from . import presence
 from .executor import Outcome
+from .heartbeat import Heartbeat, Held
+from .mirror_thread import VALKEY_DOWN, MirrorThread, close_db
 from .runners import Runners
 
 log = logging.getLogger("jobqueue.worker")
-VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
 DRAINED = 0.05
 """Seconds a queue whose claim came back short is not asked again, unless a wake token for it
 arrives first: a busy worker serving many queues then does not make a round trip per idle
 queue per claim (an enqueue wakes an idle worker at once through its shard's wake list)."""
-WORKER_FORGOTTEN_AFTER = 600.0
-"""Seconds without a heartbeat after which a worker is dropped from the console's list."""
-
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -89,14 +87,6 @@ def _check_whole(value: object, what: str, minimum: int) -> None:
         raise InvalidOption(f"{what} must be a whole number ≥ {minimum}, got {value!r}")
 
 
-@dataclass
-class _Running:
-    """A claimed job this worker holds: prefetched (not started) or running."""
-
-    lease: Lease
-    lost: bool = False
-
-
 class Worker:
     """Runs jobs from some queues until asked to stop (or, in burst mode, until they are empty)."""
 
@@ -107,7 +97,7 @@ class Worker:
         self.abandoned = 0
         self.processed = 0
         self.failed = 0
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, Held] = {}
         self._held: Counter[str] = Counter()
         """Jobs held per queue (what `concurrency` caps)."""
         self._drained_until: dict[str, float] = {}
@@ -128,7 +118,7 @@ class Worker:
         self._summarised = 0
         self._next_due: float | None = None
         self._runners: Runners | None = None
-        self._mirror: Any = None
+        self._mirror: MirrorThread | None = None
         self._rotation = 0
 
     # -- control ---------------------------------------------------------------------------
@@ -194,9 +184,13 @@ class Worker:
         self._runners = Runners(self.config.concurrency, self._finished_one,
                                 processes=self.config.processes)
         self._room.set()
-        self._spawn(self._heartbeat, "heartbeat")
+        heartbeat = Heartbeat(self._running, self._lock, self._queue, self._threads_stop,
+                              default_lease=self.config.lease or 30.0)
+        self._spawn(heartbeat.run, "heartbeat")
         if self.config.mirror:
-            self._spawn(self._mirror_loop, "mirror")
+            self._mirror = MirrorThread(lambda: list(self.queues), self.config.name,
+                                        self._threads_stop)
+            self._spawn(self._mirror.run, "mirror")
         self._ensure_waiters()
         log.info("worker %s serving %s with concurrency %d%s", self.config.name,
                  ",".join(names) or "(no queues yet)", self.config.concurrency,
@@ -254,7 +248,7 @@ class Worker:
     def _submit(self, lease: Lease) -> None:
         assert self._runners is not None
         with self._lock:
-            self._running[lease.job_id] = _Running(lease)
+            self._running[lease.job_id] = Held(lease)
             self._held[lease.queue] += 1
             if len(self._running) >= self.config.capacity:
                 self._room.clear()
@@ -349,11 +343,10 @@ class Worker:
     def _advertise(self) -> None:
         if not self.queues:
             return
-        info = {"name": self.config.name, "pid": os.getpid(), "host": socket.gethostname(),
-                "queues": [q.name for q in self.queues], "running": len(self._running),
-                "concurrency": self.config.concurrency, "processed": self.processed,
-                "failed": self.failed, "heartbeat": time.time()}
-        self.queues[0].client.hset(WORKERS_KEY, self.config.name, json.dumps(info))
+        presence.advertise(self.queues[0].client, self.config.name, {
+            "pid": os.getpid(), "host": socket.gethostname(), "queues": [q.name for q in self.queues],
+            "running": len(self._running), "concurrency": self.config.concurrency,
+            "processed": self.processed, "failed": self.failed})
 
     def _idle_wait(self) -> float:
         wait = self.config.maintenance_every
@@ -385,22 +378,15 @@ class Worker:
 
     def _summary(self) -> None:
         """One line per period: throughput, jobs held, backlog and lag (the oldest wait)."""
-        from ..console import overview, workers
-
-        if self.queues:  # forget workers that died without saying goodbye (SIGKILL)
-            client = self.queues[0].client
-            gone = [w["name"] for w in workers(client) if w["age"] > WORKER_FORGOTTEN_AFTER]
-            if gone:
-                client.hdel(WORKERS_KEY, *gone)
-
+        if self.queues:
+            presence.forget_silent(self.queues[0].client)  # workers that died without a word
         done = self.processed + self.failed
         rate = (done - self._summarised) / self.config.summary_every
         self._summarised = done
-        views = [overview(q, minutes=1, lanes=0) for q in self.queues]
-        lag = max((v.oldest_wait for v in views if v.oldest_wait is not None), default=0.0)
+        pending = sum(q.counts()["pending"] for q in self.queues)
+        lag = max((q.oldest_wait() or 0.0 for q in self.queues), default=0.0)
         log.info("summary: %.1f jobs/s, processed=%d failed=%d in_flight=%d pending=%d lag=%.1fs",
-                 rate, self.processed, self.failed, len(self._running),
-                 sum(v.counts["pending"] for v in views), lag)
+                 rate, self.processed, self.failed, len(self._running), pending, lag)
 
     def _wait_for_valkey(self, exc: Exception) -> None:
         log.warning("Valkey unreachable (%s); retrying", exc)
@@ -426,7 +412,7 @@ class Worker:
                     return False
             except DatabaseError as exc:
                 log.warning("relay: %s; retrying", exc)
-                _close_db()
+                close_db()
                 return False
         for queue in self.queues:
             counts = queue.counts()
@@ -434,89 +420,6 @@ class Worker:
             if waiting + counts["active"]:
                 return False
         return True
-
-    # -- leases ------------------------------------------------------------------------------
-
-    def _heartbeat(self) -> None:
-        """Renew every running job's lease at a third of its length (a job may run for days)."""
-        while not self._threads_stop.wait(self._heartbeat_interval()):
-            with self._lock:
-                running = list(self._running.values())
-            groups: dict[tuple[str, float], list[_Running]] = defaultdict(list)
-            for item in running:
-                groups[(item.lease.queue, item.lease.lease)].append(item)
-            for (name, seconds), items in groups.items():
-                try:
-                    codes = self._queue(name).extend_many([i.lease for i in items], seconds)
-                except RedisError as exc:
-                    log.warning("could not renew leases (%s); retrying", exc)
-                    break
-                for item, code in zip(items, codes, strict=True):
-                    if code == 0 and not item.lost:
-                        item.lost = True
-                        log.warning("queue=%s job=%s lease lost: it may run again elsewhere",
-                                    name, item.lease.job_id)
-
-    def _heartbeat_interval(self) -> float:
-        with self._lock:
-            leases = [r.lease.lease for r in self._running.values()]
-        shortest = min(leases, default=self.config.lease or 30.0)
-        return max(0.02, min(shortest / 3, 10.0))
-
-    # -- mirror ------------------------------------------------------------------------------
-
-    def _mirror_loop(self) -> None:
-        from django.db import close_old_connections
-
-        from ..mirror import Mirror, record_shards
-
-        mirror = self._mirror = Mirror(self.queues, consumer=self.config.name)
-        delay, next_shards, next_relay = 0.2, 0.0, 0.0
-        while not self._threads_stop.is_set():
-            try:
-                close_old_connections()
-                mirror.queues = list(self.queues)
-                written = mirror.step()
-                if time.monotonic() >= next_relay:  # durable jobs whose push failed
-                    outbox.relay(self.queues)
-                    next_relay = time.monotonic() + 2.0
-                if time.monotonic() >= next_shards:
-                    for queue in self.queues:
-                        record_shards(queue)
-                    next_shards = time.monotonic() + 10.0
-                delay = 0.05 if written else 0.2
-            except VALKEY_DOWN:
-                delay = 1.0
-            except RedisError as exc:  # e.g. NOGROUP after Valkey lost its data: recreate groups
-                log.warning("mirror: %s; retrying", exc)
-                mirror.forget_groups()
-                delay = 1.0
-            except DatabaseError as exc:  # the database is down or refused the batch: retry later
-                log.warning("mirror: %s; the events wait in Valkey", exc)
-                _close_db()
-                delay = min(max(delay * 2, 0.5), 5.0)
-            self._threads_stop.wait(delay)
-
-    def _final_mirror(self) -> None:
-        """On the way out, mirror what is left. A burst run insists, taking over dead mirrors'
-        entries too, until the streams are empty (or a second signal); others try three times
-        and leave the rest in Valkey for the next worker."""
-        if self._mirror is None:
-            return
-        delay, tries = 0.2, 0
-        while not self._abort.is_set():
-            try:
-                self._mirror.step(take_over_all=self.config.burst)
-                if self._mirror.backlog() == 0:
-                    return
-            except (DatabaseError, *VALKEY_DOWN) as exc:
-                log.warning("mirror (final pass %d): %s; retrying", tries + 1, exc)
-                _close_db()
-            tries += 1
-            if not self.config.burst and tries >= 3:
-                return
-            self._abort.wait(delay)
-            delay = min(delay * 2, 5.0)
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -567,19 +470,12 @@ class Worker:
         self._room.set()
         for thread in self._threads:
             thread.join(timeout=15)
-        self._final_mirror()
+        if self._mirror is not None:
+            self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
         if self._runners is not None:
             self._runners.stop(wait=not self.abandoned)
         if self.queues:
             with contextlib.suppress(*VALKEY_DOWN):
-                self.queues[0].client.hdel(WORKERS_KEY, self.config.name)
+                presence.goodbye(self.queues[0].client, self.config.name)
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,
                  self.processed, self.failed, self.abandoned)
-
-def _close_db() -> None:
-    from django.db import connection
-
-    try:
-        connection.close()
-    except DatabaseError:  # the connection is already broken
-        log.debug("closing a broken database connection failed", exc_info=True)

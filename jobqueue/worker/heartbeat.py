@@ -1,0 +1,63 @@
+"""Lease renewal: while a handler runs, its lease is renewed at a third of its length, so a
+job may run for days on a 30 s lease and a dead worker's jobs still come back within one."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from ..records import Lease
+from ..store import Queue
+
+log = logging.getLogger("jobqueue.worker")
+
+
+@dataclass
+class Held:
+    """A claimed job a worker holds: prefetched (not started) or running."""
+
+    lease: Lease
+    lost: bool = False
+    """Its lease was found stale: the job may run again elsewhere."""
+
+
+class Heartbeat:
+    """Renews the leases of the jobs in `held` (read under `lock`) until `stop` is set."""
+
+    def __init__(self, held: dict[str, Held], lock: threading.Lock, queue: Callable[[str], Queue],
+                 stop: threading.Event, default_lease: float) -> None:
+        self.held, self.lock, self.queue, self.stop = held, lock, queue, stop
+        self.default_lease = default_lease
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval()):
+            self.renew()
+
+    def interval(self) -> float:
+        with self.lock:
+            leases = [item.lease.lease for item in self.held.values()]
+        return max(0.02, min(min(leases, default=self.default_lease) / 3, 10.0))
+
+    def renew(self) -> None:
+        """One renewal pass: one call per queue and lease length; flags leases found stale."""
+        with self.lock:
+            items = list(self.held.values())
+        groups: dict[tuple[str, float], list[Held]] = defaultdict(list)
+        for item in items:
+            groups[(item.lease.queue, item.lease.lease)].append(item)
+        for (name, seconds), group in groups.items():
+            try:
+                codes = self.queue(name).extend_many([item.lease for item in group], seconds)
+            except RedisError as exc:
+                log.warning("could not renew leases (%s); retrying", exc)
+                return
+            for item, code in zip(group, codes, strict=True):
+                if code == 0 and not item.lost:
+                    item.lost = True
+                    log.warning("queue=%s job=%s lease lost: it may run again elsewhere",
+                                name, item.lease.job_id)

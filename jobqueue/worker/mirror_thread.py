@@ -1,0 +1,93 @@
+"""The worker's database side, in a thread of its own so a slow or absent database never slows
+claiming: it mirrors terminal events into MySQL, relays durable jobs whose push failed, refreshes
+the `Shard` rows, and on the way out mirrors what is left."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import DatabaseError
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
+
+from .. import outbox
+from ..mirror import Mirror, record_shards
+from ..store import Queue
+
+log = logging.getLogger("jobqueue.worker")
+VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
+RELAY_EVERY = 2.0
+SHARDS_EVERY = 10.0
+
+
+def close_db() -> None:
+    """Drop this thread's database connection (broken, or the server went away)."""
+    from django.db import connection
+
+    try:
+        connection.close()
+    except DatabaseError:  # the connection is already broken
+        log.debug("closing a broken database connection failed", exc_info=True)
+
+
+class MirrorThread:
+    """Mirror, relay and shard bookkeeping for the queues `queues()` names, until `stop`."""
+
+    def __init__(self, queues: Callable[[], list[Queue]], consumer: str,
+                 stop: threading.Event) -> None:
+        self.queues = queues
+        self.mirror = Mirror(queues(), consumer=consumer)
+        self.stop = stop
+
+    def run(self) -> None:
+        from django.db import close_old_connections
+
+        delay, next_shards, next_relay = 0.2, 0.0, 0.0
+        while not self.stop.is_set():
+            try:
+                close_old_connections()
+                self.mirror.queues = self.queues()
+                written = self.mirror.step()
+                if time.monotonic() >= next_relay:  # durable jobs whose push failed
+                    outbox.relay(self.mirror.queues)
+                    next_relay = time.monotonic() + RELAY_EVERY
+                if time.monotonic() >= next_shards:
+                    for queue in self.mirror.queues:
+                        record_shards(queue)
+                    next_shards = time.monotonic() + SHARDS_EVERY
+                delay = 0.05 if written else 0.2
+            except VALKEY_DOWN:
+                delay = 1.0
+            except RedisError as exc:  # e.g. NOGROUP after Valkey lost its data: recreate groups
+                log.warning("mirror: %s; retrying", exc)
+                self.mirror.forget_groups()
+                delay = 1.0
+            except DatabaseError as exc:  # the database is down or refused the batch: retry later
+                log.warning("mirror: %s; the events wait in Valkey", exc)
+                close_db()
+                delay = min(max(delay * 2, 0.5), 5.0)
+            self.stop.wait(delay)
+
+    def final_pass(self, insist: bool, abort: threading.Event) -> None:
+        """Mirror what is left. Insisting (a burst run), take over dead mirrors' entries too and
+        go on until the streams are empty (or `abort`); else try three times and leave the rest
+        in Valkey for the next worker."""
+        self.mirror.queues = self.queues()
+        delay, tries = 0.2, 0
+        while not abort.is_set():
+            try:
+                self.mirror.step(take_over_all=insist)
+                if self.mirror.backlog() == 0:
+                    return
+            except (DatabaseError, *VALKEY_DOWN) as exc:
+                log.warning("mirror (final pass %d): %s; retrying", tries + 1, exc)
+                close_db()
+            tries += 1
+            if not insist and tries >= 3:
+                return
+            abort.wait(delay)
+            delay = min(delay * 2, 5.0)
