@@ -106,8 +106,12 @@ class Mirror:
         events = [fields for _, fields in entries if fields and fields.get("id") and fields.get("state")]
         written = upsert(events, queue, shard) if events else 0
         ids = [entry_id for entry_id, _ in entries]
-        client.xack(stream, GROUP, *ids)
-        client.xdel(stream, *ids)
+        # One MULTI: an entry acknowledged but not deleted (a crash between two calls) would stay
+        # in the stream forever, and a --burst worker waiting for an empty stream with it.
+        pipe = client.pipeline(transaction=True)
+        pipe.xack(stream, GROUP, *ids)
+        pipe.xdel(stream, *ids)
+        pipe.execute()
         return written
 
     def forget_groups(self) -> None:

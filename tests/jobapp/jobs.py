@@ -65,3 +65,21 @@ def touch(path: str) -> None:
 
 
 from . import celery_tasks, django_tasks  # noqa: E402,F401 - the worker registers these too
+
+
+@job(takes_context=True, max_attempts=20, backoff=0)
+def chaos_step(ctx: Any, effects_url: str, sleep: float, roll: float) -> str:
+    """For the chaos test: sleeps, sometimes fails or kills its worker, and records its effect
+    once, keyed by its job id (delivery is at-least-once: a re-run must not record it again)."""
+    import redis
+
+    time.sleep(sleep)
+    if roll < 0.02 and ctx.attempt == 1:
+        os._exit(3)  # the worker dies mid-job; the lease expires; another worker runs it again
+    if roll < 0.12 and ctx.attempt == 1:
+        raise RuntimeError("chaos: a failure the retry absorbs")
+    client = redis.Redis.from_url(effects_url)
+    if not client.set(f"effect:{ctx.job_id}", ctx.attempt, nx=True):
+        client.incr("effects:replayed")  # a re-run after a crash: the effect is already there
+    client.close()
+    return "done"
