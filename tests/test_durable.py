@@ -3,8 +3,6 @@ commit; a push that failed is relayed by a worker; `jobqueue restore` rebuilds V
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -16,7 +14,7 @@ from jobqueue.models import Job
 from tests.jobapp import jobs
 
 from .servers import ValkeyProcess
-from .workers import ROOT, database_url, run_burst
+from .workers import manage, run_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
 durable_add = jobs.add.using(queue="durable")
@@ -29,13 +27,6 @@ def _durable_queue(settings: Any) -> None:
 
 def in_valkey(job_id: str) -> bool:
     return Queue("durable").get(job_id) is not None
-
-
-def manage(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "VALKEY_URL": url,
-           "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
 
 
 def test_the_row_is_written_in_the_transaction_and_the_job_reaches_valkey_on_commit() -> None:
@@ -109,20 +100,3 @@ def test_the_jobqueue_command_refuses_bad_arguments_in_one_line(args: list[str],
                                                                  valkey_server: ValkeyProcess) -> None:
     done = manage("jobqueue", *args, url=valkey_server.url)
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
-
-
-def test_a_wrong_password_or_no_server_is_one_clear_line_without_the_secret(tmp_path: Any) -> None:
-    guarded = ValkeyProcess("--requirepass", "s3cret-pass").start()
-    try:
-        for url in (f"redis://:wrong-guess@127.0.0.1:{guarded.port}/0",
-                    ValkeyProcess().url):  # the second one: nothing listens there
-            done = manage("jobqueue", "stats", url=url)
-            assert done.returncode == 1 and "cannot use Valkey" in done.stderr
-            assert "Traceback" not in done.stderr and "wrong-guess" not in done.stderr
-            assert len(done.stderr.strip().splitlines()) == 1
-        worker = manage("runworker", "--workers", "1", "--burst",
-                        url=f"redis://:wrong-guess@127.0.0.1:{guarded.port}/0")
-        assert worker.returncode == 1 and "refused the credentials" in worker.stderr
-        assert "Traceback" not in worker.stderr and "wrong-guess" not in worker.stderr
-    finally:
-        guarded.cleanup()

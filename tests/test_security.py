@@ -1,18 +1,25 @@
 """Security rules checked over the whole package and the console: no pickle or eval anywhere,
-no user data in script text, and every action wants its own permission, POST and CSRF."""
+no user data in script text, every action wants its own permission, POST and CSRF; Valkey
+credentials (a password, an ACL user) come from the URL and never show in an error."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from jobqueue import Queue
+from jobqueue.models import Job
 from jobqueue.scripts import TRANSITIONS, source
 from tests.jobapp import jobs
+
+from .servers import ValkeyProcess
+from .workers import manage, run_burst
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jobqueue"
 
@@ -79,3 +86,41 @@ def test_each_action_needs_its_permission_post_and_csrf(permission: str, url: ob
              "cancel_job": after and after.state == "cancelled",
              "pause_queue": Queue("default").is_paused()}
     assert acted[permission]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wrong_password_or_no_server_is_one_clear_line_without_the_secret() -> None:
+    guarded = ValkeyProcess("--requirepass", "s3cret-pass").start()
+    try:
+        for url in (f"redis://:wrong-guess@127.0.0.1:{guarded.port}/0",
+                    ValkeyProcess().url):  # the second one: nothing listens there
+            done = manage("jobqueue", "stats", url=url)
+            assert done.returncode == 1 and "cannot use Valkey" in done.stderr
+            assert "Traceback" not in done.stderr and "wrong-guess" not in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+        worker = manage("runworker", "--workers", "1", "--burst",
+                        url=f"redis://:wrong-guess@127.0.0.1:{guarded.port}/0")
+        assert worker.returncode == 1 and "refused the credentials" in worker.stderr
+        assert "Traceback" not in worker.stderr and "wrong-guess" not in worker.stderr
+    finally:
+        guarded.cleanup()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_acl_user_in_the_url_runs_everything(settings: Any) -> None:
+    server = ValkeyProcess().start()
+    try:
+        admin = redis.Redis(port=server.port)
+        admin.execute_command("ACL", "SETUSER", "jq", "on", ">jq-secret", "~*", "&*", "+@all")
+        admin.execute_command("ACL", "SETUSER", "default", "off")  # only the ACL user gets in
+        url = f"redis://jq:jq-secret@127.0.0.1:{server.port}/0"
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": url}
+        ref = jobs.add.enqueue(20, 22)
+        assert "default" in manage("jobqueue", "stats", url=url).stdout
+        assert run_burst(url) == 0
+        assert Job.objects.get(pk=ref.id).result == 42
+        wrong = manage("jobqueue", "stats", url=url.replace("jq-secret", "nope"))
+        assert wrong.returncode == 1 and "nope" not in wrong.stderr and "jq-secret" not in wrong.stderr
+    finally:
+        server.cleanup()

@@ -60,3 +60,11 @@ def dead_job(payload_arg: object, error: str) -> str:
     [lease] = queue.dequeue(count=1)
     queue.nack(lease, error)
     return ref.id
+
+
+def manage(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    """Run a manage.py command against `url` and the test database; its output as text."""
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "VALKEY_URL": url,
+           "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
