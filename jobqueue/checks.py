@@ -15,7 +15,7 @@ def check_settings(**_: Any) -> list[checks.CheckMessage]:
 
     try:
         conf.parse(getattr(settings, "JOBQUEUE", {}))
-    except (JobQueueError, TypeError, ValueError) as exc:
+    except JobQueueError as exc:
         return [checks.Error(
             f"JOBQUEUE is invalid: {exc}",
             hint="See the README's 'Settings': QUEUES maps queue names to shards, max_attempts, "

@@ -51,11 +51,17 @@ class Config:
         return self.queues.get(name, self.defaults)
 
 
-def _queue_options(base: QueueOptions, raw: dict[str, Any], where: str) -> QueueOptions:
-    unknown = set(raw) - set(QUEUE_OPTION_NAMES)
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"{where} must be a dict, got {value!r}")
+    return value
+
+
+def _queue_options(base: QueueOptions, raw: Any, where: str) -> QueueOptions:
+    unknown = set(_mapping(raw, where)) - set(QUEUE_OPTION_NAMES)
     if unknown:
         raise ConfigurationError(
-            f"{where}: unknown option(s) {sorted(unknown)}; allowed: {list(QUEUE_OPTION_NAMES)}"
+            f"{where}: unknown option(s) {sorted(map(str, unknown))}; allowed: {list(QUEUE_OPTION_NAMES)}"
         )
     options = replace(base, **raw)
     try:
@@ -65,28 +71,45 @@ def _queue_options(base: QueueOptions, raw: dict[str, Any], where: str) -> Queue
     return options
 
 
-def parse(raw: dict[str, Any]) -> Config:
+def _number(raw: dict[str, Any], key: str, default: float, *, integer: bool = False) -> Any:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) \
+            or value != value or value < 0 or value == float("inf"):
+        kind = "a whole number" if integer else "a number of seconds"
+        raise ConfigurationError(f"JOBQUEUE[{key!r}] must be {kind} ≥ 0, got {value!r}")
+    return value
+
+
+def parse(raw: Any) -> Config:
     """Validate a `JOBQUEUE` dict into a Config, naming the first wrong entry."""
-    raw = dict(raw)
+    raw = dict(_mapping(raw, "JOBQUEUE"))
     defaults = _queue_options(QueueOptions(), raw.pop("DEFAULTS", {}), "JOBQUEUE['DEFAULTS']")
     queues = {}
     from .keys import validate_queue
 
-    for name, opts in raw.pop("QUEUES", {}).items():
-        validate_queue(name)
+    for name, opts in _mapping(raw.pop("QUEUES", {}), "JOBQUEUE['QUEUES']").items():
+        try:
+            validate_queue(name)
+        except JobQueueError as exc:
+            raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
     known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD"}
     if set(raw) - known:
-        raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(set(raw) - known)}")
+        raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, set(raw) - known))}")
+    for key in ("URL", "CACHE_ALIAS"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ConfigurationError(f"JOBQUEUE[{key!r}] must be a string, got {raw[key]!r}")
+    if not isinstance(raw.get("ON_COMMIT", True), bool):
+        raise ConfigurationError(f"JOBQUEUE['ON_COMMIT'] must be True or False, got {raw['ON_COMMIT']!r}")
     return Config(
         url=raw.get("URL") or "embedded",
         cache_alias=raw.get("CACHE_ALIAS"),
         defaults=defaults,
         queues=queues,
-        retention=float(raw.get("RETENTION", Config.retention)),
-        dead_retention=float(raw.get("DEAD_RETENTION", Config.dead_retention)),
-        on_commit=bool(raw.get("ON_COMMIT", True)),
-        max_payload=int(raw.get("MAX_PAYLOAD", Config.max_payload)),
+        retention=float(_number(raw, "RETENTION", Config.retention)),
+        dead_retention=float(_number(raw, "DEAD_RETENTION", Config.dead_retention)),
+        on_commit=raw.get("ON_COMMIT", True),
+        max_payload=_number(raw, "MAX_PAYLOAD", Config.max_payload, integer=True),
     )
 
 

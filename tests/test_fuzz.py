@@ -1,0 +1,82 @@
+"""Fuzzing every input surface: whatever comes in gets one clear error (a JobQueueError, or a
+4xx page) and nothing else breaks — no TypeError from deep inside, no 500."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+from django.test import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobqueue import Queue, ids
+from jobqueue.conf import parse
+from jobqueue.exceptions import JobQueueError
+from jobqueue.keys import validate_lane, validate_queue
+from jobqueue.spec import JobSpec
+
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+                suppress_health_check=list(HealthCheck))
+anything = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(),
+                     st.binary(), st.lists(st.integers(), max_size=3),
+                     st.dictionaries(st.text(max_size=5), st.integers(), max_size=3))
+
+
+@FUZZ
+@given(st.text())
+def test_any_text_decodes_to_an_id_or_is_refused_clearly(text: str) -> None:
+    try:
+        namespace, snowflake = ids.decode(text)
+    except ValueError:
+        return
+    assert ids.encode(namespace, snowflake) == text
+
+
+@FUZZ
+@given(anything)
+def test_any_name_is_a_valid_queue_and_lane_name_or_refused_clearly(value: Any) -> None:
+    for validate in (validate_queue, validate_lane):
+        with contextlib.suppress(JobQueueError):
+            assert validate(value) == value
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["lane", "priority", "delay", "max_attempts", "backoff",
+                                        "lease", "unique_key", "job_id"]), anything, max_size=4),
+       anything)
+def test_any_enqueue_options_enqueue_or_are_refused_clearly(options: dict[str, Any],
+                                                              payload: Any) -> None:
+    queue = Queue("default")
+    try:
+        ref = queue.enqueue_many([JobSpec(payload, **options)])[0]
+    except JobQueueError:
+        return
+    assert queue.get(ref.id) is not None
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["URL", "QUEUES", "DEFAULTS", "RETENTION", "ON_COMMIT",
+                                        "MAX_PAYLOAD", "NOPE"]), anything, max_size=3))
+def test_any_settings_parse_or_are_refused_clearly(raw: dict[str, Any]) -> None:
+    with contextlib.suppress(JobQueueError):
+        parse(raw)
+
+
+@pytest.mark.django_db(transaction=True)
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.text(max_size=30), st.text(max_size=30))
+def test_any_console_url_answers_without_a_server_error(queue: str, job_id: str) -> None:
+    from django.contrib.auth.models import User
+
+    user = User.objects.filter(username="root").first() or User.objects.create_superuser(
+        "root", "root@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    from urllib.parse import quote
+
+    for url in (f"/admin/jobqueue/find/?id={quote(job_id)}",
+                f"/admin/jobqueue/jobs/{quote(queue, safe='')}/{quote(job_id, safe='')}/",
+                f"/admin/jobqueue/queues/{quote(queue, safe='')}/"):
+        assert client.get(url).status_code < 500, url
