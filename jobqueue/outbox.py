@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from .records import JobRef
 from .spec import JobSpec, Prepared
 from .states import State
 
@@ -58,10 +59,24 @@ def push(queue: Queue, specs: list[JobSpec]) -> None:
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
     try:
-        queue.enqueue_many(specs)
+        refs = queue.enqueue_many(specs)
     except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
         log.warning("queue=%s: Valkey unreachable (%s); %d durable job(s) wait in the database "
                     "for a worker's relay", queue.name, exc, len(specs))
+        return
+    _cancel_duplicates(specs, refs)
+
+
+def _cancel_duplicates(specs: Sequence[JobSpec], refs: Sequence[JobRef]) -> None:
+    """A durable job whose unique_key a live job already held never runs: its row, written
+    before Valkey could say so, becomes cancelled and names the job that holds the key."""
+    from .models import Job
+
+    for spec, ref in zip(specs, refs, strict=True):
+        if spec.job_id is not None and ref.id != spec.job_id:
+            Job.objects.filter(pk=spec.job_id, state__in=UNFINISHED).update(
+                state=State.CANCELLED, finished_at=datetime.now(UTC),
+                last_error=f"unique_key {spec.unique_key!r} is held by job {ref.id}")
 
 
 def spec_of(row: Job) -> JobSpec:
@@ -79,8 +94,10 @@ def _resend(queue: Queue, rows: Sequence[Job]) -> int:
     """Enqueue rows again by id; mark them relayed; how many Valkey did not have."""
     from .models import Job
 
-    refs = queue.enqueue_many([spec_of(row) for row in rows])
+    specs = [spec_of(row) for row in rows]
+    refs = queue.enqueue_many(specs)
     Job.objects.filter(pk__in=[row.pk for row in rows], relayed=False).update(relayed=True)
+    _cancel_duplicates(specs, refs)
     return sum(1 for ref in refs if ref.created)
 
 

@@ -100,3 +100,11 @@ def test_the_jobqueue_command_refuses_bad_arguments_in_one_line(args: list[str],
                                                                  valkey_server: ValkeyProcess) -> None:
     done = manage("jobqueue", *args, url=valkey_server.url)
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_durable_duplicate_unique_key_is_cancelled_naming_the_job_that_holds_it() -> None:
+    first = durable_add.using(unique_key="order-7").enqueue(1, 1)
+    second = durable_add.using(unique_key="order-7").enqueue(2, 2)
+    row = Job.objects.get(pk=second.id)
+    assert row.state == "cancelled" and first.id in row.last_error and "order-7" in row.last_error
+    assert Job.objects.get(pk=first.id).state == "pending" and in_valkey(first.id)
