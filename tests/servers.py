@@ -31,6 +31,14 @@ class ValkeyProcess:
         with open(self.dir / "valkey.log", "ab") as log:
             self.proc = subprocess.Popen(server_args(self.port, self.dir, *self.extra),
                                          stdout=log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_until_up()
+        except Exception:
+            self.stop(kill=True)  # a server that never answered is not left behind
+            raise
+        return self
+
+    def _wait_until_up(self) -> None:
         if "--requirepass" in self.extra:  # PING wants the password: ask with it
             password = self.extra[self.extra.index("--requirepass") + 1]
             client = redis.Redis(port=self.port, password=password)
@@ -46,7 +54,6 @@ class ValkeyProcess:
             client.close()
         else:
             wait_until_up(self.port)
-        return self
 
     def stop(self, kill: bool = False) -> None:
         if self.proc and self.proc.poll() is None:

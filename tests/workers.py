@@ -39,7 +39,12 @@ def start_worker(valkey_url: str, *args: str, db_url: str | None = None,
 
 def run_burst(valkey_url: str, *args: str, timeout: float = 120, **kw: object) -> int:
     proc = start_worker(valkey_url, "--burst", *args, **kw)  # type: ignore[arg-type]
-    return proc.wait(timeout)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a failed test leaves no worker behind
+        proc.wait()
+        raise
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 30, every: float = 0.02) -> None:
