@@ -6,6 +6,7 @@ changes `JOBQUEUE` (Django's `setting_changed` signal clears the caches).
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -74,7 +75,7 @@ def _queue_options(base: QueueOptions, raw: Any, where: str) -> QueueOptions:
 def _number(raw: dict[str, Any], key: str, default: float, *, integer: bool = False) -> Any:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) \
-            or value != value or value < 0 or value == float("inf"):
+            or not math.isfinite(value) or value < 0:
         kind = "a whole number" if integer else "a number of seconds"
         raise ConfigurationError(f"JOBQUEUE[{key!r}] must be {kind} ≥ 0, got {value!r}")
     return value

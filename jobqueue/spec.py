@@ -69,19 +69,22 @@ def validate_backoff(value: object) -> float:
     return seconds(value, "backoff", low=0, high=MAX_SECONDS)
 
 
-def _positive_int(value: object, what: str, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise InvalidOption(f"{what} must be an integer in 1…{high}, got {value!r}")
+def whole_number(value: object, what: str, low: int, high: int | None = None) -> int:
+    """An int (not a bool) within low…high (no upper bound when high is None)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+            high is not None and value > high):
+        bounds = f"an integer in {low}…{high}" if high is not None else f"a whole number ≥ {low}"
+        raise InvalidOption(f"{what} must be {bounds}, got {value!r}")
     return value
 
 
 def check_queue_options(options: QueueOptions) -> None:
     """Validate a queue's options with the rules a job's own options follow."""
-    _positive_int(options.shards, "shards", 1024)
+    whole_number(options.shards, "shards", 1, 1024)
     validate_max_attempts(options.max_attempts)
     validate_lease(options.lease)
     if options.concurrency is not None:
-        _positive_int(options.concurrency, "concurrency", 10_000)
+        whole_number(options.concurrency, "concurrency", 1, 10_000)
     validate_backoff(options.backoff)
     validate_priority(options.priority)
     if not isinstance(options.durable, bool):

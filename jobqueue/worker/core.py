@@ -32,7 +32,7 @@ from django.db import DatabaseError
 from redis.exceptions import AuthenticationError, RedisError
 
 from .. import outbox, spec
-from ..exceptions import ConfigurationError, InvalidOption
+from ..exceptions import ConfigurationError
 from ..records import Lease
 from ..states import State
 from ..store import Queue, known_queues
@@ -69,9 +69,9 @@ class WorkerConfig:
     mirror: bool = True
 
     def __post_init__(self) -> None:
-        _check_whole(self.concurrency, "concurrency", 1)
+        spec.whole_number(self.concurrency, "concurrency", 1)
         if self.prefetch is not None:
-            _check_whole(self.prefetch, "prefetch", 0)
+            spec.whole_number(self.prefetch, "prefetch", 0)
         if self.lease is not None:
             spec.validate_lease(self.lease)
         spec.seconds(self.grace, "grace", low=0, high=86_400)
@@ -80,11 +80,6 @@ class WorkerConfig:
     def capacity(self) -> int:
         """How many claimed jobs the worker holds at most (running plus prefetched)."""
         return self.concurrency + (self.concurrency if self.prefetch is None else self.prefetch)
-
-
-def _check_whole(value: object, what: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidOption(f"{what} must be a whole number ≥ {minimum}, got {value!r}")
 
 
 class Worker:
