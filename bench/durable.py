@@ -38,16 +38,32 @@ def main() -> None:
                 with transaction.atomic():
                     handler.enqueue()  # type: ignore[attr-defined]
 
+        def threads(handler: object, count: int) -> None:
+            """`count` producers (web workers, say) each enqueueing one job per call."""
+            from concurrent.futures import ThreadPoolExecutor
+
+            from django.db import connection
+
+            def produce(share: int) -> None:
+                for _ in range(share):
+                    handler.enqueue()  # type: ignore[attr-defined]
+                connection.close()
+
+            with ThreadPoolExecutor(count) as pool:
+                list(pool.map(produce, [n // count] * count))
+
         n, bulk = args.jobs, args.bulk
         rows = [
             ("plain, one call per job", rate(n, lambda: [plain.enqueue() for _ in range(n)])),
             ("durable, one call per job (autocommit)",
              rate(n, lambda: [durable.enqueue() for _ in range(n)])),
             ("durable, one transaction per job", rate(n, lambda: in_transactions(durable))),
+            ("plain, one call per job, 8 producer threads", rate(n, lambda: threads(plain, 8))),
+            ("durable, one call per job, 8 producer threads", rate(n, lambda: threads(durable, 8))),
             ("plain, enqueue_many", rate(bulk, lambda: plain.enqueue_many([()] * bulk))),
             ("durable, enqueue_many", rate(bulk, lambda: durable.enqueue_many([()] * bulk))),
         ]
-        assert Job.objects.filter(durable=True).count() == 2 * n + bulk
+        assert Job.objects.filter(durable=True).count() == 3 * n + bulk
         table(f"{n:,} single / {bulk:,} bulk no-op enqueues, Valkey + MariaDB on loopback", rows)
 
 

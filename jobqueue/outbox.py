@@ -16,7 +16,6 @@ no-op while Valkey holds that job. The mirror makes the same rows terminal when 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -38,14 +37,14 @@ RELAY_GRACE = 5.0
 
 def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
     """Insert the rows of durable jobs (one multi-row INSERT), in the current transaction."""
-    from .models import insert_jobs
+    from .models import EncodedJSON, insert_jobs
 
     now = datetime.now(UTC)
     insert_jobs({
         "id": job.job_id, "queue": queue.name,
         "shard": queue.place(job.job_id, job.lane, job.unique_key), "lane": job.lane,
         "state": State.SCHEDULED if job.delay_ms else State.PENDING, "priority": job.priority,
-        "attempts": 0, "max_attempts": job.max_attempts, "payload": json.loads(job.payload),
+        "attempts": 0, "max_attempts": job.max_attempts, "payload": EncodedJSON(job.payload),
         "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",
         "enqueued_at": now, "started_at": None, "finished_at": None, "mirrored_at": now,
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),

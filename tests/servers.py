@@ -173,3 +173,50 @@ class MariaDBProcess:
             self.proc.kill()
             self.proc.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TLSProxy:
+    """Debian's stunnel in front of a Valkey (the bundled valkey-server has no TLS): a
+    self-signed certificate for 127.0.0.1, `ca` is the file a client must trust."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="jq-tls-"))
+        self.ca = self.dir / "cert.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", str(self.dir / "key.pem"), "-out", str(self.ca)],
+                       check=True, capture_output=True)
+        (self.dir / "stunnel.conf").write_text(
+            f"foreground = yes\npid =\n[valkey]\naccept = 127.0.0.1:{self.port}\n"
+            f"connect = 127.0.0.1:{target_port}\ncert = {self.ca}\nkey = {self.dir / 'key.pem'}\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, **query: str) -> str:
+        args = "&".join(f"{k}={v}" for k, v in query.items())
+        return f"rediss://127.0.0.1:{self.port}/0" + (f"?{args}" if args else "")
+
+    def start(self) -> TLSProxy:
+        with open(self.dir / "stunnel.log", "ab") as log:
+            self.proc = subprocess.Popen([shutil.which("stunnel4") or "stunnel",
+                                          str(self.dir / "stunnel.conf")],
+                                         stdout=log, stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url(ssl_ca_certs=str(self.ca)))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    self.cleanup()
+                    raise
+                time.sleep(0.05)
+        client.close()
+        return self
+
+    def cleanup(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)

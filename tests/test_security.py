@@ -5,6 +5,7 @@ credentials (a password, an ACL user) come from the URL and never show in an err
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from jobqueue.models import Job
 from jobqueue.scripts import TRANSITIONS, source
 from tests.jobapp import jobs
 
-from .servers import ValkeyProcess
+from .servers import TLSProxy, ValkeyProcess
 from .workers import manage, run_burst
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jobqueue"
@@ -124,3 +125,29 @@ def test_an_acl_user_in_the_url_runs_everything(settings: Any) -> None:
         assert wrong.returncode == 1 and "nope" not in wrong.stderr and "jq-secret" not in wrong.stderr
     finally:
         server.cleanup()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(not (shutil.which("stunnel4") or shutil.which("stunnel")),
+                    reason="needs Debian's stunnel4 (apt-get install stunnel4)")
+def test_tls_with_rediss_runs_everything_and_an_untrusted_certificate_is_one_clear_line(
+        settings: Any, valkey_server: ValkeyProcess) -> None:
+    proxy = TLSProxy(valkey_server.port).start()
+    try:
+        url = proxy.url(ssl_ca_certs=str(proxy.ca))
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": url}
+        ref = jobs.add.enqueue(40, 2)
+        assert "default" in manage("jobqueue", "stats", url=url).stdout
+        assert run_burst(url) == 0
+        assert Job.objects.get(pk=ref.id).result == 42
+
+        untrusted = proxy.url()  # the system's CAs do not know the self-signed certificate
+        done = manage("jobqueue", "stats", url=untrusted)
+        assert done.returncode == 1 and "cannot use Valkey" in done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        worker = manage("runworker", "--workers", "1", "--burst", url=untrusted)
+        assert worker.returncode == 1 and "TLS" in worker.stderr, worker.stderr
+        assert "Traceback" not in worker.stderr
+    finally:
+        proxy.cleanup()

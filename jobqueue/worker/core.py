@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections import Counter, defaultdict
@@ -171,6 +172,10 @@ class Worker:
             except AuthenticationError as exc:  # waiting would not help: say so and stop
                 raise ConfigurationError(f"Valkey refused the credentials in the URL: {exc}") from None
             except VALKEY_DOWN as exc:
+                if isinstance(exc.__context__, ssl.SSLCertVerificationError):
+                    raise ConfigurationError(
+                        f"Valkey's TLS certificate is not trusted (name the CA file in the URL: "
+                        f"?ssl_ca_certs=/path/ca.pem): {exc}") from None
                 log.warning("Valkey unreachable at start (%s); retrying", exc)
                 if self._stop_claiming.wait(delay):
                     log.info("worker %s stopped before Valkey answered", self.config.name)

@@ -114,3 +114,51 @@ def test_nothing_is_lost_or_recorded_twice_under_chaos(settings: Any, tmp_path: 
         valkey.cleanup()
         effects.cleanup()
         db.cleanup()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_durable_queue_survives_valkey_losing_everything_mid_run(settings: Any) -> None:
+    """Valkey is flushed while two workers drain a durable queue (running jobs, unmirrored
+    finishes and all); `jobqueue restore` brings back every unfinished row, and every job ends
+    succeeded exactly once in the database, its effect recorded once."""
+    from ..workers import manage
+
+    valkey = ValkeyProcess().start()
+    effects = ValkeyProcess(appendonly=False).start()
+    workers: list[subprocess.Popen[bytes]] = []
+    jobs_n = min(JOBS, 600)
+    try:
+        settings.JOBQUEUE = {"URL": valkey.url, "QUEUES": {"default": {}, "durable": {"durable": True}}}
+        rng = random.Random(11)
+        refs = jobs.chaos_step.using(queue="durable", immediate=True).enqueue_many(
+            [(effects.url, rng.uniform(0, 0.01), 0.5) for _ in range(jobs_n)])
+        workers = [start_worker(valkey.url, "--queues", "durable", "--concurrency", "4")
+                   for _ in range(2)]
+        recorded = redis.Redis.from_url(effects.url)
+        while len(recorded.keys("effect:*")) < jobs_n // 3:
+            time.sleep(0.05)
+        redis.Redis.from_url(valkey.url).flushall()  # Valkey lost its data under the workers
+        restored = manage("jobqueue", "restore", url=valkey.url)
+        assert restored.returncode == 0, restored.stderr
+        time.sleep(1)
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        assert {w.wait(60) for w in workers} == {0}
+        workers = []
+        # Rows the flush took before they were mirrored are still unfinished in the database:
+        # restore again, then drain.
+        assert manage("jobqueue", "restore", url=valkey.url).returncode == 0
+        assert start_worker(valkey.url, "--queues", "durable", "--burst").wait(120) == 0
+        from jobqueue.models import Job
+
+        states = dict(Job.objects.filter(queue="durable").values_list("id", "state"))
+        assert states == {ref.id: "succeeded" for ref in refs}
+        assert {key.decode()[7:] for key in recorded.keys("effect:*")} == {r.id for r in refs}
+        print(f"\nflush under a durable queue: {jobs_n} jobs, "
+              f"{int(recorded.get('effects:replayed') or 0)} replays absorbed, "
+              f"{restored.stdout.strip()}, lost 0")
+    finally:
+        for w in workers:
+            w.kill()
+        valkey.cleanup()
+        effects.cleanup()

@@ -109,10 +109,11 @@ class Command(BaseCommand):
         parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        self._configure_logging(options["log_level"])
+    @staticmethod
+    def config(options: dict[str, Any]) -> WorkerConfig:
+        """The worker's configuration from parsed options; a CommandError names a bad one."""
         try:
-            config = WorkerConfig(
+            return WorkerConfig(
                 queues=queue_list(options["queues"]),
                 concurrency=options["concurrency"], prefetch=options["prefetch"],
                 burst=options["burst"], lease=options["lease"],
@@ -122,6 +123,10 @@ class Command(BaseCommand):
             )
         except JobQueueError as exc:
             raise CommandError(str(exc)) from None
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["log_level"])
+        config = self.config(options)
         workers = options["workers"] or default_workers()
         if workers > 1:
             supervisor = Supervisor([_child_argv(options, config.name, i) for i in range(workers)],
