@@ -1,7 +1,12 @@
 """Settings for the bench: the project's, plus the bench's own jobs app."""
 
 from project.settings import *  # noqa: F403
-from project.settings import INSTALLED_APPS
+import os
+
+from project.settings import INSTALLED_APPS, JOBQUEUE
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchapp"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+if "JOBQUEUE_RETENTION" in os.environ:  # bench/soak.py: how long finished rows stay in Valkey
+    JOBQUEUE["RETENTION"] = float(os.environ["JOBQUEUE_RETENTION"])

@@ -1,8 +1,8 @@
 """Soak: a million no-op jobs over 100 lanes and 3 queues, drained by 2 `runworker` processes
-(mirror on, into MariaDB). Prints Valkey's memory and the workers' resident memory before,
+(mirror on, into MariaDB), finished rows kept in Valkey for `--retention` seconds. Prints Valkey's memory and the workers' resident memory before,
 while and after the queues drain, then again once they have stood idle: nothing may grow.
 
-    .venv/bin/python bench/soak.py [--jobs 1000000] [--idle 60]
+    .venv/bin/python bench/soak.py [--jobs 1000000] [--idle 120] [--retention 60]
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ def rss_mib(pids: list[int]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=1_000_000)
-    parser.add_argument("--idle", type=float, default=60.0, help="seconds to watch once drained")
+    parser.add_argument("--idle", type=float, default=120.0, help="seconds to watch once drained")
+    parser.add_argument("--retention", type=float, default=60.0,
+                        help="seconds finished rows stay in Valkey (the default setting is a day)")
     parser.add_argument("--database", default="mysql://root@127.0.0.1:3306/jobqueue_bench")
     args = parser.parse_args()
     with valkey(appendonly=True) as url:
-        os.environ.update(VALKEY_URL=url, DATABASE_URL=args.database,
-                          DJANGO_SETTINGS_MODULE="project.settings", PYTHONPATH=str(ROOT))
+        os.environ.update(VALKEY_URL=url, JOBQUEUE_RETENTION=str(args.retention), DATABASE_URL=args.database,
+                          DJANGO_SETTINGS_MODULE="bench_settings",
+                          PYTHONPATH=f"{ROOT / 'bench'}:{ROOT}")
         prepare_database(args.database)
         import django
 
@@ -44,7 +47,7 @@ def main() -> None:
         from jobqueue import Queue
         from jobqueue.conf import get_client
         from jobqueue.models import Job
-        from tests.jobapp import jobs as handlers
+        from benchapp import jobs as handlers
 
         client = get_client()
         queues = [Queue(name) for name in QUEUES]

@@ -223,10 +223,11 @@ class Queue:
 
     def extend(self, lease: Lease, seconds: float) -> bool:
         """Renew a lease for `seconds` from now (server clock); False when stale."""
-        return self.extend_many([lease], seconds)[0] > 0
+        return self.extend_many([lease], seconds)[0] in (1, 2)
 
     def extend_many(self, leases: Sequence[Lease], seconds: float) -> list[int]:
-        """Renew many leases, one call per shard: 1 renewed, 2 renewed but cancel requested, 0 stale."""
+        """Renew many leases, one call per shard: 1 renewed, 2 renewed but cancel requested, 3 not
+        renewed because that attempt has already finished (acked meanwhile), 0 stale."""
         ms = round(validate_lease(seconds) * 1000)
         return [int(code) for code in self._per_shard("extend", [], leases, [[ms]] * len(leases))]
 

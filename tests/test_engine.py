@@ -136,6 +136,16 @@ def test_extend_and_checkpoint(queue: Queue, valkey: Any) -> None:
     assert again.checkpoint == {"page": 3}
 
 
+def test_renewing_an_attempt_that_just_finished_says_so_instead_of_stale(queue: Queue) -> None:
+    # The heartbeat snapshots the held jobs and renews them; an ack may land in between. That
+    # attempt finished: it is not a lost lease (which would warn "may run again elsewhere").
+    queue.enqueue("p")
+    [lease] = claim_all(queue)
+    assert queue.ack(lease, None)
+    assert queue.extend_many([lease], 30) == [3]
+    assert queue.extend(lease, 30) is False
+
+
 def test_reap_returns_expired_leases_and_kills_spent_ones(queue: Queue) -> None:
     a = queue.enqueue("a", max_attempts=2)
     b = queue.enqueue("b", max_attempts=1)

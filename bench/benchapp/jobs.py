@@ -16,3 +16,8 @@ def tick() -> None:
 def stamp(sent: float) -> None:
     """For the latency run: how long from enqueue to start."""
     counter().rpush("bench:latency", time.time() - sent)
+
+
+@job
+def noop() -> None:
+    """For the soak: nothing at all."""

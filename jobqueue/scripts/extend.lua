@@ -2,7 +2,8 @@
 KEYS[1] base    prefix  emq:{q}
 KEYS[2] active  ZSET    id -> lease deadline ms
 ARGV[1] n, then 3 per job: id, token, lease ms from now
-Returns: per job 1 (renewed), 2 (renewed, and an operator asked to cancel it) or 0 (stale)
+Returns: per job 1 (renewed), 2 (renewed, and an operator asked to cancel it), 3 (not renewed:
+        this very attempt has finished, its ack got there first) or 0 (stale: the lease is lost)
 ]]
 local base, active, n = KEYS[1], KEYS[2], tonumber(ARGV[1])
 local now = now_ms()
@@ -15,6 +16,8 @@ for i = 0, n - 1 do
     redis.call('ZADD', active, 'XX', now + ms, id)
     redis.call('HSET', jk, 'lease_until', now + ms)
     out[#out + 1] = (row[3] == '1') and 2 or 1
+  elseif row[2] == token and row[1] ~= 'pending' and row[1] ~= 'scheduled' then
+    out[#out + 1] = 3
   else
     out[#out + 1] = 0
   end

@@ -57,7 +57,12 @@ class Heartbeat:
                 log.warning("could not renew leases (%s); retrying", exc)
                 return
             for item, code in zip(group, codes, strict=True):
-                if code == 0 and not item.lost:
+                if code == 0 and not item.lost and self._still_held(item):
                     item.lost = True
                     log.warning("queue=%s job=%s lease lost: it may run again elsewhere",
                                 name, item.lease.job_id)
+
+    def _still_held(self, item: Held) -> bool:
+        """A job recorded (and forgotten) since the snapshot lost nothing: its outcome got there."""
+        with self.lock:
+            return self.held.get(item.lease.job_id) is item
