@@ -1,8 +1,8 @@
 """Settings for the bench: the project's, plus the bench's own jobs app."""
 
-from project.settings import *  # noqa: F403
 import os
 
+from project.settings import *  # noqa: F403
 from project.settings import INSTALLED_APPS, JOBQUEUE
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchapp"]

@@ -1,6 +1,7 @@
 """Soak: a million no-op jobs over 100 lanes and 3 queues, drained by 2 `runworker` processes
-(mirror on, into MariaDB), finished rows kept in Valkey for `--retention` seconds. Prints Valkey's memory and the workers' resident memory before,
-while and after the queues drain, then again once they have stood idle: nothing may grow.
+(mirror on, into MariaDB), finished rows kept in Valkey for `--retention` seconds. Prints
+Valkey's memory and the workers' resident memory before, while and after the queues drain, then
+again once they have stood idle: nothing may grow.
 
     .venv/bin/python bench/soak.py [--jobs 1000000] [--idle 120] [--retention 60]
 """
@@ -44,10 +45,11 @@ def main() -> None:
         import django
 
         django.setup()
+        from benchapp import jobs as handlers
+
         from jobqueue import Queue
         from jobqueue.conf import get_client
         from jobqueue.models import Job
-        from benchapp import jobs as handlers
 
         client = get_client()
         queues = [Queue(name) for name in QUEUES]
