@@ -88,7 +88,13 @@ def _split(call: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:
 
 
 def _payload(handler: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    return {"handler": handler, "args": list(args), "kwargs": dict(kwargs)}
+    """Empty args and kwargs are left out: every waiting job's bytes are Valkey RAM."""
+    payload: dict[str, Any] = {"handler": handler}
+    if args:
+        payload["args"] = list(args)
+    if kwargs:
+        payload["kwargs"] = dict(kwargs)
+    return payload
 
 
 def _check_spec_options(spec: Mapping[str, Any]) -> None:

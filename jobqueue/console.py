@@ -14,11 +14,13 @@ from .states import State
 from .store import JobInfo, Queue
 
 LIST_FIELDS = ("state", "attempts", "priority", "lane", "enqueued_at", "run_after", "started_at",
-               "lease_until", "finished_at", "worker", "last_error", "payload", "max_attempts",
-               "queue", "shard")
-PAGE_STATES: dict[str, str] = {State.PENDING: "waiting", State.SCHEDULED: "schedule", State.ACTIVE: "active",
-               State.DEAD: "dead"}
-"""The shard index (sorted set) that lists the jobs of each state a page shows."""
+               "lease_until", "finished_at", "worker", "last_error", "payload", "max_attempts")
+PAGE_STATES: dict[str, str] = {State.PENDING: "pending", State.SCHEDULED: "schedule",
+                               State.ACTIVE: "active", State.DEAD: "dead"}
+"""The shard index (sorted set) that lists the jobs of each state a page shows; pending jobs are
+listed per lane, in the order they will be claimed."""
+DEFAULT_LANE = "(default)"
+"""How the console names the default lane (parentheses are not allowed in a lane name)."""
 MAX_LANES = 500
 MAX_ACTIVE_SCAN = 1000
 
@@ -54,19 +56,14 @@ def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
     pipe = queue.client.pipeline(transaction=False)
     for index in range(total):
         shard = queue.shard(index)
-        pipe.zrange(shard.key("waiting"), 0, 0, withscores=True)
         for minute in buckets:
             pipe.hmget(shard.key(f"m:{minute}"), "succeeded", "failed")
     replies = pipe.execute()
-    oldest: float | None = None
+    ready = [ms for index in range(total) for _, _, ms in queue.heads(index, MAX_LANES)]
+    oldest = max(now - min(ready), 0) / 1000 if ready else None
     succeeded, failed = [0] * minutes, [0] * minutes
-    step = 1 + minutes
     for index in range(total):
-        head = replies[index * step]
-        if head:
-            wait = max(now - head[0][1], 0) / 1000
-            oldest = wait if oldest is None else max(oldest, wait)
-        for i, (ok, bad) in enumerate(replies[index * step + 1 : (index + 1) * step]):
+        for i, (ok, bad) in enumerate(replies[index * minutes : (index + 1) * minutes]):
             succeeded[i] += int(ok or 0)
             failed[i] += int(bad or 0)
     return Overview(queue.name, total, queue.counts(), queue.is_paused(), oldest, succeeded,
@@ -84,7 +81,7 @@ def deepest_lanes(queue: Queue, limit: int = 20) -> list[tuple[str, int]]:
             pipe.zcard(shard.lane(lane))
         depths += zip(names, (int(n) for n in pipe.execute()), strict=True)
     depths.sort(key=lambda item: -item[1])
-    return [(lane or "(default)", depth) for lane, depth in depths[:limit]]
+    return [(lane or DEFAULT_LANE, depth) for lane, depth in depths[:limit]]
 
 
 def lanes_in_flight(queue: Queue, index: int) -> Counter[str]:
@@ -94,7 +91,7 @@ def lanes_in_flight(queue: Queue, index: int) -> Counter[str]:
     pipe = queue.client.pipeline(transaction=False)
     for job_id in ids:
         pipe.hget(shard.job(job_id), "lane")
-    return Counter(lane or "(default)" for lane in pipe.execute())
+    return Counter(lane or DEFAULT_LANE for lane in pipe.execute())
 
 
 def _rows(queue: Queue, shard: ShardKeys, ids: list[str]) -> list[JobInfo]:
@@ -105,15 +102,17 @@ def _rows(queue: Queue, shard: ShardKeys, ids: list[str]) -> list[JobInfo]:
     for job_id, values in zip(ids, pipe.execute(), strict=True):
         row = {k: v for k, v in zip(LIST_FIELDS, values, strict=True) if v is not None}
         if row:
-            rows.append(JobInfo.from_row(job_id, queue.name, row))
+            rows.append(JobInfo.from_row(job_id, queue.name, row, shard.index,
+                                         queue.options.max_attempts))
     return rows
 
 
-def page(queue: Queue, state: str, index: int, number: int, per_page: int = 50
+def page(queue: Queue, state: str, index: int, number: int, per_page: int = 50, lane: str = ""
          ) -> tuple[list[JobInfo], int]:
-    """One page of a shard's jobs in a live state, oldest first (dead: newest first)."""
+    """One page of a shard's jobs in a live state: pending ones of one lane in claim order,
+    scheduled by due time, active by lease deadline, dead newest first."""
     shard = queue.shard(index)
-    key = shard.key(PAGE_STATES[state])
+    key = shard.lane(lane) if state == State.PENDING else shard.key(PAGE_STATES[state])
     total = int(queue.client.zcard(key))
     start = (number - 1) * per_page
     if state == State.DEAD:
@@ -166,8 +165,8 @@ def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 5
         found.long_running += [job for job in active if job.started_at
                                and now / 1000 - job.started_at.timestamp() > running_over
                                and job.id not in expired][:limit]
-        old = client.zrangebyscore(shard.key("waiting"), "-inf", now - pending_over * 1000,
-                                   start=0, num=limit)
+        old = [job_id for _, job_id, ready in queue.heads(index, MAX_LANES)
+               if ready < now - pending_over * 1000][:limit]
         found.old_pending += _rows(queue, shard, old)
         found.dead += _rows(queue, shard, client.zrevrange(shard.key("dead"), 0, limit - 1))
     return found

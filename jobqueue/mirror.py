@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from .conf import get_config
 from .records import mirror_columns
 from .store import Queue
 
@@ -20,17 +21,19 @@ NOT_DURABLE = {"durable": False, "relayed": True, "run_after": None, "backoff_ms
 """The outbox columns of a row the mirror creates (see outbox.py); it never updates them."""
 
 
-def upsert(events: Sequence[Mapping[str, str]], queue: str | None = None,
-           shard: int | None = None) -> int:
-    """Write a batch as one multi-row upsert keyed by job id. The last event of a job wins, so
-    replays and re-runs after an operator retry converge on the newest state."""
+def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> int:
+    """Write a batch of one shard's events as one multi-row upsert keyed by job id. The last
+    event of a job wins, so replays and re-runs after an operator retry converge on the newest
+    state."""
     from .models import Job, insert_jobs
 
     latest = {event["id"]: event for event in events}
     now = datetime.now(UTC)
     kept = {"id", *NOT_DURABLE}  # a durable row keeps its outbox columns
     update = [f.attname for f in Job._meta.concrete_fields if f.attname not in kept]
-    return insert_jobs(({**NOT_DURABLE, **mirror_columns(event, queue, shard), "mirrored_at": now}
+    max_attempts = get_config().queue(queue).max_attempts
+    return insert_jobs(({**NOT_DURABLE, **mirror_columns(event, queue, shard, max_attempts),
+                         "mirrored_at": now}
                         for event in latest.values()), update)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from functools import cache, lru_cache
 from typing import Any
 
@@ -138,7 +138,8 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
             return value
         return db.ops.adapt_json_value(value, None)
 
-    adapters = {models.DateTimeField: adapt_datetime, models.JSONField: adapt_json}
+    adapters: dict[type, Callable[[Any], Any]] = {models.DateTimeField: adapt_datetime,
+                                                  models.JSONField: adapt_json}
     columns = [(f.attname, adapters.get(type(f))) for f in Job._meta.concrete_fields]
     values = [[adapt(row[name]) if adapt else row[name] for name, adapt in columns] for row in rows]
     sql = _insert_sql(db.vendor, tuple(sorted(update)))

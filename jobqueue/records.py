@@ -132,18 +132,22 @@ class JobInfo:
     """Fields of the row that could not be read (shown as found, bad bytes replaced)."""
 
     @classmethod
-    def from_row(cls, job_id: str, queue: str, row: Mapping[str, str]) -> JobInfo:
-        """Decode a Valkey job row; never raises, whatever the row holds."""
+    def from_row(cls, job_id: str, queue: str, row: Mapping[str, str], shard: int = 0,
+                 max_attempts: int = 0) -> JobInfo:
+        """Decode a Valkey job row; never raises, whatever the row holds. A row holds only what
+        differs from a default: `max_attempts` is the queue's when it holds none, `run_after`
+        its enqueue time."""
         fields = RowFields(row)
         return cls(
             id=job_id, queue=queue, state=fields.text("state") or State.DEAD,
             attempts=fields.int("attempts"), priority=fields.int("priority"),
             lane=fields.text("lane") or None, payload=fields.json("payload"),
             result=fields.json("result"), last_error=fields.text("last_error"),
-            checkpoint=fields.json("checkpoint"), max_attempts=fields.int("max_attempts"),
+            checkpoint=fields.json("checkpoint"),
+            max_attempts=fields.int("max_attempts") or max_attempts,
             unique_key=fields.text("unique_key") or None, worker=fields.text("worker"),
-            shard=fields.int("shard"), enqueued_at=fields.time("enqueued_at"),
-            run_after=fields.time("run_after"), started_at=fields.time("started_at"),
+            shard=shard, enqueued_at=(enqueued := fields.time("enqueued_at")),
+            run_after=fields.time("run_after") or enqueued, started_at=fields.time("started_at"),
             lease_until=fields.time("lease_until"), finished_at=fields.time("finished_at"),
             cancel_requested=row.get("cancel") == "1", corrupt=tuple(fields.corrupt),
         )
@@ -190,18 +194,18 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(value, high))
 
 
-def mirror_columns(event: Mapping[str, str], queue: str | None = None,
-                   shard: int | None = None) -> dict[str, Any]:
-    """The `Job` columns a terminal event describes. The mirror passes the queue and shard of
-    the stream it read, so a corrupt `queue` field cannot file a job under another queue."""
+def mirror_columns(event: Mapping[str, str], queue: str, shard: int,
+                   max_attempts: int) -> dict[str, Any]:
+    """The `Job` columns a terminal event describes, with the queue and shard of the stream it
+    came from (rows do not repeat them) and the queue's max_attempts for a row that kept the
+    default."""
     fields = RowFields(event)
     columns = {
-        "id": event["id"], "queue": fields.text("queue")[:64] if queue is None else queue,
-        "shard": _clamp(fields.int("shard"), 0, 1023) if shard is None else shard,
+        "id": event["id"], "queue": queue, "shard": shard,
         "lane": fields.text("lane")[:128],
         "state": fields.text("state")[:16], "priority": _clamp(fields.int("priority"), -100, 100),
         "attempts": _clamp(fields.int("attempts"), 0, INT_MAX),
-        "max_attempts": _clamp(fields.int("max_attempts"), 0, INT_MAX),
+        "max_attempts": _clamp(fields.int("max_attempts") or max_attempts, 0, INT_MAX),
         "payload": fields.json("payload"), "result": fields.json("result"),
         "last_error": fields.text("last_error"), "unique_key": fields.text("unique_key")[:200],
         "worker": fields.text("worker")[:200], "enqueued_at": fields.time("enqueued_at"),

@@ -121,10 +121,13 @@ class Prepared(NamedTuple):
     delay_ms: int
     unique_key: str
 
-    def argv(self) -> list[Any]:
-        return [self.job_id, self.payload, self.priority, self.lane, self.max_attempts,
-                self.backoff_ms, self.lease_ms, self.delay_ms, self.unique_key,
-                "1" if self.minted else "0"]
+    def argv(self, options: QueueOptions) -> list[Any]:
+        """The enqueue script's arguments; a retry policy equal to the queue's is left out of
+        the row (the queue's settings then apply when the job fails)."""
+        return [self.job_id, self.payload, self.priority, self.lane,
+                "" if self.max_attempts == options.max_attempts else self.max_attempts,
+                "" if self.backoff_ms == round(options.backoff * 1000) else self.backoff_ms,
+                self.lease_ms, self.delay_ms, self.unique_key, "1" if self.minted else "0"]
 
 
 def _delay(spec: JobSpec) -> float:

@@ -139,9 +139,9 @@ class Queue:
         chunks = [positions[s : s + ENQUEUE_CHUNK] for s in range(0, len(positions), ENQUEUE_CHUNK)]
         calls = []
         for chunk in chunks:
-            args: list[Any] = [self.name, index, len(chunk)]
+            args: list[Any] = [len(chunk)]
             for i in chunk:
-                args.extend(prepared[i].argv())
+                args.extend(prepared[i].argv(self.options))
             calls.append(args)
         retry = []
         for chunk, reply in zip(chunks, self._run_many("enqueue", self.shard(index), calls), strict=True):
@@ -217,7 +217,8 @@ class Queue:
             _seconds(retry_in, "retry_in", low=0, high=MAX_DELAY) * 1000)
         state = self._run("nack", self.shard(lease.shard), [
             lease.job_id, lease.token, str(error)[:65_536], retry_ms, "1" if fatal else "0",
-            self._retention_ms(), self._dead_retention_ms(),
+            self._retention_ms(), self._dead_retention_ms(), self.options.max_attempts,
+            round(self.options.backoff * 1000),
         ])
         return state or None
 
@@ -250,7 +251,8 @@ class Queue:
         """Expired leases go back to waiting (or dead when spent); returns how many."""
         return sum(
             int(self._run("reap", self.shard(i),
-                          [limit, self._retention_ms(), self._dead_retention_ms()]))
+                          [limit, self._retention_ms(), self._dead_retention_ms(),
+                           self.options.max_attempts]))
             for i in range(shards or self.claim_shards())
         )
 
@@ -308,13 +310,18 @@ class Queue:
                 totals[name] += value
         return totals
 
+    def heads(self, index: int, lanes: int = 1000, bands: int = 10) -> list[tuple[str, str, int]]:
+        """(lane, job id, ms it became ready) of the first job of each priority band of the
+        shard's lanes (the first `lanes` of its ring): where its longest waits are."""
+        reply = self._run("heads", self.shard(index), [lanes, bands])
+        return [(reply[n], reply[n + 1], int(reply[n + 2])) for n in range(0, len(reply), 3)]
+
     def oldest_wait(self) -> float | None:
         """Seconds the longest-waiting ready job has waited (server clock), or None when none."""
         seconds, micros = self.client.time()
         now = int(seconds) * 1000 + int(micros) // 1000
-        heads = [self.client.zrange(self.shard(i).key("waiting"), 0, 0, withscores=True)
-                 for i in range(self.claim_shards())]
-        oldest = min((head[0][1] for head in heads if head), default=None)
+        oldest = min((ready for i in range(self.claim_shards()) for _, _, ready in self.heads(i)),
+                     default=None)
         return None if oldest is None else max(now - oldest, 0) / 1000
 
     def shard_counts(self, index: int) -> dict[str, int]:
@@ -327,7 +334,7 @@ class Queue:
         for index in self._candidates(job_id):
             row = self.client.hgetall(self.shard(index).job(job_id))
             if row:
-                return JobInfo.from_row(job_id, self.name, row)
+                return JobInfo.from_row(job_id, self.name, row, index, self.options.max_attempts)
         return None
 
     def _retention_ms(self) -> int:

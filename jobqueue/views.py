@@ -25,7 +25,7 @@ from django.views.decorators.http import require_POST
 
 from . import console, ids
 from .exceptions import InvalidJobId, JobQueueError
-from .keys import validate_queue
+from .keys import validate_lane, validate_queue
 from .models import Job, Shard
 from .states import State
 from .store import JobInfo, Queue, known_queues
@@ -106,7 +106,12 @@ class Console:
         shards = queue.claim_shards()
         shard = _int(request.GET.get("shard"), 0, 0, shards - 1)
         number = _int(request.GET.get("page"), 1, 1, 10**9)
-        jobs, total = console.page(queue, state, shard, number)
+        lane = request.GET.get("lane", console.DEFAULT_LANE)
+        try:
+            lane = "" if lane == console.DEFAULT_LANE else validate_lane(lane)
+        except JobQueueError:
+            lane = ""
+        jobs, total = console.page(queue, state, shard, number, lane=lane)
         in_flight = console.lanes_in_flight(queue, shard)
         lanes = [(lane, depth, in_flight.get(lane, 0))
                  for lane, depth in console.deepest_lanes(queue, 50)]
@@ -116,6 +121,7 @@ class Console:
         return self._render(
             request, "queue.html", f"Queue {name}", queue=queue, view=console.overview(queue),
             jobs=jobs, total=total, state=state, states=list(console.PAGE_STATES), shard=shard,
+            lane=lane or console.DEFAULT_LANE,
             shard_range=range(shards), shard_rows=shard_rows, page=number, last_page=last, lanes=lanes,
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,

@@ -142,9 +142,10 @@ def test_stuck_view_shows_old_waits_and_dead_jobs(admin_client: Client) -> None:
 def test_mirror_changelist_filters_and_bulk_retry_confirms_with_the_count(admin_client: Client) -> None:
     ids = [dead_job(i) for i in range(3)]
     queue = Queue("default")
-    upsert([e for _, e in queue.client.xrange("emq:{default}:done")])
-    upsert([{"id": "JOB0000000000z", "state": "dead", "queue": "default",
-             "payload": '{"handler": "tests.jobapp.jobs.add", "args": [1, 2], "kwargs": {}}'}])
+    upsert([e for _, e in queue.client.xrange("emq:{default}:done")], "default")
+    upsert([{"id": "JOB0000000000z", "state": "dead",
+             "payload": '{"handler": "tests.jobapp.jobs.add", "args": [1, 2], "kwargs": {}}'}],
+           "default")
     changelist = admin_client.get("/admin/jobqueue/job/?state__exact=dead").content.decode()
     assert all(i in changelist for i in ids)
     data = {"action": "retry_selected", "select_across": "1", "index": "0",
@@ -177,7 +178,7 @@ def test_the_console_works_on_a_valkey_cluster(admin_client: Client, settings: A
 
 def test_mirror_changelist_filters_by_exact_lane_keeping_other_filters(admin_client: Client) -> None:
     upsert([{"id": f"JOB000000000{i:02d}", "state": "succeeded" if i % 2 else "dead",
-             "queue": "default", "lane": f"player-{i % 3}"} for i in range(12)])
+             "lane": f"player-{i % 3}"} for i in range(12)], "default")
     page = admin_client.get("/admin/jobqueue/job/?state__exact=dead&lane=player-1").content.decode()
     shown = {f"JOB000000000{i:02d}" for i in range(12) if i % 2 == 0 and i % 3 == 1}
     assert all(i in page for i in shown) and page.count("/admin/jobqueue/jobs/default/JOB") == len(shown)

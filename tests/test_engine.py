@@ -51,7 +51,16 @@ def test_every_key_a_wrapper_passes_is_in_the_queues_slot(name: str) -> None:
 def test_enqueue_writes_the_row_and_the_lane(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue({"x": 1}, priority=5)
     row = valkey.hgetall(f"emq:{{default}}:job:{ref.id}")
-    assert row["state"] == "pending" and row["attempts"] == "0" and row["payload"] == '{"x":1}'
+    # Only what differs from a default: a waiting job's bytes are RAM.
+    assert row == {"state": "pending", "payload": '{"x":1}', "priority": "5",
+                   "enqueued_at": row["enqueued_at"]}
+    explicit = queue.enqueue("p", lane="l", max_attempts=9, backoff=2, lease=5, unique_key="u",
+                             delay=60)
+    assert set(valkey.hgetall(f"emq:{{default}}:job:{explicit.id}")) == {
+        "state", "payload", "enqueued_at", "lane", "max_attempts", "backoff_ms", "lease_ms",
+        "unique_key", "run_after"}
+    info = queue.get(ref.id)
+    assert info and info.attempts == 0 and info.max_attempts == 3 and info.run_after == info.enqueued_at
     assert valkey.zscore("emq:{default}:pending", ref.id) == -5
     assert valkey.lrange("emq:{default}:ring", 0, -1) == [""]
     assert valkey.llen("emq:{default}:wake") == 1
@@ -370,17 +379,21 @@ def test_malformed_ids_are_refused_by_operator_calls(queue: Queue) -> None:
             call("nope")
 
 
-def test_the_waiting_index_holds_exactly_the_ready_jobs(queue: Queue, valkey: Any) -> None:
+def test_heads_are_the_first_job_of_each_priority_band_of_each_lane(queue: Queue) -> None:
     a = queue.enqueue("a")
+    queue.enqueue("a2")
     b = queue.enqueue("b", lane="l1")
-    c = queue.enqueue("c", delay=60)
-    assert set(valkey.zrange("emq:{default}:waiting", 0, -1)) == {a.id, b.id}
+    low = queue.enqueue("low", lane="l1", priority=-5)
+    queue.enqueue("c", delay=60)
+    heads = queue.heads(0)
+    assert {(lane, job_id) for lane, job_id, _ in heads} == {("", a.id), ("l1", b.id), ("l1", low.id)}
+    assert all(ready > 0 for _, _, ready in heads)
+    wait = queue.oldest_wait()
+    assert wait is not None and 0 <= wait < 5
     queue.cancel(b.id)
-    [lease] = claim_all(queue)
-    assert valkey.zcard("emq:{default}:waiting") == 0
-    queue.release(lease)
-    assert valkey.zrange("emq:{default}:waiting", 0, -1) == [a.id]
-    assert c.id not in valkey.zrange("emq:{default}:waiting", 0, -1)
+    queue.cancel(low.id)
+    claim_all(queue)
+    assert queue.heads(0) == [] and queue.oldest_wait() is None
 
 
 def test_outcomes_are_counted_per_minute(queue: Queue, valkey: Any) -> None:

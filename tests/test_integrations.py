@@ -86,9 +86,9 @@ def test_celery_tasks_run_unchanged_with_retries(valkey_server: ValkeyProcess) -
 def test_mirror_keeps_ids_that_differ_only_in_case_apart() -> None:
     from jobqueue.mirror import upsert
 
-    upsert([{"id": "JOB0000000000a", "state": "succeeded", "queue": "q"},
-            {"id": "JOB0000000000A", "state": "dead", "queue": "q"}])
-    upsert([{"id": "JOB0000000000a", "state": "succeeded", "queue": "q", "result": "1"}])
+    upsert([{"id": "JOB0000000000a", "state": "succeeded"},
+            {"id": "JOB0000000000A", "state": "dead"}], "q")
+    upsert([{"id": "JOB0000000000a", "state": "succeeded", "result": "1"}], "q")
     assert dict(Job.objects.values_list("id", "state")) == {
         "JOB0000000000a": "succeeded", "JOB0000000000A": "dead"}
     assert Job.objects.get(pk="JOB0000000000a").result == 1

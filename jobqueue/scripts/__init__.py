@@ -30,6 +30,7 @@ TRANSITIONS = {
     "reprioritize": "reprioritize.lua",
     "cancel": "cancel.lua",
     "counts": "counts.lua",
+    "heads": "heads.lua",
 }
 _KEY_LINE = re.compile(r"^KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)
 

@@ -3,7 +3,6 @@ They only touch keys derived from a braced base key that the script received in 
 every key stays in the shard's slot:
   base:job:<id>     HASH  the job row
   base:pending      ZSET  the default lane; base:lane:<name> ZSET a named lane (id -> -priority)
-  base:waiting      ZSET  every ready job, id -> ms it became ready (oldest wait, paging)
   base:uniq:<key>   STRING unique_key -> id
   base:m:<minute>   HASH  outcomes per minute (succeeded, dead, cancelled, failed), kept 2 hours
 ]]
@@ -41,18 +40,17 @@ local function uniq_key(base, unique) return base .. ':uniq:' .. unique end
 
 -- The default lane ('') is `pending`; a named lane is `lane:<name>`.
 local function lane_key(base, lane)
-  if lane == nil or lane == '' then return base .. ':pending' end
+  if not lane or lane == '' then return base .. ':pending' end
   return base .. ':lane:' .. lane
 end
 
 -- Put a job on its lane (score -priority: ZPOPMIN serves the highest priority, then the lowest
 -- id, i.e. mint order) and keep the ring = exactly the lanes that have ready work.
-local function lane_push(base, ring, id, lane, priority, now)
+local function lane_push(base, ring, id, lane, priority)
   local lk = lane_key(base, lane)
   if redis.call('ZADD', lk, -priority, id) == 1 and redis.call('ZCARD', lk) == 1 then
     redis.call('RPUSH', ring, lane)
   end
-  redis.call('ZADD', base .. ':waiting', now, id)
 end
 
 -- Count an outcome in this minute's bucket (the dashboard's charts).
@@ -68,8 +66,8 @@ local function make_ready(base, ring, jk, id, now)
   local lane, priority = row[1] or '', 0
   if not valid_lane(lane) then lane = '' end
   if valid_priority(row[2]) then priority = tonumber(row[2]) end
-  redis.call('HSET', jk, 'state', 'pending')
-  lane_push(base, ring, id, lane, priority, now)
+  redis.call('HSET', jk, 'state', 'pending', 'run_after', now)
+  lane_push(base, ring, id, lane, priority)
 end
 
 -- Take a waiting job off its lane; an emptied lane leaves the ring.
@@ -79,7 +77,6 @@ local function unready(base, ring, jk, id)
   if redis.call('ZREM', lk, id) == 1 and redis.call('ZCARD', lk) == 0 then
     redis.call('LREM', ring, 0, lane)
   end
-  redis.call('ZREM', base .. ':waiting', id)
 end
 
 -- Wake up to `n` blocked workers; the list is capped so idle queues do not accumulate tokens.
@@ -95,7 +92,7 @@ end
 -- (in this same script, so a state change can never miss its event) and the row's retention.
 -- The event carries the row's non-empty fields, so the mirror needs nothing else.
 local EVENT_FIELDS = {'attempts', 'priority', 'lane', 'payload', 'result', 'last_error',
-  'enqueued_at', 'queue', 'shard', 'unique_key', 'worker', 'max_attempts', 'started_at'}
+  'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at'}
 local function finish(base, done, meta, jk, id, state, now, retention_ms, result)
   if result then
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)
@@ -112,8 +109,8 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   count_minute(base, now, state)
   if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)
-    if f[10] and f[10] ~= '' then
-      local uk = uniq_key(base, f[10])
+    if f[8] and f[8] ~= '' then
+      local uk = uniq_key(base, f[8])
       if redis.call('GET', uk) == id then redis.call('PEXPIRE', uk, retention_ms) end
     end
   end
@@ -123,7 +120,6 @@ end
 local function bury(base, dead, done, meta, jk, id, field, now, retention_ms)
   redis.call('HSET', jk, 'last_error', 'corrupt field ' .. field .. ': the job cannot run',
     'lease_until', '')
-  redis.call('ZREM', base .. ':waiting', id)
   redis.call('ZADD', dead, now, id)
   finish(base, done, meta, jk, id, 'dead', now, retention_ms)
 end

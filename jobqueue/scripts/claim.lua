@@ -23,35 +23,32 @@ local out, claimed, turns = {}, 0, 0
 -- The first field (in this order) that a claimed job relies on and that is corrupt, or nil.
 local function corrupt_field(r)
   if not STATES[r[1]] then return 'state' end
-  if not count_field(r[2]) then return 'attempts' end
+  if r[2] and not count_field(r[2]) then return 'attempts' end
   if r[3] and not count_field(r[3]) then return 'uncharged' end
-  if (count_field(r[4]) or 0) < 1 then return 'max_attempts' end
+  if r[4] and (count_field(r[4]) or 0) < 1 then return 'max_attempts' end
   if r[5] and not count_field(r[5]) then return 'lease_ms' end
   if r[6] and not count_field(r[6]) then return 'backoff_ms' end
-  if not valid_priority(r[7]) then return 'priority' end
+  if r[7] and not valid_priority(r[7]) then return 'priority' end
   if not valid_lane(r[8] or '') then return 'lane' end
   return nil
 end
 
 -- Lease one popped id. A lane entry whose row is gone (expired) or no longer pending is a
--- stale index entry and is dropped; a corrupt row is buried.
+-- stale index entry and is dropped; a corrupt row is buried. A missing attempts, max_attempts
+-- or priority is its default (the enqueue writes only what differs from one).
 local function lease_job(id)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
     'lease_ms', 'backoff_ms', 'priority', 'lane', 'payload', 'checkpoint')
-  if row[1] ~= 'pending' and (not row[1] or STATES[row[1]]) then
-    redis.call('ZREM', base .. ':waiting', id)
-    return
-  end
+  if row[1] ~= 'pending' and (not row[1] or STATES[row[1]]) then return end
   local bad = corrupt_field(row)
   if bad then return bury(base, dead, done, meta, jk, id, bad, now, dead_retention) end
-  local token = tonumber(row[2]) + 1
+  local token = (tonumber(row[2]) or 0) + 1
   local lease = tonumber(row[5]) or 0
   if force == '1' or lease <= 0 then lease = default_lease end
   redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
     'lease_until', now + lease, 'worker', worker)
   redis.call('ZADD', active, now + lease, id)
-  redis.call('ZREM', base .. ':waiting', id)
   out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[9] or ''
   out[#out + 1] = row[10] or ''; out[#out + 1] = lease
   claimed = claimed + 1

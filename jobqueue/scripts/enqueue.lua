@@ -3,19 +3,28 @@ KEYS[1] base      prefix  emq:{q}; rows are base:job:<id>, lanes base:pending / 
 KEYS[2] ring      LIST    lanes with ready work
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] wake      LIST    wake tokens for blocked workers
-ARGV[1] queue, ARGV[2] shard index, ARGV[3] n = number of jobs, then 10 per job:
-        id, payload (JSON), priority, lane ('' = default), max_attempts, backoff_ms, lease_ms
-        (0 = worker default), delay_ms (0 = ready now), unique_key ('' = none),
-        minted ('1' when the caller did not choose the id)
+ARGV[1] n = number of jobs, then 10 per job:
+        id, payload (JSON), priority, lane ('' = default), max_attempts and backoff_ms ('' = the
+        queue's, read from settings when the job fails), lease_ms (0 = worker default), delay_ms
+        (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the id)
+The row holds only what differs from a default (a waiting job's bytes are RAM): no attempts,
+uncharged or priority while 0, no lane, unique_key or policy field while default, no run_after
+unless delayed. Scripts read a missing field as its default.
 Returns: per job two entries: id, status — 'new'; 'exists' (unique_key or caller's id already
         live: id is the existing job's); 'collision' (a minted id already taken: mint again)
 ]]
 local base, ring, schedule, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local queue, shard, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local n = tonumber(ARGV[1])
 local now = now_ms()
 local out, ready = {}, 0
+
+-- Add a field to a row's HSET arguments unless it holds the default.
+local function put(row, name, value, default)
+  if value ~= default then row[#row + 1] = name; row[#row + 1] = value end
+end
+
 for i = 0, n - 1 do
-  local o = 4 + i * 10
+  local o = 2 + i * 10
   local id, unique = ARGV[o], ARGV[o + 8]
   local jk = job_key(base, id)
   local other = nil
@@ -34,16 +43,18 @@ for i = 0, n - 1 do
     out[#out + 1] = id; out[#out + 1] = status
   else
     local delay = tonumber(ARGV[o + 7])
-    redis.call('HSET', jk, 'state', (delay > 0) and 'scheduled' or 'pending', 'attempts', 0,
-      'uncharged', 0, 'payload', ARGV[o + 1], 'priority', ARGV[o + 2], 'lane', ARGV[o + 3],
-      'max_attempts', ARGV[o + 4], 'backoff_ms', ARGV[o + 5], 'lease_ms', ARGV[o + 6],
-      'unique_key', unique, 'enqueued_at', now, 'run_after', now + delay, 'queue', queue,
-      'shard', shard)
+    local row = {'state', (delay > 0) and 'scheduled' or 'pending', 'payload', ARGV[o + 1],
+      'enqueued_at', now}
+    put(row, 'priority', ARGV[o + 2], '0'); put(row, 'lane', ARGV[o + 3], '')
+    put(row, 'max_attempts', ARGV[o + 4], ''); put(row, 'backoff_ms', ARGV[o + 5], '')
+    put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')
+    if delay > 0 then put(row, 'run_after', now + delay, nil) end
+    redis.call('HSET', jk, unpack(row))
     if unique ~= '' then redis.call('SET', uniq_key(base, unique), id) end
     if delay > 0 then
       redis.call('ZADD', schedule, now + delay, id)
     else
-      lane_push(base, ring, id, ARGV[o + 3], tonumber(ARGV[o + 2]), now)
+      lane_push(base, ring, id, ARGV[o + 3], tonumber(ARGV[o + 2]))
       ready = ready + 1
     end
     out[#out + 1] = id; out[#out + 1] = 'new'

@@ -8,7 +8,8 @@ KEYS[6] ring      LIST    lanes with ready work
 KEYS[7] wake      LIST    wake tokens
 KEYS[8] meta      HASH    counters
 ARGV[1] id, ARGV[2] token, ARGV[3] error text, ARGV[4] retry_in ms (-1 = the job's backoff),
-ARGV[5] '1' = fatal (no retry), ARGV[6] retention ms, ARGV[7] dead retention ms
+ARGV[5] '1' = fatal (no retry), ARGV[6] retention ms, ARGV[7] dead retention ms,
+ARGV[8] the queue's max_attempts, ARGV[9] its backoff ms (for a row that holds neither)
 Returns: the new state ('pending', 'scheduled', 'dead', 'cancelled'), or '' when stale
 ]]
 local base, active, schedule, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -28,13 +29,15 @@ end
 -- The budget counts runs, not claims: releases and operator retries are `uncharged`.
 count_minute(base, now, 'failed')
 local used = tonumber(row[2]) - (tonumber(row[3]) or 0)
-if fatal == '1' or used >= (tonumber(row[4]) or 1) then
+if fatal == '1' or used >= (tonumber(row[4]) or tonumber(ARGV[8])) then
   redis.call('ZADD', dead, now, id)
   finish(base, done, meta, jk, id, 'dead', now, tonumber(ARGV[7]))
   return 'dead'
 end
 local delay = retry_in
-if delay < 0 then delay = math.min((tonumber(row[5]) or 0) * 2 ^ (used - 1), 3600000) end
+if delay < 0 then
+  delay = math.min((tonumber(row[5]) or tonumber(ARGV[9])) * 2 ^ (used - 1), 3600000)
+end
 if delay <= 0 then
   redis.call('HSET', jk, 'run_after', now)
   make_ready(base, ring, jk, id, now)

@@ -18,7 +18,7 @@ for _, id in ipairs(due) do
     make_ready(base, ring, jk, id, now)
     moved = moved + 1
   elseif state and not STATES[state] then
-    lane_push(base, ring, id, '', 0, now)  -- the claim that pops it buries it, naming the field
+    lane_push(base, ring, id, '', 0)  -- the claim that pops it buries it, naming the field
     moved = moved + 1
   end
 end

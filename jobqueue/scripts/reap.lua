@@ -7,7 +7,8 @@ KEYS[4] done    STREAM  terminal events
 KEYS[5] ring    LIST    lanes with ready work
 KEYS[6] wake    LIST    wake tokens
 KEYS[7] meta    HASH    counters
-ARGV[1] limit, ARGV[2] retention ms, ARGV[3] dead retention ms
+ARGV[1] limit, ARGV[2] retention ms, ARGV[3] dead retention ms, ARGV[4] the queue's
+max_attempts (for a row that holds none)
 Returns: how many expired leases were handled
 ]]
 local base, active, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -29,7 +30,7 @@ for _, id in ipairs(expired) do
       redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
       if row[5] == '1' then
         finish(base, done, meta, jk, id, 'cancelled', now, retention)
-      elseif attempts - (count_field(row[3]) or 0) >= (count_field(row[4]) or 1) then
+      elseif attempts - (count_field(row[3]) or 0) >= (count_field(row[4]) or tonumber(ARGV[4])) then
         redis.call('ZADD', dead, now, id)
         finish(base, done, meta, jk, id, 'dead', now, dead_retention)
       else
@@ -38,7 +39,7 @@ for _, id in ipairs(expired) do
       end
     end
   elseif row[1] and not STATES[row[1]] then
-    lane_push(base, ring, id, '', 0, now)  -- the claim that pops it buries it, naming the field
+    lane_push(base, ring, id, '', 0)  -- the claim that pops it buries it, naming the field
     ready = ready + 1
   end
 end

@@ -15,14 +15,14 @@ local row = redis.call('HMGET', jk, 'state', 'attempts', 'unique_key')
 if not row[1] then return 'missing' end
 if row[1] ~= 'dead' and row[1] ~= 'cancelled' then return 'state:' .. row[1] end
 -- The fencing token must never go back, so a job whose count is unreadable cannot run again.
-if not count_field(row[2]) then return 'corrupt:attempts' end
+if row[2] and not count_field(row[2]) then return 'corrupt:attempts' end
 redis.call('ZREM', dead, id)
 redis.call('PERSIST', jk)
 if row[3] and row[3] ~= '' and redis.call('GET', uniq_key(base, row[3])) == id then
   redis.call('PERSIST', uniq_key(base, row[3]))
 end
 local now = now_ms()
-redis.call('HSET', jk, 'uncharged', row[2], 'cancel', '0', 'finished_at', '', 'run_after', now)
+redis.call('HSET', jk, 'uncharged', row[2] or 0, 'cancel', '0', 'finished_at', '', 'run_after', now)
 make_ready(base, ring, jk, id, now)
 wake_workers(wake, 1)
 return 'ok:pending'
