@@ -6,7 +6,7 @@ Everything above this module (the `@job` API, the worker, the mirror, the admin,
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -160,22 +160,47 @@ class Queue:
                 *, override_lease: bool = False, shards: int | None = None) -> list[Lease]:
         """Claim up to `count` ready jobs, lanes served round-robin, shards in rotation.
         `shards` (the worker passes it) saves looking up how many shards hold work."""
+        return self.ack_and_dequeue([], count, lease, worker, override_lease=override_lease,
+                                    shards=shards)[1]
+
+    def ack_and_dequeue(self, acks: Sequence[tuple[Lease, str]], count: int,
+                        lease: float | None = None, worker: str = "", *,
+                        override_lease: bool = False, shards: int | None = None,
+                        ) -> tuple[list[bool], list[Lease]]:
+        """Record successes (results already encoded as JSON) and claim up to `count` jobs:
+        the successes on the shard the claim starts from ride in its script call (one round
+        trip), the others go in one ack call per shard. Returns (acks' answers, leases)."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
         default = lease if lease is not None else self.options.lease
         lease_ms = round(validate_lease(default) * 1000)
         total = shards or self.claim_shards()
+        if acks:  # start where most successes are: they ride along
+            start = Counter(lease.shard for lease, _ in acks).most_common(1)[0][0] % total
+        else:
+            start = self._next_shard = (self._next_shard + 1) % total
+        riding = [i for i, (lease, _) in enumerate(acks) if lease.shard == start]
+        others = [i for i, (lease, _) in enumerate(acks) if lease.shard != start]
+        answers = [False] * len(acks)
+        for i, ok in zip(others, self.ack_encoded([acks[i] for i in others]), strict=True):
+            answers[i] = ok
         out: list[Lease] = []
-        start = self._next_shard = (self._next_shard + 1) % total
         for step in range(total):
             if len(out) >= count:
                 break
             index = (start + step) % total
-            reply = self._run("claim", self.shard(index),
-                              [count - len(out), lease_ms, "1" if override_lease else "0", worker,
-                               self._dead_retention_ms()])
-            out.extend(self._leases(index, reply))
-        return out
+            args: list[Any] = [count - len(out), lease_ms, "1" if override_lease else "0", worker,
+                               self._dead_retention_ms(), self._retention_ms(), 0]
+            if step == 0 and riding:
+                args[-1] = len(riding)
+                for i in riding:
+                    args += [acks[i][0].job_id, acks[i][0].token, acks[i][1]]
+            reply = self._run("claim", self.shard(index), args)
+            n = int(reply[0])
+            for i, ok in zip(riding if step == 0 else [], reply[1 : 1 + n], strict=True):
+                answers[i] = bool(ok)
+            out.extend(self._leases(index, reply[1 + n :]))
+        return answers, out
 
     def _leases(self, index: int, reply: list[Any]) -> list[Lease]:
         return [Lease.from_claim(self.name, index, *reply[n : n + 5]) for n in range(0, len(reply), 5)]
@@ -190,6 +215,8 @@ class Queue:
 
     def ack_encoded(self, items: Sequence[tuple[Lease, str]]) -> list[bool]:
         """`ack_many` for results already encoded as JSON (the worker encodes them once)."""
+        if not items:
+            return []
         replies = self._per_shard("ack", [self._retention_ms()], [lease for lease, _ in items],
                                   [[encoded] for _, encoded in items])
         return [bool(ok) for ok in replies]

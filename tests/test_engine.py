@@ -104,6 +104,21 @@ def test_stale_ack_extend_nack_checkpoint_change_nothing(queue: Queue) -> None:
     assert queue.ack(new) is True
 
 
+def test_successes_ride_in_the_next_claim_and_a_repeated_ack_counts_once(queue: Queue,
+                                                                        valkey: Any) -> None:
+    first = queue.enqueue_many([JobSpec(n) for n in range(3)])
+    leases = queue.dequeue(count=3)
+    answers, more = queue.ack_and_dequeue([(lease, "7") for lease in leases], count=2)
+    assert answers == [True, True, True] and more == []
+    assert {queue.get(r.id).state for r in first} == {"succeeded"}  # type: ignore[union-attr]
+    assert queue.ack(leases[0], 7) is True  # sent again after a lost reply: recorded once
+    assert valkey.xlen("emq:{default}:done") == 3
+    queue.enqueue_many([JobSpec(n) for n in range(2)])
+    [a] = queue.dequeue(count=1)
+    answers, [b] = queue.ack_and_dequeue([(a, "1")], count=1)
+    assert answers == [True] and b.job_id != a.job_id
+
+
 def test_nack_retries_with_exponential_backoff_then_dies(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue("p", max_attempts=3, backoff=10)
     [lease] = claim_all(queue)

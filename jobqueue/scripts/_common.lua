@@ -123,3 +123,28 @@ local function bury(base, dead, done, meta, jk, id, field, now, retention_ms)
   redis.call('ZADD', dead, now, id)
   finish(base, done, meta, jk, id, 'dead', now, retention_ms)
 end
+
+-- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
+-- per job. Answers per job: 1 recorded (succeeded, or cancelled when an operator flagged it; also
+-- when this attempt already succeeded: a retry after a lost reply) or 0 (stale: the lease was
+-- lost and the job may have run again elsewhere).
+local function ack_jobs(base, active, done, meta, retention, at)
+  local now = now_ms()
+  local out = {}
+  for i = 0, tonumber(ARGV[at]) - 1 do
+    local id, token, result = ARGV[at + 1 + i * 3], ARGV[at + 2 + i * 3], ARGV[at + 3 + i * 3]
+    local jk = job_key(base, id)
+    local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel')
+    if row[1] == 'active' and row[2] == token then
+      redis.call('ZREM', active, id)
+      finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
+        retention, result)
+      out[#out + 1] = 1
+    elseif row[2] == token and row[1] == 'succeeded' then
+      out[#out + 1] = 1  -- this very success, sent again after its reply was lost
+    else
+      out[#out + 1] = 0
+    end
+  end
+  return out
+end

@@ -1,4 +1,6 @@
---[[ claim: lease up to `count` ready jobs, one lane per turn (round-robin over the ring).
+--[[ claim: record the successes a worker brings (as ack.lua), then lease up to `count` ready
+jobs, one lane per turn (round-robin over the ring): a worker's steady state is one round trip
+per batch, as BullMQ's moveToFinished fetches the next job.
 KEYS[1] base    prefix  emq:{q}
 KEYS[2] ring    LIST    lanes with ready work; rotated one step per turn with LMOVE
 KEYS[3] active  ZSET    id -> lease deadline ms (server clock)
@@ -6,9 +8,11 @@ KEYS[4] meta    HASH    paused
 KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
 KEYS[6] done    STREAM  terminal events
 ARGV[1] count, ARGV[2] default lease ms, ARGV[3] '1' = ARGV[2] overrides each job's lease,
-ARGV[4] worker name, ARGV[5] dead retention ms
-Returns: 5 entries per claimed job: id, token (the new `attempts`: the fencing token),
-        payload, checkpoint ('' = none), lease ms. Empty when paused or nothing is ready.
+ARGV[4] worker name, ARGV[5] dead retention ms, ARGV[6] retention ms of a finished row,
+ARGV[7] n successes to record, then 3 per job: id, token, result (JSON)
+Returns: n, the n answers of the successes (1 recorded, 0 stale), then 5 entries per claimed
+        job: id, token (the new `attempts`: the fencing token), payload, checkpoint ('' = none),
+        lease ms. No job is claimed when the queue is paused or nothing is ready.
         A popped row with a corrupt state, count, priority or lane is buried (dead, with the
         field named in last_error) and not returned; payload and checkpoint are checked by
         the caller, which decodes them anyway.
@@ -16,9 +20,11 @@ Returns: 5 entries per claimed job: id, token (the new `attempts`: the fencing t
 local base, ring, active, meta, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local count, default_lease, force, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local dead_retention = tonumber(ARGV[5])
-if redis.call('HGET', meta, 'paused') == '1' then return {} end
+local out = ack_jobs(base, active, done, meta, tonumber(ARGV[6]), 7)
+table.insert(out, 1, #out)
+if redis.call('HGET', meta, 'paused') == '1' then return out end
 local now = now_ms()
-local out, claimed, turns = {}, 0, 0
+local claimed, turns = 0, 0
 
 -- The first field (in this order) that a claimed job relies on and that is corrupt, or nil.
 local function corrupt_field(r)

@@ -198,51 +198,69 @@ class Worker:
         return True
 
     def _cycle(self) -> bool:
-        """One turn: record outcomes, maintenance when due, claim. True if it claimed work."""
-        self._record()
-        now = time.monotonic()
-        if now >= self._next_maintenance:
-            self._maintain()
-            self._next_maintenance = now + self.config.maintenance_every
-        if now >= self._next_summary:
-            self._summary()
-            self._next_summary = now + self.config.summary_every
-        return self._claim() > 0
+        """One turn: failures recorded, maintenance when due, then per queue one call that
+        records the successes and claims the next batch. True if it claimed work."""
+        successes = self._record(defer_acks=True)
+        try:
+            now = time.monotonic()
+            if now >= self._next_maintenance:
+                self._maintain()
+                self._next_maintenance = now + self.config.maintenance_every
+            if now >= self._next_summary:
+                self._summary()
+                self._next_summary = now + self.config.summary_every
+        finally:
+            claimed = self._claim(successes)
+        return claimed > 0
 
-    def _claim(self) -> int:
-        """Claim what there is room for (the main loop, or a wake waiter that just got a token:
-        one lock, so their counts of room never race)."""
+    def _claim(self, successes: list[tuple[Lease, Outcome]] | None = None) -> int:
+        """Record `successes` and claim what there is room for (the main loop, or a wake waiter
+        that just got a token: one lock, so their counts of room never race)."""
         with self._claim_lock:
-            return self._claim_locked()
+            try:
+                return self._claim_locked(successes or [])
+            except VALKEY_DOWN:
+                self._unrecorded = (successes or []) + self._unrecorded  # acked once Valkey is back
+                raise
 
-    def _claim_locked(self) -> int:
-        if self._stop_claiming.is_set():
-            return 0
+    def _claim_locked(self, successes: list[tuple[Lease, Outcome]]) -> int:
+        by_queue: dict[str, list[tuple[Lease, Outcome]]] = defaultdict(list)
+        for lease, outcome in successes:
+            by_queue[lease.queue].append((lease, outcome))
         room = self.config.capacity - len(self._running)
-        if room <= 0 or (self._running and room < max(1, self.config.capacity // 4)):
-            return 0  # wait until a batch's worth is free: one claim serves many jobs
-        if not self.queues:
+        if (self._stop_claiming.is_set() or not self.queues or room <= 0
+                or (self._running and room < max(1, self.config.capacity // 4))):
+            # Nothing to claim (a batch's worth must be free: one claim serves many jobs).
+            for name, items in by_queue.items():
+                self._ack(self._queue(name), items)
             return 0
         claimed = 0
         now = time.monotonic()
         self._rotation = (self._rotation + 1) % len(self.queues)  # no queue always goes first
         for queue in self.queues[self._rotation:] + self.queues[: self._rotation]:
+            items = by_queue.pop(queue.name, [])
             # A queue's `concurrency` caps the jobs of that queue this worker holds at once, so a
             # busy queue cannot take every slot from the others (Pacer's isolation).
             limit = queue.options.concurrency or self.config.capacity
             take = min(room - claimed, limit - self._held[queue.name])
             if take <= 0 or now < self._drained_until.get(queue.name, 0.0):
+                if items:
+                    self._ack(queue, items)
                 continue
-            leases = queue.dequeue(
+            answers, leases = queue.ack_and_dequeue(
+                [(lease, outcome.result) for lease, outcome in items],
                 count=take, lease=self.config.lease, worker=self.config.name,
                 override_lease=self.config.lease is not None,
                 shards=self.shard_totals[queue.name],
             )
+            self._acked(items, answers)
             if len(leases) < take:  # every shard tried: skip the queue for a moment (see DRAINED)
                 self._drained_until[queue.name] = now + DRAINED
             for lease in leases:
                 self._submit(lease)
             claimed += len(leases)
+        for name, items in by_queue.items():  # a queue no longer served
+            self._ack(self._queue(name), items)
         return claimed
 
     def _submit(self, lease: Lease) -> None:
@@ -259,40 +277,56 @@ class Worker:
         self._finished.put((lease, outcome))
         self._tick.set()
 
-    def _record(self) -> None:
-        """Turn finished runs into transitions: acks grouped per queue, nacks one by one."""
+    def _record(self, defer_acks: bool = False) -> list[tuple[Lease, Outcome]]:
+        """Turn finished runs into transitions: failures one by one, successes in one ack call
+        per queue, or, with `defer_acks`, handed back for the next claim to carry. The jobs are
+        forgotten either way: their slots are free for that claim."""
         while True:
             try:
                 self._unrecorded.append(self._finished.get_nowait())
             except Empty:
                 break
         if not self._unrecorded:
-            return
+            return []
         pending, self._unrecorded = self._unrecorded, []
+        successes = [(lease, out) for lease, out in pending if out.ok]
         try:
-            self._ack_and_nack(pending)
-        except VALKEY_DOWN:
-            self._unrecorded = pending + self._unrecorded  # record them once Valkey is back
-            raise
-
-    def _ack_and_nack(self, outcomes: list[tuple[Lease, Outcome]]) -> None:
-        by_queue: dict[str, list[tuple[Lease, Outcome]]] = defaultdict(list)
-        for lease, outcome in outcomes:
-            by_queue[lease.queue].append((lease, outcome))
-        for name, items in by_queue.items():
-            queue = self._queue(name)
-            successes = [(lease, out) for lease, out in items if out.ok]
-            answers = queue.ack_encoded([(lease, out.result) for lease, out in successes])
-            for (lease, out), recorded in zip(successes, answers, strict=True):
-                self._log(lease, out, State.SUCCEEDED if recorded else "stale")
-            for lease, out in items:
+            for lease, out in pending:
                 if not out.ok:
-                    state = queue.nack(lease, out.error, out.retry_in, fatal=out.fatal)
+                    state = self._queue(lease.queue).nack(lease, out.error, out.retry_in,
+                                                          fatal=out.fatal)
                     self._log(lease, out, state or "stale")
-            with self._lock:
-                for lease, _ in items:
-                    self._forget(lease)
-                self._room.set()
+                    self._forget_one(lease)
+            if not defer_acks:
+                by_queue: dict[str, list[tuple[Lease, Outcome]]] = defaultdict(list)
+                for lease, out in successes:
+                    by_queue[lease.queue].append((lease, out))
+                for name, items in by_queue.items():
+                    self._ack(self._queue(name), items)
+                return []
+        except VALKEY_DOWN:
+            self._unrecorded = [item for item in pending
+                                if item[0].job_id in self._running] + self._unrecorded
+            raise
+        with self._lock:
+            for lease, _ in successes:
+                self._forget(lease)
+            self._room.set()
+        return successes
+
+    def _ack(self, queue: Queue, items: list[tuple[Lease, Outcome]]) -> None:
+        self._acked(items, queue.ack_encoded([(lease, out.result) for lease, out in items]))
+
+    def _acked(self, items: list[tuple[Lease, Outcome]], answers: list[bool]) -> None:
+        """Log recorded successes and forget their jobs."""
+        for (lease, out), recorded in zip(items, answers, strict=True):
+            self._log(lease, out, State.SUCCEEDED if recorded else "stale")
+            self._forget_one(lease)
+
+    def _forget_one(self, lease: Lease) -> None:
+        with self._lock:
+            self._forget(lease)
+            self._room.set()
 
     def _log(self, lease: Lease, outcome: Outcome, state: str) -> None:
         if outcome.ok:
