@@ -72,6 +72,14 @@ def parts(snowflake: int) -> tuple[int, int, int]:
     )
 
 
+def minted_ms(branded: str) -> int | None:
+    """The unix ms an id was minted at, or None when the text is not an id."""
+    try:
+        return parts(decode(branded)[1])[0]
+    except ValueError:
+        return None
+
+
 class Minter:
     """Thread-safe, monotonic snowflake source for one node.
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from . import ids
 from .states import State
 
 COUNT_FIELDS: tuple[str, ...] = (State.PENDING, State.SCHEDULED, State.ACTIVE, State.DEAD, State.SUCCEEDED,
@@ -53,6 +54,15 @@ def int_field(raw: str | None) -> int | None:
         return int(float(raw))
     except (ValueError, OverflowError):
         return None
+
+
+def enqueued_ms(job_id: str, raw: str | None) -> str | None:
+    """A row's enqueue time: its own field, else (a minted id: the row leaves it out) the id's
+    mint time."""
+    if raw:
+        return raw
+    minted = ids.minted_ms(job_id)
+    return None if minted is None else str(minted)
 
 
 def ms_to_dt(raw: str | None) -> datetime | None:
@@ -146,7 +156,7 @@ class JobInfo:
             checkpoint=fields.json("checkpoint"),
             max_attempts=fields.int("max_attempts") or max_attempts,
             unique_key=fields.text("unique_key") or None, worker=fields.text("worker"),
-            shard=shard, enqueued_at=(enqueued := fields.time("enqueued_at")),
+            shard=shard, enqueued_at=(enqueued := fields.time("enqueued_at", job_id)),
             run_after=fields.time("run_after") or enqueued, started_at=fields.time("started_at"),
             lease_until=fields.time("lease_until"), finished_at=fields.time("finished_at"),
             cancel_requested=row.get("cancel") == "1", corrupt=tuple(fields.corrupt),
@@ -173,8 +183,11 @@ class RowFields:
             self.corrupt.append(name)
         return value or 0
 
-    def time(self, name: str) -> datetime | None:
+    def time(self, name: str, job_id: str | None = None) -> datetime | None:
+        """A timestamp field; `enqueued_at` falls back to the mint time of `job_id`."""
         raw = self.row.get(name)
+        if job_id is not None:
+            raw = enqueued_ms(job_id, raw)
         value = ms_to_dt(raw)
         if value is None and raw and raw != "0":
             self.corrupt.append(name)
@@ -208,7 +221,8 @@ def mirror_columns(event: Mapping[str, str], queue: str, shard: int,
         "max_attempts": _clamp(fields.int("max_attempts") or max_attempts, 0, INT_MAX),
         "payload": fields.json("payload"), "result": fields.json("result"),
         "last_error": fields.text("last_error"), "unique_key": fields.text("unique_key")[:200],
-        "worker": fields.text("worker")[:200], "enqueued_at": fields.time("enqueued_at"),
+        "worker": fields.text("worker")[:200],
+        "enqueued_at": fields.time("enqueued_at", str(event["id"])),
         "started_at": fields.time("started_at"), "finished_at": fields.time("finished_at"),
     }
     if fields.corrupt:

@@ -341,7 +341,8 @@ class Queue:
         """(lane, job id, ms it became ready) of the first job of each priority band of the
         shard's lanes (the first `lanes` of its ring): where its longest waits are."""
         reply = self._run("heads", self.shard(index), [lanes, bands])
-        return [(reply[n], reply[n + 1], int(reply[n + 2])) for n in range(0, len(reply), 3)]
+        return [(reply[n], reply[n + 1], int(reply[n + 2]) or ids.minted_ms(reply[n + 1]) or 0)
+                for n in range(0, len(reply), 3)]
 
     def oldest_wait(self) -> float | None:
         """Seconds the longest-waiting ready job has waited (server clock), or None when none."""

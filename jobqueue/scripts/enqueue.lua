@@ -9,7 +9,8 @@ ARGV[1] n = number of jobs, then 10 per job:
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the id)
 The row holds only what differs from a default (a waiting job's bytes are RAM): no attempts,
 uncharged or priority while 0, no lane, unique_key or policy field while default, no run_after
-unless delayed. Scripts read a missing field as its default.
+unless delayed, no enqueued_at for an id minted by the caller's enqueue (its mint time says it).
+Scripts read a missing field as its default.
 Returns: per job two entries: id, status — 'new'; 'exists' (unique_key or caller's id already
         live: id is the existing job's); 'collision' (a minted id already taken: mint again)
 ]]
@@ -43,8 +44,8 @@ for i = 0, n - 1 do
     out[#out + 1] = id; out[#out + 1] = status
   else
     local delay = tonumber(ARGV[o + 7])
-    local row = {'state', (delay > 0) and 'scheduled' or 'pending', 'payload', ARGV[o + 1],
-      'enqueued_at', now}
+    local row = {'state', (delay > 0) and 'scheduled' or 'pending', 'payload', ARGV[o + 1]}
+    if ARGV[o + 9] ~= '1' then put(row, 'enqueued_at', now, nil) end  -- else: the id's mint time
     put(row, 'priority', ARGV[o + 2], '0'); put(row, 'lane', ARGV[o + 3], '')
     put(row, 'max_attempts', ARGV[o + 4], ''); put(row, 'backoff_ms', ARGV[o + 5], '')
     put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')

@@ -4,7 +4,8 @@ and FIFO within one, so whatever waits longest waits at the head of a band.
 KEYS[1] base    prefix  emq:{q}
 KEYS[2] ring    LIST    lanes with ready work
 ARGV[1] at most this many lanes (from the ring's head), ARGV[2] at most this many bands a lane
-Returns: 3 entries per band head: lane, id, ms it became ready (run_after, else enqueued_at)
+Returns: 3 entries per band head: lane, id, ms it became ready (run_after, else enqueued_at;
+        0 when the row has neither: the id's mint time says it)
 ]]
 local base, ring = KEYS[1], KEYS[2]
 local max_lanes, max_bands = tonumber(ARGV[1]), tonumber(ARGV[2])
