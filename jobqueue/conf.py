@@ -14,10 +14,10 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError, JobQueueError
-from .spec import check_queue_options
+from .spec import check_queue_options, lane_weights
 
 QUEUE_OPTION_NAMES = ("shards", "max_attempts", "lease", "concurrency", "backoff", "priority",
-                      "durable")
+                      "durable", "lane_weights")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class QueueOptions:
     priority: int = 0
     durable: bool = False
     """Write each job to the database (in the caller's transaction) before Valkey: outbox.py."""
+    lane_weights: tuple[tuple[str, int], ...] = ()
+    """(lane, w): the lane gets w turns per round of the ring; unnamed lanes weigh 1. Settings
+    give a dict; it is kept as sorted pairs so the options stay hashable."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,10 @@ def _queue_options(base: QueueOptions, raw: Any, where: str) -> QueueOptions:
         raise ConfigurationError(
             f"{where}: unknown option(s) {sorted(map(str, unknown))}; allowed: {list(QUEUE_OPTION_NAMES)}"
         )
-    options = replace(base, **raw)
     try:
+        if "lane_weights" in raw:
+            raw = {**raw, "lane_weights": lane_weights(raw["lane_weights"])}
+        options = replace(base, **raw)
         check_queue_options(options)
     except JobQueueError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None

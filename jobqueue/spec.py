@@ -78,6 +78,20 @@ def whole_number(value: object, what: str, low: int, high: int | None = None) ->
     return value
 
 
+MAX_WEIGHT = 100
+
+
+def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
+    """The `lane_weights` option: a dict of lane name ('' is the default lane) to a weight
+    1…100, kept as sorted pairs."""
+    if not isinstance(value, dict) or len(value) > 1000:
+        raise InvalidOption(f"lane_weights must be a dict of at most 1000 lanes to weights, "
+                            f"got {value!r}")
+    return tuple(sorted((lane if lane == "" else validate_lane(lane),
+                         whole_number(weight, f"lane_weights[{lane!r}]", 1, MAX_WEIGHT))
+                        for lane, weight in value.items()))
+
+
 def check_queue_options(options: QueueOptions) -> None:
     """Validate a queue's options with the rules a job's own options follow."""
     whole_number(options.shards, "shards", 1, 1024)
@@ -89,6 +103,9 @@ def check_queue_options(options: QueueOptions) -> None:
     validate_priority(options.priority)
     if not isinstance(options.durable, bool):
         raise InvalidOption(f"durable must be True or False, got {options.durable!r}")
+    if not isinstance(options.lane_weights, tuple):  # settings give a dict: conf converts it
+        raise InvalidOption(f"lane_weights must be a dict of lanes to weights, got "
+                            f"{options.lane_weights!r}")
 
 
 @dataclass(frozen=True)

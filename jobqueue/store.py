@@ -37,6 +37,9 @@ class Queue:
         self.shards = shards or self.options.shards
         self._client = client
         self._next_shard = 0
+        weighted = [(lane, w) for lane, w in self.options.lane_weights if w > 1]
+        self._weights: list[Any] = [len(weighted), *(x for pair in weighted for x in pair)]
+        """The claim script's lane weights: how many, then lane and weight for each."""
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -190,14 +193,14 @@ class Queue:
                 break
             index = (start + step) % total
             args: list[Any] = [count - len(out), lease_ms, "1" if override_lease else "0", worker,
-                               self._dead_retention_ms(), self._retention_ms(), 0]
-            if step == 0 and riding:
-                args[-1] = len(riding)
-                for i in riding:
-                    args += [acks[i][0].job_id, acks[i][0].token, acks[i][1]]
+                               self._dead_retention_ms(), self._retention_ms(), *self._weights]
+            carried = riding if step == 0 else []
+            args.append(len(carried))
+            for i in carried:
+                args += [acks[i][0].job_id, acks[i][0].token, acks[i][1]]
             reply = self._run("claim", self.shard(index), args)
             n = int(reply[0])
-            for i, ok in zip(riding if step == 0 else [], reply[1 : 1 + n], strict=True):
+            for i, ok in zip(carried, reply[1 : 1 + n], strict=True):
                 answers[i] = bool(ok)
             out.extend(self._leases(index, reply[1 + n :]))
         return answers, out
@@ -258,6 +261,12 @@ class Queue:
         renewed because that attempt has already finished (acked meanwhile), 0 stale."""
         ms = round(validate_lease(seconds) * 1000)
         return [int(code) for code in self._per_shard("extend", [], leases, [[ms]] * len(leases))]
+
+    def cancel_requested(self, lease: Lease) -> bool:
+        """Whether an operator asked to cancel the attempt `lease` holds (a plain read)."""
+        cancel, attempts = self.client.hmget(self.shard(lease.shard).job(lease.job_id),
+                                             "cancel", "attempts")
+        return cancel == "1" and attempts == str(lease.token)
 
     def checkpoint(self, lease: Lease, data: Any, extend: float | None = None) -> bool:
         """Store a running job's progress on its row; a re-run sees it. False when stale."""

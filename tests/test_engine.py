@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobqueue import keys, scripts
+from jobqueue import conf, keys, scripts
 from jobqueue.exceptions import (
     InvalidJobId,
     InvalidName,
@@ -53,8 +53,8 @@ def test_enqueue_writes_the_row_and_the_lane(queue: Queue, valkey: Any) -> None:
     row = valkey.hgetall(f"emq:{{default}}:job:{ref.id}")
     # Only what differs from a default: a waiting job's bytes are RAM (and a minted id says when).
     assert row == {"state": "pending", "payload": '{"x":1}', "priority": "5"}
-    explicit = queue.enqueue("p", lane="l", max_attempts=9, backoff=2, lease=5, unique_key="u",
-                             delay=60, job_id="JOB00000000001")
+    queue.enqueue("p", lane="l", max_attempts=9, backoff=2, lease=5, unique_key="u", delay=60,
+                  job_id="JOB00000000001")
     assert set(valkey.hgetall("emq:{default}:job:JOB00000000001")) == {
         "state", "payload", "enqueued_at", "lane", "max_attempts", "backoff_ms", "lease_ms",
         "unique_key", "run_after"}
@@ -223,6 +223,22 @@ def test_one_flooding_lane_cannot_starve_the_others(queue: Queue) -> None:
     served = Counter(first_60)
     assert all(served[lane] == 10 for lane in "abcd"), served
     assert served["flood"] == 20
+
+
+def test_lane_weights_give_a_lane_w_turns_per_round(settings: Any, valkey: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE,
+                         "QUEUES": {"default": {"lane_weights": {"vip": 3, "": 2}}}}
+    conf.reset()
+    queue = Queue("default", client=valkey)
+    for lane in ("vip", "b", ""):
+        queue.enqueue_many([JobSpec(lane, lane=lane or None) for _ in range(12)])
+    served = []
+    while len(served) < 18:  # single claims, as a --concurrency 1 worker does
+        served += [lease.payload for lease in queue.dequeue(count=1, worker="w")]
+    assert "".join(x[0] if x else "-" for x in served) == "vvvb--vvvb--vvvb--"
+    # A lane's wait between two of its turns is at most the other lanes' weights: 3 + 2 here.
+    batch = [lease.payload for lease in queue.dequeue(count=6, worker="w")]
+    assert Counter(batch) == {"vip": 3, "b": 1, "": 2}
 
 
 def test_a_batch_claim_takes_successive_turns_across_lanes(queue: Queue) -> None:

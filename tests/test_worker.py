@@ -123,6 +123,24 @@ def test_second_signal_releases_without_charging_the_budget(valkey_server: Valke
     assert info and info.state == "pending" and info.attempts == 1  # back, budget intact
 
 
+@pytest.mark.parametrize("mode", [[], ["--processes"]])
+def test_a_running_job_sees_its_cancel_and_is_recorded_cancelled(valkey_server: ValkeyProcess,
+                                                                  mode: list[str]) -> None:
+    ref = jobs.cancellable.enqueue(60)
+    worker = start_worker(valkey_server.url, *mode)
+    try:
+        wait_for(lambda: (get_job(ref.id) or ref).state == "active")  # type: ignore[union-attr]
+        assert Queue("default").cancel(ref.id) == "active"  # flagged: the handler decides
+        wait_for(lambda: (get_job(ref.id) or ref).state == "cancelled", timeout=10)  # type: ignore[union-attr]
+        info = get_job(ref.id)
+        assert info and "cancelled while it ran" in info.last_error and info.attempts == 1
+        done = jobs.cancellable.enqueue(0.2)  # a job nobody cancels still finishes
+        wait_for(lambda: (get_job(done.id) or done).state == "succeeded")  # type: ignore[union-attr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+
+
 def test_a_job_running_ten_times_its_lease_is_never_reaped(valkey_server: ValkeyProcess) -> None:
     ref = jobs.sleep.enqueue(3)
     helper = start_worker(valkey_server.url, "--lease", "0.3", "--concurrency", "1")

@@ -4,6 +4,7 @@ every key stays in the shard's slot:
   base:job:<id>     HASH  the job row
   base:pending      ZSET  the default lane; base:lane:<name> ZSET a named lane (id -> -priority)
   base:uniq:<key>   STRING unique_key -> id
+  base:turns        HASH  turns a weighted lane has had in the ring's current round
   base:m:<minute>   HASH  outcomes per minute (succeeded, dead, cancelled, failed), kept 2 hours
 ]]
 
@@ -76,6 +77,7 @@ local function unready(base, ring, jk, id)
   local lk = lane_key(base, lane)
   if redis.call('ZREM', lk, id) == 1 and redis.call('ZCARD', lk) == 0 then
     redis.call('LREM', ring, 0, lane)
+    redis.call('HDEL', base .. ':turns', lane)
   end
 end
 

@@ -1,6 +1,7 @@
 --[[ claim: record the successes a worker brings (as ack.lua), then lease up to `count` ready
-jobs, one lane per turn (round-robin over the ring): a worker's steady state is one round trip
-per batch, as BullMQ's moveToFinished fetches the next job.
+jobs, one lane per turn (round-robin over the ring; a lane of weight w keeps the ring's head for
+w turns in a row): a worker's steady state is one round trip per batch, as BullMQ's
+moveToFinished fetches the next job.
 KEYS[1] base    prefix  emq:{q}
 KEYS[2] ring    LIST    lanes with ready work; rotated one step per turn with LMOVE
 KEYS[3] active  ZSET    id -> lease deadline ms (server clock)
@@ -9,7 +10,9 @@ KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried he
 KEYS[6] done    STREAM  terminal events
 ARGV[1] count, ARGV[2] default lease ms, ARGV[3] '1' = ARGV[2] overrides each job's lease,
 ARGV[4] worker name, ARGV[5] dead retention ms, ARGV[6] retention ms of a finished row,
-ARGV[7] n successes to record, then 3 per job: id, token, result (JSON)
+ARGV[7] w = number of weighted lanes, then 2 per lane: name, weight (2…100; others weigh 1),
+then n successes to record, then 3 per job: id, token, result (JSON)
+Turns a weighted lane has had in the current round are kept in base:turns (HASH lane -> n).
 Returns: n, the n answers of the successes (1 recorded, 0 stale), then 5 entries per claimed
         job: id, token (the new `attempts`: the fencing token), payload, checkpoint ('' = none),
         lease ms. No job is claimed when the queue is paused or nothing is ready.
@@ -20,7 +23,10 @@ Returns: n, the n answers of the successes (1 recorded, 0 stale), then 5 entries
 local base, ring, active, meta, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local count, default_lease, force, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local dead_retention = tonumber(ARGV[5])
-local out = ack_jobs(base, active, done, meta, tonumber(ARGV[6]), 7)
+local weights, nweights = {}, tonumber(ARGV[7])
+for i = 0, nweights - 1 do weights[ARGV[8 + i * 2]] = tonumber(ARGV[9 + i * 2]) end
+local turns_key = base .. ':turns'
+local out = ack_jobs(base, active, done, meta, tonumber(ARGV[6]), 8 + nweights * 2)
 table.insert(out, 1, #out)
 if redis.call('HGET', meta, 'paused') == '1' then return out end
 local now = now_ms()
@@ -64,11 +70,19 @@ while claimed < count and turns < count * 4 do
   turns = turns + 1
   -- One lane with work: round-robin is moot, so take the rest of the batch from it at once.
   local single = redis.call('LLEN', ring) == 1
-  local lane = redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+  local lane = redis.call('LINDEX', ring, 0)
   if not lane then break end
+  local weight = weights[lane] or 1
+  if weight == 1 or redis.call('HINCRBY', turns_key, lane, 1) >= weight then
+    if weight > 1 then redis.call('HDEL', turns_key, lane) end
+    redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')  -- its turns are over: the next lane's go
+  end
   local lk = lane_key(base, lane)
   local popped = redis.call('ZPOPMIN', lk, single and (count - claimed) or 1)
-  if redis.call('ZCARD', lk) == 0 then redis.call('LREM', ring, 0, lane) end
+  if redis.call('ZCARD', lk) == 0 then
+    redis.call('LREM', ring, 0, lane)
+    redis.call('HDEL', turns_key, lane)
+  end
   for i = 1, #popped, 2 do lease_job(popped[i]) end
 end
 return out

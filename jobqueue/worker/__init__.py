@@ -1,6 +1,6 @@
 """The worker that `manage.py runworker` runs."""
 
 from .core import Worker, WorkerConfig
-from .executor import JobContext, RetryLater
+from .executor import JobCancelled, JobContext, RetryLater
 
-__all__ = ["JobContext", "RetryLater", "Worker", "WorkerConfig"]
+__all__ = ["JobCancelled", "JobContext", "RetryLater", "Worker", "WorkerConfig"]

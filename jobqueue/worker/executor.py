@@ -28,6 +28,10 @@ class RetryLater(Exception):
         self.retry_in = retry_in
 
 
+class JobCancelled(Exception):
+    """Raised by `ctx.raise_if_cancelled()`: the job is recorded as cancelled."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What the run came to: `ok` with a result, or an error to nack with."""
@@ -51,6 +55,23 @@ class JobContext:
         self.queue = lease.queue
         self.checkpoint = lease.checkpoint
         self._lease = lease
+        self._cancelled = False
+        self._next_check = 0.0
+
+    @property
+    def cancelled(self) -> bool:
+        """True once an operator asked to cancel this job (Cancel on its page, or
+        `Queue.cancel`). Read from Valkey at most once a second, so a loop may ask often."""
+        now = time.monotonic()
+        if not self._cancelled and now >= self._next_check:
+            self._next_check = now + 1.0
+            self._cancelled = Queue(self.queue).cancel_requested(self._lease)
+        return self._cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Stop here if an operator cancelled the job: it is recorded as cancelled."""
+        if self.cancelled:
+            raise JobCancelled(f"job {self.job_id} was cancelled while it ran")
 
     def save_checkpoint(self, data: Any) -> bool:
         """Store progress so a re-run (after a crash) starts from it; False if the lease was lost."""
@@ -114,6 +135,8 @@ def execute(lease: Lease) -> Outcome:
         result = run(handler, lease, args, kwargs)
     except RetryLater as exc:
         return Outcome(False, error=str(exc), retry_in=exc.retry_in, duration=took())
+    except JobCancelled as exc:  # the row's cancel flag makes the nack record it cancelled
+        return Outcome(False, error=str(exc), fatal=True, duration=took())
     except Exception:  # noqa: BLE001 - whatever a handler raises is its job's failure
         return Outcome(False, error=traceback.format_exc(limit=20)[-8000:], duration=took())
     try:

@@ -16,6 +16,16 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
+@job(takes_context=True)
+def cancellable(ctx: JobContext, seconds: float) -> str:
+    """Works in small steps until it is done or an operator cancels it (cooperative cancel)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not ctx.cancelled:
+        time.sleep(0.05)
+    ctx.raise_if_cancelled()
+    return "finished"
+
+
 @job
 def noop() -> None:
     return None
