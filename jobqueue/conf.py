@@ -17,7 +17,7 @@ from .exceptions import ConfigurationError, JobQueueError
 from .spec import check_queue_options, lane_weights
 
 QUEUE_OPTION_NAMES = ("shards", "max_attempts", "lease", "concurrency", "backoff", "priority",
-                      "durable", "lane_weights")
+                      "durable", "lane_weights", "rate")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class QueueOptions:
     priority: int = 0
     durable: bool = False
     """Write each job to the database (in the caller's transaction) before Valkey: outbox.py."""
+    rate: str | None = None
+    """"N/s", "N/m" or "N/h": at most N of the queue's jobs start per period (see spec.rate)."""
     lane_weights: tuple[tuple[str, int], ...] = ()
     """(lane, w): the lane gets w turns per round of the ring; unnamed lanes weigh 1. Settings
     give a dict; it is kept as sorted pairs so the options stay hashable."""

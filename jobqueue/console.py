@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .keys import ShardKeys
+from .spec import rate as spec_rate
 from .states import State
 from .store import JobInfo, Queue
 
@@ -42,6 +43,16 @@ class Overview:
     succeeded: list[int]
     failed: list[int]
     lanes: list[tuple[str, int]] = field(default_factory=list)
+    rate: str | None = None
+    """The queue's rate limit ("10/s"), if it has one."""
+    bucket: float | None = None
+    """Jobs its rate limit would admit now (the buckets of all its shards)."""
+
+    @property
+    def bucket_fill(self) -> float:
+        """How full the rate limit's bucket is, 0…1."""
+        limit = spec_rate(self.rate)
+        return min((self.bucket or 0.0) / limit[0], 1.0) if limit else 0.0
 
     @property
     def succeeded_recently(self) -> int:
@@ -67,7 +78,25 @@ def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
             succeeded[i] += int(ok or 0)
             failed[i] += int(bad or 0)
     return Overview(queue.name, total, queue.counts(), queue.is_paused(), oldest, succeeded,
-                    failed, deepest_lanes(queue, lanes))
+                    failed, deepest_lanes(queue, lanes), queue.options.rate,
+                    bucket_level(queue, now))
+
+
+def bucket_level(queue: Queue, now: int) -> float | None:
+    """How many jobs a rate-limited queue's buckets would admit at `now` (server ms)."""
+    limit = spec_rate(queue.options.rate)
+    if limit is None:
+        return None
+    share, period = limit[0] / queue.shards, limit[1]
+    capacity = max(share, 1.0)  # as the claim script keeps it
+    level = 0.0
+    for index in range(queue.shards):
+        tokens, at = queue.client.hmget(queue.shard(index).key("bucket"), "tokens", "at")
+        if tokens is None or at is None:
+            level += capacity  # never used: full
+            continue
+        level += min(capacity, float(tokens) + max(now - int(at), 0) * share / period)
+    return level
 
 
 def deepest_lanes(queue: Queue, limit: int = 20) -> list[tuple[str, int]]:

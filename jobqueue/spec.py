@@ -79,6 +79,18 @@ def whole_number(value: object, what: str, low: int, high: int | None = None) ->
 
 
 MAX_WEIGHT = 100
+RATE_PERIODS = {"s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def rate(value: object) -> tuple[int, int] | None:
+    """The `rate` option, "N/s", "N/m" or "N/h" (N 1…1,000,000), as (N, period in ms)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.count("/") == 1:
+        count, unit = value.split("/")
+        if count.isdigit() and unit in RATE_PERIODS and 1 <= int(count) <= 1_000_000:
+            return int(count), RATE_PERIODS[unit]
+    raise InvalidOption(f'rate must be "N/s", "N/m" or "N/h" with N in 1…1000000, got {value!r}')
 
 
 def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
@@ -103,6 +115,7 @@ def check_queue_options(options: QueueOptions) -> None:
     validate_priority(options.priority)
     if not isinstance(options.durable, bool):
         raise InvalidOption(f"durable must be True or False, got {options.durable!r}")
+    rate(options.rate)
     if not isinstance(options.lane_weights, tuple):  # settings give a dict: conf converts it
         raise InvalidOption(f"lane_weights must be a dict of lanes to weights, got "
                             f"{options.lane_weights!r}")

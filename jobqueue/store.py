@@ -19,6 +19,7 @@ from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
+from .spec import rate as spec_rate
 from .spec import seconds as _seconds
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
@@ -38,8 +39,13 @@ class Queue:
         self._client = client
         self._next_shard = 0
         weighted = [(lane, w) for lane, w in self.options.lane_weights if w > 1]
-        self._weights: list[Any] = [len(weighted), *(x for pair in weighted for x in pair)]
-        """The claim script's lane weights: how many, then lane and weight for each."""
+        limit = spec_rate(self.options.rate)
+        self._claim_policy: list[Any] = [
+            *((limit[0] / self.shards, limit[1]) if limit else (0, 0)),  # each shard's share
+            len(weighted), *(x for pair in weighted for x in pair)]
+        """The claim script's rate limit (per shard) and lane weights (how many, then pairs)."""
+        self.rate_wait: float = 0.0
+        """After a claim: seconds until the rate limit admits another job (0: not limited)."""
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -188,12 +194,13 @@ class Queue:
         for i, ok in zip(others, self.ack_encoded([acks[i] for i in others]), strict=True):
             answers[i] = ok
         out: list[Lease] = []
+        waits = []
         for step in range(total):
             if len(out) >= count:
                 break
             index = (start + step) % total
             args: list[Any] = [count - len(out), lease_ms, "1" if override_lease else "0", worker,
-                               self._dead_retention_ms(), self._retention_ms(), *self._weights]
+                               self._dead_retention_ms(), self._retention_ms(), *self._claim_policy]
             carried = riding if step == 0 else []
             args.append(len(carried))
             for i in carried:
@@ -202,7 +209,10 @@ class Queue:
             n = int(reply[0])
             for i, ok in zip(carried, reply[1 : 1 + n], strict=True):
                 answers[i] = bool(ok)
-            out.extend(self._leases(index, reply[1 + n :]))
+            waits.append(int(reply[1 + n]))
+            out.extend(self._leases(index, reply[2 + n :]))
+        # Rate-limited when every shard asked said so: then the soonest refill is the wait.
+        self.rate_wait = min(waits) / 1000 if waits and all(waits) else 0.0
         return answers, out
 
     def _leases(self, index: int, reply: list[Any]) -> list[Lease]:

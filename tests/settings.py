@@ -39,7 +39,8 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.jobapp"]  # noqa: F405
 # Fixtures fill in the URL of the Valkey they start (and pass it to worker subprocesses).
 JOBQUEUE = {
     "URL": os.environ.get("VALKEY_URL", "redis://127.0.0.1:1/0"),
-    "QUEUES": {"default": {}, "isolated": {"concurrency": 1}, "durable": {"durable": True}},
+    "QUEUES": {"default": {}, "isolated": {"concurrency": 1}, "durable": {"durable": True},
+               "limited": {"rate": "10/s"}},
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -10,9 +10,10 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from jobqueue import Queue, get_job
+from jobqueue import Queue, conf, get_job
 from jobqueue.mirror import upsert
 from jobqueue.models import Job
+from jobqueue.store import JobSpec
 from tests import workers
 from tests.jobapp import jobs
 
@@ -37,6 +38,18 @@ def staff(client: Client, *perms: str) -> Client:
 
 def dead_job(arg: Any = XSS) -> str:
     return workers.dead_job(arg, f"ValueError: {XSS}")
+
+
+def test_dashboard_shows_a_rate_limit_and_how_full_its_bucket_is(admin_client: Client,
+                                                                    settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"rate": "10/m"}}}
+    conf.reset()
+    queue = Queue("default")
+    queue.enqueue_many([JobSpec(i) for i in range(5)])
+    assert "rate 10/m, bucket 10.0" in admin_client.get("/admin/jobqueue/").content.decode()
+    assert len(queue.dequeue(count=5)) == 5
+    page = admin_client.get("/admin/jobqueue/").content.decode()
+    assert "rate 10/m, bucket 5.0" in page and "<meter" in page
 
 
 def test_dashboard_lists_every_queue_with_counts_and_pause(admin_client: Client) -> None:

@@ -241,6 +241,18 @@ def test_lane_weights_give_a_lane_w_turns_per_round(settings: Any, valkey: Any) 
     assert Counter(batch) == {"vip": 3, "b": 1, "": 2}
 
 
+def test_a_rate_limit_admits_at_most_its_bucket_then_the_refill(settings: Any, valkey: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"rate": "5/s"}}}
+    conf.reset()
+    queue = Queue("default", client=valkey)
+    queue.enqueue_many([JobSpec(i) for i in range(20)])
+    assert len(queue.dequeue(count=20)) == 5 and 0 < queue.rate_wait <= 0.2  # a full bucket
+    assert queue.dequeue(count=20) == [] and 0 < queue.rate_wait <= 0.2
+    time.sleep(0.45)
+    assert len(queue.dequeue(count=20)) in (2, 3)  # 5 a second, refilled on the server clock
+    assert queue.counts()["pending"] >= 12
+
+
 def test_a_batch_claim_takes_successive_turns_across_lanes(queue: Queue) -> None:
     for lane in ("x", "y", "z"):
         queue.enqueue_many([JobSpec(lane, lane=lane) for _ in range(5)])

@@ -47,6 +47,8 @@ def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_ser
     ({"QUEUES": {"emails": {"lane_weights": {"vip": 0}}}}, "lane_weights['vip'] must be an integer in 1…100"),
     ({"QUEUES": {"emails": {"lane_weights": {"bad lane": 2}}}}, "invalid lane name"),
     ({"QUEUES": {"emails": {"lane_weights": ["vip", 3]}}}, "lane_weights must be a dict"),
+    ({"QUEUES": {"emails": {"rate": "ten/s"}}}, 'rate must be "N/s", "N/m" or "N/h"'),
+    ({"QUEUES": {"emails": {"rate": "5/d"}}}, 'rate must be "N/s", "N/m" or "N/h"'),
 ])
 def test_manage_py_check_explains_a_bad_jobqueue_setting(
     settings: Any, jobqueue: dict, fragment: str
@@ -79,7 +81,7 @@ def test_runworker_refuses_bad_options_clearly(args: list[str], code: int, messa
 @pytest.mark.parametrize("options", [
     {"max_attempts": 1000, "backoff": 86_400, "lease": 86_400, "priority": -100},
     {"max_attempts": 1, "backoff": 0, "lease": 0.001, "priority": 100,
-     "lane_weights": {"vip": 100, "": 1}},
+     "lane_weights": {"vip": 100, "": 1}, "rate": "1000000/h"},
 ])
 def test_every_queue_setting_that_check_accepts_can_enqueue(settings: Any, options: dict) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"edge": options}}

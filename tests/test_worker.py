@@ -123,6 +123,24 @@ def test_second_signal_releases_without_charging_the_budget(valkey_server: Valke
     assert info and info.state == "pending" and info.attempts == 1  # back, budget intact
 
 
+def test_a_rate_limited_queue_starts_no_more_than_its_bucket_allows(
+        valkey_server: ValkeyProcess) -> None:
+    limited = jobs.noop.using(queue="limited").enqueue_many([()] * 30)  # rate "10/s"
+    others = jobs.noop.enqueue_many([()] * 20)
+    started = time.monotonic()
+    assert run_burst(valkey_server.url, "--queues", "limited,default", "--concurrency", "4") == 0
+    assert time.monotonic() - started >= 1.8  # 30 jobs: 10 at once, then 10 a second
+    starts = sorted(get_job(r.id, queue="limited").started_at.timestamp()  # type: ignore[union-attr]
+                    for r in limited)
+    # A bucket of 10 refilled at 10 a second: any k successive starts span ≥ (k - 10) / 10 s.
+    for i in range(len(starts)):
+        for j in range(i + 10, len(starts)):
+            assert starts[j] - starts[i] >= (j - i + 1 - 10) / 10 - 0.002, (i, j)
+    # Meanwhile the worker served its other queue: those were done within the first second.
+    last_other = max(get_job(r.id).finished_at.timestamp() for r in others)  # type: ignore[union-attr]
+    assert last_other < starts[-1] - 0.5
+
+
 @pytest.mark.parametrize("mode", [[], ["--processes"]])
 def test_a_running_job_sees_its_cancel_and_is_recorded_cancelled(valkey_server: ValkeyProcess,
                                                                   mode: list[str]) -> None:

@@ -5,6 +5,7 @@ every key stays in the shard's slot:
   base:pending      ZSET  the default lane; base:lane:<name> ZSET a named lane (id -> -priority)
   base:uniq:<key>   STRING unique_key -> id
   base:turns        HASH  turns a weighted lane has had in the ring's current round
+  base:bucket       HASH  a rate-limited queue's token bucket (tokens, at ms)
   base:m:<minute>   HASH  outcomes per minute (succeeded, dead, cancelled, failed), kept 2 hours
 ]]
 

@@ -10,12 +10,15 @@ KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried he
 KEYS[6] done    STREAM  terminal events
 ARGV[1] count, ARGV[2] default lease ms, ARGV[3] '1' = ARGV[2] overrides each job's lease,
 ARGV[4] worker name, ARGV[5] dead retention ms, ARGV[6] retention ms of a finished row,
-ARGV[7] w = number of weighted lanes, then 2 per lane: name, weight (2…100; others weigh 1),
-then n successes to record, then 3 per job: id, token, result (JSON)
-Turns a weighted lane has had in the current round are kept in base:turns (HASH lane -> n).
-Returns: n, the n answers of the successes (1 recorded, 0 stale), then 5 entries per claimed
-        job: id, token (the new `attempts`: the fencing token), payload, checkpoint ('' = none),
-        lease ms. No job is claimed when the queue is paused or nothing is ready.
+ARGV[7] the shard's rate limit: jobs per period (its share of the queue's N; 0 = no limit),
+ARGV[8] the period ms, ARGV[9] w = number of weighted lanes, then 2 per lane: name, weight
+(2…100; others weigh 1), then n successes to record, then 3 per job: id, token, result (JSON)
+Turns a weighted lane has had in the current round are kept in base:turns (HASH lane -> n); a
+rate limit's token bucket in base:bucket (HASH tokens, at ms), refilled on the server clock.
+Returns: n, the n answers of the successes (1 recorded, 0 stale), the ms until the rate limit
+        admits another job (0: not limited now), then 5 entries per claimed job: id, token (the
+        new `attempts`: the fencing token), payload, checkpoint ('' = none), lease ms. No job is
+        claimed when the queue is paused or nothing is ready.
         A popped row with a corrupt state, count, priority or lane is buried (dead, with the
         field named in last_error) and not returned; payload and checkpoint are checked by
         the caller, which decodes them anyway.
@@ -23,13 +26,33 @@ Returns: n, the n answers of the successes (1 recorded, 0 stale), then 5 entries
 local base, ring, active, meta, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local count, default_lease, force, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local dead_retention = tonumber(ARGV[5])
-local weights, nweights = {}, tonumber(ARGV[7])
-for i = 0, nweights - 1 do weights[ARGV[8 + i * 2]] = tonumber(ARGV[9 + i * 2]) end
+local rate, period = tonumber(ARGV[7]), tonumber(ARGV[8])
+local weights, nweights = {}, tonumber(ARGV[9])
+for i = 0, nweights - 1 do weights[ARGV[10 + i * 2]] = tonumber(ARGV[11 + i * 2]) end
 local turns_key = base .. ':turns'
-local out = ack_jobs(base, active, done, meta, tonumber(ARGV[6]), 8 + nweights * 2)
+local out = ack_jobs(base, active, done, meta, tonumber(ARGV[6]), 10 + nweights * 2)
 table.insert(out, 1, #out)
+out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
+local waited_at = #out
 if redis.call('HGET', meta, 'paused') == '1' then return out end
 local now = now_ms()
+
+-- The token bucket: refilled continuously at `rate` per `period`, holding at most `rate` (at
+-- least one: a shard's share of a small limit may be a fraction of a job per period).
+local bucket, tokens = base .. ':bucket', 0
+if rate > 0 then
+  local b = redis.call('HMGET', bucket, 'tokens', 'at')
+  local capacity = math.max(rate, 1)
+  tokens = tonumber(b[1]) or capacity
+  local elapsed = math.max(now - (tonumber(b[2]) or now), 0)
+  tokens = math.min(capacity, tokens + elapsed * rate / period)
+  if tokens < 1 then
+    out[waited_at] = math.ceil((1 - tokens) * period / rate)
+    redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
+    return out
+  end
+  count = math.min(count, math.floor(tokens))
+end
 local claimed, turns = 0, 0
 
 -- The first field (in this order) that a claimed job relies on and that is corrupt, or nil.
@@ -84,5 +107,10 @@ while claimed < count and turns < count * 4 do
     redis.call('HDEL', turns_key, lane)
   end
   for i = 1, #popped, 2 do lease_job(popped[i]) end
+end
+if rate > 0 then
+  tokens = tokens - claimed
+  redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
+  if tokens < 1 then out[waited_at] = math.ceil((1 - tokens) * period / rate) end
 end
 return out

@@ -254,7 +254,9 @@ class Worker:
                 shards=self.shard_totals[queue.name],
             )
             self._acked(items, answers)
-            if len(leases) < take:  # every shard tried: skip the queue for a moment (see DRAINED)
+            if queue.rate_wait:  # its rate limit holds the rest back: serve the others meanwhile
+                self._drained_until[queue.name] = now + queue.rate_wait
+            elif len(leases) < take:  # every shard tried: skip the queue a moment (see DRAINED)
                 self._drained_until[queue.name] = now + DRAINED
             for lease in leases:
                 self._submit(lease)
@@ -383,9 +385,15 @@ class Worker:
             "processed": self.processed, "failed": self.failed})
 
     def _idle_wait(self) -> float:
+        """Until maintenance, the next scheduled job, or a rate limit's next token."""
+        now = time.monotonic()
         wait = self.config.maintenance_every
         if self._next_due is not None:
-            wait = min(wait, max(self._next_due - time.monotonic(), 0.001))
+            wait = min(wait, max(self._next_due - now, 0.001))
+        refills = [until for q in self.queues if q.rate_wait
+                   and (until := self._drained_until.get(q.name, 0.0)) > now]
+        if refills:
+            wait = min(wait, max(min(refills) - now, 0.001))
         return wait
 
     def _ensure_waiters(self) -> None:
