@@ -14,6 +14,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError, JobQueueError
+from .schedule import Entry
+from .schedule import parse as parse_schedule
 from .spec import check_queue_options, lane_weights
 
 QUEUE_OPTION_NAMES = ("shards", "max_attempts", "lease", "concurrency", "backoff", "priority",
@@ -52,6 +54,8 @@ class Config:
     on_commit: bool = True
     max_payload: int = 1 << 20
     """Largest encoded payload (bytes) enqueue accepts: Valkey holds every waiting job in RAM."""
+    schedule: dict[str, Entry] = field(default_factory=dict)
+    """Periodic jobs by name (schedule.py)."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
@@ -101,7 +105,8 @@ def parse(raw: Any) -> Config:
         except JobQueueError as exc:
             raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
-    known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD"}
+    known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD",
+             "SCHEDULE"}
     if set(raw) - known:
         raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, set(raw) - known))}")
     for key in ("URL", "CACHE_ALIAS"):
@@ -118,6 +123,7 @@ def parse(raw: Any) -> Config:
         dead_retention=float(_number(raw, "DEAD_RETENTION", Config.dead_retention)),
         on_commit=raw.get("ON_COMMIT", True),
         max_payload=_number(raw, "MAX_PAYLOAD", Config.max_payload, integer=True),
+        schedule=parse_schedule(raw.get("SCHEDULE", {})),
     )
 
 

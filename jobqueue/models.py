@@ -77,6 +77,7 @@ class Job(models.Model):
             ("reprioritize_job", "Can reprioritize jobs"),
             ("cancel_job", "Can cancel jobs"),
             ("pause_queue", "Can pause and resume queues"),
+            ("run_schedule", "Can run, pause and resume periodic jobs"),
         ]
 
     def __str__(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import messages
@@ -23,7 +24,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from . import console, ids
+from . import console, ids, schedule
+from .conf import get_client, get_config
 from .exceptions import InvalidJobId, JobQueueError
 from .keys import validate_lane, validate_queue
 from .models import Job, Shard
@@ -69,6 +71,9 @@ class Console:
             path("", wrap(self.dashboard), name="jobqueue_dashboard"),
             path("find/", wrap(self.find), name="jobqueue_find"),
             path("stuck/", wrap(self.stuck), name="jobqueue_stuck"),
+            path("schedules/", wrap(self.schedules), name="jobqueue_schedules"),
+            path("schedules/<str:name>/<str:action>/", wrap(require_POST(self.schedule_action)),
+                 name="jobqueue_schedule_action"),
             path("queues/<str:name>/", wrap(self.queue_page), name="jobqueue_queue"),
             path("queues/<str:name>/<str:action>/", wrap(require_POST(self.queue_action)),
                  name="jobqueue_queue_action"),
@@ -126,6 +131,48 @@ class Console:
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,
         )
+
+    def schedules(self, request: HttpRequest) -> HttpResponse:
+        entries = get_config().schedule
+        state = schedule.state(get_client()) if entries else {}
+        now = datetime.now(UTC)
+        rows = []
+        for name, entry in entries.items():
+            seen = state.get(name, {})
+            last = seen.get("last")
+            rows.append({
+                "entry": entry, "paused": bool(seen.get("paused")), "job": seen.get("job"),
+                "queue": entry.queue or _job_queue(entry.job),
+                "last": datetime.fromtimestamp(last / 1000, UTC) if isinstance(last, int) else None,
+                "next": entry.next_tick(now),
+            })
+        return self._render(request, "schedules.html", "Periodic jobs", rows=rows,
+                            can_run=request.user.has_perm("jobqueue.run_schedule"))
+
+    def schedule_action(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
+        if action not in ("run", "pause", "resume"):
+            raise PermissionDenied(f"unknown action {action!r}")
+        if not request.user.has_perm("jobqueue.run_schedule"):
+            raise PermissionDenied
+        entry = get_config().schedule.get(name)
+        if entry is None:
+            from django.http import Http404
+
+            raise Http404(f"No periodic job {name!r} in JOBQUEUE['SCHEDULE'].")
+        if action == "run" and request.POST.get("confirm") != "yes":
+            return self._render(request, "confirm_schedule.html", f"Run {name} now?", entry=entry)
+        client = get_client()
+        if action == "run":
+            job_id = schedule.run_now(entry, client)
+            message = f"Ran periodic job {name} now: job {job_id}."
+        else:
+            schedule.set_paused(client, name, action == "pause")
+            message = f"Periodic job {name} {'paused' if action == 'pause' else 'resumed'}."
+        LogEntry.objects.create(user_id=int(request.user.pk or 0), object_id=name,
+                                object_repr=f"schedule {name}"[:200], action_flag=CHANGE,
+                                change_message=message)
+        messages.success(request, message)
+        return self._back(request, reverse("jobqueue_schedules"))
 
     def stuck(self, request: HttpRequest) -> HttpResponse:
         pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)
@@ -288,3 +335,11 @@ def _int(raw: str | None, default: int, low: int, high: int) -> int:
     except ValueError:
         return default
 
+
+
+def _job_queue(path: str) -> str:
+    """The queue a handler's jobs go to (its @job's queue), for the schedules page."""
+    from .api import _registry
+
+    handler = _registry.get(path)
+    return handler.options.queue if handler else "default"

@@ -4,6 +4,7 @@ CI always has MariaDB (.ci/run starts it); a laptop without one still runs the s
 says so at the top of the run. Valkey servers are started by fixtures (tests/conftest.py).
 """
 
+import json
 import os
 import socket
 
@@ -42,5 +43,7 @@ JOBQUEUE = {
     "QUEUES": {"default": {}, "isolated": {"concurrency": 1}, "durable": {"durable": True},
                "limited": {"rate": "10/s"}},
 }
+if "JOBQUEUE_TEST_SCHEDULE" in os.environ:  # the schedule tests' workers (JSON of SCHEDULE)
+    JOBQUEUE["SCHEDULE"] = json.loads(os.environ["JOBQUEUE_TEST_SCHEDULE"])
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -112,3 +112,24 @@ def test_a_user_who_is_not_staff_is_refused(page: Any) -> None:
     assert "staff account" in page.inner_text(".errornote")
     page.goto("/admin/jobqueue/")
     assert "/admin/login/" in page.url
+
+
+def test_an_operator_runs_and_pauses_a_periodic_job(page: Any, settings: Any) -> None:
+    from jobqueue import conf
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULE": {
+        "nightly": {"job": "tests.jobapp.jobs.noop", "cron": "30 2 * * *"}}}
+    conf.reset()
+    User.objects.create_superuser("admin", "admin@example.com", "admin")
+    login(page, "admin", "admin")
+    page.click("text=Periodic jobs")
+    page.wait_for_selector("tr[data-schedule=nightly]")
+    page.click("tr[data-schedule=nightly] input[value='Run now']")
+    page.click("input[value='Yes, run it now']")
+    page.wait_for_selector(".messagelist .success")
+    assert "Ran periodic job nightly now" in page.inner_text(".messagelist")
+    assert Queue("default").counts()["pending"] == 1
+    page.click("tr[data-schedule=nightly] input[value=Pause]")
+    page.wait_for_selector("tr[data-schedule=nightly] .jq-paused")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "schedules.png"), full_page=True)

@@ -215,3 +215,34 @@ def test_stuck_view_flags_jobs_running_far_beyond_the_queues_usual_time(admin_cl
     section = page.split("Running longer than")[1].split("Waiting longer than")[0]
     assert "3× the usual 0.50 s" in section and slow.id in section and quick.id not in section
     assert len(leases) == 2
+
+
+def test_the_schedules_page_lists_ticks_and_runs_pauses_and_resumes(admin_client: Client,
+                                                                     settings: Any) -> None:
+    from jobqueue import schedule
+    from jobqueue.conf import get_client
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULE": {
+        "nightly": {"job": "tests.jobapp.jobs.noop", "cron": "30 2 * * *", "timezone": "Europe/Paris"},
+        "beat": {"job": "tests.jobapp.jobs.add", "every": 60, "args": [1, 2], "lane": "ops"}}}
+    conf.reset()
+    page = admin_client.get("/admin/jobqueue/schedules/").content.decode()
+    assert "30 2 * * *" in page and "Europe/Paris" in page and "every 60 s" in page
+    assert 'data-schedule="beat"' in page and "Run now" in page
+    url = "/admin/jobqueue/schedules/beat/run/"
+    assert "Run beat now?" in admin_client.post(url).content.decode()  # confirm first
+    assert Queue("default").counts()["pending"] == 0
+    assert admin_client.post(url, {"confirm": "yes"}).status_code == 302
+    job_id = schedule.state(get_client())["beat"]["job"]
+    info = get_job(job_id)
+    assert info and info.lane == "ops" and info.payload == {
+        "handler": "tests.jobapp.jobs.add", "args": [1, 2]}
+    page = admin_client.get("/admin/jobqueue/schedules/").content.decode()
+    assert f"/admin/jobqueue/jobs/default/{job_id}/" in page  # the last job, linked
+    admin_client.post("/admin/jobqueue/schedules/beat/pause/")
+    assert schedule.state(get_client())["beat"]["paused"]
+    assert "paused" in admin_client.get("/admin/jobqueue/schedules/").content.decode()
+    admin_client.post("/admin/jobqueue/schedules/beat/resume/")
+    assert not schedule.state(get_client())["beat"].get("paused")
+    assert LogEntry.objects.filter(change_message__startswith="Ran periodic job beat").exists()
+    assert admin_client.post("/admin/jobqueue/schedules/gone/pause/").status_code == 404

@@ -14,7 +14,8 @@ import redis
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from jobqueue import Queue
+from jobqueue import Queue, schedule
+from jobqueue.conf import get_client
 from jobqueue.models import Job
 from jobqueue.scripts import TRANSITIONS, source
 from tests.jobapp import jobs
@@ -53,6 +54,7 @@ ACTIONS = [  # (permission, how to reach the action for a job id)
     ("reprioritize_job", lambda job_id: f"/admin/jobqueue/jobs/default/{job_id}/reprioritize/"),
     ("cancel_job", lambda job_id: f"/admin/jobqueue/jobs/default/{job_id}/cancel/"),
     ("pause_queue", lambda job_id: "/admin/jobqueue/queues/default/pause/"),
+    ("run_schedule", lambda job_id: "/admin/jobqueue/schedules/beat/pause/"),
 ]
 
 
@@ -68,7 +70,10 @@ def _post(client: Client, path: str, *, csrf: bool) -> int:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("permission", "url"), ACTIONS, ids=[a[0] for a in ACTIONS])
-def test_each_action_needs_its_permission_post_and_csrf(permission: str, url: object) -> None:
+def test_each_action_needs_its_permission_post_and_csrf(permission: str, url: object,
+                                                        settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE,
+                         "SCHEDULE": {"beat": {"job": "tests.jobapp.jobs.noop", "every": 60}}}
     job_id = jobs.add.using(delay=60).enqueue(1, 1).id  # scheduled: every action applies
     path = url(job_id)  # type: ignore[operator]
     others = [codename for codename, _ in ACTIONS if codename != permission]
@@ -85,7 +90,8 @@ def test_each_action_needs_its_permission_post_and_csrf(permission: str, url: ob
     acted = {"retry_job": after and after.state == "scheduled",  # not retryable: refused politely
              "reprioritize_job": after and after.priority == 5,
              "cancel_job": after and after.state == "cancelled",
-             "pause_queue": Queue("default").is_paused()}
+             "pause_queue": Queue("default").is_paused(),
+             "run_schedule": schedule.state(get_client()).get("beat", {}).get("paused")}
     assert acted[permission]
 
 

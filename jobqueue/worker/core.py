@@ -32,7 +32,8 @@ from typing import Any
 from django.db import DatabaseError
 from redis.exceptions import AuthenticationError, RedisError
 
-from .. import outbox, spec
+from .. import outbox, schedule, spec
+from ..conf import get_client, get_config
 from ..exceptions import ConfigurationError
 from ..records import Lease
 from ..states import State
@@ -372,6 +373,9 @@ class Worker:
                 if wait is not None:
                     next_due = wait if next_due is None else min(next_due, wait)
             queue.reap(shards=self.shard_totals[queue.name])
+        entries = get_config().schedule
+        if entries and not self.config.burst:  # a --burst run drains; it does not start work
+            schedule.fire_due(entries, get_client())
         self._next_due = None if next_due is None else time.monotonic() + next_due
         self._ensure_waiters()
         self._advertise()
