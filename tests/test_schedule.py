@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.checks import run_checks
 
-from jobqueue import Queue, schedule
+from jobqueue import Queue, conf, schedule
 from jobqueue.conf import get_client
 from jobqueue.exceptions import ConfigurationError
 from jobqueue.models import Job
@@ -86,7 +86,14 @@ def test_manage_py_check_names_a_bad_expression_and_an_unknown_job(settings: Any
     assert not [e for e in run_checks(tags=["jobqueue"]) if e.id.startswith("jobqueue.")]
 
 
-def test_each_tick_fires_once_a_missed_one_once_and_a_paused_entry_never() -> None:
+@pytest.mark.parametrize("where", ["standalone", "cluster"])
+def test_each_tick_fires_once_a_missed_one_once_and_a_paused_entry_never(
+        where: str, request: pytest.FixtureRequest, settings: Any) -> None:
+    if where == "cluster":
+        cluster = request.getfixturevalue("valkey_cluster")
+        settings.JOBQUEUE = {"URL": cluster.url, "QUEUES": {"default": {"shards": 3}}}
+        conf.reset()
+        get_client().flushall(target_nodes="primaries")
     entries = {"beat": entry(every=60, kwargs={})}
     client = get_client()
     now = utc("2026-11-30 14:00:30")
