@@ -16,7 +16,7 @@ from . import outbox
 from .conf import get_config
 from .exceptions import InvalidOption, UnknownHandler
 from .keys import validate_queue
-from .records import JobInfo, JobRef
+from .records import JobInfo, JobRef, Lease
 from .spec import JobSpec, prepare
 from .store import Queue
 
@@ -158,6 +158,22 @@ def lookup(name: str) -> JobFunction:
         return _registry[name]
     except KeyError:
         raise UnknownHandler(f"no @job handler registered as {name!r}") from None
+
+
+BRIDGES = {"django.tasks:": "jobqueue.tasks.handler_for",
+           "celery:": "jobqueue.contrib.celery.handler_for"}
+"""Payload handler prefixes of jobs enqueued through a bridge, and the function that turns such
+a name into a handler (imported on first use: a worker without Celery never imports it)."""
+
+
+def handler_for(name: str, lease: Lease) -> JobFunction:
+    """The handler a payload names: an `@job` by dotted name, or a bridged task by prefix."""
+    for prefix, resolver in BRIDGES.items():
+        if name.startswith(prefix):
+            from django.utils.module_loading import import_string
+
+            return import_string(resolver)(name, lease)
+    return lookup(name)
 
 
 def enqueue(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,

@@ -15,8 +15,8 @@ from celery import Task, current_app
 
 from ..api import JobFunction, JobOptions, submit
 from ..exceptions import InvalidOption, UnknownHandler
+from ..handler import RetryLater
 from ..store import JobSpec, Lease, Queue
-from ..worker.executor import RetryLater
 
 PREFIX = "celery:"
 # Transport details with no meaning here; anything else (link, expires, chord, …) would be

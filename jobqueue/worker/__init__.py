@@ -1,6 +1,6 @@
 """The worker that `manage.py runworker` runs."""
 
+from ..handler import JobCancelled, JobContext, RetryLater  # the handler's API, also in jobqueue
 from .core import Worker, WorkerConfig
-from .executor import JobCancelled, JobContext, RetryLater
 
 __all__ = ["JobCancelled", "JobContext", "RetryLater", "Worker", "WorkerConfig"]

@@ -13,23 +13,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import JobFunction, lookup
+from ..api import JobFunction, handler_for
 from ..exceptions import JobQueueError, UnknownHandler
+from ..handler import JobCancelled, JobContext, RetryLater
 from ..records import Lease
 from ..spec import dumps
-from ..store import Queue
-
-
-class RetryLater(Exception):
-    """Raise from a handler to retry after `retry_in` seconds without a traceback."""
-
-    def __init__(self, reason: str = "retry requested", retry_in: float | None = None) -> None:
-        super().__init__(reason)
-        self.retry_in = retry_in
-
-
-class JobCancelled(Exception):
-    """Raised by `ctx.raise_if_cancelled()`: the job is recorded as cancelled."""
 
 
 @dataclass(frozen=True)
@@ -46,41 +34,6 @@ class Outcome:
     duration: float = 0.0
 
 
-class JobContext:
-    """What a `takes_context=True` handler gets as `ctx`."""
-
-    def __init__(self, lease: Lease) -> None:
-        self.job_id = lease.job_id
-        self.attempt = lease.token
-        self.queue = lease.queue
-        self.checkpoint = lease.checkpoint
-        self._lease = lease
-        self._cancelled = False
-        self._next_check = 0.0
-
-    @property
-    def cancelled(self) -> bool:
-        """True once an operator asked to cancel this job (Cancel on its page, or
-        `Queue.cancel`). Read from Valkey at most once a second, so a loop may ask often."""
-        now = time.monotonic()
-        if not self._cancelled and now >= self._next_check:
-            self._next_check = now + 1.0
-            self._cancelled = Queue(self.queue).cancel_requested(self._lease)
-        return self._cancelled
-
-    def raise_if_cancelled(self) -> None:
-        """Stop here if an operator cancelled the job: it is recorded as cancelled."""
-        if self.cancelled:
-            raise JobCancelled(f"job {self.job_id} was cancelled while it ran")
-
-    def save_checkpoint(self, data: Any) -> bool:
-        """Store progress so a re-run (after a crash) starts from it; False if the lease was lost."""
-        saved = Queue(self._lease.queue).checkpoint(self._lease, data)
-        if saved:
-            self.checkpoint = data
-        return saved
-
-
 def resolve(lease: Lease) -> tuple[JobFunction, list[Any], dict[str, Any]]:
     """The handler and arguments a payload names; JobQueueError says what is wrong."""
     if lease.problem:
@@ -93,20 +46,8 @@ def resolve(lease: Lease) -> tuple[JobFunction, list[Any], dict[str, Any]]:
             "payload must be {\"handler\": str, \"args\": list, \"kwargs\": dict}, "
             f"got {str(payload)[:200]!r}"
         )
-    return _handler(payload["handler"], lease), payload.get("args", []), payload.get("kwargs", {})
-
-
-def _handler(name: str, lease: Lease) -> JobFunction:
-    """`@job` handlers by dotted name; Django tasks and Celery tasks by their prefix."""
-    if name.startswith("django.tasks:"):
-        from .. import tasks
-
-        return tasks.handler_for(name, lease)
-    if name.startswith("celery:"):
-        from ..contrib import celery
-
-        return celery.handler_for(name, lease)
-    return lookup(name)
+    return (handler_for(payload["handler"], lease), payload.get("args", []),
+            payload.get("kwargs", {}))
 
 
 def run(handler: JobFunction, lease: Lease, args: list[Any], kwargs: dict[str, Any]) -> Any:

@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobqueue import job
-from jobqueue.worker import JobContext, RetryLater
+from jobqueue import JobContext, RetryLater, job
 
 
 @job
