@@ -27,15 +27,28 @@ setup() {
   fi
 }
 
+# Ctrl-C stops everything the demo started: the worker, and the embedded valkey-server (a
+# daemon, outside this process group) unless it was already running before the demo.
+demo_cleanup() {
+  kill -TERM "$worker" 2>/dev/null || true
+  wait "$worker" 2>/dev/null || true
+  if [ "$started_valkey" = 1 ] && [ -f "$pidfile" ]; then
+    kill -TERM "$(cat "$pidfile")" 2>/dev/null || true
+  fi
+}
+
 demo() {
   setup
   export DJANGO_SETTINGS_MODULE=project.settings
   unset VALKEY_URL DATABASE_URL
+  pidfile=var/valkey/valkey.pid started_valkey=1  # globals: the EXIT trap runs after demo() returns
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then started_valkey=0; fi
   "$VENV/bin/python" manage.py migrate --noinput
   "$VENV/bin/python" manage.py demo_setup
   "$VENV/bin/python" manage.py runworker --concurrency 4 &
   worker=$!
-  trap 'kill -TERM $worker 2>/dev/null; wait $worker 2>/dev/null' EXIT
+  trap demo_cleanup EXIT
+  trap 'exit 130' INT TERM  # so that Ctrl-C runs the EXIT trap
   echo "==> admin: http://127.0.0.1:8000/admin/jobqueue/  (user admin, password admin)"
   "$VENV/bin/python" manage.py runserver 127.0.0.1:8000
 }
