@@ -44,5 +44,57 @@ def _is_job(path: str) -> bool:
     return path in _registry
 
 
+MIN_VALKEY = (7, 2)
+"""Valkey 7.2 (or Redis 7.2) at least: the scripts use LMOVE and ZRANGE … BYSCORE (6.2)."""
+README = "the README's"
+
+
+def check_tasks(**_: Any) -> list[checks.CheckMessage]:
+    """A TASKS backend that cannot be imported (jobqueue's, misspelt or not installed)."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    errors: list[checks.CheckMessage] = []
+    for alias, spec in (getattr(settings, "TASKS", None) or {}).items():
+        path = spec.get("BACKEND", "") if isinstance(spec, dict) else ""
+        try:
+            import_string(path)
+        except ImportError as exc:
+            errors.append(checks.Error(
+                f"TASKS[{alias!r}]['BACKEND'] = {path!r} cannot be imported: {exc}",
+                hint="See " + README + " 'django.tasks and Celery': jobqueue's backend is "
+                     "'jobqueue.tasks.ValkeyBackend'.",
+                id="jobqueue.E004"))
+    return errors
+
+
+def check_valkey(**_: Any) -> list[checks.CheckMessage]:
+    """Deploy check (`manage.py check --deploy`): Valkey answers, and is recent enough."""
+    from redis.exceptions import RedisError
+
+    from . import conf
+    from .exceptions import JobQueueError
+
+    try:
+        info = conf.get_client().info("server")
+    except (RedisError, JobQueueError, OSError) as exc:
+        return [checks.Error(
+            f"Valkey does not answer ({exc.__class__.__name__}: {exc})",
+            hint="Check JOBQUEUE['URL'] (host, port, password, ssl_ca_certs): see " + README
+                 + " 'Operator commands'. Workers wait for Valkey; enqueues fail until it answers.",
+            id="jobqueue.E005")]
+    version = str(info.get("valkey_version") or info.get("redis_version") or "0")
+    found = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if found < MIN_VALKEY:
+        return [checks.Error(
+            f"Valkey {version} is older than {'.'.join(map(str, MIN_VALKEY))}, which jobqueue's "
+            "scripts need",
+            hint="Upgrade Valkey (or Redis) to 7.2 or later: see " + README + " 'Settings'.",
+            id="jobqueue.E006")]
+    return []
+
+
 def register() -> None:
     checks.register(check_settings, "jobqueue")
+    checks.register(check_tasks, "jobqueue")
+    checks.register(check_valkey, "jobqueue", deploy=True)

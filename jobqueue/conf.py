@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
@@ -56,9 +57,24 @@ class Config:
     """Largest encoded payload (bytes) enqueue accepts: Valkey holds every waiting job in RAM."""
     schedule: dict[str, Entry] = field(default_factory=dict)
     """Periodic jobs by name (schedule.py)."""
+    metrics_token: str | None = None
+    """When set, /metrics wants `Authorization: Bearer <token>`."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
+
+
+def did_you_mean(unknown: Iterable[object], known: Iterable[str]) -> str:
+    """" (did you mean 'X'?)" for the first unknown name close to a known one, else ""."""
+    import difflib
+
+    for name in sorted(map(str, unknown)):
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+        if not close:
+            close = [k for k in known if k.lower() == name.lower()]
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+    return ""
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
@@ -71,7 +87,8 @@ def _queue_options(base: QueueOptions, raw: Any, where: str) -> QueueOptions:
     unknown = set(_mapping(raw, where)) - set(QUEUE_OPTION_NAMES)
     if unknown:
         raise ConfigurationError(
-            f"{where}: unknown option(s) {sorted(map(str, unknown))}; allowed: {list(QUEUE_OPTION_NAMES)}"
+            f"{where}: unknown option(s) {sorted(map(str, unknown))}"
+            f"{did_you_mean(unknown, QUEUE_OPTION_NAMES)}; allowed: {list(QUEUE_OPTION_NAMES)}"
         )
     try:
         if "lane_weights" in raw:
@@ -106,10 +123,12 @@ def parse(raw: Any) -> Config:
             raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
     known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD",
-             "SCHEDULE"}
+             "SCHEDULE", "METRICS_TOKEN"}
     if set(raw) - known:
-        raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, set(raw) - known))}")
-    for key in ("URL", "CACHE_ALIAS"):
+        unknown = set(raw) - known
+        raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, unknown))}"
+                                 f"{did_you_mean(unknown, known)}; allowed: {sorted(known)}")
+    for key in ("URL", "CACHE_ALIAS", "METRICS_TOKEN"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise ConfigurationError(f"JOBQUEUE[{key!r}] must be a string, got {raw[key]!r}")
     if not isinstance(raw.get("ON_COMMIT", True), bool):
@@ -124,6 +143,7 @@ def parse(raw: Any) -> Config:
         on_commit=raw.get("ON_COMMIT", True),
         max_payload=_number(raw, "MAX_PAYLOAD", Config.max_payload, integer=True),
         schedule=parse_schedule(raw.get("SCHEDULE", {})),
+        metrics_token=raw.get("METRICS_TOKEN") or None,
     )
 
 
@@ -165,7 +185,9 @@ def client_for_url(url: str) -> Any:
             from redis.cluster import RedisCluster
 
             plain, cluster = normalise_url(url)
-            opts: dict[str, Any] = {**CLIENT_OPTIONS, "health_check_interval": 30}
+            # A black-holed host fails in 5 s instead of hanging (a URL's own option wins).
+            opts: dict[str, Any] = {**CLIENT_OPTIONS, "health_check_interval": 30,
+                                    "socket_connect_timeout": 5}
             if cluster:
                 _clients[url] = RedisCluster.from_url(plain, **opts)
             else:

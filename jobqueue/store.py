@@ -13,7 +13,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from . import ids, scripts
+from . import ids, scripts, signals
 from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
@@ -140,7 +140,12 @@ class Queue:
         for index, positions in by_shard.items():
             while positions:
                 positions = self._enqueue_on_shard(index, prepared, positions, refs)
-        return [ref for ref in refs if ref is not None]
+        out = [ref for ref in refs if ref is not None]
+        if signals.job_enqueued.has_listeners(Queue):
+            for ref in out:
+                if ref.created:
+                    signals.send(signals.job_enqueued, Queue, ref=ref)
+        return out
 
     def _enqueue_on_shard(self, index: int, prepared: list[Prepared], positions: list[int],
                           refs: list[JobRef | None]) -> list[int]:

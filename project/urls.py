@@ -2,10 +2,12 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from jobqueue import metrics
 from jobqueue.urls import console_urls
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/jobqueue/")),
     path("admin/jobqueue/", include(console_urls(admin.site))),
     path("admin/", admin.site.urls),
+    path("metrics", metrics.view),
 ]

@@ -89,3 +89,30 @@ def test_every_queue_setting_that_check_accepts_can_enqueue(settings: Any, optio
     ref = Queue("edge").enqueue({"x": 1})
     info = Queue("edge").get(ref.id)
     assert info and info.max_attempts == options["max_attempts"] and info.priority == options["priority"]
+
+
+def test_an_unknown_key_gets_a_did_you_mean(settings: Any) -> None:
+    settings.JOBQUEUE = {"RETENTON": 60, "QUEUES": {"default": {}}}
+    [error] = [e for e in run_checks(tags=["jobqueue"]) if e.id == "jobqueue.E001"]
+    assert "did you mean 'RETENTION'?" in error.msg
+    settings.JOBQUEUE = {"QUEUES": {"default": {"max_attempt": 3}}}
+    [error] = [e for e in run_checks(tags=["jobqueue"]) if e.id == "jobqueue.E001"]
+    assert "did you mean 'max_attempts'?" in error.msg
+
+
+def test_a_tasks_backend_that_cannot_be_imported_is_named(settings: Any) -> None:
+    settings.TASKS = {"default": {"BACKEND": "jobqueue.tasks.ValkeyBackends"}}
+    [error] = [e for e in run_checks(tags=["jobqueue"]) if e.id == "jobqueue.E004"]
+    assert "ValkeyBackends" in error.msg and "jobqueue.tasks.ValkeyBackend'" in (error.hint or "")
+
+
+def test_deploy_checks_say_when_valkey_is_unreachable_or_too_old(settings: Any) -> None:
+    from jobqueue import conf
+    from jobqueue.checks import check_valkey
+
+    assert check_valkey() == []  # the test Valkey: recent, answering
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": "redis://127.0.0.1:1/0"}
+    conf.reset()
+    [error] = check_valkey()
+    assert error.id == "jobqueue.E005" and "does not answer" in error.msg and error.hint
+    assert "jobqueue.E005" in {e.id for e in run_checks(tags=["jobqueue"], include_deployment_checks=True)}

@@ -6,6 +6,8 @@ every key stays in the shard's slot:
   base:uniq:<key>   STRING unique_key -> id
   base:turns        HASH  turns a weighted lane has had in the ring's current round
   base:bucket       HASH  a rate-limited queue's token bucket (tokens, at ms)
+  base:hist         HASH  run durations for the metrics: count per bucket (ms upper bound or
+                          +Inf), sum_ms
   base:m:<minute>   HASH  outcomes per minute (succeeded, dead, cancelled, failed), kept 2 hours
 ]]
 
@@ -91,6 +93,21 @@ local function wake_workers(wake, n)
   redis.call('LTRIM', wake, -16, -1)
 end
 
+-- A run's duration into the shard's histogram (Prometheus' jobqueue_job_duration_seconds).
+local DURATION_BUCKETS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000,
+  300000}
+local function observe(base, started, now)
+  local ms = count_field(started)
+  if not ms then return end
+  ms = math.max(now - ms, 0)
+  local le = '+Inf'
+  for _, bound in ipairs(DURATION_BUCKETS) do
+    if ms <= bound then le = tostring(bound); break end
+  end
+  redis.call('HINCRBY', base .. ':hist', le, 1)
+  redis.call('HINCRBY', base .. ':hist', 'sum_ms', ms)
+end
+
 -- A terminal transition: state, timestamps, counters, the `done` event for the MySQL mirror
 -- (in this same script, so a state change can never miss its event) and the row's retention.
 -- The event carries the row's non-empty fields, so the mirror needs nothing else.
@@ -109,6 +126,7 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   end
   redis.call('XADD', done, '*', unpack(event))
   redis.call('HINCRBY', meta, 'n_' .. state, 1)
+  observe(base, f[11], now)
   count_minute(base, now, state)
   if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)

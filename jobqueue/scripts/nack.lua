@@ -17,7 +17,7 @@ local done, ring, wake, meta = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local id, token, err, retry_in, fatal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
-  'backoff_ms', 'cancel')
+  'backoff_ms', 'cancel', 'started_at')
 if row[1] ~= 'active' or row[2] ~= token then return '' end
 local now = now_ms()
 redis.call('ZREM', active, id)
@@ -34,6 +34,8 @@ if fatal == '1' or used >= (tonumber(row[4]) or tonumber(ARGV[8])) then
   finish(base, done, meta, jk, id, 'dead', now, tonumber(ARGV[7]))
   return 'dead'
 end
+observe(base, row[7], now)  -- a failed run that will be retried (finish observes the others)
+redis.call('HINCRBY', meta, 'n_failed', 1)
 local delay = retry_in
 if delay < 0 then
   delay = math.min((tonumber(row[5]) or tonumber(ARGV[9])) * 2 ^ (used - 1), 3600000)

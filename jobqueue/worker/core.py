@@ -32,7 +32,7 @@ from typing import Any
 from django.db import DatabaseError
 from redis.exceptions import AuthenticationError, RedisError
 
-from .. import outbox, schedule, spec
+from .. import outbox, schedule, signals, spec
 from ..conf import get_client, get_config
 from ..exceptions import ConfigurationError
 from ..records import Lease
@@ -332,10 +332,13 @@ class Worker:
             self._room.set()
 
     def _log(self, lease: Lease, outcome: Outcome, state: str) -> None:
+        """Count, log and signal a recorded outcome."""
         if outcome.ok:
             self.processed += 1
         else:
             self.failed += 1
+        signals.send(signals.job_finished, Queue, lease=lease, state=str(state),
+                     duration=outcome.duration)
         # A line per success would cost more than a short job: successes are logged at DEBUG
         # (the summary line counts them), failures always.
         if outcome.ok:

@@ -17,7 +17,9 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from queue import Empty, SimpleQueue
 
+from .. import signals
 from ..records import Lease
+from ..store import Queue
 from .executor import Outcome, execute
 
 log = logging.getLogger("jobqueue.worker")
@@ -64,6 +66,7 @@ class Runners:
 
     def _loop(self) -> None:
         while (lease := self._inbox.get()) is not None:
+            signals.send(signals.job_started, Queue, lease=lease)
             self._done(lease, self._run(lease))
 
     def _run(self, lease: Lease) -> Outcome:

@@ -1,0 +1,91 @@
+"""Prometheus metrics, read from Valkey at each scrape: every worker's work is counted there (in
+each shard's `meta` and `hist` hashes, by the same scripts that record it), so any web process
+reports the whole fleet.
+
+    path("metrics", jobqueue.metrics.view)    # open, unless JOBQUEUE["METRICS_TOKEN"] is set
+
+- `jobqueue_jobs{queue,state}` — jobs by state now (gauge; `Queue.counts()`);
+- `jobqueue_oldest_wait_seconds{queue}` — the longest wait among ready jobs (gauge);
+- `jobqueue_jobs_finished_total{queue,outcome}` — runs recorded: `succeeded`, `failed` (to be
+  retried), `dead`, `cancelled` (counter);
+- `jobqueue_job_duration_seconds{queue}` — run time of recorded runs (histogram);
+- `jobqueue_rate_limit_tokens{queue}` — jobs a rate-limited queue would admit now (gauge).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .conf import get_config
+from .states import State
+from .store import Queue, known_queues
+
+OUTCOMES = ("succeeded", "failed", "dead", "cancelled")
+BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
+"""The histogram's upper bounds in ms: the same list as DURATION_BUCKETS in _common.lua."""
+
+
+class ValkeyCollector:
+    """Collects every known queue's figures from Valkey at scrape time."""
+
+    def collect(self) -> Iterator[Any]:
+        from .console import bucket_level, server_ms
+
+        jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs by state now", labels=["queue", "state"])
+        oldest = GaugeMetricFamily("jobqueue_oldest_wait_seconds",
+                                   "The longest wait among ready jobs", labels=["queue"])
+        finished = CounterMetricFamily("jobqueue_jobs_finished", "Runs recorded, by outcome",
+                                       labels=["queue", "outcome"])
+        duration = HistogramMetricFamily("jobqueue_job_duration_seconds",
+                                         "Run time of recorded runs", labels=["queue"])
+        tokens = GaugeMetricFamily("jobqueue_rate_limit_tokens",
+                                   "Jobs a rate-limited queue would admit now", labels=["queue"])
+        for name in known_queues():
+            queue = Queue(name)
+            for state, count in queue.counts().items():
+                if state in State.values:
+                    jobs.add_metric([name, str(state)], count)
+            wait = queue.oldest_wait()
+            oldest.add_metric([name], wait or 0.0)
+            totals = dict.fromkeys(OUTCOMES, 0)
+            buckets = dict.fromkeys([*map(str, BUCKETS_MS), "+Inf"], 0)
+            total_ms = 0
+            for index in range(queue.claim_shards()):
+                meta = queue.client.hmget(queue.shard(index).key("meta"),
+                                          [f"n_{o}" for o in OUTCOMES])
+                for outcome, value in zip(OUTCOMES, meta, strict=True):
+                    totals[outcome] += int(value or 0)
+                hist = queue.client.hgetall(queue.shard(index).key("hist"))
+                for le in buckets:
+                    buckets[le] += int(hist.get(le) or 0)
+                total_ms += int(hist.get("sum_ms") or 0)
+            for outcome, value in totals.items():
+                finished.add_metric([name, outcome], value)
+            cumulative, running = [], 0
+            for le, count in buckets.items():
+                running += count
+                bound = "+Inf" if le == "+Inf" else str(int(le) / 1000)
+                cumulative.append((bound, running))
+            duration.add_metric([name], cumulative, total_ms / 1000)
+            level = bucket_level(queue, server_ms(queue))
+            if level is not None:
+                tokens.add_metric([name], level)
+        yield from (jobs, oldest, finished, duration, tokens)
+
+
+def view(request: HttpRequest) -> HttpResponse:
+    """Prometheus' text format; with METRICS_TOKEN set, only for `Authorization: Bearer <token>`."""
+    token = get_config().metrics_token
+    if token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"):
+        return HttpResponse("metrics: a bearer token is required\n", status=401,
+                            content_type="text/plain")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ValkeyCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

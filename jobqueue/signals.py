@@ -1,0 +1,38 @@
+"""Django signals around a job's life. A receiver runs in the process that sends it, on the
+sending thread; a receiver that raises is logged and does not stop the job or the worker.
+
+- `job_enqueued(sender=Queue, ref=JobRef)` — in the enqueuing process (web, shell, a worker
+  firing a schedule), once Valkey holds a new job; not for a unique key that matched a live job.
+- `job_started(sender=Queue, lease=Lease)` — in the worker, on the runner thread, just before
+  the handler runs (also with `--processes`: the handler then runs in a pool process).
+- `job_finished(sender=Queue, lease=Lease, state=str, duration=float)` — in the worker, once the
+  outcome is recorded: `state` is the job's new state (`succeeded`, `pending` or `scheduled` for
+  a retry, `dead`, `cancelled`, or `stale` when the lease had been lost), `duration` the run's
+  seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import Signal
+
+log = logging.getLogger("jobqueue.signals")
+
+job_enqueued = Signal()
+job_started = Signal()
+job_finished = Signal()
+
+
+def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send `signal` if anything listens; a receiver's error is logged, never raised."""
+    if not signal.has_listeners(sender):
+        return
+    for receiver, result in signal.send_robust(sender, **kwargs):
+        if isinstance(result, Exception):
+            log.error("a %s receiver (%r) failed: %r", _name(signal), receiver, result)
+
+
+def _name(signal: Signal) -> str:
+    return next((name for name, value in globals().items() if value is signal), "signal")
