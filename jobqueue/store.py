@@ -190,11 +190,11 @@ class Queue:
         lease_ms = round(validate_lease(default) * 1000)
         total = shards or self.claim_shards()
         if acks:  # start where most successes are: they ride along
-            start = Counter(lease.shard for lease, _ in acks).most_common(1)[0][0] % total
+            start = Counter(held.shard for held, _ in acks).most_common(1)[0][0] % total
         else:
             start = self._next_shard = (self._next_shard + 1) % total
-        riding = [i for i, (lease, _) in enumerate(acks) if lease.shard == start]
-        others = [i for i, (lease, _) in enumerate(acks) if lease.shard != start]
+        riding = [i for i, (held, _) in enumerate(acks) if held.shard == start]
+        others = [i for i, (held, _) in enumerate(acks) if held.shard != start]
         answers = [False] * len(acks)
         for i, ok in zip(others, self.ack_encoded([acks[i] for i in others]), strict=True):
             answers[i] = ok
