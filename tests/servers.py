@@ -13,6 +13,22 @@ import redis
 from jobqueue.embedded import free_port, server_args, wait_until_up
 
 
+def ping_until_up(client: redis.Redis, timeout: float = 10.0) -> None:
+    """PING through `client` until it answers (ConnectionError after `timeout` s), then close it."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        client.close()
+
+
 class ValkeyProcess:
     """One valkey-server child process that a test may stop, kill and start again."""
 
@@ -41,17 +57,7 @@ class ValkeyProcess:
     def _wait_until_up(self) -> None:
         if "--requirepass" in self.extra:  # PING wants the password: ask with it
             password = self.extra[self.extra.index("--requirepass") + 1]
-            client = redis.Redis(port=self.port, password=password)
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            client.close()
+            ping_until_up(redis.Redis(port=self.port, password=password))
         else:
             wait_until_up(self.port)
 
@@ -201,18 +207,11 @@ class TLSProxy:
             self.proc = subprocess.Popen([shutil.which("stunnel4") or "stunnel",
                                           str(self.dir / "stunnel.conf")],
                                          stdout=log, stderr=subprocess.STDOUT)
-        client = redis.Redis.from_url(self.url(ssl_ca_certs=str(self.ca)))
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    self.cleanup()
-                    raise
-                time.sleep(0.05)
-        client.close()
+        try:
+            ping_until_up(redis.Redis.from_url(self.url(ssl_ca_certs=str(self.ca))))
+        except redis.ConnectionError:
+            self.cleanup()
+            raise
         return self
 
     def cleanup(self) -> None:

@@ -93,13 +93,18 @@ while claimed < count and turns < count * 4 do
   turns = turns + 1
   -- One lane with work: round-robin is moot, so take the rest of the batch from it at once.
   local single = redis.call('LLEN', ring) == 1
-  local lane = redis.call('LINDEX', ring, 0)
-  if not lane then break end
-  local weight = weights[lane] or 1
-  if weight == 1 or redis.call('HINCRBY', turns_key, lane, 1) >= weight then
-    if weight > 1 then redis.call('HDEL', turns_key, lane) end
-    redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')  -- its turns are over: the next lane's go
+  local lane
+  if nweights == 0 then
+    lane = redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+  else  -- a lane keeps the head until its turns this round are over
+    lane = redis.call('LINDEX', ring, 0)
+    local weight = lane and weights[lane] or 1
+    if lane and (weight == 1 or redis.call('HINCRBY', turns_key, lane, 1) >= weight) then
+      if weight > 1 then redis.call('HDEL', turns_key, lane) end
+      redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+    end
   end
+  if not lane then break end
   local lk = lane_key(base, lane)
   local popped = redis.call('ZPOPMIN', lk, single and (count - claimed) or 1)
   if redis.call('ZCARD', lk) == 0 then

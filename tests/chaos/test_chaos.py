@@ -34,6 +34,14 @@ JOBS = int(os.environ.get("CHAOS_JOBS", "1500"))
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "25"))
 
 
+def each_effect_once(recorded: redis.Redis, refs: list[Any]) -> int:
+    """Each job recorded its effect under its own id, once: a re-run (at-least-once delivery)
+    came back with the same id, so its SET NX found the effect already there. Returns how many
+    re-runs were absorbed that way."""
+    assert {key.decode()[7:] for key in recorded.keys("effect:*")} == {r.id for r in refs}
+    return int(recorded.get("effects:replayed") or 0)
+
+
 def test_nothing_is_lost_or_recorded_twice_under_chaos(settings: Any, tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "7")))
     valkey = ValkeyProcess().start()  # its own server: AOF with appendfsync always
@@ -101,13 +109,9 @@ def test_nothing_is_lost_or_recorded_twice_under_chaos(settings: Any, tmp_path: 
         assert by_state == {"succeeded": (JOBS, JOBS)}, by_state  # each once, none lost
         counts = Queue("default").counts()
         assert counts["pending"] == counts["scheduled"] == counts["active"] == 0
-        recorded = redis.Redis.from_url(effects.url)
-        # Each job recorded its effect under its own id, once: a re-run (at-least-once delivery)
-        # came back with the same id, so its SET NX found the effect already there.
-        assert {key.decode()[7:] for key in recorded.keys("effect:*")} == {r.id for r in refs}
+        replays = each_effect_once(redis.Redis.from_url(effects.url), refs)
         print(f"\nchaos: {JOBS} jobs, {SECONDS:.0f} s, {kills} worker kills, {restarts} Valkey "
-              f"restarts, {outages} database outages, "
-              f"{int(recorded.get('effects:replayed') or 0)} replays absorbed, lost 0")
+              f"restarts, {outages} database outages, {replays} replays absorbed, lost 0")
     finally:
         for w in workers:
             w.kill()
@@ -153,9 +157,8 @@ def test_a_durable_queue_survives_valkey_losing_everything_mid_run(settings: Any
 
         states = dict(Job.objects.filter(queue="durable").values_list("id", "state"))
         assert states == {ref.id: "succeeded" for ref in refs}
-        assert {key.decode()[7:] for key in recorded.keys("effect:*")} == {r.id for r in refs}
-        print(f"\nflush under a durable queue: {jobs_n} jobs, "
-              f"{int(recorded.get('effects:replayed') or 0)} replays absorbed, "
+        replays = each_effect_once(recorded, refs)
+        print(f"\nflush under a durable queue: {jobs_n} jobs, {replays} replays absorbed, "
               f"{restored.stdout.strip()}, lost 0")
     finally:
         for w in workers:
