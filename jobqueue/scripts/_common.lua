@@ -57,10 +57,28 @@ local function lane_push(base, ring, id, lane, priority)
   end
 end
 
--- Count an outcome in this minute's bucket (the dashboard's charts).
+-- Counters (outcome totals, per-minute counts, the duration histogram): HINCRBY at once, or,
+-- while a batch of acks is recorded, summed and written once per field when it ends.
+local tally_batch = nil
+local function tally(key, field, n, ttl)
+  if tally_batch then
+    local slot = key .. '\n' .. field
+    local t = tally_batch[slot]
+    if t then t[3] = t[3] + n else tally_batch[slot] = {key, field, n, ttl} end
+    return
+  end
+  if redis.call('HINCRBY', key, field, n) == n and ttl then redis.call('EXPIRE', key, ttl) end
+end
+
+local function flush_tally()
+  local batch = tally_batch
+  tally_batch = nil
+  for _, t in pairs(batch) do tally(t[1], t[2], t[3], t[4]) end
+end
+
+-- Count an outcome in this minute's bucket (the dashboard's charts, kept two hours).
 local function count_minute(base, now, what)
-  local key = base .. ':m:' .. math.floor(now / 60000)
-  if redis.call('HINCRBY', key, what, 1) == 1 then redis.call('EXPIRE', key, 7200) end
+  tally(base .. ':m:' .. math.floor(now / 60000), what, 1, 7200)
 end
 
 -- The same for a job whose row already exists: it becomes pending. A corrupt lane or priority
@@ -104,8 +122,8 @@ local function observe(base, started, now)
   for _, bound in ipairs(DURATION_BUCKETS) do
     if ms <= bound then le = tostring(bound); break end
   end
-  redis.call('HINCRBY', base .. ':hist', le, 1)
-  redis.call('HINCRBY', base .. ':hist', 'sum_ms', ms)
+  tally(base .. ':hist', le, 1)
+  tally(base .. ':hist', 'sum_ms', ms)
 end
 
 -- A terminal transition: state, timestamps, counters, the `done` event for the MySQL mirror
@@ -125,7 +143,7 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
     if f[i] and f[i] ~= '' then event[#event + 1] = name; event[#event + 1] = f[i] end
   end
   redis.call('XADD', done, '*', unpack(event))
-  redis.call('HINCRBY', meta, 'n_' .. state, 1)
+  tally(meta, 'n_' .. state, 1)
   observe(base, f[11], now)
   count_minute(base, now, state)
   if retention_ms and retention_ms > 0 then
@@ -152,6 +170,7 @@ end
 local function ack_jobs(base, active, done, meta, retention, at)
   local now = now_ms()
   local out = {}
+  tally_batch = {}
   for i = 0, tonumber(ARGV[at]) - 1 do
     local id, token, result = ARGV[at + 1 + i * 3], ARGV[at + 2 + i * 3], ARGV[at + 3 + i * 3]
     local jk = job_key(base, id)
@@ -167,5 +186,6 @@ local function ack_jobs(base, active, done, meta, retention, at)
       out[#out + 1] = 0
     end
   end
+  flush_tally()
   return out
 end
