@@ -30,6 +30,7 @@ setup() {
 # Ctrl-C stops everything the demo started: the worker, and the embedded valkey-server (a
 # daemon, outside this process group) unless it was already running before the demo.
 demo_cleanup() {
+  kill -TERM "$players" 2>/dev/null || true
   kill -TERM "$worker" 2>/dev/null || true
   wait "$worker" 2>/dev/null || true
   if [ "$started_valkey" = 1 ] && [ -f "$pidfile" ]; then
@@ -47,9 +48,12 @@ demo() {
   "$VENV/bin/python" manage.py demo_setup
   "$VENV/bin/python" manage.py runworker --concurrency 4 &
   worker=$!
+  "$VENV/bin/python" manage.py codemojex_players &
+  players=$!
   trap demo_cleanup EXIT
   trap 'exit 130' INT TERM  # so that Ctrl-C runs the EXIT trap
   echo "==> admin: http://127.0.0.1:8000/admin/jobqueue/  (user admin, password admin)"
+  echo "==> codemojex, fair lanes at work: http://127.0.0.1:8000/codemojex/"
   "$VENV/bin/python" manage.py runserver 127.0.0.1:8000
 }
 

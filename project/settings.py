@@ -65,6 +65,7 @@ JOBQUEUE = {
     "QUEUES": {
         "default": {},
         "emails": {"shards": 2, "max_attempts": 5, "lease": 30, "concurrency": 4},
+        "cm": {},  # codemojex, the demo's game: a lane per player
     },
 }
 TASKS = {"default": {"BACKEND": "jobqueue.tasks.ValkeyBackend"}}

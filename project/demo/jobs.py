@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 import time
 
-from jobqueue import job
-from jobqueue.worker import JobContext
+from jobqueue import JobContext, job
+
+from . import codemojex  # noqa: F401 - the worker finds handlers in jobs modules: this registers its guess
 
 
 @job

@@ -7,7 +7,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from project.demo import jobs
+from jobqueue.conf import get_client
+from project.demo import codemojex, jobs
 
 
 class Command(BaseCommand):
@@ -24,4 +25,5 @@ class Command(BaseCommand):
         jobs.always_fails.enqueue("<script>alert('the admin escapes this')</script>")
         jobs.import_rows.enqueue(200)
         jobs.send_welcome_email.using(delay=60).enqueue(999)
+        get_client().delete(codemojex.STATS)  # a new game
         self.stdout.write("enqueued sample jobs on queues 'default' and 'emails'")
