@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .exceptions import JobQueueError
 from .keys import ShardKeys
 from .spec import rate as spec_rate
 from .states import State
@@ -199,3 +200,34 @@ def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 5
         found.old_pending += _rows(queue, shard, old)
         found.dead += _rows(queue, shard, client.zrevrange(shard.key("dead"), 0, limit - 1))
     return found
+
+
+def search(text: str, limit: int = 50) -> list[JobInfo]:
+    """Jobs whose lane, unique key or handler is `text`: live ones (lanes and unique keys of
+    every queue, newest state from Valkey) first, then finished ones from the mirror."""
+    from django.db.models import Q
+
+    from .keys import validate_lane
+    from .models import Job
+    from .store import known_queues
+
+    found: dict[str, JobInfo] = {}
+    try:
+        lane = validate_lane(text)
+    except JobQueueError:
+        lane = None
+    for name in known_queues():
+        queue = Queue(name)
+        for index in range(queue.claim_shards()):
+            shard = queue.shard(index)
+            ids = [queue.client.get(shard.key(f"uniq:{text}"))]
+            if lane is not None:
+                ids += queue.client.zrange(shard.lane(lane), 0, limit - 1)
+            for info in _rows(queue, shard, [i for i in ids if i and i not in found]):
+                found[info.id] = info
+    if len(text) <= 200:
+        rows = (Job.objects.filter(Q(lane=text) | Q(unique_key=text) | Q(payload__handler=text))
+                .order_by("-finished_at")[:limit])
+        for row in rows:
+            found.setdefault(row.id, row.info())
+    return list(found.values())[:limit]

@@ -185,14 +185,18 @@ class Console:
                             pending_over=pending_over, running_over=running_over)
 
     def find(self, request: HttpRequest) -> HttpResponse:
+        """A job id leads to its page; other text lists jobs by lane, unique key or handler."""
         raw = request.GET.get("id", "").strip()
         if not raw:
             return self._render(request, "find.html", "Find a job", query="")
         try:
             job_id = ids.validate_job_id(raw)
-        except InvalidJobId as exc:
-            messages.error(request, str(exc))
-            return self._render(request, "find.html", "Find a job", query=raw, status=400)
+        except InvalidJobId:
+            found = console.search(raw)
+            if not found:
+                messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
+            return self._render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
+                                jobs=found, searched=True)
         for name in known_queues():
             if Queue(name).locate(job_id) is not None:
                 return HttpResponseRedirect(reverse("jobqueue_job", args=[name, job_id]))

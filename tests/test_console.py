@@ -81,10 +81,10 @@ def test_find_leads_to_the_job_page_and_escapes_payload_and_error(admin_client: 
     assert 'value="Retry"' in page and 'value="Cancel"' not in page
 
 
-def test_find_explains_malformed_and_unknown_ids(admin_client: Client) -> None:
-    bad = admin_client.get("/admin/jobqueue/find/?id=<b>nope")
-    assert bad.status_code == 400 and "Malformed id" in bad.content.decode()
-    assert "&lt;b&gt;nope" in bad.content.decode()
+def test_find_explains_unknown_text_and_ids(admin_client: Client) -> None:
+    bad = admin_client.get("/admin/jobqueue/find/?id=<b>nope").content.decode()
+    assert "No job has the id, lane, unique key or handler" in bad
+    assert "&lt;b&gt;nope" in bad and "<b>nope" not in bad
     unknown = admin_client.get("/admin/jobqueue/find/?id=JOB00000000001")
     assert unknown.status_code == 200 and "No job JOB00000000001" in unknown.content.decode()
     assert admin_client.get("/admin/jobqueue/jobs/default/JOB00000000001/").status_code == 404
@@ -246,3 +246,18 @@ def test_the_schedules_page_lists_ticks_and_runs_pauses_and_resumes(admin_client
     assert not schedule.state(get_client())["beat"].get("paused")
     assert LogEntry.objects.filter(change_message__startswith="Ran periodic job beat").exists()
     assert admin_client.post("/admin/jobqueue/schedules/gone/pause/").status_code == 404
+
+
+def test_find_searches_lanes_unique_keys_and_handlers(admin_client: Client) -> None:
+    finished = dead_job()  # jobs.always_fails, mirrored below
+    in_lane = jobs.add.using(lane="tenant-7").enqueue_many([(1, 1), (2, 2)])
+    keyed = jobs.add.using(unique_key="order-991").enqueue(3, 3)
+    upsert([e for _, e in Queue("default").client.xrange("emq:{default}:done")], "default")
+
+    def found(text: str) -> str:
+        return admin_client.get("/admin/jobqueue/find/", {"id": text}).content.decode()
+
+    page = found("tenant-7")
+    assert all(ref.id in page for ref in in_lane) and keyed.id not in page
+    assert keyed.id in found("order-991")
+    assert finished in found("tests.jobapp.jobs.always_fails")
