@@ -173,8 +173,10 @@ def parse(raw: Any) -> dict[str, Entry]:
     for name, spec in raw.items():
         where = f"JOBQUEUE['SCHEDULE'][{name!r}]"
         try:
-            if not isinstance(name, str) or not name or len(name) > 100 or not name.isprintable():
-                raise ConfigurationError("the name must be 1…100 printable characters")
+            if (not isinstance(name, str) or not name or len(name) > 100
+                    or not name.isprintable() or name.startswith("paused:")):
+                raise ConfigurationError("the name must be 1…100 printable characters, not "
+                                         "starting with 'paused:'")
             if not isinstance(spec, dict):
                 raise ConfigurationError(f"must be a dict, got {spec!r}")
             unknown = sorted(set(map(str, spec)) - set(ENTRY_KEYS))

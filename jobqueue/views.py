@@ -72,6 +72,7 @@ class Console:
             path("find/", wrap(self.find), name="jobqueue_find"),
             path("stuck/", wrap(self.stuck), name="jobqueue_stuck"),
             path("schedules/", wrap(self.schedules), name="jobqueue_schedules"),
+            path("workers/", wrap(self.workers), name="jobqueue_workers"),
             path("schedules/<str:name>/<str:action>/", wrap(require_POST(self.schedule_action)),
                  name="jobqueue_schedule_action"),
             path("queues/<str:name>/", wrap(self.queue_page), name="jobqueue_queue"),
@@ -131,6 +132,10 @@ class Console:
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,
         )
+
+    def workers(self, request: HttpRequest) -> HttpResponse:
+        return self._render(request, "workers.html", "Workers",
+                            workers=presence.workers(get_client()))
 
     def schedules(self, request: HttpRequest) -> HttpResponse:
         entries = get_config().schedule

@@ -133,3 +133,6 @@ def test_an_operator_runs_and_pauses_a_periodic_job(page: Any, settings: Any) ->
     page.wait_for_selector("tr[data-schedule=nightly] .jq-paused")
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "schedules.png"), full_page=True)
+    page.click("text=Workers")
+    page.wait_for_selector("table.jq-workers")
+    page.screenshot(path=str(SHOTS / "workers.png"), full_page=True)

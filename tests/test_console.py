@@ -261,3 +261,21 @@ def test_find_searches_lanes_unique_keys_and_handlers(admin_client: Client) -> N
     assert all(ref.id in page for ref in in_lane) and keyed.id not in page
     assert keyed.id in found("order-991")
     assert finished in found("tests.jobapp.jobs.always_fails")
+
+
+def test_the_workers_page_shows_what_each_worker_runs_its_rate_and_heartbeat(
+        admin_client: Client) -> None:
+    from jobqueue.worker import Worker, WorkerConfig
+
+    ref = jobs.add.enqueue(1, 2)
+    worker = Worker(WorkerConfig(queues=("default",), mirror=False, name="w-1"))
+    worker.queues = [Queue("default")]
+    [lease] = Queue("default").dequeue(count=1, worker="w-1")
+    from jobqueue.worker.heartbeat import Held
+
+    worker._running[lease.job_id] = Held(lease)  # held, as while its handler runs
+    worker.processed = 12
+    worker._advertise()
+    page = admin_client.get("/admin/jobqueue/workers/").content.decode()
+    assert 'data-worker="w-1"' in page and f"/admin/jobqueue/jobs/default/{ref.id}/" in page
+    assert "jobs/s" in page and "1/4" in page and "s ago" in page

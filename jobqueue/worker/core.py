@@ -98,6 +98,8 @@ class Worker:
         self._held: Counter[str] = Counter()
         """Jobs held per queue (what `concurrency` caps)."""
         self._drained_until: dict[str, float] = {}
+        self._advertised = (time.monotonic(), 0)
+        """(when, jobs done) at the last advertisement: the rate the console shows."""
         """Queues whose last claim came back short, not asked again until then (or a wake)."""
         self._lock = threading.Lock()
         self._claim_lock = threading.Lock()
@@ -386,10 +388,18 @@ class Worker:
     def _advertise(self) -> None:
         if not self.queues:
             return
+        with self._lock:
+            held = [[h.lease.queue, job_id] for job_id, h in list(self._running.items())[:20]]
+        now = time.monotonic()
+        done = self.processed + self.failed
+        last_at, last_done = self._advertised
+        rate = (done - last_done) / (now - last_at) if now > last_at else 0.0
+        self._advertised = (now, done)
         presence.advertise(self.queues[0].client, self.config.name, {
             "pid": os.getpid(), "host": socket.gethostname(), "queues": [q.name for q in self.queues],
             "running": len(self._running), "concurrency": self.config.concurrency,
-            "processed": self.processed, "failed": self.failed})
+            "processed": self.processed, "failed": self.failed, "rate": round(rate, 1),
+            "jobs": held})
 
     def _idle_wait(self) -> float:
         """Until maintenance, the next scheduled job, or a rate limit's next token."""
