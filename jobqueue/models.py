@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connection, models, transaction
 
-from .records import JobInfo
+from .records import JobInfo, attempt_history
 from .states import State
 
 
@@ -61,6 +61,8 @@ class Job(models.Model):
     run_after = models.DateTimeField(null=True, blank=True)
     backoff_ms = models.PositiveIntegerField(null=True, blank=True)
     lease_ms = models.PositiveIntegerField(null=True, blank=True)
+    history = models.JSONField(null=True, blank=True)
+    """Earlier attempts that failed (the last ten), as the job's row had them when it finished."""
 
     class Meta:
         ordering = ["-finished_at"]
@@ -91,7 +93,7 @@ class Job(models.Model):
             result=self.result, last_error=self.last_error, max_attempts=self.max_attempts,
             unique_key=self.unique_key or None, worker=self.worker, shard=self.shard,
             enqueued_at=self.enqueued_at, started_at=self.started_at,
-            finished_at=self.finished_at, source="mirror",
+            finished_at=self.finished_at, history=attempt_history(self.history), source="mirror",
         )
 
 

@@ -48,7 +48,7 @@ def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
         "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",
         "enqueued_at": now, "started_at": None, "finished_at": None, "mirrored_at": now,
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
-        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms,
+        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms, "history": None,
     } for job in prepared)
 
 

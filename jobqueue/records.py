@@ -137,6 +137,8 @@ class JobInfo:
     lease_until: datetime | None = None
     finished_at: datetime | None = None
     cancel_requested: bool = False
+    history: tuple[Any, ...] = ()
+    """Earlier attempts that failed (the last ten): attempt, worker, started, ended (ms), error."""
     source: str = "valkey"
     corrupt: tuple[str, ...] = ()
     """Fields of the row that could not be read (shown as found, bad bytes replaced)."""
@@ -159,8 +161,18 @@ class JobInfo:
             shard=shard, enqueued_at=(enqueued := fields.time("enqueued_at", job_id)),
             run_after=fields.time("run_after") or enqueued, started_at=fields.time("started_at"),
             lease_until=fields.time("lease_until"), finished_at=fields.time("finished_at"),
-            cancel_requested=row.get("cancel") == "1", corrupt=tuple(fields.corrupt),
+            cancel_requested=row.get("cancel") == "1", history=attempt_history(fields.json("history")),
+            corrupt=tuple(fields.corrupt),
         )
+
+
+def attempt_history(value: Any) -> tuple[Any, ...]:
+    """The attempts a `history` field lists, with times as datetimes; () when it is not a list."""
+    if not isinstance(value, list):
+        return ()
+    return tuple({**item, "started": ms_to_dt(str(item.get("started") or "")),
+                  "ended": ms_to_dt(str(item.get("ended") or ""))}
+                 for item in value if isinstance(item, dict))
 
 
 class RowFields:
@@ -224,6 +236,7 @@ def mirror_columns(event: Mapping[str, str], queue: str, shard: int,
         "worker": fields.text("worker")[:200],
         "enqueued_at": fields.time("enqueued_at", str(event["id"])),
         "started_at": fields.time("started_at"), "finished_at": fields.time("finished_at"),
+        "history": fields.json("history"),
     }
     if fields.corrupt:
         note = f"corrupt field(s) in the row: {', '.join(fields.corrupt)}"

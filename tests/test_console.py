@@ -279,3 +279,18 @@ def test_the_workers_page_shows_what_each_worker_runs_its_rate_and_heartbeat(
     page = admin_client.get("/admin/jobqueue/workers/").content.decode()
     assert 'data-worker="w-1"' in page and f"/admin/jobqueue/jobs/default/{ref.id}/" in page
     assert "jobs/s" in page and "1/4" in page and "s ago" in page
+
+
+def test_the_job_page_lists_every_attempt(admin_client: Client) -> None:
+    ref = jobs.always_fails.using(max_attempts=3).enqueue("x")
+    queue = Queue("default")
+    for n in range(3):
+        [lease] = queue.dequeue(count=1, worker=f"w{n}")
+        queue.nack(lease, f"boom {n} <b>", retry_in=0)
+    info = queue.get(ref.id)
+    assert info and info.state == "dead" and [a["attempt"] for a in info.history] == [1, 2]
+    page = admin_client.get(f"/admin/jobqueue/jobs/default/{ref.id}/").content.decode()
+    attempts = page[page.index('id="job-attempts"'):]
+    assert all(f"boom {n} &lt;b&gt;" in attempts and f"w{n}" in attempts for n in range(3))
+    upsert([e for _, e in queue.client.xrange("emq:{default}:done")], "default")
+    assert [a["worker"] for a in Job.objects.get(pk=ref.id).info().history] == ["w0", "w1"]

@@ -111,6 +111,18 @@ local function wake_workers(wake, n)
   redis.call('LTRIM', wake, -16, -1)
 end
 
+-- An attempt that failed and will run again joins the row's `history` (the last ten): the job
+-- page's timeline shows every attempt, the row's own fields holding the latest.
+local function record_attempt(jk, attempt, err, now)
+  local row = redis.call('HMGET', jk, 'worker', 'started_at', 'history')
+  local ok, history = pcall(cjson.decode, row[3] or '[]')
+  if not ok or type(history) ~= 'table' then history = {} end
+  history[#history + 1] = {attempt = tonumber(attempt), worker = row[1] or '',
+    started = count_field(row[2]) or 0, ended = now, error = string.sub(err or '', 1, 500)}
+  while #history > 10 do table.remove(history, 1) end
+  redis.call('HSET', jk, 'history', cjson.encode(history))
+end
+
 -- A run's duration into the shard's histogram (Prometheus' jobqueue_job_duration_seconds).
 local DURATION_BUCKETS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000,
   300000}
@@ -130,7 +142,7 @@ end
 -- (in this same script, so a state change can never miss its event) and the row's retention.
 -- The event carries the row's non-empty fields, so the mirror needs nothing else.
 local EVENT_FIELDS = {'attempts', 'priority', 'lane', 'payload', 'result', 'last_error',
-  'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at'}
+  'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at', 'history'}
 local function finish(base, done, meta, jk, id, state, now, retention_ms, result)
   if result then
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)

@@ -35,6 +35,7 @@ if fatal == '1' or used >= (tonumber(row[4]) or tonumber(ARGV[8])) then
   return 'dead'
 end
 observe(base, row[7], now)  -- a failed run that will be retried (finish observes the others)
+record_attempt(jk, row[2], err, now)
 redis.call('HINCRBY', meta, 'n_failed', 1)
 local delay = retry_in
 if delay < 0 then

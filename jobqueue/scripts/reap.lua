@@ -34,6 +34,7 @@ for _, id in ipairs(expired) do
         redis.call('ZADD', dead, now, id)
         finish(base, done, meta, jk, id, 'dead', now, dead_retention)
       else
+        record_attempt(jk, row[2], 'lease expired', now)
         make_ready(base, ring, jk, id, now)
         ready = ready + 1
       end
