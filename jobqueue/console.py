@@ -43,6 +43,10 @@ class Overview:
     oldest_wait: float | None
     succeeded: list[int]
     failed: list[int]
+    backlog: list[int] = field(default_factory=list)
+    """Waiting jobs (pending and scheduled) per minute, as the workers' summaries saw them."""
+    oldest: list[int] = field(default_factory=list)
+    """The oldest wait per minute, in seconds."""
     lanes: list[tuple[str, int]] = field(default_factory=list)
     rate: str | None = None
     """The queue's rate limit ("10/s"), if it has one."""
@@ -69,18 +73,20 @@ def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
     for index in range(total):
         shard = queue.shard(index)
         for minute in buckets:
-            pipe.hmget(shard.key(f"m:{minute}"), "succeeded", "failed")
+            pipe.hmget(shard.key(f"m:{minute}"), "succeeded", "failed", "backlog", "oldest_ms")
     replies = pipe.execute()
     ready = [ms for index in range(total) for _, _, ms in queue.heads(index, MAX_LANES)]
     oldest = max(now - min(ready), 0) / 1000 if ready else None
     succeeded, failed = [0] * minutes, [0] * minutes
     for index in range(total):
-        for i, (ok, bad) in enumerate(replies[index * minutes : (index + 1) * minutes]):
+        for i, (ok, bad, _, _) in enumerate(replies[index * minutes : (index + 1) * minutes]):
             succeeded[i] += int(ok or 0)
             failed[i] += int(bad or 0)
+    samples = replies[:minutes]  # shard 0 holds the workers' backlog samples
     return Overview(queue.name, total, queue.counts(), queue.is_paused(), oldest, succeeded,
-                    failed, deepest_lanes(queue, lanes), queue.options.rate,
-                    bucket_level(queue, now))
+                    failed, [int(s[2] or 0) for s in samples],
+                    [int(s[3] or 0) // 1000 for s in samples], deepest_lanes(queue, lanes),
+                    queue.options.rate, bucket_level(queue, now))
 
 
 def bucket_level(queue: Queue, now: int) -> float | None:
@@ -150,6 +156,27 @@ def page(queue: Queue, state: str, index: int, number: int, per_page: int = 50, 
     else:
         ids = queue.client.zrange(key, start, start + per_page - 1)
     return _rows(queue, shard, ids), total
+
+
+def run_times_by_handler(queue: str, sample: int = 1000) -> list[tuple[str, int, float, float, float]]:
+    """(handler, runs, p50, p95, p99 seconds) over the queue's last `sample` successes in the
+    mirror, slowest p95 first."""
+    from .models import Job
+
+    rows = (Job.objects.filter(queue=queue, state=State.SUCCEEDED, started_at__isnull=False)
+            .order_by("-finished_at")
+            .values_list("payload__handler", "started_at", "finished_at")[:sample])
+    runs: dict[str, list[float]] = {}
+    for handler, started, finished in rows:
+        if started and finished:
+            runs.setdefault(str(handler or "?"), []).append((finished - started).total_seconds())
+
+    def pct(values: list[float], p: float) -> float:
+        return values[int(p * (len(values) - 1))]
+
+    table = [(handler, len(v), pct(v, 0.5), pct(v, 0.95), pct(v, 0.99))
+             for handler, v in ((h, sorted(d)) for h, d in runs.items())]
+    return sorted(table, key=lambda row: -row[3])
 
 
 def usual_run_time(queue: str, sample: int = 500) -> float | None:

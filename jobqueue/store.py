@@ -376,6 +376,15 @@ class Queue:
                      default=None)
         return None if oldest is None else max(now - oldest, 0) / 1000
 
+    def sample_backlog(self, waiting: int, oldest_wait: float | None) -> None:
+        """Note this minute's backlog and oldest wait for the dashboard's charts (workers call it
+        at each summary; the last sample of a minute stands)."""
+        seconds, _ = self.client.time()
+        key = self.shard(0).key(f"m:{int(seconds) // 60}")
+        self.client.hset(key, mapping={"backlog": waiting,
+                                       "oldest_ms": round((oldest_wait or 0.0) * 1000)})
+        self.client.expire(key, 7200)
+
     def shard_counts(self, index: int) -> dict[str, int]:
         reply = self._run("counts", self.shard(index), [])
         return {name: int(value) for name, value in zip(COUNT_FIELDS, reply, strict=False)}

@@ -98,6 +98,8 @@ class Console:
             cards.append({
                 "o": view,
                 "throughput": bar_chart(view.succeeded, f"{name}: succeeded per minute", "#417690"),
+                "backlog": bar_chart(view.backlog, f"{name}: waiting jobs, per minute", "#8a6d00"),
+                "lag": bar_chart(view.oldest, f"{name}: oldest wait (s), per minute", "#6b4f9e"),
                 "failures": bar_chart(view.failed, f"{name}: failed runs per minute", "#ba2121"),
             })
         return self._render(request, "dashboard.html", "Job queues", cards=cards,
@@ -126,6 +128,7 @@ class Console:
                       for i in range(shards)]
         return self._render(
             request, "queue.html", f"Queue {name}", queue=queue, view=console.overview(queue),
+            run_times=console.run_times_by_handler(name),
             jobs=jobs, total=total, state=state, states=list(console.PAGE_STATES), shard=shard,
             lane=lane or console.DEFAULT_LANE,
             shard_range=range(shards), shard_rows=shard_rows, page=number, last_page=last, lanes=lanes,

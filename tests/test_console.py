@@ -294,3 +294,19 @@ def test_the_job_page_lists_every_attempt(admin_client: Client) -> None:
     assert all(f"boom {n} &lt;b&gt;" in attempts and f"w{n}" in attempts for n in range(3))
     upsert([e for _, e in queue.client.xrange("emq:{default}:done")], "default")
     assert [a["worker"] for a in Job.objects.get(pk=ref.id).info().history] == ["w0", "w1"]
+
+
+def test_the_queue_page_shows_run_time_percentiles_per_handler(admin_client: Client) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime(2026, 11, 30, tzinfo=UTC)
+    Job.objects.bulk_create(
+        [Job(id=f"JOB{n:011d}", queue="default", state="succeeded", payload={"handler": handler},
+             started_at=start, finished_at=start + timedelta(seconds=seconds))
+         for n, (handler, seconds) in enumerate(
+             [("app.jobs.fast", 0.01 * (i + 1)) for i in range(100)]
+             + [("app.jobs.slow", 2.0 * (i + 1)) for i in range(10)], start=1)])
+    page = admin_client.get("/admin/jobqueue/queues/default/").content.decode()
+    table = page[page.index('class="jq-run-times"'):]
+    assert table.index("app.jobs.slow") < table.index("app.jobs.fast")  # slowest first
+    assert "0.500 s" in table and "0.950 s" in table and "10.000 s" in table

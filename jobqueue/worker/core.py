@@ -442,8 +442,12 @@ class Worker:
         done = self.processed + self.failed
         rate = (done - self._summarised) / self.config.summary_every
         self._summarised = done
-        pending = sum(q.counts()["pending"] for q in self.queues)
-        lag = max((q.oldest_wait() or 0.0 for q in self.queues), default=0.0)
+        pending, lag = 0, 0.0
+        for queue in self.queues:
+            counts, wait = queue.counts(), queue.oldest_wait()
+            queue.sample_backlog(counts["pending"] + counts["scheduled"], wait)
+            pending += counts["pending"]
+            lag = max(lag, wait or 0.0)
         log.info("summary: %.1f jobs/s, processed=%d failed=%d in_flight=%d pending=%d lag=%.1fs",
                  rate, self.processed, self.failed, len(self._running), pending, lag)
 
