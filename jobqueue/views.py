@@ -40,19 +40,28 @@ ALLOWED = {"retry": {State.DEAD, State.CANCELLED}, "reprioritize": WAITING_OR_RU
 
 
 def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
-    """A small inline SVG bar chart, one bar per minute (numbers only, so nothing to escape)."""
-    height, width = 32, 4
+    """A small inline SVG bar chart, one bar per minute, oldest first, with its scale (the top
+    value on the left axis) and time axis (minutes ago, now); each bar's value is its tooltip.
+    Numbers only, so nothing to escape; no script or CDN: it works offline."""
+    height, width, left, bottom = 32, 4, 28, 11
     top = max(values, default=0) or 1
     bars = format_html_join(
         "", '<rect x="{}" y="{}" width="3" height="{}"><title>{}</title></rect>',
-        ((i * width, f"{height - v * height / top:.1f}", f"{v * height / top:.1f}", v)
+        ((left + i * width, f"{height - v * height / top:.1f}", f"{v * height / top:.1f}", v)
          for i, v in enumerate(values)),
     )
+    right = left + width * len(values)
     return format_html(
         '<svg class="jq-chart" role="img" aria-label="{}" width="{}" height="{}" fill="{}" '
         'xmlns="http://www.w3.org/2000/svg"><title>{}</title>'
-        '<line x1="0" y1="{}" x2="{}" y2="{}" stroke="#bbb" stroke-width="1"/>{}</svg>',
-        title, width * len(values), height + 1, colour, title, height + 0.5, width * len(values),
+        '<g font-size="9" fill="#777"><text x="{}" y="8" text-anchor="end">{}</text>'
+        '<text x="{}" y="{}" text-anchor="end">0</text>'
+        '<text x="{}" y="{}">−{} min</text><text x="{}" y="{}" text-anchor="end">now</text></g>'
+        '<line x1="{}" y1="0" x2="{}" y2="{}" stroke="#bbb" stroke-width="1"/>'
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#bbb" stroke-width="1"/>{}</svg>',
+        title, right + 2, height + bottom, colour, title,
+        left - 3, top, left - 3, height, left, height + bottom - 1, len(values), right,
+        height + bottom - 1, left - 0.5, left - 0.5, height + 0.5, left, height + 0.5, right,
         height + 0.5, bars,
     )
 

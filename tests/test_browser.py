@@ -136,3 +136,17 @@ def test_an_operator_runs_and_pauses_a_periodic_job(page: Any, settings: Any) ->
     page.click("text=Workers")
     page.wait_for_selector("table.jq-workers")
     page.screenshot(path=str(SHOTS / "workers.png"), full_page=True)
+
+
+def test_the_dashboard_moves_without_a_reload(page: Any) -> None:
+    User.objects.create_superuser("admin", "admin@example.com", "admin")
+    jobs.add.enqueue_many([(i, i) for i in range(3)])
+    login(page, "admin", "admin")
+    card = "section.jq-card[data-queue=default] table tr:nth-child(2) td:first-child"
+    page.wait_for_selector(card)
+    assert page.inner_text(card) == "3"
+    page.evaluate("window.__before = 1")  # gone if the page were reloaded
+    jobs.add.enqueue_many([(i, i) for i in range(4)])
+    page.wait_for_function(f"document.querySelector({card!r}).innerText === '7'", timeout=12_000)
+    assert page.evaluate("window.__before") == 1
+    assert page.locator("svg.jq-chart text").first.is_visible()  # the charts have their scale
