@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
 from typing import Any
 
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from . import ids, scripts, signals
-from .conf import get_client, get_config
+from .conf import QueueOptions, get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
@@ -25,6 +26,16 @@ from .spec import seconds as _seconds
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
 ENQUEUE_CHUNK = 500
+
+
+@cache
+def _claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
+    """The claim script's rate limit (each shard's share of N, the period) and lane weights (how
+    many, then lane and weight for each), for a queue's options (a Queue is made per enqueue)."""
+    weighted = [(lane, w) for lane, w in options.lane_weights if w > 1]
+    limit = spec_rate(options.rate)
+    return (*((limit[0] / shards, limit[1]) if limit else (0, 0)),
+            len(weighted), *(x for pair in weighted for x in pair))
 
 
 class Queue:
@@ -38,12 +49,7 @@ class Queue:
         self.shards = shards or self.options.shards
         self._client = client
         self._next_shard = 0
-        weighted = [(lane, w) for lane, w in self.options.lane_weights if w > 1]
-        limit = spec_rate(self.options.rate)
-        self._claim_policy: list[Any] = [
-            *((limit[0] / self.shards, limit[1]) if limit else (0, 0)),  # each shard's share
-            len(weighted), *(x for pair in weighted for x in pair)]
-        """The claim script's rate limit (per shard) and lane weights (how many, then pairs)."""
+        self._claim_policy = _claim_policy(self.options, self.shards)
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit admits another job (0: not limited)."""
 
