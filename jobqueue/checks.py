@@ -81,7 +81,8 @@ def check_valkey(**_: Any) -> list[checks.CheckMessage]:
         return [checks.Error(
             f"Valkey does not answer ({exc.__class__.__name__}: {exc})",
             hint="Check JOBQUEUE['URL'] (host, port, password, ssl_ca_certs): see " + README
-                 + " 'Operator commands'. Workers wait for Valkey; enqueues fail until it answers.",
+                 + " 'Operator commands' and docs/operating.md. Workers wait for Valkey; enqueues "
+                 "fail until it answers.",
             id="jobqueue.E005")]
     version = str(info.get("valkey_version") or info.get("redis_version") or "0")
     found = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
@@ -89,7 +90,7 @@ def check_valkey(**_: Any) -> list[checks.CheckMessage]:
         return [checks.Error(
             f"Valkey {version} is older than {'.'.join(map(str, MIN_VALKEY))}, which jobqueue's "
             "scripts need",
-            hint="Upgrade Valkey (or Redis) to 7.2 or later: see " + README + " 'Settings'.",
+            hint="Upgrade Valkey (or Redis) to 7.2 or later: see docs/operating.md.",
             id="jobqueue.E006")]
     return []
 
