@@ -422,6 +422,15 @@ def test_malformed_ids_are_refused_by_operator_calls(queue: Queue) -> None:
             call("nope")
 
 
+def test_a_claim_that_fails_midway_puts_back_what_it_popped(queue: Queue) -> None:
+    refs = queue.enqueue_many([JobSpec(i, lane="l") for i in range(3)])
+    broken = [3, "not-a-number", "0", "w", 1000, 1000, 0, 0, 0, 0]  # a bad default lease
+    with pytest.raises(Exception, match="arithmetic"):
+        queue._run("claim", queue.shard(0), broken)
+    assert queue.counts()["pending"] == 3  # nothing stranded: still on the lane and the ring
+    assert [lease.job_id for lease in claim_all(queue)] == [r.id for r in refs]
+
+
 def test_heads_are_the_first_job_of_each_priority_band_of_each_lane(queue: Queue) -> None:
     a = queue.enqueue("a")
     queue.enqueue("a2")

@@ -111,7 +111,16 @@ while claimed < count and turns < count * 4 do
     redis.call('LREM', ring, 0, lane)
     redis.call('HDEL', turns_key, lane)
   end
-  for i = 1, #popped, 2 do lease_job(popped[i]) end
+  for i = 1, #popped, 2 do
+    local ok, err = pcall(lease_job, popped[i])
+    if not ok then
+      -- A failure here (a bug, a bad argument) must not strand what this call popped: the jobs
+      -- not leased go back on their lane, and the lane on the ring, before the error is told.
+      for j = i, #popped, 2 do redis.call('ZADD', lk, popped[j + 1], popped[j]) end
+      if not redis.call('LPOS', ring, lane) then redis.call('RPUSH', ring, lane) end
+      error(err)
+    end
+  end
 end
 if rate > 0 then
   tokens = tokens - claimed
