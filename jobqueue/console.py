@@ -75,8 +75,7 @@ def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
         for minute in buckets:
             pipe.hmget(shard.key(f"m:{minute}"), "succeeded", "failed", "backlog", "oldest_ms")
     replies = pipe.execute()
-    ready = [ms for index in range(total) for _, _, ms in queue.heads(index, MAX_LANES)]
-    oldest = max(now - min(ready), 0) / 1000 if ready else None
+    oldest = queue.oldest_wait(now, MAX_LANES)
     succeeded, failed = [0] * minutes, [0] * minutes
     for index in range(total):
         for i, (ok, bad, _, _) in enumerate(replies[index * minutes : (index + 1) * minutes]):

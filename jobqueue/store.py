@@ -374,11 +374,13 @@ class Queue:
         return [(reply[n], reply[n + 1], int(reply[n + 2]) or ids.minted_ms(reply[n + 1]) or 0)
                 for n in range(0, len(reply), 3)]
 
-    def oldest_wait(self) -> float | None:
-        """Seconds the longest-waiting ready job has waited (server clock), or None when none."""
-        seconds, micros = self.client.time()
-        now = int(seconds) * 1000 + int(micros) // 1000
-        oldest = min((ready for i in range(self.claim_shards()) for _, _, ready in self.heads(i)),
+    def oldest_wait(self, now: int | None = None, lanes: int = 1000) -> float | None:
+        """Seconds the longest-waiting ready job has waited (server clock, `now` in ms if the
+        caller has it), among the first `lanes` lanes of each shard; None when none waits."""
+        if now is None:
+            seconds, micros = self.client.time()
+            now = int(seconds) * 1000 + int(micros) // 1000
+        oldest = min((ready for i in range(self.claim_shards()) for _, _, ready in self.heads(i, lanes)),
                      default=None)
         return None if oldest is None else max(now - oldest, 0) / 1000
 

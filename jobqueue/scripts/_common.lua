@@ -143,6 +143,8 @@ end
 -- The event carries the row's non-empty fields, so the mirror needs nothing else.
 local EVENT_FIELDS = {'attempts', 'priority', 'lane', 'payload', 'result', 'last_error',
   'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at', 'history'}
+local EVENT_AT = {}  -- field name -> its position in EVENT_FIELDS (and in the HMGET reply)
+for i, name in ipairs(EVENT_FIELDS) do EVENT_AT[name] = i end
 local function finish(base, done, meta, jk, id, state, now, retention_ms, result)
   if result then
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)
@@ -156,12 +158,13 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   end
   redis.call('XADD', done, '*', unpack(event))
   tally(meta, 'n_' .. state, 1)
-  observe(base, f[11], now)
+  observe(base, f[EVENT_AT.started_at], now)
   count_minute(base, now, state)
   if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)
-    if f[8] and f[8] ~= '' then
-      local uk = uniq_key(base, f[8])
+    local unique = f[EVENT_AT.unique_key]
+    if unique and unique ~= '' then
+      local uk = uniq_key(base, unique)
       if redis.call('GET', uk) == id then redis.call('PEXPIRE', uk, retention_ms) end
     end
   end
