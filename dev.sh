@@ -52,7 +52,7 @@ demo() {
   players=$!
   trap demo_cleanup EXIT
   trap 'exit 130' INT TERM  # so that Ctrl-C runs the EXIT trap
-  echo "==> admin: http://127.0.0.1:8000/admin/jobqueue/  (user admin, password admin)"
+  echo "==> admin: http://127.0.0.1:8000/admin/jobqueue/job/live/  (user admin, password admin)"
   echo "==> codemojex, fair lanes at work: http://127.0.0.1:8000/codemojex/"
   "$VENV/bin/python" manage.py runserver 127.0.0.1:8000
 }

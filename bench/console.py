@@ -34,13 +34,13 @@ def main() -> None:
         timings = []
         for _ in range(15):
             started = time.perf_counter()
-            response = client.get("/admin/jobqueue/")
+            response = client.get("/admin/jobqueue/job/live/")
             timings.append((time.perf_counter() - started) * 1000)
             assert response.status_code == 200 and response.content.count(b"jq-card") >= 20
         queue_page = []
         for _ in range(10):
             started = time.perf_counter()
-            client.get("/admin/jobqueue/queues/queue-07/?state=pending&page=90")
+            client.get("/admin/jobqueue/job/live/queues/queue-07/?state=pending&page=90")
             queue_page.append((time.perf_counter() - started) * 1000)
         print("\nadmin console, 20 queues × 5,000 waiting jobs (100,000), 50 lanes each")
         print(f"  dashboard   median {statistics.median(timings):6.1f} ms   max {max(timings):6.1f} ms")

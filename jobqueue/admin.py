@@ -1,7 +1,8 @@
 """The mirror's changelist (finished jobs in MySQL) and shard metadata, in the Django admin.
 
-The live console (dashboard, queue pages, job pages, stuck jobs) is in `views.py`; include
-`jobqueue.urls.console_urls(admin.site)` under `admin/jobqueue/` before `admin.site.urls`.
+The live console (dashboard, queue pages, job pages, stuck jobs, workers, periodic jobs) is in
+`views.py`; `JobAdmin.get_urls()` mounts it at `admin/jobqueue/job/live/`, so a project needs no
+URL of its own for it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, reverse
+from django.urls import include, path, reverse
 from django.utils.html import format_html
 
 from .exceptions import JobQueueError
 from .models import Job, Shard
 from .store import Queue
+from .urls import console_urls
 from .views import _log, retry_job
 
 
@@ -58,11 +60,11 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="job", ordering="id")
     def job_link(self, obj: Job) -> str:
-        try:
-            url = reverse("jobqueue_job", args=[obj.queue, obj.id])
-        except NoReverseMatch:
-            return obj.id
+        url = reverse(f"{self.admin_site.name}:jobqueue_job", args=[obj.queue, obj.id])
         return format_html('<a href="{}">{}</a>', url, obj.id)
+
+    def get_urls(self) -> list[Any]:
+        return [path("live/", include(console_urls(self.admin_site))), *super().get_urls()]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -31,6 +31,7 @@ from .keys import validate_lane, validate_queue
 from .models import Job, Shard
 from .states import State
 from .store import JobInfo, Queue, known_queues
+from .urls import console_reverse
 from .worker import presence
 
 ACTIONS = {"retry": "retry_job", "reprioritize": "reprioritize_job", "cancel": "cancel_job"}
@@ -189,7 +190,7 @@ class Console:
                                 object_repr=f"schedule {name}"[:200], action_flag=CHANGE,
                                 change_message=message)
         messages.success(request, message)
-        return self._back(request, reverse("jobqueue_schedules"))
+        return self._back(request, console_reverse(request, "jobqueue_schedules"))
 
     def stuck(self, request: HttpRequest) -> HttpResponse:
         pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)
@@ -216,10 +217,10 @@ class Console:
                                 jobs=found, searched=True)
         for name in known_queues():
             if Queue(name).locate(job_id) is not None:
-                return HttpResponseRedirect(reverse("jobqueue_job", args=[name, job_id]))
+                return HttpResponseRedirect(console_reverse(request, "jobqueue_job", name, job_id))
         row = Job.objects.filter(pk=job_id).first()
         if row is not None:
-            return HttpResponseRedirect(reverse("jobqueue_job", args=[row.queue, job_id]))
+            return HttpResponseRedirect(console_reverse(request, "jobqueue_job", row.queue, job_id))
         messages.warning(request, f"No job {job_id} in Valkey or in the mirror.")
         return self._render(request, "find.html", "Find a job", query=raw)
 
@@ -240,7 +241,7 @@ class Console:
             request, "job.html", f"Job {job_id}", job=info, actions=allowed, timeline=timeline,
             payload=_pretty(info.payload), result=_pretty(info.result),
             checkpoint=_pretty(info.checkpoint),
-            mirror_url=reverse("admin:jobqueue_job_changelist") + f"?q={job_id}",
+            mirror_url=reverse(f"{self.site.name}:jobqueue_job_changelist") + f"?q={job_id}",
         )
 
     # -- actions -----------------------------------------------------------------------------
@@ -261,7 +262,7 @@ class Console:
         else:
             messages.success(request, message)
             _log(request, Job(id=job_id, queue=queue, state=info.state), message)
-        return self._back(request, reverse("jobqueue_job", args=[queue, job_id]))
+        return self._back(request, console_reverse(request, "jobqueue_job", queue, job_id))
 
     def _do(self, action: str, info: JobInfo, request: HttpRequest) -> str:
         queue = Queue(info.queue)
@@ -295,7 +296,7 @@ class Console:
         shard, _ = Shard.objects.get_or_create(queue=name, index=0)
         _log(request, shard, message)
         messages.success(request, message)
-        return self._back(request, reverse("jobqueue_dashboard"))
+        return self._back(request, console_reverse(request, "jobqueue_dashboard"))
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ def page(browser: Any, live_server: Any) -> Iterator[Any]:
 
 
 def login(page: Any, username: str, password: str) -> None:
-    page.goto("/admin/login/?next=/admin/jobqueue/")
+    page.goto("/admin/login/?next=/admin/jobqueue/job/live/")
     page.fill("#id_username", username)
     page.fill("#id_password", password)
     page.click("input[type=submit]")
@@ -90,14 +90,14 @@ def test_an_operator_finds_retries_reprioritizes_cancels_and_pauses(page: Any) -
     page.wait_for_selector(".messagelist .success")
     assert page.inner_text("#job-state") == "cancelled"
 
-    page.goto("/admin/jobqueue/queues/default/")
+    page.goto("/admin/jobqueue/job/live/queues/default/")
     page.wait_for_selector("text=Lanes with ready work")
     page.screenshot(path=str(SHOTS / "queue.png"), full_page=True)
-    page.goto("/admin/jobqueue/stuck/?pending_over=1")
+    page.goto("/admin/jobqueue/job/live/stuck/?pending_over=1")
     page.wait_for_selector("text=Leases expired")
     page.screenshot(path=str(SHOTS / "stuck.png"), full_page=True)
 
-    page.goto("/admin/jobqueue/")
+    page.goto("/admin/jobqueue/job/live/")
     page.click("section[data-queue=emails] input[value=Pause]")
     page.wait_for_selector("section[data-queue=emails] .jq-paused")
     assert Queue("emails").is_paused()
@@ -110,7 +110,7 @@ def test_a_user_who_is_not_staff_is_refused(page: Any) -> None:
     User.objects.create_user("visitor", "v@example.com", "pw")
     login(page, "visitor", "pw")
     assert "staff account" in page.inner_text(".errornote")
-    page.goto("/admin/jobqueue/")
+    page.goto("/admin/jobqueue/job/live/")
     assert "/admin/login/" in page.url
 
 

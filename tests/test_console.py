@@ -46,16 +46,16 @@ def test_dashboard_shows_a_rate_limit_and_how_full_its_bucket_is(admin_client: C
     conf.reset()
     queue = Queue("default")
     queue.enqueue_many([JobSpec(i) for i in range(5)])
-    assert "rate 10/m, bucket 10.0" in admin_client.get("/admin/jobqueue/").content.decode()
+    assert "rate 10/m, bucket 10.0" in admin_client.get("/admin/jobqueue/job/live/").content.decode()
     assert len(queue.dequeue(count=5)) == 5
-    page = admin_client.get("/admin/jobqueue/").content.decode()
+    page = admin_client.get("/admin/jobqueue/job/live/").content.decode()
     assert "rate 10/m, bucket 5.0" in page and "<meter" in page
 
 
 def test_dashboard_lists_every_queue_with_counts_and_pause(admin_client: Client) -> None:
     jobs.add.enqueue_many([(1, 1)] * 3)
     jobs.add.using(queue="emails", lane="player-1").enqueue(1, 2)
-    page = admin_client.get("/admin/jobqueue/").content.decode()
+    page = admin_client.get("/admin/jobqueue/job/live/").content.decode()
     assert 'data-queue="default"' in page and 'data-queue="emails"' in page
     assert ">3<" in page and 'value="Pause"' in page and "<svg" in page
     assert "player-1 (1)" in page
@@ -64,38 +64,39 @@ def test_dashboard_lists_every_queue_with_counts_and_pause(admin_client: Client)
 def test_non_staff_users_are_sent_to_the_login_page(client: Client) -> None:
     User.objects.create_user("joe", "joe@example.com", "pw")
     client.login(username="joe", password="pw")
-    for url in ("/admin/jobqueue/", "/admin/jobqueue/find/?id=JOB00000000001",
-                "/admin/jobqueue/stuck/"):
+    for url in ("/admin/jobqueue/job/live/", "/admin/jobqueue/job/live/find/?id=JOB00000000001",
+                "/admin/jobqueue/job/live/stuck/"):
         response = client.get(url)
         assert response.status_code == 302 and "/admin/login/" in response["Location"]
-    assert client.post("/admin/jobqueue/queues/default/pause/").status_code == 302
+    assert client.post("/admin/jobqueue/job/live/queues/default/pause/").status_code == 302
     assert not Queue("default").is_paused()
 
 
 def test_find_leads_to_the_job_page_and_escapes_payload_and_error(admin_client: Client) -> None:
     job_id = dead_job()
-    response = admin_client.get(f"/admin/jobqueue/find/?id={job_id}")
-    assert response.status_code == 302 and response["Location"] == f"/admin/jobqueue/jobs/default/{job_id}/"
+    response = admin_client.get(f"/admin/jobqueue/job/live/find/?id={job_id}")
+    assert response.status_code == 302
+    assert response["Location"] == f"/admin/jobqueue/job/live/jobs/default/{job_id}/"
     page = admin_client.get(response["Location"]).content.decode()
     assert XSS not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     assert 'value="Retry"' in page and 'value="Cancel"' not in page
 
 
 def test_find_explains_unknown_text_and_ids(admin_client: Client) -> None:
-    bad = admin_client.get("/admin/jobqueue/find/?id=<b>nope").content.decode()
+    bad = admin_client.get("/admin/jobqueue/job/live/find/?id=<b>nope").content.decode()
     assert "No job has the id, lane, unique key or handler" in bad
     assert "&lt;b&gt;nope" in bad and "<b>nope" not in bad
-    unknown = admin_client.get("/admin/jobqueue/find/?id=JOB00000000001")
+    unknown = admin_client.get("/admin/jobqueue/job/live/find/?id=JOB00000000001")
     assert unknown.status_code == 200 and "No job JOB00000000001" in unknown.content.decode()
-    assert admin_client.get("/admin/jobqueue/jobs/default/JOB00000000001/").status_code == 404
-    assert admin_client.get("/admin/jobqueue/jobs/default/nope/").status_code == 404
+    assert admin_client.get("/admin/jobqueue/job/live/jobs/default/JOB00000000001/").status_code == 404
+    assert admin_client.get("/admin/jobqueue/job/live/jobs/default/nope/").status_code == 404
 
 
 def test_retry_reprioritize_cancel_and_their_log_entries(admin_client: Client) -> None:
     job_id = dead_job()
-    assert admin_client.post(f"/admin/jobqueue/jobs/default/{job_id}/retry/").status_code == 302
+    assert admin_client.post(f"/admin/jobqueue/job/live/jobs/default/{job_id}/retry/").status_code == 302
     assert get_job(job_id).state == "pending"  # type: ignore[union-attr]
-    url = f"/admin/jobqueue/jobs/default/{job_id}/"
+    url = f"/admin/jobqueue/job/live/jobs/default/{job_id}/"
     admin_client.post(url + "reprioritize/", {"priority": "42"})
     assert get_job(job_id).priority == 42  # type: ignore[union-attr]
     response = admin_client.post(url + "reprioritize/", {"priority": "500"}, follow=True)
@@ -112,44 +113,45 @@ def test_retry_reprioritize_cancel_and_their_log_entries(admin_client: Client) -
 def test_actions_need_their_own_permission(client: Client) -> None:
     job_id = dead_job()
     operator = staff(client, "view_job")
-    assert operator.post(f"/admin/jobqueue/jobs/default/{job_id}/retry/").status_code == 403
-    assert operator.post("/admin/jobqueue/queues/default/pause/").status_code == 403
-    page = operator.get(f"/admin/jobqueue/jobs/default/{job_id}/").content.decode()
+    assert operator.post(f"/admin/jobqueue/job/live/jobs/default/{job_id}/retry/").status_code == 403
+    assert operator.post("/admin/jobqueue/job/live/queues/default/pause/").status_code == 403
+    page = operator.get(f"/admin/jobqueue/job/live/jobs/default/{job_id}/").content.decode()
     assert 'value="Retry"' not in page
     assert get_job(job_id).state == "dead"  # type: ignore[union-attr]
-    assert operator.get(f"/admin/jobqueue/jobs/default/{job_id}/retry/").status_code == 405
+    assert operator.get(f"/admin/jobqueue/job/live/jobs/default/{job_id}/retry/").status_code == 405
 
 
 def test_pause_and_resume(admin_client: Client) -> None:
     jobs.add.enqueue(1, 1)
-    admin_client.post("/admin/jobqueue/queues/default/pause/")
+    admin_client.post("/admin/jobqueue/job/live/queues/default/pause/")
     assert Queue("default").is_paused()
-    assert 'value="Resume"' in admin_client.get("/admin/jobqueue/").content.decode()
-    admin_client.post("/admin/jobqueue/queues/default/resume/")
+    assert 'value="Resume"' in admin_client.get("/admin/jobqueue/job/live/").content.decode()
+    admin_client.post("/admin/jobqueue/job/live/queues/default/resume/")
     assert not Queue("default").is_paused()
 
 
 def test_queue_page_pages_through_jobs(admin_client: Client) -> None:
     jobs.add.enqueue_many([(i, i) for i in range(120)])
-    page = admin_client.get("/admin/jobqueue/queues/default/?state=pending&page=3").content.decode()
-    assert "page 3 of 3" in page and page.count('<td><a href="/admin/jobqueue/jobs/default/JOB') == 20
+    page = admin_client.get("/admin/jobqueue/job/live/queues/default/?state=pending&page=3").content.decode()
+    assert "page 3 of 3" in page
+    assert page.count('<td><a href="/admin/jobqueue/job/live/jobs/default/JOB') == 20
     assert "<h2>Shards</h2>" in page
-    assert admin_client.get("/admin/jobqueue/queues/default/?page=zz").status_code == 200
-    assert admin_client.get("/admin/jobqueue/queues/a%20b/").status_code == 403
+    assert admin_client.get("/admin/jobqueue/job/live/queues/default/?page=zz").status_code == 200
+    assert admin_client.get("/admin/jobqueue/job/live/queues/a%20b/").status_code == 403
 
 
 def test_stuck_view_shows_old_waits_and_dead_jobs(admin_client: Client) -> None:
     dead_job("stuck-dead")
     waiting = jobs.add.enqueue(1, 1)
-    page = admin_client.get("/admin/jobqueue/stuck/?pending_over=1").content.decode()
+    page = admin_client.get("/admin/jobqueue/job/live/stuck/?pending_over=1").content.decode()
     assert "stuck-dead" not in page  # payloads are not listed, ids are
     assert waiting.id not in page
     import time
 
     time.sleep(1.1)
-    page = admin_client.get("/admin/jobqueue/stuck/?pending_over=1").content.decode()
+    page = admin_client.get("/admin/jobqueue/job/live/stuck/?pending_over=1").content.decode()
     assert waiting.id in page and 'value="Retry"' in page and 'value="Cancel"' in page
-    assert f'/admin/jobqueue/jobs/default/{waiting.id}/cancel/' in page
+    assert f'/admin/jobqueue/job/live/jobs/default/{waiting.id}/cancel/' in page
 
 
 def test_mirror_changelist_filters_and_bulk_retry_confirms_with_the_count(admin_client: Client) -> None:
@@ -180,12 +182,13 @@ def test_the_console_works_on_a_valkey_cluster(admin_client: Client, settings: A
     queue.client.flushall(target_nodes="primaries")
     refs = jobs.add.using(queue="wide").enqueue_many([(i, i) for i in range(30)])
     jobs.add.using(queue="wide", lane="p1").enqueue(1, 1)
-    for url in ("/admin/jobqueue/", "/admin/jobqueue/queues/wide/?shard=2", "/admin/jobqueue/stuck/",
-                f"/admin/jobqueue/jobs/wide/{refs[0].id}/"):
+    for url in ("/admin/jobqueue/job/live/", "/admin/jobqueue/job/live/queues/wide/?shard=2",
+                "/admin/jobqueue/job/live/stuck/",
+                f"/admin/jobqueue/job/live/jobs/wide/{refs[0].id}/"):
         response = admin_client.get(url)
         assert response.status_code == 200, url
-    assert ">31<" in admin_client.get("/admin/jobqueue/").content.decode()
-    admin_client.post("/admin/jobqueue/queues/wide/pause/")
+    assert ">31<" in admin_client.get("/admin/jobqueue/job/live/").content.decode()
+    admin_client.post("/admin/jobqueue/job/live/queues/wide/pause/")
     assert queue.is_paused() and queue.dequeue(count=5) == []
 
 
@@ -194,7 +197,8 @@ def test_mirror_changelist_filters_by_exact_lane_keeping_other_filters(admin_cli
              "lane": f"player-{i % 3}"} for i in range(12)], "default")
     page = admin_client.get("/admin/jobqueue/job/?state__exact=dead&lane=player-1").content.decode()
     shown = {f"JOB000000000{i:02d}" for i in range(12) if i % 2 == 0 and i % 3 == 1}
-    assert all(i in page for i in shown) and page.count("/admin/jobqueue/jobs/default/JOB") == len(shown)
+    assert all(i in page for i in shown)
+    assert page.count("/admin/jobqueue/job/live/jobs/default/JOB") == len(shown)
     assert 'name="state__exact" value="dead"' in page and 'value="player-1"' in page
 
 
@@ -211,7 +215,7 @@ def test_stuck_view_flags_jobs_running_far_beyond_the_queues_usual_time(admin_cl
     leases = queue.dequeue(count=2, lease=60)
     queue.client.hset(f"emq:{{default}}:job:{slow.id}", "started_at",
                       int((time.time() - 5) * 1000))  # it has run for 5 s: 10× the usual
-    page = admin_client.get("/admin/jobqueue/stuck/").content.decode()
+    page = admin_client.get("/admin/jobqueue/job/live/stuck/").content.decode()
     section = page.split("Running longer than")[1].split("Waiting longer than")[0]
     assert "3× the usual 0.50 s" in section and slow.id in section and quick.id not in section
     assert len(leases) == 2
@@ -226,10 +230,10 @@ def test_the_schedules_page_lists_ticks_and_runs_pauses_and_resumes(admin_client
         "nightly": {"job": "tests.jobapp.jobs.noop", "cron": "30 2 * * *", "timezone": "Europe/Paris"},
         "beat": {"job": "tests.jobapp.jobs.add", "every": 60, "args": [1, 2], "lane": "ops"}}}
     conf.reset()
-    page = admin_client.get("/admin/jobqueue/schedules/").content.decode()
+    page = admin_client.get("/admin/jobqueue/job/live/schedules/").content.decode()
     assert "30 2 * * *" in page and "Europe/Paris" in page and "every 60 s" in page
     assert 'data-schedule="beat"' in page and "Run now" in page
-    url = "/admin/jobqueue/schedules/beat/run/"
+    url = "/admin/jobqueue/job/live/schedules/beat/run/"
     assert "Run beat now?" in admin_client.post(url).content.decode()  # confirm first
     assert Queue("default").counts()["pending"] == 0
     assert admin_client.post(url, {"confirm": "yes"}).status_code == 302
@@ -237,15 +241,15 @@ def test_the_schedules_page_lists_ticks_and_runs_pauses_and_resumes(admin_client
     info = get_job(job_id)
     assert info and info.lane == "ops" and info.payload == {
         "handler": "tests.jobapp.jobs.add", "args": [1, 2]}
-    page = admin_client.get("/admin/jobqueue/schedules/").content.decode()
-    assert f"/admin/jobqueue/jobs/default/{job_id}/" in page  # the last job, linked
-    admin_client.post("/admin/jobqueue/schedules/beat/pause/")
+    page = admin_client.get("/admin/jobqueue/job/live/schedules/").content.decode()
+    assert f"/admin/jobqueue/job/live/jobs/default/{job_id}/" in page  # the last job, linked
+    admin_client.post("/admin/jobqueue/job/live/schedules/beat/pause/")
     assert schedule.state(get_client())["beat"]["paused"]
-    assert "paused" in admin_client.get("/admin/jobqueue/schedules/").content.decode()
-    admin_client.post("/admin/jobqueue/schedules/beat/resume/")
+    assert "paused" in admin_client.get("/admin/jobqueue/job/live/schedules/").content.decode()
+    admin_client.post("/admin/jobqueue/job/live/schedules/beat/resume/")
     assert not schedule.state(get_client())["beat"].get("paused")
     assert LogEntry.objects.filter(change_message__startswith="Ran periodic job beat").exists()
-    assert admin_client.post("/admin/jobqueue/schedules/gone/pause/").status_code == 404
+    assert admin_client.post("/admin/jobqueue/job/live/schedules/gone/pause/").status_code == 404
 
 
 def test_find_searches_lanes_unique_keys_and_handlers(admin_client: Client) -> None:
@@ -255,7 +259,7 @@ def test_find_searches_lanes_unique_keys_and_handlers(admin_client: Client) -> N
     upsert([e for _, e in Queue("default").client.xrange("emq:{default}:done")], "default")
 
     def found(text: str) -> str:
-        return admin_client.get("/admin/jobqueue/find/", {"id": text}).content.decode()
+        return admin_client.get("/admin/jobqueue/job/live/find/", {"id": text}).content.decode()
 
     page = found("tenant-7")
     assert all(ref.id in page for ref in in_lane) and keyed.id not in page
@@ -276,8 +280,8 @@ def test_the_workers_page_shows_what_each_worker_runs_its_rate_and_heartbeat(
     worker._running[lease.job_id] = Held(lease)  # held, as while its handler runs
     worker.processed = 12
     worker._advertise()
-    page = admin_client.get("/admin/jobqueue/workers/").content.decode()
-    assert 'data-worker="w-1"' in page and f"/admin/jobqueue/jobs/default/{ref.id}/" in page
+    page = admin_client.get("/admin/jobqueue/job/live/workers/").content.decode()
+    assert 'data-worker="w-1"' in page and f"/admin/jobqueue/job/live/jobs/default/{ref.id}/" in page
     assert "jobs/s" in page and "1/4" in page and "s ago" in page
 
 
@@ -289,7 +293,7 @@ def test_the_job_page_lists_every_attempt(admin_client: Client) -> None:
         queue.nack(lease, f"boom {n} <b>", retry_in=0)
     info = queue.get(ref.id)
     assert info and info.state == "dead" and [a["attempt"] for a in info.history] == [1, 2]
-    page = admin_client.get(f"/admin/jobqueue/jobs/default/{ref.id}/").content.decode()
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/default/{ref.id}/").content.decode()
     attempts = page[page.index('id="job-attempts"'):]
     assert all(f"boom {n} &lt;b&gt;" in attempts and f"w{n}" in attempts for n in range(3))
     upsert([e for _, e in queue.client.xrange("emq:{default}:done")], "default")
@@ -306,7 +310,27 @@ def test_the_queue_page_shows_run_time_percentiles_per_handler(admin_client: Cli
          for n, (handler, seconds) in enumerate(
              [("app.jobs.fast", 0.01 * (i + 1)) for i in range(100)]
              + [("app.jobs.slow", 2.0 * (i + 1)) for i in range(10)], start=1)])
-    page = admin_client.get("/admin/jobqueue/queues/default/").content.decode()
+    page = admin_client.get("/admin/jobqueue/job/live/queues/default/").content.decode()
     table = page[page.index('class="jq-run-times"'):]
     assert table.index("app.jobs.slow") < table.index("app.jobs.fast")  # slowest first
     assert "0.500 s" in table and "0.950 s" in table and "10.000 s" in table
+
+
+def test_the_admin_alone_mounts_the_console_and_links_to_it(admin_client: Client) -> None:
+    """`INSTALLED_APPS` plus `admin.site.urls` is all it takes: the app index and the mirror's
+    changelist lead to the console, and the root of the bundled project redirects there."""
+    for url in ("/admin/jobqueue/", "/admin/jobqueue/job/"):
+        assert 'href="/admin/jobqueue/job/live/"' in admin_client.get(url).content.decode()
+    assert admin_client.get("/")["Location"] == "/admin/jobqueue/job/live/"
+
+
+def test_a_project_can_mount_the_console_itself_and_its_links_stay_there(
+        admin_client: Client, settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.console_urlconf"
+    job_id = dead_job()
+    page = admin_client.get("/ops/jobs/").content.decode()
+    assert 'href="/ops/jobs/stuck/"' in page and 'href="/ops/jobs/queues/default/"' in page
+    found = admin_client.get(f"/ops/jobs/find/?id={job_id}")
+    assert found["Location"] == f"/ops/jobs/jobs/default/{job_id}/"
+    retried = admin_client.post(f"/ops/jobs/jobs/default/{job_id}/retry/")
+    assert retried["Location"] == f"/ops/jobs/jobs/default/{job_id}/"

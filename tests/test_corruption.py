@@ -105,7 +105,7 @@ def test_get_job_and_the_console_show_a_corrupt_row(admin_client: Client) -> Non
     queue.client.hset(queue.shard(0).job(ref.id), "enqueued_at", "yesterday")
     info = queue.get(ref.id)
     assert info and info.lane == "<i>\ufffd" and set(info.corrupt) == {"lane", "enqueued_at"}
-    page = admin_client.get(f"/admin/jobqueue/jobs/default/{ref.id}/")
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/default/{ref.id}/")
     assert page.status_code == 200
     html = page.content.decode()
     assert "&lt;i&gt;\ufffd" in html and "<i>" not in html and "&lt;b&gt;" in html

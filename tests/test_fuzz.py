@@ -76,9 +76,9 @@ def test_any_console_url_answers_without_a_server_error(queue: str, job_id: str)
     client.force_login(user)
     from urllib.parse import quote
 
-    for url in (f"/admin/jobqueue/find/?id={quote(job_id)}",
-                f"/admin/jobqueue/jobs/{quote(queue, safe='')}/{quote(job_id, safe='')}/",
-                f"/admin/jobqueue/queues/{quote(queue, safe='')}/"):
+    for url in (f"/admin/jobqueue/job/live/find/?id={quote(job_id)}",
+                f"/admin/jobqueue/job/live/jobs/{quote(queue, safe='')}/{quote(job_id, safe='')}/",
+                f"/admin/jobqueue/job/live/queues/{quote(queue, safe='')}/"):
         assert client.get(url).status_code < 500, url
 
 
@@ -139,8 +139,9 @@ def test_any_console_form_post_answers_without_a_server_error(action: str,
     client = Client()
     client.force_login(user)
     ref = Queue("default").enqueue({"n": 1})
-    for url in (f"/admin/jobqueue/jobs/default/{ref.id}/{action}/",
-                "/admin/jobqueue/queues/default/pause/", "/admin/jobqueue/queues/default/resume/"):
+    for url in (f"/admin/jobqueue/job/live/jobs/default/{ref.id}/{action}/",
+                "/admin/jobqueue/job/live/queues/default/pause/",
+                "/admin/jobqueue/job/live/queues/default/resume/"):
         assert client.post(url, form).status_code < 500, url
     mirror = client.post("/admin/jobqueue/job/", {"action": "retry_selected", "_selected_action":
                                                   [form.get("priority", ""), ref.id], **form})

@@ -50,11 +50,11 @@ def _operator(*codenames: str) -> Client:
 
 
 ACTIONS = [  # (permission, how to reach the action for a job id)
-    ("retry_job", lambda job_id: f"/admin/jobqueue/jobs/default/{job_id}/retry/"),
-    ("reprioritize_job", lambda job_id: f"/admin/jobqueue/jobs/default/{job_id}/reprioritize/"),
-    ("cancel_job", lambda job_id: f"/admin/jobqueue/jobs/default/{job_id}/cancel/"),
-    ("pause_queue", lambda job_id: "/admin/jobqueue/queues/default/pause/"),
-    ("run_schedule", lambda job_id: "/admin/jobqueue/schedules/beat/pause/"),
+    ("retry_job", lambda job_id: f"/admin/jobqueue/job/live/jobs/default/{job_id}/retry/"),
+    ("reprioritize_job", lambda job_id: f"/admin/jobqueue/job/live/jobs/default/{job_id}/reprioritize/"),
+    ("cancel_job", lambda job_id: f"/admin/jobqueue/job/live/jobs/default/{job_id}/cancel/"),
+    ("pause_queue", lambda job_id: "/admin/jobqueue/job/live/queues/default/pause/"),
+    ("run_schedule", lambda job_id: "/admin/jobqueue/job/live/schedules/beat/pause/"),
 ]
 
 

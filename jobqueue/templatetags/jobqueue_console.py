@@ -1,0 +1,17 @@
+"""`{% console_url 'jobqueue_job' queue id %}`: a console link that stays in the mount that
+served the page (the admin's, through `JobAdmin.get_urls()`, or a project's `console_urls`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from ..urls import console_reverse
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def console_url(context: Any, name: str, *args: Any) -> str:
+    return console_reverse(context["request"], name, *args)
