@@ -66,7 +66,7 @@ class Overview:
 
 def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
     """Counts, pause state, oldest wait, per-minute outcomes and deepest lanes of a queue."""
-    total = queue.claim_shards()
+    total = queue.all_shards()
     now = server_ms(queue)
     buckets = [now // 60_000 - i for i in range(minutes - 1, -1, -1)]
     pipe = queue.client.pipeline(transaction=False)
@@ -108,7 +108,7 @@ def bucket_level(queue: Queue, now: int) -> float | None:
 def deepest_lanes(queue: Queue, limit: int = 20) -> list[tuple[str, int]]:
     """The lanes with the most ready jobs (among the first MAX_LANES of each shard's ring)."""
     depths: list[tuple[str, int]] = []
-    for index in range(queue.claim_shards()):
+    for index in range(queue.all_shards()):
         shard = queue.shard(index)
         names = queue.client.lrange(shard.key("ring"), 0, MAX_LANES - 1)
         pipe = queue.client.pipeline(transaction=False)
@@ -212,7 +212,7 @@ def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 5
     if usual is not None:
         running_over = min(running_over, max(3 * usual, 1.0))
     found = Stuck([], [], [], [], usual, running_over)
-    for index in range(queue.claim_shards()):
+    for index in range(queue.all_shards()):
         shard = queue.shard(index)
         client = queue.client
         expired = client.zrangebyscore(shard.key("active"), "-inf", now, start=0, num=limit)
@@ -244,7 +244,7 @@ def search(text: str, limit: int = 50) -> list[JobInfo]:
         lane = None
     for name in known_queues():
         queue = Queue(name)
-        for index in range(queue.claim_shards()):
+        for index in range(queue.all_shards()):
             shard = queue.shard(index)
             ids = [queue.client.get(shard.key(f"uniq:{text}"))]
             if lane is not None:

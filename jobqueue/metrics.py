@@ -57,7 +57,7 @@ class ValkeyCollector:
             totals = dict.fromkeys(OUTCOMES, 0)
             buckets = dict.fromkeys([*map(str, BUCKETS_MS), "+Inf"], 0)
             total_ms = 0
-            for index in range(queue.claim_shards()):
+            for index in range(queue.all_shards()):
                 meta = queue.client.hmget(queue.shard(index).key("meta"),
                                           [f"n_{o}" for o in OUTCOMES])
                 for outcome, value in zip(OUTCOMES, meta, strict=True):

@@ -39,13 +39,14 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
 
 def record_shards(queue: Queue) -> None:
     """Refresh the `Shard` rows of a queue: counts seen now, and whether each shard takes new
-    jobs (active) or is only drained (beyond the configured count after a shrink)."""
+    jobs (active), is only drained (beyond the live count after a shrink) or is retired."""
     from .models import Shard
 
-    for index in range(queue.claim_shards()):
+    layout = queue.layout(fresh=True)
+    for index in range(layout.widest):
         counts = queue.shard_counts(index)
         Shard.objects.update_or_create(queue=queue.name, index=index, defaults={
-            "status": Shard.Status.ACTIVE if index < queue.shards else Shard.Status.DRAINING,
+            "status": layout.status(index),
             **{name: counts[name] for name in ("pending", "scheduled", "active", "dead")},
         })
 
@@ -64,7 +65,7 @@ class Mirror:
     def _streams(self) -> list[tuple[Any, str, str, int]]:
         """(client, stream key, queue name, shard index) of every shard that may hold events."""
         return [(q.client, q.shard(i).key("done"), q.name, i)
-                for q in self.queues for i in range(q.claim_shards())]
+                for q in self.queues for i in range(q.all_shards())]
 
     def _ensure_group(self, client: Any, stream: str) -> None:
         if stream in self._grouped:

@@ -80,6 +80,7 @@ class Job(models.Model):
             ("cancel_job", "Can cancel jobs"),
             ("pause_queue", "Can pause and resume queues"),
             ("run_schedule", "Can run, pause and resume periodic jobs"),
+            ("resize_queue", "Can change a queue's live shard count"),
         ]
 
     def __str__(self) -> str:
@@ -104,7 +105,9 @@ class Shard(models.Model):
         ACTIVE = "active", "Active"
         """Takes new jobs and is claimed from."""
         DRAINING = "draining", "Draining"
-        """Beyond the configured shard count: claimed from until empty, takes no new jobs."""
+        """Beyond the live shard count: claimed from until empty, takes no new jobs."""
+        RETIRED = "retired", "Retired"
+        """Drained after a shrink: takes no new jobs and is not claimed from."""
 
     queue = models.CharField(max_length=64)
     index = models.PositiveSmallIntegerField()

@@ -6,6 +6,7 @@ Everything above this module (the `@job` API, the worker, the mirror, the admin,
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
@@ -15,8 +16,9 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from . import ids, scripts, signals
+from . import layout as layouts
 from .conf import QueueOptions, get_client, get_config
-from .exceptions import InvalidOption, InvalidTransition, JobNotFound
+from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
@@ -26,6 +28,7 @@ from .spec import seconds as _seconds
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
 ENQUEUE_CHUNK = 500
+LIVE_STATES = ("pending", "scheduled", "active")
 
 
 @cache
@@ -46,10 +49,10 @@ class Queue:
     def __init__(self, name: str, *, client: Any = None, shards: int | None = None) -> None:
         self.name = validate_queue(name)
         self.options = get_config().queue(name)
-        self.shards = shards or self.options.shards
+        self.configured = shards or self.options.shards
+        """The shard count until the queue's first resize (then the live count in Valkey rules)."""
         self._client = client
         self._next_shard = 0
-        self._claim_policy = _claim_policy(self.options, self.shards)
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit admits another job (0: not limited)."""
 
@@ -88,37 +91,52 @@ class Queue:
 
     # -- placement -------------------------------------------------------------------------
 
-    def place(self, job_id: str, lane: str, unique_key: str) -> int:
-        """The shard a job belongs to, computed from its identity (never looked up)."""
-        if self.shards == 1:
+    def layout(self, *, fresh: bool = False) -> layouts.Layout:
+        """The live shard layout (read at most once a second; `fresh` reads it now)."""
+        return layouts.read(self.client, self.name, self.configured, fresh=fresh)
+
+    @property
+    def shards(self) -> int:
+        """Shards that take new jobs now."""
+        return self.layout().live
+
+    def place(self, job_id: str, lane: str, unique_key: str, shards: int | None = None) -> int:
+        """The shard a job belongs to among `shards` (the live count), computed from its
+        identity (never looked up)."""
+        shards = shards or self.shards
+        if shards == 1:
             return 0
         if lane:
-            return placement_hash(lane) % self.shards
+            return placement_hash(lane) % shards
         if unique_key:
-            return placement_hash(unique_key) % self.shards
-        return ids.hash32(ids.decode(job_id)[1]) % self.shards
+            return placement_hash(unique_key) % shards
+        return ids.hash32(ids.decode(job_id)[1]) % shards
 
     def claim_shards(self) -> int:
-        """How many shards hold work: the configured count, or more while a shrink drains."""
-        seen = self.client.hget(REGISTRY_KEY, self.name)
-        return max(self.shards, int(seen or 0))
+        """How many shards workers claim from: the live ones and those still draining."""
+        return self.layout().span
 
-    def _register(self) -> None:
+    def all_shards(self) -> int:
+        """How many shards the queue ever had: where its jobs' rows (dead ones included) and
+        counters may be, for lookups, counts and the console."""
+        return self.layout().widest
+
+    def _register(self, live: int) -> None:
         """Record the queue (and its widest shard count) in the registry the admin lists."""
-        marker = (id(self.client), self.name, self.shards)
+        marker = (id(self.client), self.name, live)
         if marker in Queue._registered:
             return
         seen = self.client.hget(REGISTRY_KEY, self.name)
-        if seen is None or int(seen) < self.shards:
-            self.client.hset(REGISTRY_KEY, self.name, self.shards)
+        if seen is None or int(seen) < live:
+            self.client.hset(REGISTRY_KEY, self.name, live)
         Queue._registered.add(marker)
 
     def _candidates(self, job_id: str) -> Iterator[int]:
         """Shards that may hold a job, likeliest first: its id's shard, then (only if the caller
-        asks for more) every other shard, retired ones still draining after a shrink included."""
+        asks for more) every other shard, draining and retired ones included."""
         first = ids.hash32(ids.decode(job_id)[1]) % self.shards  # the caller validated job_id
         yield first
-        yield from (i for i in range(self.claim_shards()) if i != first)
+        yield from (i for i in range(self.all_shards()) if i != first)
 
     def locate(self, job_id: str) -> int | None:
         """The shard holding a live row for `job_id`, or None."""
@@ -138,14 +156,36 @@ class Queue:
         """Add many jobs: validated first (all or none), then one script call per shard chunk."""
         limit = get_config().max_payload
         prepared = [prepare(spec, self.options, limit) for spec in specs]
-        self._register()
-        by_shard: dict[int, list[int]] = defaultdict(list)
-        for i, job in enumerate(prepared):
-            by_shard[self.place(job.job_id, job.lane, job.unique_key)].append(i)
         refs: list[JobRef | None] = [None] * len(prepared)
-        for index, positions in by_shard.items():
-            while positions:
-                positions = self._enqueue_on_shard(index, prepared, positions, refs)
+        todo, not_prior, turns = list(range(len(prepared))), set(), 0
+        while todo:
+            # A shard that turned jobs away ('moved') is draining: read the layout again. A
+            # resize marks its shards before it writes the layout, so retry a few times.
+            now = self.layout(fresh=turns > 0)
+            if turns == 0:
+                self._register(now.live)
+            elif turns > 50:
+                raise JobQueueError(f"queue {self.name!r}: its shards keep turning jobs away "
+                                   f"(a resize that did not finish?); nothing was enqueued twice")
+            elif turns > 2:
+                time.sleep(0.01 * turns)
+            turns += 1
+            by_shard: dict[tuple[int, str], list[int]] = defaultdict(list)
+            for i in todo:
+                job = prepared[i]
+                home = self.place(job.job_id, job.lane, job.unique_key, now.live)
+                if now.prior and (job.lane or job.unique_key) and i not in not_prior:
+                    before = self.place(job.job_id, job.lane, job.unique_key, now.prior)
+                    if before != home:
+                        by_shard[before, "prior"].append(i)
+                        continue
+                by_shard[home, ""].append(i)
+            todo = []
+            for (index, mode), positions in by_shard.items():
+                again = self._enqueue_on_shard(index, mode, prepared, positions, refs)
+                if mode == "prior":
+                    not_prior.update(again)
+                todo.extend(again)
         out = [ref for ref in refs if ref is not None]
         if signals.job_enqueued.has_listeners(Queue):
             for ref in out:
@@ -153,13 +193,14 @@ class Queue:
                     signals.send(signals.job_enqueued, Queue, ref=ref)
         return out
 
-    def _enqueue_on_shard(self, index: int, prepared: list[Prepared], positions: list[int],
-                          refs: list[JobRef | None]) -> list[int]:
-        """Send a shard's jobs in chunks; return the positions to send again (id collisions)."""
+    def _enqueue_on_shard(self, index: int, mode: str, prepared: list[Prepared],
+                          positions: list[int], refs: list[JobRef | None]) -> list[int]:
+        """Send a shard's jobs in chunks; return the positions to send again (an id collision,
+        a draining shard, a lane or key absent from its prior shard)."""
         chunks = [positions[s : s + ENQUEUE_CHUNK] for s in range(0, len(positions), ENQUEUE_CHUNK)]
         calls = []
         for chunk in chunks:
-            args: list[Any] = [len(chunk)]
+            args: list[Any] = [mode, len(chunk)]
             for i in chunk:
                 args.extend(prepared[i].argv(self.options))
             calls.append(args)
@@ -169,6 +210,8 @@ class Queue:
                 job_id, status = reply[2 * n], reply[2 * n + 1]
                 if status == "collision":  # another process minted the same id: mint anew
                     prepared[i] = prepared[i]._replace(job_id=ids.new_id())
+                    retry.append(i)
+                elif status in ("moved", "absent"):
                     retry.append(i)
                 else:
                     refs[i] = JobRef(job_id, self.name, created=status == "new")
@@ -206,12 +249,13 @@ class Queue:
             answers[i] = ok
         out: list[Lease] = []
         waits = []
+        policy = _claim_policy(self.options, self.shards)
         for step in range(total):
             if len(out) >= count:
                 break
             index = (start + step) % total
             args: list[Any] = [count - len(out), lease_ms, "1" if override_lease else "0", worker,
-                               self._dead_retention_ms(), self._retention_ms(), *self._claim_policy]
+                               self._dead_retention_ms(), self._retention_ms(), *policy]
             carried = riding if step == 0 else []
             args.append(len(carried))
             for i in carried:
@@ -325,7 +369,11 @@ class Queue:
     # -- operator side ---------------------------------------------------------------------
 
     def retry(self, job_id: str) -> str:
-        """A dead or cancelled job goes back to pending with a fresh retry budget."""
+        """A dead or cancelled job goes back to pending with a fresh retry budget (on its own
+        shard: one that a shrink retired is claimed from again until it has drained anew)."""
+        index = self.locate(job_id)
+        if index is not None:
+            self._reopen(index)
         return self._operator("retry", job_id, [job_id])
 
     def reprioritize(self, job_id: str, priority: int) -> str:
@@ -349,12 +397,79 @@ class Queue:
 
     def pause(self) -> None:
         """Stop workers claiming from this queue (enqueue still works)."""
-        for i in range(self.claim_shards()):
+        for i in range(self.all_shards()):
             self.client.hset(self.shard(i).key("meta"), "paused", "1")
 
     def resume(self) -> None:
-        for i in range(self.claim_shards()):
+        for i in range(self.all_shards()):
             self.client.hdel(self.shard(i).key("meta"), "paused")
+
+    # -- live resize ---------------------------------------------------------------------------
+
+    def resize(self, count: int) -> layouts.Layout:
+        """Set the queue's live shard count (see `layout`): growing spreads new jobs over
+        `count` shards at once; shrinking stops new jobs landing on shards ≥ `count`, which
+        workers drain and then retire. Returns the new layout."""
+        before = self.layout(fresh=True)
+        after = layouts.plan(before, count)
+        if after == before:
+            return before
+        self._mark(after)  # first, so that no producer strands a job on a shard being retired
+        if not layouts.write(self.client, self.name, before, after):
+            self._mark(self.layout(fresh=True))
+            raise JobQueueError(f"queue {self.name!r} was resized by someone else meanwhile; "
+                                f"look at its layout and try again")
+        return after
+
+    def _mark(self, layout: layouts.Layout) -> None:
+        """Flag the shards beyond the live count as draining (their enqueue turns jobs away)
+        and clear the flag on live ones; a paused queue's new shards start paused."""
+        paused = self.is_paused()
+        for i in range(layout.widest):
+            meta = self.shard(i).key("meta")
+            if i < layout.live:
+                self.client.hdel(meta, "draining")
+            else:
+                self.client.hset(meta, "draining", "1")
+            if paused:
+                self.client.hset(meta, "paused", "1")
+
+    def _reopen(self, index: int) -> None:
+        """Claim from shard `index` again (a retry put work on a retired shard)."""
+        while (now := self.layout(fresh=True)).span <= index:
+            grown = layouts.Layout(now.live, now.prior, index + 1, max(now.widest, index + 1))
+            if layouts.write(self.client, self.name, now, grown):
+                return
+
+    def settle(self) -> layouts.Layout | None:
+        """Finish a resize once it has been worked off: no draining shard holds waiting or
+        running jobs, and no lane with ready jobs or live unique key sits on a shard other than
+        its live one. Returns the settled layout, or None (not yet, or nothing to settle)."""
+        now = self.layout(fresh=True)
+        if not now.settling:
+            return None
+        done = layouts.settled(now, lambda index: self._settled_shard(index, now))
+        if done is not None and layouts.write(self.client, self.name, now, done):
+            return done
+        return None
+
+    def _settled_shard(self, index: int, now: layouts.Layout) -> bool:
+        if index >= now.live:
+            counts = self.shard_counts(index)
+            return not any(counts[state] for state in LIVE_STATES)
+        if not now.prior:
+            return True
+        shard = self.shard(index)
+        if any(lane and placement_hash(lane) % now.live != index
+               for lane in self.client.lrange(shard.key("ring"), 0, -1)):
+            return False
+        prefix = len(shard.base) + len(":uniq:")
+        for key in self.client.scan_iter(match=f"{shard.base}:uniq:*", count=1000):
+            job_id = self.client.get(key)
+            state, lane = self.client.hmget(shard.job(job_id), "state", "lane") if job_id else (None, None)
+            if state in LIVE_STATES and self.place(job_id, lane or "", key[prefix:], now.live) != index:
+                return False
+        return True
 
     def is_paused(self) -> bool:
         return self.client.hget(self.shard(0).key("meta"), "paused") == "1"
@@ -362,7 +477,7 @@ class Queue:
     def counts(self) -> dict[str, int]:
         """Jobs by state over all shards (succeeded/cancelled: totals since the queue began)."""
         totals = dict.fromkeys(COUNT_FIELDS, 0)
-        for i in range(self.claim_shards()):
+        for i in range(self.all_shards()):
             for name, value in self.shard_counts(i).items():
                 totals[name] += value
         return totals

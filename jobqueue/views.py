@@ -25,6 +25,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from . import console, ids, schedule
+from . import layout as layouts
 from .conf import get_client, get_config
 from .exceptions import InvalidJobId, JobQueueError
 from .keys import validate_lane, validate_queue
@@ -121,7 +122,7 @@ class Console:
         state = request.GET.get("state", State.PENDING)
         if state not in console.PAGE_STATES:
             state = State.PENDING
-        shards = queue.claim_shards()
+        shards = queue.all_shards()
         shard = _int(request.GET.get("shard"), 0, 0, shards - 1)
         number = _int(request.GET.get("page"), 1, 1, 10**9)
         lane = request.GET.get("lane", console.DEFAULT_LANE)
@@ -134,14 +135,16 @@ class Console:
         lanes = [(lane, depth, in_flight.get(lane, 0))
                  for lane, depth in console.deepest_lanes(queue, 50)]
         last = max((total + 49) // 50, 1)
-        shard_rows = [(i, "active" if i < queue.shards else "draining", queue.shard_counts(i))
-                      for i in range(shards)]
+        layout = queue.layout(fresh=True)
+        shard_rows = [(i, layout.status(i), queue.shard_counts(i)) for i in range(shards)]
         return self._render(
             request, "queue.html", f"Queue {name}", queue=queue, view=console.overview(queue),
             run_times=console.run_times_by_handler(name),
             jobs=jobs, total=total, state=state, states=list(console.PAGE_STATES), shard=shard,
             lane=lane or console.DEFAULT_LANE,
-            shard_range=range(shards), shard_rows=shard_rows, page=number, last_page=last, lanes=lanes,
+            shard_range=range(shards), shard_rows=shard_rows, layout=layout,
+            can_resize=request.user.has_perm("jobqueue.resize_queue"),
+            page=number, last_page=last, lanes=lanes,
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,
         )
@@ -283,6 +286,8 @@ class Console:
         return f"Cancelled job {info.id}."
 
     def queue_action(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
+        if action == "resize":
+            return self._resize(request, name)
         if action not in ("pause", "resume"):
             raise PermissionDenied(f"unknown action {action!r}")
         if not request.user.has_perm("jobqueue.pause_queue"):
@@ -297,6 +302,37 @@ class Console:
         _log(request, shard, message)
         messages.success(request, message)
         return self._back(request, console_reverse(request, "jobqueue_dashboard"))
+
+    def _resize(self, request: HttpRequest, name: str) -> HttpResponse:
+        """Confirm (saying what growing or shrinking does), then resize and log it."""
+        from .mirror import record_shards
+
+        if not request.user.has_perm("jobqueue.resize_queue"):
+            raise PermissionDenied
+        queue = self._queue(name)
+        back = console_reverse(request, "jobqueue_queue", name)
+        raw = request.POST.get("count", "").strip()
+        try:
+            count = layouts.validate_count(int(raw) if raw.isdigit() else raw)
+            before = queue.layout(fresh=True)
+            layouts.plan(before, count)
+        except JobQueueError as exc:
+            messages.error(request, f"Resize {name}: {exc}")
+            return HttpResponseRedirect(back)
+        if request.POST.get("confirm") != "yes":
+            return self._render(request, "confirm_resize.html", f"Resize queue {name}?",
+                                queue=queue, before=before, count=count)
+        try:
+            queue.resize(count)
+        except JobQueueError as exc:
+            messages.error(request, f"Resize {name}: {exc}")
+            return HttpResponseRedirect(back)
+        record_shards(queue)
+        message = f"Queue {name} resized from {before.live} to {count} shard(s)."
+        shard, _ = Shard.objects.get_or_create(queue=name, index=0)
+        _log(request, shard, message)
+        messages.success(request, message)
+        return HttpResponseRedirect(back)
 
     # -- helpers -----------------------------------------------------------------------------
 

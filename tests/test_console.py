@@ -334,3 +334,25 @@ def test_a_project_can_mount_the_console_itself_and_its_links_stay_there(
     assert found["Location"] == f"/ops/jobs/jobs/default/{job_id}/"
     retried = admin_client.post(f"/ops/jobs/jobs/default/{job_id}/retry/")
     assert retried["Location"] == f"/ops/jobs/jobs/default/{job_id}/"
+
+
+def test_the_queue_page_resizes_live_after_confirming_with_its_own_permission(
+        admin_client: Client, client: Client) -> None:
+    jobs.add.enqueue_many([(i, i) for i in range(10)])
+    page = admin_client.get("/admin/jobqueue/job/live/queues/default/").content.decode()
+    assert "1 live shard." in page and 'name="count"' in page
+    url = "/admin/jobqueue/job/live/queues/default/resize/"
+    confirm = admin_client.post(url, {"count": "3"}).content.decode()
+    assert "from 1 to <b>3</b> live shards?" in confirm and Queue("default").shards == 1
+    done = admin_client.post(url, {"count": "3", "confirm": "yes"})
+    assert done.status_code == 302 and Queue("default").layout(fresh=True).live == 3
+    assert LogEntry.objects.filter(change_message__contains="resized from 1 to 3").exists()
+    page = admin_client.get(done["Location"]).content.decode()
+    assert "3 live shards, settling from 1" in page or "3 live shards." in page
+    for bad in ("0", "x", "2000", ""):
+        shown = admin_client.post(url, {"count": bad, "confirm": "yes"}, follow=True).content.decode()
+        assert "shard count must be an integer" in shown
+    assert Queue("default").layout(fresh=True).live == 3
+    operator = staff(client, "pause_queue")
+    assert operator.post(url, {"count": "2", "confirm": "yes"}).status_code == 403
+    assert 'name="count"' not in operator.get("/admin/jobqueue/job/live/queues/default/").content.decode()

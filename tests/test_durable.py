@@ -93,7 +93,11 @@ def test_stats_prints_counts_by_queue_and_state(valkey_server: ValkeyProcess) ->
 
 @pytest.mark.parametrize(("args", "message"), [
     (["restore", "--queues", "a b"], "invalid queue name"),
-    (["resize"], "invalid choice"),
+    (["resize"], "the following arguments are required: queue, N"),
+    (["resize", "default", "0"], "N must be a whole number in 1…1024, got '0'"),
+    (["resize", "default", "two"], "N must be a whole number in 1…1024, got 'two'"),
+    (["resize", "a b", "2"], "invalid queue name"),
+    (["frobnicate"], "invalid choice"),
     ([], "the following arguments are required"),
 ])
 def test_the_jobqueue_command_refuses_bad_arguments_in_one_line(args: list[str], message: str,

@@ -55,6 +55,7 @@ ACTIONS = [  # (permission, how to reach the action for a job id)
     ("cancel_job", lambda job_id: f"/admin/jobqueue/job/live/jobs/default/{job_id}/cancel/"),
     ("pause_queue", lambda job_id: "/admin/jobqueue/job/live/queues/default/pause/"),
     ("run_schedule", lambda job_id: "/admin/jobqueue/job/live/schedules/beat/pause/"),
+    ("resize_queue", lambda job_id: "/admin/jobqueue/job/live/queues/default/resize/"),
 ]
 
 
@@ -64,7 +65,7 @@ TOKEN = "t" * 32
 def _post(client: Client, path: str, *, csrf: bool) -> int:
     client.cookies["csrftoken"] = TOKEN
     headers = {"HTTP_X_CSRFTOKEN": TOKEN} if csrf else {}
-    data = {"priority": "5", "confirm": "yes"}  # cancel asks to confirm first
+    data = {"priority": "5", "count": "2", "confirm": "yes"}  # cancel asks to confirm first
     return client.post(path, data, **headers).status_code  # type: ignore[arg-type]
 
 
@@ -84,14 +85,15 @@ def test_each_action_needs_its_permission_post_and_csrf(permission: str, url: ob
     assert _post(allowed, path, csrf=False) == 403  # no CSRF token: refused
     info = Queue("default").get(job_id)
     assert info and info.state == "scheduled" and info.priority == 0
-    assert not Queue("default").is_paused()
+    assert not Queue("default").is_paused() and Queue("default").layout(fresh=True).live == 1
     assert _post(allowed, path, csrf=True) == 302  # all three: it acts
     after = Queue("default").get(job_id)
     acted = {"retry_job": after and after.state == "scheduled",  # not retryable: refused politely
              "reprioritize_job": after and after.priority == 5,
              "cancel_job": after and after.state == "cancelled",
              "pause_queue": Queue("default").is_paused(),
-             "run_schedule": schedule.state(get_client()).get("beat", {}).get("paused")}
+             "run_schedule": schedule.state(get_client()).get("beat", {}).get("paused"),
+             "resize_queue": Queue("default").layout(fresh=True).live == 2}
     assert acted[permission]
 
 

@@ -3,7 +3,11 @@ KEYS[1] base      prefix  emq:{q}; rows are base:job:<id>, lanes base:pending / 
 KEYS[2] ring      LIST    lanes with ready work
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] wake      LIST    wake tokens for blocked workers
-ARGV[1] n = number of jobs, then 10 per job:
+KEYS[5] meta      HASH    'draining' set: the shard takes no new jobs (a resize shrank the queue)
+ARGV[1] mode: '' = place here; 'prior' = the shard the job's lane or unique key had before a
+        resize, which takes it only while that lane holds ready jobs here (its order holds) and
+        returns the live job of its unique key (one live job per key)
+ARGV[2] n = number of jobs, then 10 per job:
         id, payload (JSON), priority, lane ('' = default), max_attempts and backoff_ms ('' = the
         queue's, read from settings when the job fails), lease_ms (0 = worker default), delay_ms
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the id)
@@ -12,12 +16,18 @@ uncharged or priority while 0, no lane, unique_key or policy field while default
 unless delayed, no enqueued_at for an id minted by the caller's enqueue (its mint time says it).
 Scripts read a missing field as its default.
 Returns: per job two entries: id, status — 'new'; 'exists' (unique_key or caller's id already
-        live: id is the existing job's); 'collision' (a minted id already taken: mint again)
+        live: id is the existing job's); 'collision' (a minted id already taken: mint again);
+        'moved' (mode '': the shard is draining; re-read the layout); 'absent' (mode 'prior':
+        neither the lane nor the key is here; place it on its live shard)
 ]]
-local base, ring, schedule, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local n = tonumber(ARGV[1])
+local base, ring, schedule, wake, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prior, n = ARGV[1] == 'prior', tonumber(ARGV[2])
 local now = now_ms()
 local out, ready = {}, 0
+if not prior and redis.call('HEXISTS', meta, 'draining') == 1 then
+  for i = 0, n - 1 do out[#out + 1] = ARGV[3 + i * 10]; out[#out + 1] = 'moved' end
+  return out
+end
 
 -- Add a field to a row's HSET arguments unless it holds the default.
 local function put(row, name, value, default)
@@ -25,7 +35,7 @@ local function put(row, name, value, default)
 end
 
 for i = 0, n - 1 do
-  local o = 2 + i * 10
+  local o = 3 + i * 10
   local id, unique = ARGV[o], ARGV[o + 8]
   local jk = job_key(base, id)
   local other = nil
@@ -35,6 +45,8 @@ for i = 0, n - 1 do
   end
   if other then
     out[#out + 1] = other; out[#out + 1] = 'exists'
+  elseif prior and (ARGV[o + 3] == '' or redis.call('EXISTS', lane_key(base, ARGV[o + 3])) == 0) then
+    out[#out + 1] = id; out[#out + 1] = 'absent'
   elseif redis.call('EXISTS', jk) == 1 then
     -- The same minted id with the same payload is our own write, sent again after a lost reply.
     local status = 'exists'

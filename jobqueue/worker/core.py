@@ -32,6 +32,7 @@ from typing import Any
 from django.db import DatabaseError
 from redis.exceptions import AuthenticationError, RedisError
 
+from .. import layout as layouts
 from .. import outbox, schedule, signals, spec
 from ..conf import get_client, get_config
 from ..exceptions import ConfigurationError
@@ -49,6 +50,9 @@ DRAINED = 0.05
 """Seconds a queue whose claim came back short is not asked again, unless a wake token for it
 arrives first: a busy worker serving many queues then does not make a round trip per idle
 queue per claim (an enqueue wakes an idle worker at once through its shard's wake list)."""
+SETTLE_EVERY = 2.0
+"""Seconds between checks of a settling resize (one worker per queue does it)."""
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -372,6 +376,7 @@ class Worker:
                     log.info("serving new queue %s", name)
         next_due: float | None = None
         for queue in self.queues:
+            self._settle(queue)
             self.shard_totals[queue.name] = queue.claim_shards()
             for index in range(self.shard_totals[queue.name]):
                 _, wait = queue.promote_shard(index)
@@ -384,6 +389,17 @@ class Worker:
         self._next_due = None if next_due is None else time.monotonic() + next_due
         self._ensure_waiters()
         self._advertise()
+
+    def _settle(self, queue: Queue) -> None:
+        """While a resize settles, one worker every few seconds checks whether it is done."""
+        layout = queue.layout()
+        if not layout.settling or not layouts.settle_turn(queue.client, queue.name, SETTLE_EVERY):
+            return
+        done = queue.settle()
+        if done is not None:
+            log.info("queue %s: resize settled at %d shard(s)%s", queue.name, done.live,
+                     f"; shards {done.live}…{layout.span - 1} retired" if layout.span > done.live
+                     else "")
 
     def _advertise(self) -> None:
         if not self.queues:

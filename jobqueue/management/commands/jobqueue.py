@@ -1,4 +1,4 @@
-"""`manage.py jobqueue restore|stats`: operator commands (they parse, then call the library)."""
+"""`manage.py jobqueue resize|restore|stats`: operator commands (they parse, then call the library)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,23 @@ from redis.exceptions import RedisError
 from jobqueue import outbox
 from jobqueue.conf import get_config
 from jobqueue.exceptions import JobQueueError
-from jobqueue.keys import queue_list
+from jobqueue.keys import queue_list, validate_queue
+from jobqueue.layout import MAX_SHARDS
 from jobqueue.store import Queue, known_queues
 
 
 class Command(BaseCommand):
-    help = "Operate jobqueue: restore durable jobs into Valkey, or print counts by queue and state."
+    help = ("Operate jobqueue: resize a queue's shards live, restore durable jobs into Valkey, or "
+            "print counts by queue and state.")
     requires_system_checks = ["jobqueue"]
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        actions = parser.add_subparsers(dest="action", required=True, metavar="{restore,stats}")
+        actions = parser.add_subparsers(dest="action", required=True,
+                                        metavar="{resize,restore,stats}")
+        resize = actions.add_parser("resize", help="set a queue's live shard count (1…1024) "
+                                                   "without stopping anything")
+        resize.add_argument("queue")
+        resize.add_argument("count", metavar="N", type=_count)
         restore = actions.add_parser("restore", help="re-create in Valkey every unfinished durable "
                                                      "job that it lacks (safe to run twice)")
         restore.add_argument("--queues", help="comma-separated queue names (default: every durable "
@@ -31,7 +38,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            if options["action"] == "restore":
+            if options["action"] == "resize":
+                self.resize(validate_queue(options["queue"]), options["count"])
+            elif options["action"] == "restore":
                 self.restore(queue_list(options["queues"]))
             else:
                 self.stats(as_json=options["json"])
@@ -39,6 +48,22 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         except RedisError as exc:  # unreachable, wrong password, …: one line, no secret in it
             raise CommandError(f"cannot use Valkey: {exc.__class__.__name__}: {exc}") from None
+
+    def resize(self, name: str, count: int) -> None:
+        from jobqueue.mirror import record_shards
+
+        queue = Queue(name)
+        before = queue.layout(fresh=True)
+        after = queue.resize(count)
+        record_shards(queue)
+        if after == before:
+            self.stdout.write(f"queue {name} already has {count} live shard(s)")
+        elif count > before.live:
+            self.stdout.write(f"queue {name}: {before.live} → {count} shards; new jobs spread over "
+                              f"all {count} now")
+        else:
+            self.stdout.write(f"queue {name}: {before.live} → {count} shards; shards {count}…"
+                              f"{after.span - 1} take no new jobs and retire once workers drain them")
 
     def restore(self, names: tuple[str, ...]) -> None:
         from jobqueue.models import Job
@@ -67,3 +92,13 @@ class Command(BaseCommand):
         self.stdout.write(f"{'queue':<{width}}  " + "  ".join(f"{s:>9}" for s in states))
         for name, row in counts.items():
             self.stdout.write(f"{name:<{width}}  " + "  ".join(f"{row[s]:>9,}" for s in states))
+
+
+def _count(raw: str) -> int:
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_SHARDS:
+        raise argparse.ArgumentTypeError(f"N must be a whole number in 1…{MAX_SHARDS}, got {raw!r}")
+    return count
