@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -19,8 +19,8 @@ from .schedule import Entry
 from .schedule import parse as parse_schedule
 from .spec import check_queue_options, lane_weights
 
-QUEUE_OPTION_NAMES = ("shards", "max_attempts", "lease", "concurrency", "backoff", "priority",
-                      "durable", "lane_weights", "rate")
+QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
+                      "priority", "durable", "lane_weights", "rate")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,11 @@ class QueueOptions:
     """Per-queue defaults; a job's own options win over these."""
 
     shards: int = 1
+    """Shards until the queue's first resize (`"auto"` in settings: 1, then `auto_shards`)."""
+    auto_shards: bool = False
+    """`"shards": "auto"`: workers resize the queue as its load changes (autoscale.py)."""
+    max_shards: int = 16
+    """The most shards an automatic queue grows to."""
     max_attempts: int = 3
     lease: float = 30.0
     concurrency: int | None = None
@@ -40,6 +45,26 @@ class QueueOptions:
     lane_weights: tuple[tuple[str, int], ...] = ()
     """(lane, w): the lane gets w turns per round of the ring; unnamed lanes weigh 1. Settings
     give a dict; it is kept as sorted pairs so the options stay hashable."""
+
+
+@dataclass(frozen=True)
+class AutoShards:
+    """`JOBQUEUE["AUTO_SHARDS"]`: when workers resize a `"shards": "auto"` queue (autoscale.py)."""
+
+    every: float = 5.0
+    """Seconds between two looks at a queue (one worker looks)."""
+    grow_backlog: int = 5_000
+    """Waiting jobs per live shard past which the queue grows…"""
+    grow_rate: float = 5_000.0
+    """…or finished jobs per second per live shard."""
+    shrink_backlog: int = 100
+    """Below this backlog per live shard and…"""
+    shrink_rate: float = 500.0
+    """…this finish rate per live shard, the queue shrinks."""
+    grow_after: int = 3
+    """Looks in a row past a grow threshold before the count doubles."""
+    shrink_after: int = 12
+    """Looks in a row below both shrink thresholds before the count halves."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +84,7 @@ class Config:
     """Periodic jobs by name (schedule.py)."""
     metrics_token: str | None = None
     """When set, /metrics wants `Authorization: Bearer <token>`."""
+    auto_shards: AutoShards = AutoShards()
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
@@ -93,6 +119,10 @@ def _queue_options(base: QueueOptions, raw: Any, where: str) -> QueueOptions:
     try:
         if "lane_weights" in raw:
             raw = {**raw, "lane_weights": lane_weights(raw["lane_weights"])}
+        if raw.get("shards") == "auto":
+            raw = {**raw, "shards": 1, "auto_shards": True}
+        elif "shards" in raw:
+            raw = {**raw, "auto_shards": False}
         options = replace(base, **raw)
         check_queue_options(options)
     except JobQueueError as exc:
@@ -100,12 +130,13 @@ def _queue_options(base: QueueOptions, raw: Any, where: str) -> QueueOptions:
     return options
 
 
-def _number(raw: dict[str, Any], key: str, default: float, *, integer: bool = False) -> Any:
+def _number(raw: dict[str, Any], key: str, default: float, *, integer: bool = False,
+            where: str = "JOBQUEUE") -> Any:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) \
             or not math.isfinite(value) or value < 0:
         kind = "a whole number" if integer else "a number of seconds"
-        raise ConfigurationError(f"JOBQUEUE[{key!r}] must be {kind} ≥ 0, got {value!r}")
+        raise ConfigurationError(f"{where}[{key!r}] must be {kind} ≥ 0, got {value!r}")
     return value
 
 
@@ -123,7 +154,7 @@ def parse(raw: Any) -> Config:
             raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
     known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD",
-             "SCHEDULE", "METRICS_TOKEN"}
+             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS"}
     if set(raw) - known:
         unknown = set(raw) - known
         raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, unknown))}"
@@ -144,7 +175,28 @@ def parse(raw: Any) -> Config:
         max_payload=_number(raw, "MAX_PAYLOAD", Config.max_payload, integer=True),
         schedule=parse_schedule(raw.get("SCHEDULE", {})),
         metrics_token=raw.get("METRICS_TOKEN") or None,
+        auto_shards=_auto_shards(raw.get("AUTO_SHARDS", {})),
     )
+
+
+def _auto_shards(raw: Any) -> AutoShards:
+    where = "JOBQUEUE['AUTO_SHARDS']"
+    names = [f.name for f in fields(AutoShards)]
+    unknown = set(_mapping(raw, where)) - set(names)
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown key(s) {sorted(map(str, unknown))}"
+                                 f"{did_you_mean(unknown, names)}; allowed: {names}")
+    for name in ("grow_backlog", "shrink_backlog", "grow_after", "shrink_after"):
+        _number(raw, name, 0, integer=True, where=where)
+    for name in ("every", "grow_rate", "shrink_rate"):
+        _number(raw, name, 0, where=where)
+    limits = AutoShards(**raw)
+    if limits.every <= 0 or limits.grow_after < 1 or limits.shrink_after < 1:
+        raise ConfigurationError(f"{where}: every must be > 0 and grow_after, shrink_after ≥ 1")
+    if limits.shrink_backlog >= limits.grow_backlog or limits.shrink_rate >= limits.grow_rate:
+        raise ConfigurationError(f"{where}: the shrink thresholds must lie below the grow ones, "
+                                 f"or the count would flap")
+    return limits
 
 
 @cache

@@ -22,6 +22,7 @@ its live one, `prior` returns to 0 and `span` to `live`; the shards beyond are r
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from collections.abc import Callable
@@ -32,6 +33,11 @@ from .exceptions import InvalidOption
 from .keys import REGISTRY_KEY
 
 LAYOUT_KEY = "{emq}:shards"
+HISTORY_KEY = "{emq}:resizes"
+"""LIST of the last resizes of every queue, newest first (JSON: at, queue, from, to, by)."""
+RESIZES_KEY = "{emq}:resize-counts"
+"""HASH `<queue>:grow` / `<queue>:shrink` → how many, for the metrics."""
+HISTORY_LENGTH = 200
 SETTLE_LOCK = "{emq}:settling:"
 TTL = 1.0
 MAX_SHARDS = 1024
@@ -134,6 +140,22 @@ def write(client: Any, name: str, before: Layout, after: Layout) -> bool:
     done = cas(keys=[LAYOUT_KEY, REGISTRY_KEY], args=[name, before.raw, after.encode(), after.widest])
     forget(name)
     return bool(int(done))
+
+
+def record(client: Any, name: str, before: int, after: int, by: str) -> None:
+    """Remember a resize for the console and count it for the metrics."""
+    entry = {"at": round(time.time(), 3), "queue": name, "from": before, "to": after, "by": by}
+    pipe = client.pipeline(transaction=False)
+    pipe.lpush(HISTORY_KEY, json.dumps(entry))
+    pipe.ltrim(HISTORY_KEY, 0, HISTORY_LENGTH - 1)
+    pipe.hincrby(RESIZES_KEY, f"{name}:{'grow' if after > before else 'shrink'}", 1)
+    pipe.execute()
+
+
+def history(client: Any, name: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """The last resizes (of one queue, or of all), newest first."""
+    entries = [json.loads(raw) for raw in client.lrange(HISTORY_KEY, 0, HISTORY_LENGTH - 1)]
+    return [e for e in entries if name is None or e.get("queue") == name][:limit]
 
 
 def settle_turn(client: Any, name: str, every: float) -> bool:

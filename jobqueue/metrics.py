@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from . import layout as layouts
 from .conf import get_config
 from .states import State
 from .store import Queue, known_queues
@@ -47,8 +48,21 @@ class ValkeyCollector:
                                          "Run time of recorded runs", labels=["queue"])
         tokens = GaugeMetricFamily("jobqueue_rate_limit_tokens",
                                    "Jobs a rate-limited queue would admit now", labels=["queue"])
+        shards = GaugeMetricFamily("jobqueue_shards", "Shards of a queue by status",
+                                   labels=["queue", "status"])
+        resizes = CounterMetricFamily("jobqueue_shard_resizes",
+                                      "Live resizes (by hand or automatic)",
+                                      labels=["queue", "direction"])
+        counted = {field: int(n) for field, n in
+                   Queue("default").client.hgetall(layouts.RESIZES_KEY).items()}
         for name in known_queues():
             queue = Queue(name)
+            layout = queue.layout(fresh=True)
+            for status in ("active", "draining", "retired"):
+                shards.add_metric([name, status],
+                                  sum(layout.status(i) == status for i in range(layout.widest)))
+            for direction in ("grow", "shrink"):
+                resizes.add_metric([name, direction], counted.get(f"{name}:{direction}", 0))
             for state, count in queue.counts().items():
                 if state in State.values:
                     jobs.add_metric([name, str(state)], count)
@@ -77,7 +91,7 @@ class ValkeyCollector:
             level = bucket_level(queue, server_ms(queue))
             if level is not None:
                 tokens.add_metric([name], level)
-        yield from (jobs, oldest, finished, duration, tokens)
+        yield from (jobs, oldest, finished, duration, tokens, shards, resizes)
 
 
 def view(request: HttpRequest) -> HttpResponse:

@@ -406,10 +406,11 @@ class Queue:
 
     # -- live resize ---------------------------------------------------------------------------
 
-    def resize(self, count: int) -> layouts.Layout:
+    def resize(self, count: int, by: str = "") -> layouts.Layout:
         """Set the queue's live shard count (see `layout`): growing spreads new jobs over
         `count` shards at once; shrinking stops new jobs landing on shards ≥ `count`, which
-        workers drain and then retire. Returns the new layout."""
+        workers drain and then retire. `by` says who, in the resize history. Returns the new
+        layout."""
         before = self.layout(fresh=True)
         after = layouts.plan(before, count)
         if after == before:
@@ -419,6 +420,7 @@ class Queue:
             self._mark(self.layout(fresh=True))
             raise JobQueueError(f"queue {self.name!r} was resized by someone else meanwhile; "
                                 f"look at its layout and try again")
+        layouts.record(self.client, self.name, before.live, after.live, by)
         return after
 
     def _mark(self, layout: layouts.Layout) -> None:

@@ -143,6 +143,8 @@ class Console:
             jobs=jobs, total=total, state=state, states=list(console.PAGE_STATES), shard=shard,
             lane=lane or console.DEFAULT_LANE,
             shard_range=range(shards), shard_rows=shard_rows, layout=layout,
+            resizes=[{**e, "at": datetime.fromtimestamp(e["at"], UTC)}
+                     for e in layouts.history(queue.client, name, 10)],
             can_resize=request.user.has_perm("jobqueue.resize_queue"),
             page=number, last_page=last, lanes=lanes,
             prev_page=number - 1 if number > 1 else None,
@@ -323,7 +325,7 @@ class Console:
             return self._render(request, "confirm_resize.html", f"Resize queue {name}?",
                                 queue=queue, before=before, count=count)
         try:
-            queue.resize(count)
+            queue.resize(count, by=f"console: {request.user}")
         except JobQueueError as exc:
             messages.error(request, f"Resize {name}: {exc}")
             return HttpResponseRedirect(back)

@@ -41,8 +41,10 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.jobapp"]  # noqa: F405
 JOBQUEUE = {
     "URL": os.environ.get("VALKEY_URL", "redis://127.0.0.1:1/0"),
     "QUEUES": {"default": {}, "isolated": {"concurrency": 1}, "durable": {"durable": True},
-               "limited": {"rate": "10/s"}},
+               "limited": {"rate": "10/s"}, "elastic": {"shards": "auto", "max_shards": 4}},
 }
+if "JOBQUEUE_TEST_AUTO_SHARDS" in os.environ:  # the adaptive shards test's thresholds (JSON)
+    JOBQUEUE["AUTO_SHARDS"] = json.loads(os.environ["JOBQUEUE_TEST_AUTO_SHARDS"])
 if "JOBQUEUE_TEST_SCHEDULE" in os.environ:  # the schedule tests' workers (JSON of SCHEDULE)
     JOBQUEUE["SCHEDULE"] = json.loads(os.environ["JOBQUEUE_TEST_SCHEDULE"])
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

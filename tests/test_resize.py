@@ -207,3 +207,50 @@ def test_resizing_under_load_loses_nothing_and_runs_nothing_twice(
     record_shards(queue)
     assert list(Shard.objects.filter(queue="default").values_list("status", flat=True)) == [
         "active", "active", "retired", "retired"]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_automatic_queue_grows_with_a_burst_and_shrinks_when_quiet(valkey_server: Any,
+                                                                     settings: Any) -> None:
+    """`"shards": "auto"` (max 4): a burst doubles the count twice, the quiet after it halves it
+    twice; every job still runs once, and each change is logged, counted and shown."""
+    import json
+
+    from django.test import Client
+
+    from jobqueue.models import Job
+    from tests.jobapp import jobs
+    from tests.workers import start_worker, wait_for
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"elastic": {"shards": "auto", "max_shards": 4}}}
+    queue = Queue("elastic")
+    assert queue.options.auto_shards and queue.options.max_shards == 4 and queue.shards == 1
+    limits = {"every": 0.2, "grow_backlog": 40, "shrink_backlog": 2, "grow_rate": 1e9,
+              "shrink_rate": 1, "grow_after": 2, "shrink_after": 4}
+    refs = jobs.sleep.using(queue="elastic").enqueue_many([(0.005,)] * 3000)
+    worker = start_worker(valkey_server.url, "--concurrency", "2", "--queues", "elastic",
+                          env={"JOBQUEUE_TEST_AUTO_SHARDS": json.dumps(limits)})
+    try:
+        wait_for(lambda: queue.layout(fresh=True).live == 4, timeout=60, every=0.05)
+        wait_for(lambda: Job.objects.filter(queue="elastic").count() == len(refs), timeout=90)
+        wait_for(lambda: queue.layout(fresh=True) == layouts.Layout(1, 0, 1, 4, "1 0 1"),
+                 timeout=60, every=0.1)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    steps = [(e["from"], e["to"]) for e in reversed(layouts.history(queue.client, "elastic"))]
+    assert steps == [(1, 2), (2, 4), (4, 2), (2, 1)]
+    assert all(e["by"].startswith("auto: backlog") for e in layouts.history(queue.client))
+    rows = Job.objects.filter(queue="elastic")
+    assert {row.state for row in rows} == {"succeeded"} and {row.attempts for row in rows} == {1}
+    client = Client()
+    from django.contrib.auth.models import User
+
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    page = client.get("/admin/jobqueue/job/live/queues/elastic/").content.decode()
+    assert "Automatic: workers resize it with its load, up to 4." in page and "auto: backlog" in page
+    metrics = client.get("/metrics").content.decode()
+    assert 'jobqueue_shard_resizes_total{direction="grow",queue="elastic"} 2.0' in metrics
+    assert 'jobqueue_shards{queue="elastic",status="retired"} 3.0' in metrics

@@ -37,7 +37,13 @@ def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_ser
 
 
 @pytest.mark.parametrize(("jobqueue", "fragment"), [
-    ({"QUEUES": {"emails": {"shards": 0}}}, "shards must be an integer in 1…1024"),
+    ({"QUEUES": {"emails": {"shards": 0}}}, 'shards (or "auto") must be an integer in 1…1024'),
+    ({"QUEUES": {"emails": {"shards": "Auto"}}}, 'shards (or "auto") must be an integer'),
+    ({"QUEUES": {"emails": {"shards": "auto", "max_shards": 0}}}, "max_shards must be an integer"),
+    ({"AUTO_SHARDS": {"grow_backlg": 5}}, "did you mean 'grow_backlog'?"),
+    ({"AUTO_SHARDS": {"every": -1}}, "JOBQUEUE['AUTO_SHARDS']['every'] must be a number"),
+    ({"AUTO_SHARDS": {"grow_backlog": 10, "shrink_backlog": 10}}, "shrink thresholds must lie below"),
+    ({"AUTO_SHARDS": {"grow_after": 0}}, "grow_after, shrink_after ≥ 1"),
     ({"QUEUES": {"emails": {"max_attempts": 5000}}}, "max_attempts must be an integer in 1…1000"),
     ({"DEFAULTS": {"backoff": 100_000}}, "backoff must be within 0…86400 seconds"),
     ({"QUEUES": {"emails": {"lease": 0}}}, "lease must be within"),

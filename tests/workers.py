@@ -24,9 +24,9 @@ def database_url() -> str:
 
 
 def start_worker(valkey_url: str, *args: str, db_url: str | None = None,
-                 log: Path | None = None) -> subprocess.Popen[bytes]:
+                 log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", VALKEY_URL=valkey_url,
-               DATABASE_URL=db_url or database_url(), PYTHONUNBUFFERED="1")
+               DATABASE_URL=db_url or database_url(), PYTHONUNBUFFERED="1", **(env or {}))
     if "--workers" not in args:  # one process unless the test asks for more (default: per core)
         args = ("--workers", "1", *args)
     command = [sys.executable, "manage.py", "runworker", *args]

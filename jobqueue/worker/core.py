@@ -32,8 +32,8 @@ from typing import Any
 from django.db import DatabaseError
 from redis.exceptions import AuthenticationError, RedisError
 
+from .. import autoscale, outbox, schedule, signals, spec
 from .. import layout as layouts
-from .. import outbox, schedule, signals, spec
 from ..conf import get_client, get_config
 from ..exceptions import ConfigurationError
 from ..records import Lease
@@ -377,6 +377,10 @@ class Worker:
         next_due: float | None = None
         for queue in self.queues:
             self._settle(queue)
+            if queue.options.auto_shards and not self.config.burst:
+                resized = autoscale.check(queue, get_config().auto_shards)
+                if resized:
+                    log.info("queue %s: %d → %d shards (automatic)", queue.name, *resized)
             self.shard_totals[queue.name] = queue.claim_shards()
             for index in range(self.shard_totals[queue.name]):
                 _, wait = queue.promote_shard(index)
@@ -397,9 +401,9 @@ class Worker:
             return
         done = queue.settle()
         if done is not None:
+            retired = range(done.live, layout.span)
             log.info("queue %s: resize settled at %d shard(s)%s", queue.name, done.live,
-                     f"; shards {done.live}…{layout.span - 1} retired" if layout.span > done.live
-                     else "")
+                     f"; retired shard(s) {', '.join(map(str, retired))}" if retired else "")
 
     def _advertise(self) -> None:
         if not self.queues:

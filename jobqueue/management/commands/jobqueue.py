@@ -54,7 +54,7 @@ class Command(BaseCommand):
 
         queue = Queue(name)
         before = queue.layout(fresh=True)
-        after = queue.resize(count)
+        after = queue.resize(count, by="manage.py jobqueue resize")
         record_shards(queue)
         if after == before:
             self.stdout.write(f"queue {name} already has {count} live shard(s)")

@@ -1,0 +1,58 @@
+"""Adaptive shards (`"shards": "auto"`, `"max_shards": 16`): a queue's live count follows its load.
+
+Every `every` seconds one worker (a lock key per queue) looks at each automatic queue: its
+backlog (pending and scheduled jobs) and its finish rate (jobs/s), per live shard. Past the grow
+thresholds for `grow_after` checks in a row, the count doubles (up to `max_shards`); below the
+shrink thresholds for `shrink_after` checks in a row, it halves (down to 1), and the shards
+beyond drain, then retire (`layout`). Growing is quick and shrinking slow, and the two thresholds
+are far apart, so the count does not flap; no change is made while the last one settles.
+Thresholds: `JOBQUEUE["AUTO_SHARDS"]` (`conf.AutoShards`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from .conf import AutoShards
+from .store import Queue
+
+log = logging.getLogger("jobqueue.autoscale")
+STATE_KEY = "{emq}:autoscale"
+LOCK_KEY = "{emq}:autoscale-lock:"
+
+
+def check(queue: Queue, limits: AutoShards) -> tuple[int, int] | None:
+    """Look at one automatic queue if it is this worker's turn; (from, to) when it resized."""
+    client = queue.client
+    if not client.set(LOCK_KEY + queue.name, "1", nx=True, px=max(int(limits.every * 1000), 1)):
+        return None
+    layout = queue.layout(fresh=True)
+    counts = queue.counts()
+    finished = sum(counts[state] for state in ("succeeded", "dead", "cancelled"))
+    backlog = counts["pending"] + counts["scheduled"]
+    raw = client.hget(STATE_KEY, queue.name)
+    state = json.loads(raw) if raw else {}
+    now = time.time()
+    rate = 0.0
+    if "at" in state and now > state["at"]:
+        rate = max(finished - state.get("finished", finished), 0) / (now - state["at"])
+    live = layout.live
+    busy = backlog / live > limits.grow_backlog or rate / live > limits.grow_rate
+    quiet = backlog / live < limits.shrink_backlog and rate / live < limits.shrink_rate
+    grow = state.get("grow", 0) + 1 if busy else 0
+    shrink = state.get("shrink", 0) + 1 if quiet else 0
+    target = live
+    if not layout.settling:
+        if grow >= limits.grow_after and live < queue.options.max_shards:
+            target = min(live * 2, queue.options.max_shards)
+        elif shrink >= limits.shrink_after and live > 1:
+            target = max(live // 2, 1)
+    if target != live:
+        queue.resize(target, by=f"auto: backlog {backlog}, {rate:.0f} jobs/s")
+        grow = shrink = 0
+    client.hset(STATE_KEY, queue.name, json.dumps(
+        {"at": now, "finished": finished, "grow": grow, "shrink": shrink}))
+    return (live, target) if target != live else None
+
