@@ -7,6 +7,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -72,12 +73,21 @@ class ValkeyProcess:
 
 
 class ValkeyCluster:
-    """Three primaries in cluster mode; each node's bus on a free port of its own."""
+    """`size` primaries in cluster mode, each with `replicas` replicas; each node's bus on a free
+    port of its own. `kill_primary` SIGKILLs a primary so that its replica takes over."""
 
-    def __init__(self, size: int = 3) -> None:
-        self.nodes = [ValkeyProcess("--cluster-enabled", "yes", "--cluster-port", str(free_port()),
-                                    "--cluster-node-timeout", "2000", appendonly=False)
-                      for _ in range(size)]
+    def __init__(self, size: int = 3, replicas: int = 0, node_timeout_ms: int = 2000) -> None:
+        self.size = size
+        count = size * (1 + replicas)
+        ports: list[int] = []
+        while len(ports) < 2 * count:  # a client port and a bus port per node, all distinct
+            if (port := free_port()) not in ports:
+                ports.append(port)
+        self.nodes = [ValkeyProcess("--cluster-enabled", "yes", "--cluster-port", str(ports[2 * i + 1]),
+                                    "--cluster-node-timeout", str(node_timeout_ms),
+                                    "--repl-diskless-sync-delay", "0", port=ports[2 * i],
+                                    appendonly=False)
+                      for i in range(count)]
 
     @property
     def url(self) -> str:
@@ -88,28 +98,55 @@ class ValkeyCluster:
             node.extra += ["--cluster-config-file", str(node.dir / "nodes.conf")]
             node.start()
         clients = [redis.Redis(port=n.port, decode_responses=True) for n in self.nodes]
-        share = 16384 // len(self.nodes)
-        for i, client in enumerate(clients):
-            last = 16383 if i == len(clients) - 1 else (i + 1) * share - 1
+        share = 16384 // self.size
+        for i, client in enumerate(clients[: self.size]):
+            last = 16383 if i == self.size - 1 else (i + 1) * share - 1
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
         first = self.nodes[0]
         bus = first.extra[first.extra.index("--cluster-port") + 1]
         for client in clients[1:]:
             client.execute_command("CLUSTER", "MEET", "127.0.0.1", first.port, bus)
-        deadline = time.monotonic() + 30
-        while not all(self._ok(c, len(clients)) for c in clients):
-            if time.monotonic() > deadline:
-                raise RuntimeError("Valkey cluster did not converge")
-            time.sleep(0.1)
+        self._until(lambda: all(self._ok(c, len(clients)) for c in clients), "converge")
+        for i, client in enumerate(clients[self.size :]):  # replica i follows primary i mod size
+            primary = clients[i % self.size].execute_command("CLUSTER", "MYID")
+            self._until(lambda c=client, p=primary: self._knows(c, p), "gossip")
+            client.execute_command("CLUSTER", "REPLICATE", primary)
+        for client in clients[self.size :]:
+            self._until(lambda c=client: c.info("replication").get("master_link_status") == "up",
+                        "replicate")
         for client in clients:
             client.close()
         return self
+
+    @staticmethod
+    def _until(condition: Any, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Valkey cluster did not {what}")
+            time.sleep(0.1)
 
     @staticmethod
     def _ok(client: redis.Redis, size: int) -> bool:
         info = client.execute_command("CLUSTER", "INFO")
         text = info if isinstance(info, str) else info.decode()
         return "cluster_state:ok" in text and f"cluster_known_nodes:{size}" in text
+
+    @staticmethod
+    def _knows(client: redis.Redis, node_id: str) -> bool:
+        return node_id in str(client.execute_command("CLUSTER", "NODES"))
+
+    def kill_primary(self, index: int) -> ValkeyProcess:
+        """SIGKILL primary `index` and wait until a replica serves its slots."""
+        victim, heir = self.nodes[index], self.nodes[self.size + index]
+        victim.stop(kill=True)
+        client = redis.Redis(port=heir.port, decode_responses=True)
+        try:
+            self._until(lambda: client.info("replication")["role"] == "master"
+                        and self._ok(client, len(self.nodes)), "fail over")
+        finally:
+            client.close()
+        return victim
 
     def cleanup(self) -> None:
         for node in self.nodes:

@@ -1,0 +1,56 @@
+"""A Valkey Cluster with a replica per primary: a primary dies mid-run, its replica takes over,
+and the worker rides it out."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue import Queue
+from jobqueue.models import Job
+from tests.jobapp import jobs
+
+from .servers import ValkeyCluster
+from .workers import start_worker, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def replicated(cluster: ValkeyCluster) -> bool:
+    """Every replica has applied all its primary's writes."""
+    for primary, replica in zip(cluster.nodes[: cluster.size], cluster.nodes[cluster.size :],
+                                strict=True):
+        ahead = redis.Redis(port=primary.port, decode_responses=True).info("replication")
+        behind = redis.Redis(port=replica.port, decode_responses=True).info("replication")
+        if ahead["master_repl_offset"] != behind.get("slave_repl_offset"):
+            return False
+    return True
+
+
+def test_a_worker_rides_out_a_primary_failing_over_to_its_replica(settings: Any) -> None:
+    cluster = ValkeyCluster(size=3, replicas=1, node_timeout_ms=1000).start()
+    worker = None
+    try:
+        settings.JOBQUEUE = {"URL": cluster.url, "QUEUES": {"default": {"shards": 3}}}
+        refs = jobs.sleep.enqueue_many([(0.002,)] * 3000)
+        wait_for(lambda: replicated(cluster), timeout=30, every=0.05)  # nothing is lost to async
+        worker = start_worker(cluster.url, "--concurrency", "4", "--lease", "3")
+        wait_for(lambda: Job.objects.count() >= 300, timeout=60)
+        started = time.monotonic()
+        cluster.kill_primary(0)  # the node in the worker's URL, too
+        failover = time.monotonic() - started
+        wait_for(lambda: Job.objects.filter(state="succeeded").count() == len(refs), timeout=120)
+        assert worker.poll() is None  # it rode the failover out
+        rows = Job.objects.all()
+        assert {row.id for row in rows} == {r.id for r in refs}
+        reruns = sum(row.attempts > 1 for row in rows)
+        print(f"failover took {failover:.1f} s; {reruns} of {len(refs)} jobs ran again")
+        assert Queue("default").counts()["pending"] == 0
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(30)
+        cluster.cleanup()
