@@ -20,7 +20,7 @@ from .schedule import parse as parse_schedule
 from .spec import check_queue_options, lane_weights
 
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
-                      "priority", "durable", "lane_weights", "rate")
+                      "priority", "durable", "lane_weights", "rate", "wait_replicas")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class QueueOptions:
     """Write each job to the database (in the caller's transaction) before Valkey: outbox.py."""
     rate: str | None = None
     """"N/s", "N/m" or "N/h": at most N of the queue's jobs start per period (see spec.rate)."""
+    wait_replicas: int = 0
+    """Enqueue returns once this many replicas of the shard's primary hold the jobs (`WAIT`);
+    0: as soon as the primary does (asynchronous replication)."""
     lane_weights: tuple[tuple[str, int], ...] = ()
     """(lane, w): the lane gets w turns per round of the ring; unnamed lanes weigh 1. Settings
     give a dict; it is kept as sorted pairs so the options stay hashable."""

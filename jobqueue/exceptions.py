@@ -5,6 +5,8 @@ A stale lease is not an error: `Queue.ack`/`nack`/`extend` answer False/None for
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class JobQueueError(Exception):
     """Base class of every error jobqueue raises on purpose."""
@@ -40,6 +42,16 @@ class InvalidTransition(JobQueueError):
 
 class UnknownHandler(JobQueueError, LookupError):
     """No `@job` handler is registered under that dotted name."""
+
+
+class NotReplicated(JobQueueError):
+    """A queue with `wait_replicas`: the jobs were written on the primary, but fewer replicas
+    than asked confirmed them in time. `refs` are the jobs (they exist, and run, unless the
+    primary fails before a replica has them); enqueue them again with the same ids to be sure."""
+
+    def __init__(self, message: str, refs: list[Any]) -> None:
+        super().__init__(message)
+        self.refs = refs
 
 
 class ConfigurationError(JobQueueError):

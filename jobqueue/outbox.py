@@ -59,12 +59,17 @@ def push(queue: Queue, specs: list[JobSpec]) -> None:
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
+    from .exceptions import NotReplicated
+
     try:
         refs = queue.enqueue_many(specs)
     except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
         log.warning("queue=%s: Valkey unreachable (%s); %d durable job(s) wait in the database "
                     "for a worker's relay", queue.name, exc, len(specs))
         return
+    except NotReplicated as exc:  # the rows are the durable copy: `jobqueue restore` has them
+        log.warning("%s; the database holds them", exc)
+        refs = exc.refs
     _cancel_duplicates(specs, refs)
 
 

@@ -108,6 +108,7 @@ def check_queue_options(options: QueueOptions) -> None:
     """Validate a queue's options with the rules a job's own options follow."""
     whole_number(options.shards, 'shards (or "auto")', 1, 1024)
     whole_number(options.max_shards, "max_shards", 1, 1024)
+    whole_number(options.wait_replicas, "wait_replicas", 0, 10)
     validate_max_attempts(options.max_attempts)
     validate_lease(options.lease)
     if options.concurrency is not None:

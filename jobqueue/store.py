@@ -13,12 +13,14 @@ from functools import cache
 from typing import Any
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from . import ids, scripts, signals
 from . import layout as layouts
 from .conf import QueueOptions, get_client, get_config
-from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError
+from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError, NotReplicated
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
@@ -28,6 +30,8 @@ from .spec import seconds as _seconds
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
 ENQUEUE_CHUNK = 500
+WAIT_MS = 1000
+"""How long an enqueue of a `wait_replicas` queue waits for its replicas."""
 LIVE_STATES = ("pending", "scheduled", "active")
 
 
@@ -88,6 +92,34 @@ class Queue:
         for args in calls:
             script(keys=keys, args=args, client=pipe)
         return list(pipe.execute())
+
+    def _run_replicated(self, shard: ShardKeys, calls: list[list[Any]]) -> tuple[list[Any], int]:
+        """Enqueue calls then `WAIT` on the same connection (WAIT counts the replicas holding
+        this connection's writes): (the calls' replies, replicas that confirmed). On a cluster
+        the pipeline goes to the node that owns the shard's slot; if that node moved or died
+        (a failover), the slot map is read again and the calls sent once more (an enqueue
+        sent twice with the same ids adds nothing)."""
+        keys = scripts.keys_for("enqueue", shard)
+        script = scripts.script(self.client, "enqueue")
+        cluster = isinstance(self.client, RedisCluster)
+        for attempt in (1, 2):
+            target = self.client
+            if cluster:
+                target = target.get_redis_connection(target.get_node_from_key(keys[0]))
+            pipe = target.pipeline(transaction=False)
+            for args in calls:
+                script(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", self.options.wait_replicas, WAIT_MS)
+            try:
+                *replies, acked = pipe.execute()
+            except (ValkeyConnectionError, ValkeyTimeoutError, ResponseError) as exc:
+                if not cluster or attempt == 2 or (isinstance(exc, ResponseError)
+                                                   and not str(exc).startswith(("MOVED", "ASK"))):
+                    raise
+                self.client.nodes_manager.initialize()
+                continue
+            return replies, int(acked)
+        raise AssertionError("unreachable")
 
     # -- placement -------------------------------------------------------------------------
 
@@ -158,6 +190,7 @@ class Queue:
         prepared = [prepare(spec, self.options, limit) for spec in specs]
         refs: list[JobRef | None] = [None] * len(prepared)
         todo, not_prior, turns = list(range(len(prepared))), set(), 0
+        replicated = wanted = self.options.wait_replicas
         while todo:
             # A shard that turned jobs away ('moved') is draining: read the layout again. A
             # resize marks its shards before it writes the layout, so retry a few times.
@@ -182,11 +215,16 @@ class Queue:
                 by_shard[home, ""].append(i)
             todo = []
             for (index, mode), positions in by_shard.items():
-                again = self._enqueue_on_shard(index, mode, prepared, positions, refs)
+                again, acked = self._enqueue_on_shard(index, mode, prepared, positions, refs)
+                replicated = min(replicated, acked)
                 if mode == "prior":
                     not_prior.update(again)
                 todo.extend(again)
         out = [ref for ref in refs if ref is not None]
+        if replicated < wanted:
+            raise NotReplicated(
+                f"queue {self.name!r}: {len(out)} job(s) written on the primary, but only "
+                f"{replicated} of {wanted} replica(s) confirmed them within {WAIT_MS} ms", out)
         if signals.job_enqueued.has_listeners(Queue):
             for ref in out:
                 if ref.created:
@@ -194,9 +232,10 @@ class Queue:
         return out
 
     def _enqueue_on_shard(self, index: int, mode: str, prepared: list[Prepared],
-                          positions: list[int], refs: list[JobRef | None]) -> list[int]:
-        """Send a shard's jobs in chunks; return the positions to send again (an id collision,
-        a draining shard, a lane or key absent from its prior shard)."""
+                          positions: list[int], refs: list[JobRef | None]) -> tuple[list[int], int]:
+        """Send a shard's jobs in chunks. Returns the positions to send again (an id collision,
+        a draining shard, a lane or key absent from its prior shard) and, for a
+        `wait_replicas` queue, how many replicas confirmed the writes."""
         chunks = [positions[s : s + ENQUEUE_CHUNK] for s in range(0, len(positions), ENQUEUE_CHUNK)]
         calls = []
         for chunk in chunks:
@@ -204,8 +243,13 @@ class Queue:
             for i in chunk:
                 args.extend(prepared[i].argv(self.options))
             calls.append(args)
-        retry = []
-        for chunk, reply in zip(chunks, self._run_many("enqueue", self.shard(index), calls), strict=True):
+        retry: list[int] = []
+        acked = self.options.wait_replicas
+        if acked:
+            replies, acked = self._run_replicated(self.shard(index), calls)
+        else:
+            replies = self._run_many("enqueue", self.shard(index), calls)
+        for chunk, reply in zip(chunks, replies, strict=True):
             for n, i in enumerate(chunk):
                 job_id, status = reply[2 * n], reply[2 * n + 1]
                 if status == "collision":  # another process minted the same id: mint anew
@@ -215,7 +259,7 @@ class Queue:
                     retry.append(i)
                 else:
                     refs[i] = JobRef(job_id, self.name, created=status == "new")
-        return retry
+        return retry, acked
 
     # -- worker side -----------------------------------------------------------------------
 

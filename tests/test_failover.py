@@ -54,3 +54,40 @@ def test_a_worker_rides_out_a_primary_failing_over_to_its_replica(settings: Any)
             worker.terminate()
             worker.wait(30)
         cluster.cleanup()
+
+
+def test_wait_replicas_returns_once_a_replica_holds_the_jobs_and_says_when_none_did(
+        settings: Any) -> None:
+    import signal
+
+    from jobqueue.exceptions import NotReplicated
+    from jobqueue.store import JobSpec
+
+    cluster = ValkeyCluster(size=3, replicas=1, node_timeout_ms=1000).start()
+    try:
+        settings.JOBQUEUE = {"URL": cluster.url,
+                             "QUEUES": {"default": {"shards": 3, "wait_replicas": 1}}}
+        queue = Queue("default")
+        refs = queue.enqueue_many([JobSpec(i) for i in range(30)])
+        assert len(refs) == 30 and all(r.created for r in refs)
+        replica = cluster.nodes[cluster.size]  # primary 0's, which holds shard 2 ({default#2})
+        assert replica.proc is not None
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(NotReplicated, match="only 0 of 1 replica") as caught:
+                queue.enqueue_many([JobSpec(i) for i in range(30)])
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        assert len(caught.value.refs) == 30  # written on the primaries, and said so
+        assert all(queue.locate(r.id) is not None for r in caught.value.refs)
+    finally:
+        cluster.cleanup()
+
+
+def test_wait_replicas_without_a_replica_raises_after_the_wait(settings: Any) -> None:
+    from jobqueue.exceptions import NotReplicated
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"wait_replicas": 1}}}
+    with pytest.raises(NotReplicated) as caught:
+        Queue("default").enqueue("x")
+    assert caught.value.refs and Queue("default").get(caught.value.refs[0].id) is not None

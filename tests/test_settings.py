@@ -41,6 +41,7 @@ def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_ser
     ({"QUEUES": {"emails": {"shards": "Auto"}}}, 'shards (or "auto") must be an integer'),
     ({"QUEUES": {"emails": {"shards": "auto", "max_shards": 0}}}, "max_shards must be an integer"),
     ({"AUTO_SHARDS": {"grow_backlg": 5}}, "did you mean 'grow_backlog'?"),
+    ({"QUEUES": {"emails": {"wait_replicas": 11}}}, "wait_replicas must be an integer in 0…10"),
     ({"AUTO_SHARDS": {"every": -1}}, "JOBQUEUE['AUTO_SHARDS']['every'] must be a number"),
     ({"AUTO_SHARDS": {"grow_backlog": 10, "shrink_backlog": 10}}, "shrink thresholds must lie below"),
     ({"AUTO_SHARDS": {"grow_after": 0}}, "grow_after, shrink_after ≥ 1"),
