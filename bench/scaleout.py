@@ -55,7 +55,8 @@ def reset(ports: list[int]) -> None:
         client.close()
 
 
-def drain(url: str, ports: list[int], jobs: int, shards: int, procs: int, concurrency: int) -> dict[str, Any]:
+def drain(url: str, ports: list[int], jobs: int, shards: int, procs: int,
+          concurrency: int) -> dict[str, Any]:
     from benchapp.jobs import noop
     from django.conf import settings
 
@@ -100,18 +101,17 @@ def main() -> None:
     for where, shards, procs, concurrency in setups:
         if where == "1 Valkey":
             with valkey() as url:
-                rows.append((where, shards, procs, concurrency,
-                             drain(url, [int(url.rsplit(":", 1)[1].split("/")[0])], args.jobs,
-                                   shards, procs, concurrency)))
+                port = int(url.rsplit(":", 1)[1].split("/")[0])
+                result = drain(url, [port], args.jobs, shards, procs, concurrency)
         else:
             with cluster() as (url, ports):
-                rows.append((where, shards, procs, concurrency,
-                             drain(url, ports, args.jobs, shards, procs, concurrency)))
+                result = drain(url, ports, args.jobs, shards, procs, concurrency)
+        rows.append((where, shards, procs, concurrency, result))
     print(f"\n{args.jobs:,} no-op jobs drained by runworker --burst (no mirror)")
-    print(f"  {'where':<18} {'shards':>6} {'procs×c':>8} {'jobs/s':>8} {'valkey µs/job':>13} "
+    print(f"  {'where':<26} {'shards':>6} {'procs×c':>8} {'jobs/s':>8} {'valkey µs/job':>13} "
           f"{'scripts/job':>11}  EVALSHA p50/p99 µs per node")
     for where, shards, procs, concurrency, r in rows:
-        print(f"  {where:<18} {shards:>6} {f'{procs}×{concurrency}':>8} {r['rate']:>8,.0f} "
+        print(f"  {where:<26} {shards:>6} {f'{procs}×{concurrency}':>8} {r['rate']:>8,.0f} "
               f"{r['valkey_us']:>13.1f} {r['calls_per_job']:>11.3f}  {r['latency']}"
               + (f"  ({r['left']} left!)" if r["left"] else ""))
 
