@@ -21,8 +21,9 @@ def check_settings(**_: Any) -> list[checks.CheckMessage]:
                                  id="jobqueue.E002")]
         return [checks.Error(
             f"JOBQUEUE is invalid: {exc}",
-            hint="See the README's 'Settings': QUEUES maps queue names to shards, max_attempts, "
-                 "lease, concurrency, backoff, priority; URL is a redis:// or valkey:// URL.",
+            hint="See the README's 'Settings' (and 'Resizing a queue live' for shards \"auto\" "
+                 "and AUTO_SHARDS): QUEUES maps queue names to their options; URL is a redis:// "
+                 "or valkey:// URL.",
             id="jobqueue.E001",
         )]
     return [checks.Error(f"JOBQUEUE['SCHEDULE'][{name!r}]: no @job handler is registered as "
@@ -90,7 +91,7 @@ def check_valkey(**_: Any) -> list[checks.CheckMessage]:
         return [checks.Error(
             f"Valkey {version} is older than {'.'.join(map(str, MIN_VALKEY))}, which jobqueue's "
             "scripts need",
-            hint="Upgrade Valkey (or Redis) to 7.2 or later: see docs/operating.md.",
+            hint="Upgrade Valkey (or Redis) to 7.2 or later: see docs/operating.md, 'Upgrades'.",
             id="jobqueue.E006")]
     return []
 

@@ -189,20 +189,22 @@ class Queue:
         limit = get_config().max_payload
         prepared = [prepare(spec, self.options, limit) for spec in specs]
         refs: list[JobRef | None] = [None] * len(prepared)
-        todo, not_prior, turns = list(range(len(prepared))), set(), 0
+        todo, not_prior, moved, turned_away = list(range(len(prepared))), set(), False, 0
         replicated = wanted = self.options.wait_replicas
+        now = self.layout()
+        self._register(now.live)
         while todo:
-            # A shard that turned jobs away ('moved') is draining: read the layout again. A
-            # resize marks its shards before it writes the layout, so retry a few times.
-            now = self.layout(fresh=turns > 0)
-            if turns == 0:
-                self._register(now.live)
-            elif turns > 50:
-                raise JobQueueError(f"queue {self.name!r}: its shards keep turning jobs away "
-                                   f"(a resize that did not finish?); nothing was enqueued twice")
-            elif turns > 2:
-                time.sleep(0.01 * turns)
-            turns += 1
+            if moved:
+                turned_away += 1
+                # A shard that turned jobs away ('moved') is draining: read the layout again. A
+                # resize marks its shards before it writes the layout, so retry a few times.
+                if turned_away > 50:
+                    raise JobQueueError(
+                        f"queue {self.name!r}: its shards keep turning jobs away (a resize that "
+                        f"did not finish?); nothing was enqueued twice")
+                if turned_away > 2:
+                    time.sleep(0.01 * turned_away)
+                now = self.layout(fresh=True)
             by_shard: dict[tuple[int, str], list[int]] = defaultdict(list)
             for i in todo:
                 job = prepared[i]
@@ -213,12 +215,14 @@ class Queue:
                         by_shard[before, "prior"].append(i)
                         continue
                 by_shard[home, ""].append(i)
-            todo = []
+            todo, moved = [], False
             for (index, mode), positions in by_shard.items():
                 again, acked = self._enqueue_on_shard(index, mode, prepared, positions, refs)
                 replicated = min(replicated, acked)
                 if mode == "prior":
-                    not_prior.update(again)
+                    not_prior.update(again)  # absent there: to the live shard, next turn
+                else:
+                    moved = moved or bool(again)  # turned away, or an id collision (rare)
                 todo.extend(again)
         out = [ref for ref in refs if ref is not None]
         if replicated < wanted:

@@ -150,3 +150,21 @@ def test_the_dashboard_moves_without_a_reload(page: Any) -> None:
     page.wait_for_function(f"document.querySelector({card!r}).innerText === '7'", timeout=12_000)
     assert page.evaluate("window.__before") == 1
     assert page.locator("svg.jq-chart text").first.is_visible()  # the charts have their scale
+
+
+def test_an_operator_resizes_a_queue_from_its_page(page: Any) -> None:
+    User.objects.create_superuser("admin", "admin@example.com", "admin")
+    jobs.add.enqueue_many([(i, i) for i in range(5)])
+    login(page, "admin", "admin")
+    page.goto("/admin/jobqueue/job/live/queues/default/")
+    page.fill("input[name=count]", "4")
+    page.click("input[value='Resize…']")
+    page.wait_for_selector("text=New jobs spread over all 4 shards at once")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "resize-confirm.png"), full_page=True)
+    page.click("input[value='Yes, resize it']")
+    page.wait_for_selector(".messagelist .success")
+    assert "resized from 1 to 4" in page.inner_text(".messagelist")
+    assert Queue("default").layout(fresh=True).live == 4
+    assert page.locator("table.jq-resizes td", has_text="console: admin").count() == 1
+    page.screenshot(path=str(SHOTS / "queue-resized.png"), full_page=True)
