@@ -46,7 +46,8 @@ def test_priorities_lanes_delays_retries_dead_and_unique_keys(
     Queue("default").pause()  # enqueue everything before the worker sees any of it
     for p in (0, 5, -5, 5):
         jobs.append_line.using(priority=p).enqueue(str(order), f"p{p}")
-    later = jobs.append_line.using(delay=1.0).enqueue(str(order), "delayed")
+    # Due well after the worker (a subprocess: 1–2 s to start on a slow machine) has run the rest.
+    later = jobs.append_line.using(delay=4.0).enqueue(str(order), "delayed")
     fails = jobs.always_fails.enqueue("boom")
     first = jobs.add.using(unique_key="k1").enqueue(1, 1)
     dup = jobs.add.using(unique_key="k1").enqueue(2, 2)
