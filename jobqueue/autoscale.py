@@ -12,21 +12,20 @@ Thresholds: `JOBQUEUE["AUTO_SHARDS"]` (`conf.AutoShards`).
 from __future__ import annotations
 
 import json
-import logging
 import time
 
+from . import layout as layouts
 from .conf import AutoShards
 from .store import Queue
 
-log = logging.getLogger("jobqueue.autoscale")
 STATE_KEY = "{emq}:autoscale"
-LOCK_KEY = "{emq}:autoscale-lock:"
+TURN_KEY = "{emq}:autoscale-turn:"
 
 
 def check(queue: Queue, limits: AutoShards) -> tuple[int, int] | None:
     """Look at one automatic queue if it is this worker's turn; (from, to) when it resized."""
     client = queue.client
-    if not client.set(LOCK_KEY + queue.name, "1", nx=True, px=max(int(limits.every * 1000), 1)):
+    if not layouts.one_turn(client, TURN_KEY + queue.name, limits.every):
         return None
     layout = queue.layout(fresh=True)
     counts = queue.counts()

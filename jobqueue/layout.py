@@ -38,7 +38,7 @@ HISTORY_KEY = "{emq}:resizes"
 RESIZES_KEY = "{emq}:resize-counts"
 """HASH `<queue>:grow` / `<queue>:shrink` → how many, for the metrics."""
 HISTORY_LENGTH = 200
-SETTLE_LOCK = "{emq}:settling:"
+SETTLE_TURN = "{emq}:settling:"
 TTL = 1.0
 MAX_SHARDS = 1024
 
@@ -65,7 +65,10 @@ class Layout:
 
     @property
     def settling(self) -> bool:
-        return bool(self.prior) or self.span > self.live
+        """A resize is being worked off. A queue never resized is not settling even when its
+        setting was lowered: producers with the old setting may still place jobs beyond it,
+        so those shards are drained for good, as before live resize existed."""
+        return bool(self.raw) and (bool(self.prior) or self.span > self.live)
 
     def status(self, index: int) -> str:
         if index < self.live:
@@ -158,9 +161,10 @@ def history(client: Any, name: str | None = None, limit: int = 20) -> list[dict[
     return [e for e in entries if name is None or e.get("queue") == name][:limit]
 
 
-def settle_turn(client: Any, name: str, every: float) -> bool:
-    """True for one worker per queue per `every` seconds: its turn to check a settling resize."""
-    return bool(client.set(SETTLE_LOCK + name, "1", nx=True, px=int(every * 1000)))
+def one_turn(client: Any, key: str, every: float) -> bool:
+    """True for one caller per `every` seconds across all workers (a key set if absent, expiring
+    then): whose turn it is to check a settling resize, or an automatic queue's load."""
+    return bool(client.set(key, "1", nx=True, px=max(int(every * 1000), 1)))
 
 
 def settled(layout: Layout, shard_is_clear: Callable[[int], bool]) -> Layout | None:

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import layout as layouts
-from .conf import get_config
+from .conf import get_client, get_config
 from .states import State
 from .store import Queue, known_queues
 
@@ -54,7 +54,7 @@ class ValkeyCollector:
                                       "Live resizes (by hand or automatic)",
                                       labels=["queue", "direction"])
         counted = {field: int(n) for field, n in
-                   Queue("default").client.hgetall(layouts.RESIZES_KEY).items()}
+                   get_client().hgetall(layouts.RESIZES_KEY).items()}
         for name in known_queues():
             queue = Queue(name)
             layout = queue.layout(fresh=True)

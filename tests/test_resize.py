@@ -140,6 +140,16 @@ def test_retrying_a_dead_job_on_a_retired_shard_claims_from_it_again(valkey: Any
     assert [job_id for _, job_id, _ in drain(queue)] == [victim.id]
 
 
+def test_a_lowered_setting_drains_its_old_shards_for_good_without_a_resize(valkey: Any) -> None:
+    """Producers still running with the old setting may place jobs beyond the new count: only a
+    resize (which turns them away) retires shards."""
+    Queue("legacy", client=valkey, shards=4).enqueue_many([JobSpec(i) for i in range(20)])
+    lowered = Queue("legacy", client=valkey, shards=2)
+    assert len(drain(lowered)) == 20
+    assert lowered.settle() is None and lowered.claim_shards() == 4
+    assert lowered.layout().status(3) == "draining"
+
+
 def test_new_shards_of_a_paused_queue_start_paused(valkey: Any) -> None:
     queue = Queue("quiet", client=valkey)
     queue.pause()

@@ -397,7 +397,8 @@ class Worker:
     def _settle(self, queue: Queue) -> None:
         """While a resize settles, one worker every few seconds checks whether it is done."""
         layout = queue.layout()
-        if not layout.settling or not layouts.settle_turn(queue.client, queue.name, SETTLE_EVERY):
+        if not layout.settling or not layouts.one_turn(queue.client, layouts.SETTLE_TURN + queue.name,
+                                                        SETTLE_EVERY):
             return
         done = queue.settle()
         if done is not None:
