@@ -26,6 +26,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from queue import Empty, SimpleQueue
 from typing import Any
 
@@ -117,6 +118,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._waiting_on: set[tuple[str, int]] = set()
         self._next_maintenance = 0.0
+        self._next_fire = 0.0
         self._next_summary = time.monotonic() + config.summary_every
         self._summarised = 0
         self._next_due: float | None = None
@@ -213,6 +215,8 @@ class Worker:
             if now >= self._next_maintenance:
                 self._maintain()
                 self._next_maintenance = now + self.config.maintenance_every
+            if now >= self._next_fire:
+                self._fire_schedule()
             if now >= self._next_summary:
                 self._summary()
                 self._next_summary = now + self.config.summary_every
@@ -387,12 +391,22 @@ class Worker:
                 if wait is not None:
                     next_due = wait if next_due is None else min(next_due, wait)
             queue.reap(shards=self.shard_totals[queue.name])
-        entries = get_config().schedule
-        if entries and not self.config.burst:  # a --burst run drains; it does not start work
-            schedule.fire_due(entries, get_client())
         self._next_due = None if next_due is None else time.monotonic() + next_due
         self._ensure_waiters()
         self._advertise()
+
+    def _fire_schedule(self) -> None:
+        """Enqueue the schedules' due ticks, and wake again just after the next one: an
+        every-second entry must not lose a tick to a maintenance turn that ran late."""
+        entries = get_config().schedule
+        if not entries or self.config.burst:  # a --burst run drains; it does not start work
+            self._next_fire = float("inf")
+            return
+        schedule.fire_due(entries, get_client())
+        now = datetime.now(UTC)
+        ticks = [tick for entry in entries.values() if (tick := entry.next_tick(now)) is not None]
+        until = min(((tick - now).total_seconds() + 0.002 for tick in ticks), default=60.0)
+        self._next_fire = time.monotonic() + min(until, self.config.maintenance_every)
 
     def _settle(self, queue: Queue) -> None:
         """While a resize settles, one worker every few seconds checks whether it is done."""
@@ -425,7 +439,7 @@ class Worker:
     def _idle_wait(self) -> float:
         """Until maintenance, the next scheduled job, or a rate limit's next token."""
         now = time.monotonic()
-        wait = self.config.maintenance_every
+        wait = min(self.config.maintenance_every, max(self._next_fire - now, 0.001))
         if self._next_due is not None:
             wait = min(wait, max(self._next_due - now, 0.001))
         refills = [until for q in self.queues if q.rate_wait
