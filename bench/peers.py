@@ -78,11 +78,16 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 class JobQueuePeer(Peer):
+    """jobqueue with the job as an `async def` handler on the worker's event loop, as BullMQ's
+    runs on Node's (its fastest here); `jq-sync` runs the plain function on runner threads."""
+
     name, bulk = "jobqueue", True
+    handler = "atick"
 
     def enqueue(self, n: int, single: bool) -> float:
-        from benchapp.jobs import tick
+        from benchapp import jobs
 
+        tick = getattr(jobs, self.handler)
         if single:
             return timed(lambda: [tick.enqueue() for _ in range(n)])
         return timed(lambda: tick.enqueue_many([() for _ in range(n)]))
@@ -95,6 +100,10 @@ class JobQueuePeer(Peer):
         return {"one": Config("1 proc, c=32", run(1, 32)),
                 "best": Config("--workers 2, c=16", run(2, 16)),
                 "c1": Config("c=1", run(1, 1))}
+
+
+class JobQueueSyncPeer(JobQueuePeer):
+    name, handler = "jq-sync", "tick"
 
 
 class BullMQPeer(Peer):
@@ -210,7 +219,7 @@ class RQPeer(Peer):
             "--logging_level", "WARNING", "bench"])}
 
 
-PEERS = [JobQueuePeer, BullMQPeer, VTasksPeer, RawPeer, CeleryPeer, DramatiqPeer, HueyPeer, RQPeer]
+PEERS = [JobQueuePeer, JobQueueSyncPeer, BullMQPeer, VTasksPeer, RawPeer, CeleryPeer, DramatiqPeer, HueyPeer, RQPeer]
 
 
 def _cpu(info: dict[str, float]) -> float:
@@ -268,8 +277,9 @@ def latency(peer: Peer, config: Config, samples: int = 200) -> tuple[float, floa
     try:
         time.sleep(3)  # started and idle
         if isinstance(peer, JobQueuePeer):
-            from benchapp.jobs import stamp
+            from benchapp import jobs
 
+            stamp = jobs.astamp if peer.handler == "atick" else jobs.stamp
             send: Callable[[], object] = lambda: stamp.enqueue(time.time())  # noqa: E731
         else:
             send = lambda: client.lpush("raw", repr(time.time()))  # noqa: E731
@@ -302,7 +312,7 @@ def measure(peer: Peer, n: int) -> dict[str, object]:
             out["enqueue_bulk"] = count / seconds
         out[role] = {"label": config.label, **process(peer, config, count)}
         print(f"  {peer.name:<9} {config.label:<18} {out[role]['rate']:>9,.0f} jobs/s", flush=True)  # type: ignore[index]
-    if isinstance(peer, JobQueuePeer | RawPeer):
+    if type(peer) in (JobQueuePeer, RawPeer):
         config = peer.configs().get("c1") or peer.configs()["one"]
         out["latency_ms"] = latency(peer, config)
     return out
@@ -336,12 +346,16 @@ def report(results: dict[str, dict], n: int) -> None:
         value = (_best(r) if r else None) if key == "best" else r.get(key)
         return value["rate"] if isinstance(value, dict) else value
 
-    print(f"\n  jobqueue ÷ {'':<8} {'best':>7} {'1 proc':>7} {'c=1':>7} {'enq 1':>7} {'enq bulk':>8}")
-    for peer in ("bullmq", "vtasks", "raw"):
-        if peer in results:
-            print(f"  {peer:<17} " + " ".join(
-                f"{ratio(get('jobqueue', k), get(peer, k)):>7}"
-                for k in ("best", "one", "c1", "enqueue_single", "enqueue_bulk")))
+    for mine in ("jobqueue", "jq-sync"):
+        if mine not in results:
+            continue
+        print(f"\n  {mine} ÷ {'':<{16 - len(mine)}} {'best':>7} {'1 proc':>7} {'c=1':>7} {'enq 1':>7}"
+              f" {'enq bulk':>8}")
+        for peer in ("bullmq", "vtasks", "raw"):
+            if peer in results:
+                print(f"  {peer:<19} " + " ".join(
+                    f"{ratio(get(mine, k), get(peer, k)):>7}"
+                    for k in ("best", "one", "c1", "enqueue_single", "enqueue_bulk")))
     if "latency_ms" in jq:
         p50, p99 = jq["latency_ms"]
         line = f"\n  latency enqueue → start, idle queue, c=1: jobqueue p50 {p50:.2f} ms, p99 {p99:.2f} ms"

@@ -7,6 +7,7 @@ pending/scheduled → READY, active → RUNNING, succeeded → SUCCESSFUL, dead/
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from django.tasks import Task, TaskResult, TaskResultStatus
@@ -96,16 +97,25 @@ def _task(path: str) -> Task:
 
 
 def handler_for(name: str, lease: Lease) -> JobFunction:
-    """A JobFunction that runs the named Django task (with a TaskContext when it takes one)."""
+    """A JobFunction that runs the named Django task (with a TaskContext when it takes one); an
+    async task's is async, so it runs on the worker's event loop."""
     task = _task(name)
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if task.takes_context:
-            backend = task.get_backend()
-            info = JobInfo(lease.job_id, lease.queue, State.ACTIVE, attempts=lease.token,
-                           payload=lease.payload)
-            result = backend._result(task, info) if isinstance(backend, ValkeyBackend) else None
-            return task.call(TaskContext(task_result=result), *args, **kwargs)  # type: ignore[arg-type]
-        return task.call(*args, **kwargs)
+    def context_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        if not task.takes_context:
+            return args
+        backend = task.get_backend()
+        info = JobInfo(lease.job_id, lease.queue, State.ACTIVE, attempts=lease.token,
+                       payload=lease.payload)
+        result = backend._result(task, info) if isinstance(backend, ValkeyBackend) else None
+        return (TaskContext(task_result=result), *args)  # type: ignore[arg-type]
 
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return task.call(*context_args(args), **kwargs)
+
+    async def arun(*args: Any, **kwargs: Any) -> Any:
+        return await task.acall(*context_args(args), **kwargs)
+
+    if inspect.iscoroutinefunction(task.func):
+        return JobFunction(arun, name, JobOptions(queue=task.queue_name))
     return JobFunction(run, name, JobOptions(queue=task.queue_name))

@@ -64,8 +64,10 @@ def test_django_tasks_run_on_the_worker_with_results(valkey_server: ValkeyProces
     ok = django_tasks.multiply.using(priority=10).enqueue(6, 7)
     bad = django_tasks.explode.enqueue()
     ctx = django_tasks.which_attempt.enqueue()
+    later = django_tasks.add_later.enqueue(2, 3)  # an async task: on the worker's event loop
     assert ok.status == TaskResultStatus.READY and task_backends["default"].supports_get_result
     assert run_burst(valkey_server.url) == 0
+    assert django_tasks.add_later.get_result(later.id).return_value == 5
     ok.refresh()
     assert ok.status == TaskResultStatus.SUCCESSFUL and ok.return_value == 42
     bad = django_tasks.explode.get_result(bad.id)

@@ -253,6 +253,44 @@ def test_the_process_pool_runs_jobs_and_survives_a_crashing_one(valkey_server: V
     assert row.state == "succeeded" and row.result["resumed_from"] == {"step": 1, "attempt": 1}
 
 
+def test_async_handlers_share_one_event_loop_and_run_side_by_side(
+        valkey_server: ValkeyProcess) -> None:
+    refs = jobs.async_sleep.enqueue_many([(1.0,)] * 40)
+    fails = jobs.async_fails.enqueue("boom")
+    retried = jobs.async_fails.enqueue("retry")
+    plain = jobs.add.enqueue(2, 2)  # a plain handler beside them still runs on a thread
+    started = time.monotonic()
+    assert run_burst(valkey_server.url, "--concurrency", "40") == 0
+    results = [Job.objects.get(pk=r.id).result for r in refs]
+    assert time.monotonic() - started < 25  # 40 one-second sleeps at once, not one after another
+    assert max(r["started"] for r in results) - min(r["started"] for r in results) < 1.0
+    assert len({r["thread"] for r in results}) == 1  # one loop thread ran them all
+    assert sorted(r["done"] for r in results) == list(range(1, 41))  # one client, kept
+    dead = Job.objects.get(pk=fails.id)
+    assert dead.state == "dead" and dead.attempts == 2
+    assert "ValueError: async boom on attempt 2" in dead.last_error
+    assert Job.objects.get(pk=retried.id).state == "dead"
+    assert Job.objects.get(pk=plain.id).result == 4
+
+
+def test_a_stopping_worker_lets_async_jobs_finish_or_cancels_and_releases_them(
+        valkey_server: ValkeyProcess) -> None:
+    short = jobs.async_sleep.enqueue(2)
+    worker = start_worker(valkey_server.url)
+    wait_for(lambda: (get_job(short.id) or short).state == "active")  # type: ignore[union-attr]
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(20) == 0
+    assert (info := get_job(short.id)) and info.state == "succeeded" and info.attempts == 1
+    long = jobs.async_sleep.using(max_attempts=1).enqueue(60)
+    worker = start_worker(valkey_server.url)
+    wait_for(lambda: (get_job(long.id) or long).state == "active")  # type: ignore[union-attr]
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    worker.send_signal(signal.SIGTERM)  # the second: release now; the task is cancelled
+    assert worker.wait(10) == 0
+    assert (info := get_job(long.id)) and info.state == "pending" and info.attempts == 1
+
+
 def test_the_worker_runs_on_a_valkey_cluster(valkey_cluster: Any, settings: Any) -> None:
     settings.JOBQUEUE = {"URL": valkey_cluster.url, "QUEUES": {"default": {"shards": 3}}}
     Queue("default").client.flushall(target_nodes="primaries")

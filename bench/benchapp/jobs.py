@@ -21,3 +21,30 @@ def stamp(sent: float) -> None:
 @job
 def noop() -> None:
     """For the soak: nothing at all."""
+
+
+_async_counter = None
+
+
+def async_counter():  # type: ignore[no-untyped-def]
+    """One redis.asyncio client, made on the worker's event loop and kept there."""
+    global _async_counter
+    if _async_counter is None:
+        import redis.asyncio
+
+        from peer_tasks import URL
+
+        _async_counter = redis.asyncio.Redis.from_url(URL, max_connections=1024)
+    return _async_counter
+
+
+@job
+async def atick() -> None:
+    """`tick` as an async handler (redis.asyncio): it runs on the worker's event loop, as
+    BullMQ's job runs on Node's."""
+    await async_counter().incr("bench:done")
+
+
+@job
+async def astamp(sent: float) -> None:
+    await async_counter().rpush("bench:latency", time.time() - sent)

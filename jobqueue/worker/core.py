@@ -269,21 +269,21 @@ class Worker:
                 self._drained_until[queue.name] = now + queue.rate_wait
             elif len(leases) < take:  # every shard tried: skip the queue a moment (see DRAINED)
                 self._drained_until[queue.name] = now + DRAINED
-            for lease in leases:
-                self._submit(lease)
+            self._submit(leases)
             claimed += len(leases)
         for name, items in by_queue.items():  # a queue no longer served
             self._ack(self._queue(name), items)
         return claimed
 
-    def _submit(self, lease: Lease) -> None:
+    def _submit(self, leases: list[Lease]) -> None:
         assert self._runners is not None
         with self._lock:
-            self._running[lease.job_id] = Held(lease)
-            self._held[lease.queue] += 1
+            for lease in leases:
+                self._running[lease.job_id] = Held(lease)
+                self._held[lease.queue] += 1
             if len(self._running) >= self.config.capacity:
                 self._room.clear()
-        self._runners.submit(lease)
+        self._runners.submit(leases)
 
     def _finished_one(self, lease: Lease, outcome: Outcome) -> None:
         """Called by a runner thread: queue the outcome for the main loop to record."""

@@ -1,7 +1,8 @@
 """Running one claimed job: resolve its handler, run it, and say which transition records it.
 
-`execute` never raises: whatever the job does, the worker gets an `Outcome` (the worker never
-dies of a job). It is a module-level function so a process pool can run it too.
+`execute` (and `execute_async`, for an `async def` handler) never raises: whatever the job does,
+the worker gets an `Outcome` (the worker never dies of a job). It is a module-level function so
+a process pool can run it too.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import inspect
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..api import JobFunction, handler_for
 from ..exceptions import JobQueueError, UnknownHandler
@@ -50,38 +51,72 @@ def resolve(lease: Lease) -> tuple[JobFunction, list[Any], dict[str, Any]]:
             payload.get("kwargs", {}))
 
 
-def run(handler: JobFunction, lease: Lease, args: list[Any], kwargs: dict[str, Any]) -> Any:
+Prepared = tuple[JobFunction, list[Any], dict[str, Any]]
+
+
+def prepare(lease: Lease) -> Prepared | Outcome:
+    """The handler and arguments of a claimed job, or the fatal Outcome of a job that can
+    never run (an unknown handler, a corrupt payload)."""
+    try:
+        return resolve(lease)
+    except UnknownHandler as exc:
+        return Outcome(False, error=f"{exc}: the job can never run", fatal=True)
+    except JobQueueError as exc:
+        return Outcome(False, error=str(exc), fatal=True)
+
+
+def is_async(prepared: Prepared | Outcome) -> TypeGuard[Prepared]:
+    """Whether the job runs on the worker's event loop (an `async def` handler)."""
+    return not isinstance(prepared, Outcome) and inspect.iscoroutinefunction(prepared[0].func)
+
+
+def _call_args(prepared: Prepared, lease: Lease) -> tuple[Any, list[Any], dict[str, Any]]:
+    handler, args, kwargs = prepared
     if handler.options.takes_context:
         args = [JobContext(lease), *args]
-    result = handler.func(*args, **kwargs)
-    if inspect.iscoroutine(result):
-        result = asyncio.run(result)
-    return result
+    return handler.func, args, kwargs
 
 
-def execute(lease: Lease) -> Outcome:
+def execute(lease: Lease, prepared: Prepared | Outcome | None = None) -> Outcome:
     """resolve → run → encode; exactly one Outcome, whatever happens."""
     started = time.monotonic()
-
-    def took() -> float:
-        return time.monotonic() - started
-
+    prepared = prepare(lease) if prepared is None else prepared
+    if isinstance(prepared, Outcome):
+        return prepared
     try:
-        handler, args, kwargs = resolve(lease)
-    except UnknownHandler as exc:
-        return Outcome(False, error=f"{exc}: the job can never run", fatal=True, duration=took())
-    except JobQueueError as exc:
-        return Outcome(False, error=str(exc), fatal=True, duration=took())
+        func, args, kwargs = _call_args(prepared, lease)
+        result = func(*args, **kwargs)
+        if inspect.iscoroutine(result):  # a coroutine outside the event loop (process mode)
+            result = asyncio.run(result)
+    except Exception as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
+        return _failed(exc, started)
+    return _succeeded(result, started)
+
+
+async def execute_async(lease: Lease, prepared: Prepared) -> Outcome:
+    """`execute` for an `async def` handler, awaited on the worker's event loop."""
+    started = time.monotonic()
     try:
-        result = run(handler, lease, args, kwargs)
-    except RetryLater as exc:
-        return Outcome(False, error=str(exc), retry_in=exc.retry_in, duration=took())
-    except JobCancelled as exc:  # the row's cancel flag makes the nack record it cancelled
-        return Outcome(False, error=str(exc), fatal=True, duration=took())
-    except Exception:  # noqa: BLE001 - whatever a handler raises is its job's failure
-        return Outcome(False, error=traceback.format_exc(limit=20)[-8000:], duration=took())
+        func, args, kwargs = _call_args(prepared, lease)
+        result = await func(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
+        return _failed(exc, started)
+    return _succeeded(result, started)
+
+
+def _failed(exc: Exception, started: float) -> Outcome:
+    took = time.monotonic() - started
+    if isinstance(exc, RetryLater):
+        return Outcome(False, error=str(exc), retry_in=exc.retry_in, duration=took)
+    if isinstance(exc, JobCancelled):  # the row's cancel flag makes the nack record it cancelled
+        return Outcome(False, error=str(exc), fatal=True, duration=took)
+    error = "".join(traceback.format_exception(exc, limit=20))[-8000:]
+    return Outcome(False, error=error, duration=took)
+
+
+def _succeeded(result: Any, started: float) -> Outcome:
     try:
         encoded = dumps(result, "result")
     except JobQueueError as exc:
-        return Outcome(False, error=str(exc), fatal=True, duration=took())
-    return Outcome(True, result=encoded, duration=took())
+        return Outcome(False, error=str(exc), fatal=True, duration=time.monotonic() - started)
+    return Outcome(True, result=encoded, duration=time.monotonic() - started)

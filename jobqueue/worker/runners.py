@@ -1,14 +1,21 @@
-"""The threads that run claimed jobs: a lean pool, one hand-off per job in and one out.
+"""What runs claimed jobs: a lean thread pool for plain handlers, one event loop for `async def`
+ones.
 
 `concurrent.futures` would cost a Future, a lock, a callback and a queue hop per job — more than
-a short job itself. Here N runner threads take leases from one inbox and hand each outcome to
+a short job itself. Here N runner threads take jobs from one inbox and hand each outcome to
 `done(lease, outcome)`. Jobs not yet started can be taken back (a stopping worker releases
 them). With `processes=True` each runner hands its job to a process pool and waits for it, so
 CPU-bound handlers use every core while the worker's own bookkeeping stays in threads.
+
+An `async def` handler's jobs run as tasks on one asyncio loop in its own thread (started with
+the first such job), many at once without a thread each; the worker's concurrency bounds them
+all the same. A loop that outlives a job lets the handler keep async clients (redis.asyncio,
+httpx, asyncpg pools) between jobs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -20,59 +27,78 @@ from queue import Empty, SimpleQueue
 from .. import signals
 from ..records import Lease
 from ..store import Queue
-from .executor import Outcome, execute
+from .executor import Outcome, Prepared, execute, execute_async, is_async, prepare
 
 log = logging.getLogger("jobqueue.worker")
 Done = Callable[[Lease, Outcome], None]
+Job = tuple[Lease, Prepared | Outcome | None]
 
 
 class Runners:
-    """N threads running leases from an inbox (or through a process pool) until stopped."""
+    """N threads running jobs from an inbox (or through a process pool), and an event loop
+    for `async def` handlers, until stopped."""
 
     def __init__(self, count: int, done: Done, *, processes: bool = False) -> None:
-        self._inbox: SimpleQueue[Lease | None] = SimpleQueue()
+        self._inbox: SimpleQueue[Job | None] = SimpleQueue()
         self._done = done
         self._count = count
         self._pool: ProcessPoolExecutor | None = _process_pool(count) if processes else None
         self._pool_lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._loop, name=f"jobqueue-job-{i}", daemon=True)
-                         for i in range(count)]
+        self._loop: EventLoop | None = None
+        self._threads = [threading.Thread(target=self._loop_thread, name=f"jobqueue-job-{i}",
+                                          daemon=True) for i in range(count)]
         for thread in self._threads:
             thread.start()
 
-    def submit(self, lease: Lease) -> None:
-        self._inbox.put(lease)
+    def submit(self, leases: list[Lease]) -> None:
+        """Start claimed jobs: async ones on the event loop, the others on the threads (a
+        process pool resolves its jobs itself: what a handler is cannot cross processes)."""
+        on_loop: list[tuple[Lease, Prepared]] = []
+        for lease in leases:
+            prepared = None if self._pool is not None else prepare(lease)
+            if prepared is not None and is_async(prepared):
+                on_loop.append((lease, prepared))
+            else:
+                self._inbox.put((lease, prepared))
+        if on_loop:
+            if self._loop is None:
+                self._loop = EventLoop(self._done)
+            self._loop.submit(on_loop)
 
     def take_unstarted(self) -> list[Lease]:
         """Leases no runner has picked up yet, taken back (the stopping worker releases them)."""
         taken: list[Lease] = []
         while True:
             try:
-                lease = self._inbox.get_nowait()
+                job = self._inbox.get_nowait()
             except Empty:
                 return taken
-            if lease is not None:
-                taken.append(lease)
+            if job is not None:
+                taken.append(job[0])
 
     def stop(self, wait: bool) -> None:
-        """Let each runner finish its job and exit; wait for them unless told not to."""
+        """Let each runner finish its job and exit; wait for them unless told not to (then
+        async jobs are cancelled at their next await)."""
         for _ in self._threads:
             self._inbox.put(None)
+        if self._loop is not None:
+            self._loop.stop(wait)
         if wait:
             for thread in self._threads:
                 thread.join()
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
 
-    def _loop(self) -> None:
-        while (lease := self._inbox.get()) is not None:
+    def _loop_thread(self) -> None:
+        while (job := self._inbox.get()) is not None:
+            lease, prepared = job
             signals.send(signals.job_started, Queue, lease=lease)
-            self._done(lease, self._run(lease))
+            self._done(lease, self._run(lease, prepared))
 
-    def _run(self, lease: Lease) -> Outcome:
+    def _run(self, lease: Lease, prepared: Prepared | Outcome | None) -> Outcome:
         pool = self._pool
         if pool is None:
-            return execute(lease)
+            return execute(lease, prepared)
         try:
             return pool.submit(execute, lease).result()
         except BrokenProcessPool as exc:
@@ -89,6 +115,43 @@ class Runners:
                 log.warning("process pool broken by a job that died; starting a new pool")
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = _process_pool(self._count)
+
+
+class EventLoop:
+    """One asyncio loop in its own thread; each job a task on it."""
+
+    def __init__(self, done: Done) -> None:
+        self._done = done
+        self._loop = asyncio.new_event_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="jobqueue-asyncio",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, jobs: list[tuple[Lease, Prepared]]) -> None:
+        self._loop.call_soon_threadsafe(self._start, jobs)  # one wake-up for the whole batch
+
+    def _start(self, jobs: list[tuple[Lease, Prepared]]) -> None:
+        for lease, prepared in jobs:
+            task = self._loop.create_task(self._run(lease, prepared))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, lease: Lease, prepared: Prepared) -> None:
+        signals.send(signals.job_started, Queue, lease=lease)
+        self._done(lease, await execute_async(lease, prepared))
+
+    def stop(self, wait: bool) -> None:
+        async def finish() -> None:
+            if not wait:
+                for task in self._tasks:
+                    task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(finish(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
 
 def _process_pool(count: int) -> ProcessPoolExecutor:

@@ -16,3 +16,11 @@ def explode() -> None:
 @task(takes_context=True)
 def which_attempt(context: TaskContext) -> int:
     return context.attempt
+
+
+@task
+async def add_later(x: int, y: int) -> int:
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return x + y

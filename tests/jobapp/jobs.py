@@ -73,6 +73,38 @@ def touch(path: str) -> None:
     Path(path).touch()
 
 
+_client: Any = None  # one redis.asyncio client for every async job: it lives on the worker's loop
+
+
+async def _shared_client() -> Any:
+    global _client
+    if _client is None:
+        import redis.asyncio
+
+        _client = redis.asyncio.Redis.from_url(os.environ["VALKEY_URL"])
+    return _client
+
+
+@job
+async def async_sleep(seconds: float) -> dict[str, Any]:
+    """Sleeps on the worker's event loop, then counts itself through a client kept between jobs
+    (a client made on one loop fails on another: each job on a loop of its own would break it)."""
+    import asyncio
+    import threading
+
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    done = await (await _shared_client()).incr("test:async-done")
+    return {"thread": threading.get_ident(), "done": done, "started": started}
+
+
+@job(takes_context=True, max_attempts=2, backoff=0)
+async def async_fails(ctx: JobContext, how: str) -> None:
+    if how == "retry":
+        raise RetryLater("async, not yet", retry_in=0)
+    raise ValueError(f"async {how} on attempt {ctx.attempt}")
+
+
 from . import celery_tasks, django_tasks  # noqa: E402,F401 - the worker registers these too
 
 
