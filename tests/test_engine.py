@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from jobqueue import conf, keys, scripts
+from jobqueue import conf, keys, scripts, store
 from jobqueue.exceptions import (
     InvalidJobId,
     InvalidName,
@@ -375,6 +377,41 @@ def test_shrinking_drains_the_retired_shards(valkey: Any) -> None:
     while batch := small.dequeue(count=50, worker="w", shards=total):
         got += batch
     assert len(got) == 40
+
+
+# -- the client's short path for script calls ------------------------------------------------
+
+def test_script_calls_borrow_a_bounded_share_of_the_pool_and_survive_a_dropped_connection(
+        valkey_server: Any) -> None:
+    import redis
+
+    client = redis.Redis.from_url(valkey_server.url + "?max_connections=12", **conf.CLIENT_OPTIONS)
+    queue = Queue("default", client=client)
+    with ThreadPoolExecutor(8) as pool:  # 8 callers at once: 3 borrow, the others use the pool
+        refs = [r for rs in pool.map(lambda i: queue.enqueue_many([JobSpec(i)] * 20), range(60))
+                for r in rs]
+    assert len({r.id for r in refs}) == 1200 and queue.counts()["pending"] == 1200
+    borrowed = store._Borrowed.of(client)
+    assert borrowed.room == 0 and len(borrowed.idle) == 3  # a quarter of 12, kept for later calls
+    assert client.ping()  # other commands still find a connection
+    client.connection_pool.disconnect()  # e.g. a restart: the borrowed ones are closed too
+    assert queue.enqueue("after").created and queue.counts()["pending"] == 1201
+    client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "no")  # server side
+    assert queue.enqueue("after a kill").created and queue.counts()["pending"] == 1202
+
+
+def test_a_forked_child_never_shares_its_parents_connections(valkey_server: Any) -> None:
+    queue = Queue("default")
+    queue.enqueue("parent")  # the parent holds a borrowed connection now
+    child = os.fork()
+    if child == 0:  # the child's script calls, with the parent's going on at the same time
+        try:
+            ok = all(Queue("default").enqueue(f"child {i}").created for i in range(300))
+        finally:
+            os._exit(0 if ok else 1)
+    mine = [queue.enqueue(f"parent {i}") for i in range(300)]
+    assert os.waitpid(child, 0)[1] == 0
+    assert all(r.created for r in mine) and queue.counts()["pending"] == 601
 
 
 # -- bad input --------------------------------------------------------------------------------
