@@ -219,7 +219,8 @@ class RQPeer(Peer):
             "--logging_level", "WARNING", "bench"])}
 
 
-PEERS = [JobQueuePeer, JobQueueSyncPeer, BullMQPeer, VTasksPeer, RawPeer, CeleryPeer, DramatiqPeer, HueyPeer, RQPeer]
+PEERS = [JobQueuePeer, JobQueueSyncPeer, BullMQPeer, VTasksPeer, RawPeer, CeleryPeer, DramatiqPeer,
+         HueyPeer, RQPeer]
 
 
 def _cpu(info: dict[str, float]) -> float:

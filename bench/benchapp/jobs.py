@@ -31,7 +31,6 @@ def async_counter():  # type: ignore[no-untyped-def]
     global _async_counter
     if _async_counter is None:
         import redis.asyncio
-
         from peer_tasks import URL
 
         _async_counter = redis.asyncio.Redis.from_url(URL, max_connections=1024)
