@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import ids
 from .states import State
@@ -85,9 +85,9 @@ class JobRef:
     """False when a unique_key (or the caller's id) matched a live job: `id` is that job's."""
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A claimed job: whoever holds it may ack, nack, extend or checkpoint it with `token`."""
+class Lease(NamedTuple):
+    """A claimed job: whoever holds it may ack, nack, extend or checkpoint it with `token`. A
+    named tuple: the worker makes one per claimed job, and a frozen dataclass costs 3× as much."""
 
     job_id: str
     token: int

@@ -47,3 +47,8 @@ async def atick() -> None:
 @job
 async def astamp(sent: float) -> None:
     await async_counter().rpush("bench:latency", time.time() - sent)
+
+
+@job
+async def anoop() -> None:
+    """For profiling the worker alone: an async job that does nothing."""
