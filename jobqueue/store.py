@@ -109,6 +109,33 @@ def _call(client: Any, command: tuple[Any, ...]) -> Any:
     return reply
 
 
+def _call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any] | None:
+    """`_call` for several commands sent at once: their replies in order, an error reply as
+    its exception; None when no connection could be borrowed or it broke (send them again)."""
+    held = _Borrowed.of(client)
+    conn = held.take()
+    if conn is None:
+        return None
+    replies: list[Any] = []
+    try:
+        conn.send_packed_command([PACK(c) for c in commands] if PACK else conn.pack_commands(commands))
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except (ValkeyConnectionError, ValkeyTimeoutError):
+        conn.disconnect()
+        held.idle.append(conn)
+        return None
+    except BaseException:
+        conn.disconnect()
+        held.idle.append(conn)
+        raise
+    held.idle.append(conn)
+    return replies
+
+
 @cache
 def _claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
     """The claim script's rate limit (each shard's share of N, the period) and lane weights (how
@@ -166,10 +193,19 @@ class Queue:
             return [self._run(name, shard, args) for args in calls]
         keys = scripts.keys_for(name, shard)
         script = scripts.script(self.client, name)
-        pipe = self.client.pipeline(transaction=False)
-        for args in calls:
-            script(keys=keys, args=args, client=pipe)
-        return list(pipe.execute())
+        replies = _call_many(self.client, [("EVALSHA", script.sha, len(keys), *keys, *args)
+                                           for args in calls])
+        if replies is None:  # every borrowed connection busy, or this one broke: a pipeline
+            pipe = self.client.pipeline(transaction=False)
+            for args in calls:
+                script(keys=keys, args=args, client=pipe)
+            return list(pipe.execute())
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # loads the script, then calls it again
+                replies[i] = self._run(name, shard, calls[i])
+            elif isinstance(reply, ResponseError):
+                raise reply
+        return replies
 
     def _run_replicated(self, shard: ShardKeys, calls: list[list[Any]]) -> tuple[list[Any], int]:
         """Enqueue calls then `WAIT` on the same connection (WAIT counts the replicas holding

@@ -404,6 +404,16 @@ def test_script_calls_borrow_a_bounded_share_of_the_pool_and_survive_a_dropped_c
     assert queue.enqueue("after a kill").created and queue.counts()["pending"] == 1202
 
 
+def test_calls_go_on_after_valkey_forgets_its_scripts(queue: Queue, valkey: Any) -> None:
+    queue.enqueue("loaded")
+    valkey.script_flush()  # on a cluster: every primary
+    assert not any(valkey.script_exists(scripts.script(valkey, "enqueue").sha))
+    refs = queue.enqueue_many([JobSpec(i) for i in range(1200)])  # chunks sent together
+    assert len({r.id for r in refs}) == 1200 and queue.counts()["pending"] == 1201
+    valkey.script_flush()
+    assert len(claim_all(queue, 2000)) == 1201
+
+
 FORK = """
 import os, django
 django.setup()
