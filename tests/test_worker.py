@@ -20,7 +20,7 @@ from jobqueue.models import Job
 from tests.jobapp import jobs
 
 from .servers import MariaDBProcess, ValkeyProcess
-from .workers import ROOT, run_burst, start_worker, wait_for
+from .workers import ROOT, database_url, run_burst, start_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -251,6 +251,35 @@ def test_the_process_pool_runs_jobs_and_survives_a_crashing_one(valkey_server: V
     assert {Job.objects.get(pk=r.id).result for r in refs} == {i + 1 for i in range(20)}
     row = Job.objects.get(pk=crash.id)
     assert row.state == "succeeded" and row.result["resumed_from"] == {"step": 1, "attempt": 1}
+
+
+@pytest.mark.parametrize("kept", ["", "?conn_max_age=600&conn_health_checks=true"],
+                         ids=["closed-after-each-job", "kept-with-health-checks"])
+def test_a_job_after_its_database_connection_died_still_runs(valkey_server: ValkeyProcess,
+                                                              kept: str) -> None:
+    """Each job gets a usable connection, as each request does: closed after the job, or kept
+    (CONN_MAX_AGE) and checked before the next, so a connection the server dropped while the
+    worker idled (wait_timeout, a restart) does not fail the next job."""
+    from django.db import OperationalError, connection
+
+    if connection.vendor != "mysql":
+        pytest.skip("needs MariaDB")
+    worker = start_worker(valkey_server.url, "--concurrency", "1", db_url=database_url() + kept)
+    try:
+        first = jobs.database_session.enqueue()
+        wait_for(lambda: (get_job(first.id) or first).state == "succeeded")  # type: ignore[union-attr]
+        session = get_job(first.id).result  # type: ignore[union-attr]
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"KILL {int(session)}")  # as the server's wait_timeout would
+        except OperationalError:  # 1094: already closed after its job
+            assert not kept
+        second = jobs.database_session.enqueue()
+        wait_for(lambda: (get_job(second.id) or second).state in ("succeeded", "dead"))  # type: ignore[union-attr]
+        assert get_job(second.id).state == "succeeded"  # type: ignore[union-attr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
 
 
 def test_async_handlers_share_one_event_loop_and_run_side_by_side(

@@ -24,6 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from queue import Empty, SimpleQueue
 
+from django.db import close_old_connections
+
 from .. import signals
 from ..records import Lease
 from ..store import Queue
@@ -93,7 +95,12 @@ class Runners:
         while (job := self._inbox.get()) is not None:
             lease, prepared = job
             signals.send(signals.job_started, Queue, lease=lease)
-            self._done(lease, self._run(lease, prepared))
+            outcome = self._run(lease, prepared)
+            # A job ends like a request: its thread's database connection is closed unless
+            # CONN_MAX_AGE keeps it, and a kept one is health-checked (CONN_HEALTH_CHECKS) by
+            # the next job's first query, so one the server dropped meanwhile is replaced.
+            close_old_connections()
+            self._done(lease, outcome)
 
     def _run(self, lease: Lease, prepared: Prepared | Outcome | None) -> Outcome:
         pool = self._pool

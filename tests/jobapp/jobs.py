@@ -73,6 +73,16 @@ def touch(path: str) -> None:
     Path(path).touch()
 
 
+@job(max_attempts=1)
+def database_session() -> int:
+    """The database's id for the connection this job used (MariaDB's CONNECTION_ID)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()" if connection.vendor == "mysql" else "SELECT 1")
+        return int(cursor.fetchone()[0])
+
+
 _client: Any = None  # one redis.asyncio client for every async job: it lives on the worker's loop
 
 
