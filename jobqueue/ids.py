@@ -32,12 +32,18 @@ def encode(namespace: str, snowflake: int) -> str:
     return namespace + _base62(snowflake)
 
 
+_PAIRS = [a + b for a in ALPHABET for b in ALPHABET]
+"""Every two-digit base62 string, in order: an id's digits come two at a time."""
+
+
 def _base62(value: int) -> str:
     """11 base62 digits, most significant first (the caller has checked the range)."""
-    digits = [""] * WIDTH
-    for i in range(WIDTH - 1, -1, -1):
-        value, digits[i] = value // 62, ALPHABET[value % 62]
-    return "".join(digits)
+    value, d5 = divmod(value, 3844)
+    value, d4 = divmod(value, 3844)
+    value, d3 = divmod(value, 3844)
+    value, d2 = divmod(value, 3844)
+    value, d1 = divmod(value, 3844)
+    return ALPHABET[value] + _PAIRS[d1] + _PAIRS[d2] + _PAIRS[d3] + _PAIRS[d4] + _PAIRS[d5]
 
 
 def decode(branded: str) -> tuple[str, int]:
@@ -120,6 +126,9 @@ def _default_node() -> int:
 
 def _process_minter() -> Minter:
     global _minter
+    minter = _minter
+    if minter is not None and minter.pid == os.getpid():
+        return minter
     with _minter_lock:
         # A forked child must not share its parent's node and sequence.
         if _minter is None or _minter.pid != os.getpid():
