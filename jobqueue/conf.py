@@ -224,6 +224,22 @@ def normalise_url(url: str) -> tuple[str, bool]:
     return urlunsplit((scheme, parts.netloc, parts.path, rest, parts.fragment)), cluster
 
 
+def seed_nodes(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """A cluster URL may name several nodes (`redis://h1:7000,h2:7001/0?cluster=true`), so a
+    process can start while one of them is down: the URL with the first node only, and the
+    others as (host, port)."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    first, *others = hosts.split(",")
+    nodes = []
+    for node in others:
+        host, _, port = node.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(f"Valkey URL: {node!r} is not host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    return urlunsplit(parts._replace(netloc=userinfo + at + first)), nodes
+
+
 CLIENT_OPTIONS: dict[str, Any] = {"decode_responses": True, "encoding_errors": "surrogateescape"}
 """Replies are text; bytes that are not UTF-8 (a corrupt row) arrive as lone surrogates instead
 of raising, and `records.text` shows them and names the field."""
@@ -237,14 +253,22 @@ def client_for_url(url: str) -> Any:
     with _clients_lock:
         if url not in _clients:
             import redis
-            from redis.cluster import RedisCluster
+            from redis.cluster import ClusterNode, RedisCluster
+            from redis.exceptions import RedisClusterException
 
             plain, cluster = normalise_url(url)
+            plain, seeds = seed_nodes(plain)
+            if seeds and not cluster:
+                raise ConfigurationError("a Valkey URL names several nodes only with ?cluster=true")
             # A black-holed host fails in 5 s instead of hanging (a URL's own option wins).
             opts: dict[str, Any] = {**CLIENT_OPTIONS, "health_check_interval": 30,
                                     "socket_connect_timeout": 5}
             if cluster:
-                _clients[url] = RedisCluster.from_url(plain, **opts)
+                others = [ClusterNode(host, port) for host, port in seeds]
+                try:
+                    _clients[url] = RedisCluster.from_url(plain, startup_nodes=others, **opts)
+                except RedisClusterException as exc:  # no seed node answered: Valkey is down
+                    raise redis.ConnectionError(str(exc)) from None
             else:
                 _clients[url] = redis.Redis.from_url(plain, socket_keepalive=True, **opts)
         return _clients[url]

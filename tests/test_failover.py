@@ -14,7 +14,7 @@ from jobqueue.models import Job
 from tests.jobapp import jobs
 
 from .servers import ValkeyCluster
-from .workers import start_worker, wait_for
+from .workers import manage, start_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -53,6 +53,20 @@ def test_a_worker_rides_out_a_primary_failing_over_to_its_replica(settings: Any)
         if worker is not None:
             worker.terminate()
             worker.wait(30)
+        cluster.cleanup()
+
+
+def test_a_process_started_while_a_seed_node_is_down_finds_the_cluster_through_another() -> None:
+    cluster = ValkeyCluster(size=3, replicas=1, node_timeout_ms=1000).start()
+    try:
+        others = ",".join(f"127.0.0.1:{node.port}" for node in cluster.nodes[1:3])
+        several = cluster.url.replace("/0?", f",{others}/0?")
+        assert manage("jobqueue", "stats", url=several).returncode == 0
+        cluster.kill_primary(0)  # the first node of both URLs
+        alone = manage("jobqueue", "stats", url=cluster.url)
+        assert alone.returncode == 1 and len(alone.stderr.strip().splitlines()) == 1
+        assert manage("jobqueue", "stats", url=several).returncode == 0
+    finally:
         cluster.cleanup()
 
 

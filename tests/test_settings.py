@@ -24,6 +24,16 @@ def test_url_forms(url: str, expected: tuple[str, bool]) -> None:
     assert conf.normalise_url(url) == expected
 
 
+def test_a_cluster_url_may_name_several_seed_nodes() -> None:
+    assert conf.seed_nodes("redis://u:pw@h1:1,h2:2,[::1]:3/0?socket_timeout=5") == (
+        "redis://u:pw@h1:1/0?socket_timeout=5", [("h2", 2), ("::1", 3)])
+    assert conf.seed_nodes("redis://h1:1/0") == ("redis://h1:1/0", [])
+    with pytest.raises(ConfigurationError, match="not host:port"):
+        conf.seed_nodes("redis://h1:1,h2/0")
+    with pytest.raises(ConfigurationError, match="only with \\?cluster=true"):
+        conf.client_for_url("redis://127.0.0.1:1,127.0.0.1:2/0")
+
+
 def test_unknown_url_scheme_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="scheme"):
         conf.normalise_url("http://h:1/0")
