@@ -6,21 +6,18 @@ Everything above this module (the `@job` API, the worker, the mirror, the admin,
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
 from typing import Any
-from weakref import WeakKeyDictionary
 
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
-from . import ids, scripts, signals
+from . import ids, scripts, signals, wire
 from . import layout as layouts
 from .conf import QueueOptions, get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError, NotReplicated
@@ -30,110 +27,12 @@ from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, 
 from .spec import rate as spec_rate
 from .spec import seconds as _seconds
 
-PACK: Callable[[tuple[Any, ...]], bytes] | None
-try:
-    from hiredis import pack_command as PACK
-except ImportError:  # hiredis is optional: redis-py packs commands itself then
-    PACK = None
-
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
 ENQUEUE_CHUNK = 500
 WAIT_MS = 1000
 """How long an enqueue of a `wait_replicas` queue waits for its replicas."""
 LIVE_STATES = ("pending", "scheduled", "active")
-
-
-class _Borrowed:
-    """Connections a standalone client's script calls take from its pool once and then pass
-    among themselves (a list's pop and append are atomic). Going through redis-py's pool and
-    `execute_command` each time costs ~25 µs of client time a call (locks, telemetry, a
-    readiness poll, retry wrappers, packing each argument in Python), as much as the rest of an
-    enqueue's Python. At most a quarter of the pool's connections (and no more than 8) are
-    borrowed, so other commands always find one; calls beyond that take the usual path. The
-    connections stay the pool's: its disconnect closes them too, and they reconnect on their
-    next command. A forked child starts with none."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool, self.pid = pool, os.getpid()
-        self.idle: list[Any] = []
-        self.room = min(8, pool.max_connections // 4)
-        self.lock = threading.Lock()
-
-    @classmethod
-    def of(cls, client: Any) -> _Borrowed:
-        pool = client.connection_pool
-        held = _BORROWED.get(pool)
-        if held is None or held.pid != os.getpid():
-            held = _BORROWED[pool] = cls(pool)
-        return held
-
-    def take(self) -> Any:
-        """An idle borrowed connection, a newly borrowed one, or None when all are busy."""
-        try:
-            return self.idle.pop()
-        except IndexError:
-            with self.lock:
-                if self.room <= 0:
-                    return None
-                self.room -= 1
-            return self.pool.get_connection()
-
-
-_BORROWED: WeakKeyDictionary[Any, _Borrowed] = WeakKeyDictionary()
-
-
-def _call(client: Any, command: tuple[Any, ...]) -> Any:
-    """Send `command` on a borrowed connection and read its reply. A broken connection (Valkey
-    restarted) is closed and the call goes again through `execute_command`, with redis-py's
-    reconnect and retries; an interrupted one is closed, so no reply is left unread on it."""
-    held = _Borrowed.of(client)
-    conn = held.take()
-    if conn is None:
-        return client.execute_command(*command)
-    try:
-        conn.send_packed_command([PACK(command)] if PACK else conn.pack_command(*command))
-        reply = conn.read_response()
-    except ResponseError:  # the whole reply was read: the connection is fine
-        held.idle.append(conn)
-        raise
-    except (ValkeyConnectionError, ValkeyTimeoutError):
-        conn.disconnect()
-        held.idle.append(conn)
-        return client.execute_command(*command)
-    except BaseException:
-        conn.disconnect()
-        held.idle.append(conn)
-        raise
-    held.idle.append(conn)
-    return reply
-
-
-def _call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any] | None:
-    """`_call` for several commands sent at once: their replies in order, an error reply as
-    its exception; None when no connection could be borrowed or it broke (send them again)."""
-    held = _Borrowed.of(client)
-    conn = held.take()
-    if conn is None:
-        return None
-    replies: list[Any] = []
-    try:
-        conn.send_packed_command([PACK(c) for c in commands] if PACK else conn.pack_commands(commands))
-        for _ in commands:
-            try:
-                replies.append(conn.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
-    except (ValkeyConnectionError, ValkeyTimeoutError):
-        conn.disconnect()
-        held.idle.append(conn)
-        return None
-    except BaseException:
-        conn.disconnect()
-        held.idle.append(conn)
-        raise
-    held.idle.append(conn)
-    return replies
 
 
 @cache
@@ -172,8 +71,8 @@ class Queue:
         return ShardKeys(self.name, index)
 
     def _run(self, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
-        """One script call, loading the script on NOSCRIPT (see `_call` for the standalone
-        client's short path)."""
+        """One script call, loading the script on NOSCRIPT (a standalone client's goes the
+        short way: see wire.py)."""
         client = self.client
         keys = scripts.keys_for(name, shard)
         script = scripts.script(client, name)
@@ -181,7 +80,7 @@ class Queue:
         try:
             if isinstance(client, RedisCluster):
                 return client.execute_command(*command)
-            return _call(client, command)
+            return wire.call(client, command)
         except NoScriptError:
             return script(keys=keys, args=list(args))
 
@@ -193,7 +92,7 @@ class Queue:
             return [self._run(name, shard, args) for args in calls]
         keys = scripts.keys_for(name, shard)
         script = scripts.script(self.client, name)
-        replies = _call_many(self.client, [("EVALSHA", script.sha, len(keys), *keys, *args)
+        replies = wire.call_many(self.client, [("EVALSHA", script.sha, len(keys), *keys, *args)
                                            for args in calls])
         if replies is None:  # every borrowed connection busy, or this one broke: a pipeline
             pipe = self.client.pipeline(transaction=False)

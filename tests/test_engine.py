@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jobqueue import conf, keys, scripts, store
+from jobqueue import conf, keys, scripts, wire
 from jobqueue.exceptions import (
     InvalidJobId,
     InvalidName,
@@ -395,7 +395,7 @@ def test_script_calls_borrow_a_bounded_share_of_the_pool_and_survive_a_dropped_c
         refs = [r for rs in pool.map(lambda i: queue.enqueue_many([JobSpec(i)] * 20), range(60))
                 for r in rs]
     assert len({r.id for r in refs}) == 1200 and queue.counts()["pending"] == 1200
-    borrowed = store._Borrowed.of(client)
+    borrowed = wire._Borrowed.of(client)
     assert borrowed.room == 0 and len(borrowed.idle) == 3  # a quarter of 12, kept for later calls
     assert client.ping()  # other commands still find a connection
     client.connection_pool.disconnect()  # e.g. a restart: the borrowed ones are closed too
