@@ -405,7 +405,8 @@ class Worker:
         schedule.fire_due(entries, get_client())
         now = datetime.now(UTC)
         ticks = [tick for entry in entries.values() if (tick := entry.next_tick(now)) is not None]
-        until = min(((tick - now).total_seconds() + 0.002 for tick in ticks), default=60.0)
+        until = min(((tick - now).total_seconds() + 0.002 for tick in ticks),
+                    default=self.config.maintenance_every)
         self._next_fire = time.monotonic() + min(until, self.config.maintenance_every)
 
     def _settle(self, queue: Queue) -> None:
@@ -437,7 +438,8 @@ class Worker:
             "jobs": held})
 
     def _idle_wait(self) -> float:
-        """Until maintenance, the next scheduled job, or a rate limit's next token."""
+        """Until maintenance, the next scheduled job, a schedule's next tick, or a rate limit's
+        next token."""
         now = time.monotonic()
         wait = min(self.config.maintenance_every, max(self._next_fire - now, 0.001))
         if self._next_due is not None:
