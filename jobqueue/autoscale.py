@@ -31,8 +31,7 @@ def check(queue: Queue, limits: AutoShards) -> tuple[int, int] | None:
     counts = queue.counts()
     finished = sum(counts[state] for state in ("succeeded", "dead", "cancelled"))
     backlog = counts["pending"] + counts["scheduled"]
-    raw = client.hget(STATE_KEY, queue.name)
-    state = json.loads(raw) if raw else {}
+    state = _state(client.hget(STATE_KEY, queue.name))
     now = time.time()
     rate = 0.0
     if "at" in state and now > state["at"]:
@@ -54,4 +53,13 @@ def check(queue: Queue, limits: AutoShards) -> tuple[int, int] | None:
     client.hset(STATE_KEY, queue.name, json.dumps(
         {"at": now, "finished": finished, "grow": grow, "shrink": shrink}))
     return (live, target) if target != live else None
+
+
+def _state(raw: str | None) -> dict[str, float]:
+    """The last check's state; a corrupt one starts counting afresh (it must not stop a worker)."""
+    try:
+        state = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return state if isinstance(state, dict) else {}
 

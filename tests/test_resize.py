@@ -3,6 +3,7 @@ lanes keep their order and unique keys their single live job, on one Valkey and 
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from typing import Any
@@ -219,14 +220,25 @@ def test_resizing_under_load_loses_nothing_and_runs_nothing_twice(
         "active", "active", "retired", "retired"]
 
 
+def test_a_corrupt_autoscale_state_starts_counting_afresh(valkey_server: Any, settings: Any) -> None:
+    from jobqueue import autoscale
+    from jobqueue.conf import AutoShards
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"elastic": {"shards": "auto"}}}
+    queue = Queue("elastic")
+    for corrupt in ("not json", "[1, 2]"):
+        queue.client.hset(autoscale.STATE_KEY, "elastic", corrupt)
+        queue.client.delete(autoscale.TURN_KEY + "elastic")
+        assert autoscale.check(queue, AutoShards()) is None  # no error, no resize
+        assert "at" in json.loads(queue.client.hget(autoscale.STATE_KEY, "elastic"))
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_an_automatic_queue_grows_with_a_burst_and_shrinks_when_quiet(valkey_server: Any,
                                                                      settings: Any) -> None:
     """`"shards": "auto"` (max 4): a burst doubles the count twice, the quiet after it halves it
     twice; every job still runs once, and each change is logged, counted and shown."""
-    import json
-
     from django.test import Client
 
     from jobqueue.models import Job
