@@ -117,7 +117,7 @@ def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
     if not durable and (immediate or not get_config().on_commit or not in_transaction):
         return queue.enqueue_many(specs)
     prepared = [prepare(spec, queue.options, get_config().max_payload) for spec in specs]
-    minted = [replace(spec, job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
+    minted = [spec._replace(job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
     if durable:
         outbox.write(queue, prepared)
         transaction.on_commit(lambda: outbox.push(queue, minted))  # now, outside a transaction

@@ -49,6 +49,14 @@ class QueueOptions:
     """(lane, w): the lane gets w turns per round of the ring; unnamed lanes weigh 1. Settings
     give a dict; it is kept as sorted pairs so the options stay hashable."""
 
+    def __hash__(self) -> int:
+        """Worked out once: every enqueue's validation looks the options up in a cache."""
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            return value
+
 
 @dataclass(frozen=True)
 class AutoShards:

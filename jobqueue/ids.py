@@ -36,14 +36,24 @@ _PAIRS = [a + b for a in ALPHABET for b in ALPHABET]
 """Every two-digit base62 string, in order: an id's digits come two at a time."""
 
 
+_LOW = 3844 * 3844
+"""The last four digits' range: ids minted in one millisecond share the seven digits above."""
+_high: tuple[int, str] = (-1, "")
+"""The last seven leading digits worked out, and their value (a tuple: swapped atomically)."""
+
+
 def _base62(value: int) -> str:
     """11 base62 digits, most significant first (the caller has checked the range)."""
-    value, d5 = divmod(value, 3844)
-    value, d4 = divmod(value, 3844)
-    value, d3 = divmod(value, 3844)
-    value, d2 = divmod(value, 3844)
-    value, d1 = divmod(value, 3844)
-    return ALPHABET[value] + _PAIRS[d1] + _PAIRS[d2] + _PAIRS[d3] + _PAIRS[d4] + _PAIRS[d5]
+    global _high
+    high, low = divmod(value, _LOW)
+    known = _high
+    if known[0] != high:
+        rest, d3 = divmod(high, 3844)
+        rest, d2 = divmod(rest, 3844)
+        first, d1 = divmod(rest, 3844)
+        known = _high = (high, ALPHABET[first] + _PAIRS[d1] + _PAIRS[d2] + _PAIRS[d3])
+    d4, d5 = divmod(low, 3844)
+    return known[1] + _PAIRS[d4] + _PAIRS[d5]
 
 
 def decode(branded: str) -> tuple[str, int]:
@@ -97,7 +107,6 @@ class Minter:
         if not 0 <= node < (1 << NODE_BITS):
             raise ValueError(f"node must be in 0…1023, got {node}")
         self.node = node
-        self.pid = os.getpid()
         self._lock = threading.Lock()
         self._last_ms = -1
         self._seq = 0
@@ -118,6 +127,15 @@ _minter: Minter | None = None
 _minter_lock = threading.Lock()
 
 
+def _forget_minter() -> None:
+    global _minter
+    _minter = None
+
+
+# A forked child must not share its parent's node and sequence: it mints with a node of its own.
+os.register_at_fork(after_in_child=_forget_minter)
+
+
 def _default_node() -> int:
     """JOBQUEUE_NODE when set, else a random node (enqueue re-mints on the rare collision)."""
     raw = os.environ.get("JOBQUEUE_NODE")
@@ -127,11 +145,10 @@ def _default_node() -> int:
 def _process_minter() -> Minter:
     global _minter
     minter = _minter
-    if minter is not None and minter.pid == os.getpid():
+    if minter is not None:
         return minter
     with _minter_lock:
-        # A forked child must not share its parent's node and sequence.
-        if _minter is None or _minter.pid != os.getpid():
+        if _minter is None:
             _minter = Minter(_default_node())
         return _minter
 

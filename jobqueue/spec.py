@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -30,12 +29,29 @@ MAX_DELAY = 366 * 86_400.0
 _encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
+def _refuse(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The json module's C encoder, made once: `JSONEncoder.encode` makes one per call, which costs
+# more than encoding a small payload. Without its circular-reference check, a cycle ends in
+# RecursionError (as does nesting too deep for either).
+_make = getattr(json.encoder, "c_make_encoder", None)  # None where CPython's C part is missing
+_c_encoder = _make and _make(None, _refuse, json.encoder.encode_basestring_ascii, None, ":", ",",
+                             False, False, False)
+
+
 def dumps(value: Any, what: str) -> str:
     """Compact JSON, or InvalidPayload naming what could not be encoded (never pickle)."""
     try:
+        if _c_encoder is not None:
+            return "".join(_c_encoder(value, 0))
         return _encoder.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise InvalidPayload(f"{what} is not JSON-serialisable: it refers to itself, or nests "
+                             f"too deep") from None
 
 
 def validate_priority(priority: object) -> int:
@@ -123,9 +139,9 @@ def check_queue_options(options: QueueOptions) -> None:
                             f"{options.lane_weights!r}")
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """One job to enqueue, before validation. `payload` is any JSON value."""
+class JobSpec(NamedTuple):
+    """One job to enqueue, before validation. `payload` is any JSON value. (A named tuple, not
+    a dataclass: a bulk enqueue builds one per job.)"""
 
     payload: Any
     job_id: str | None = None

@@ -84,24 +84,31 @@ class Queue:
         except NoScriptError:
             return script(keys=keys, args=list(args))
 
-    def _run_many(self, name: str, shard: ShardKeys, calls: list[list[Any]]) -> list[Any]:
-        """Several calls of one script on one shard in a single round trip (a pipeline), so the
-        server works through the first while the rest arrive. The cluster client refuses
-        scripts in pipelines, so there the calls go one by one."""
-        if len(calls) == 1 or isinstance(self.client, RedisCluster):
+    def _run_many(self, name: str, shard: ShardKeys, calls: Iterable[list[Any]]) -> list[Any]:
+        """Several calls of one script on one shard in a single round trip (a pipeline). Each
+        call is sent as soon as `calls` yields it, so the server runs one while the next is
+        built. The cluster client refuses scripts in pipelines, so there they go one by one."""
+        if isinstance(self.client, RedisCluster):
             return [self._run(name, shard, args) for args in calls]
         keys = scripts.keys_for(name, shard)
         script = scripts.script(self.client, name)
-        replies = wire.call_many(self.client, [("EVALSHA", script.sha, len(keys), *keys, *args)
-                                           for args in calls])
-        if replies is None:  # every borrowed connection busy, or this one broke: a pipeline
-            pipe = self.client.pipeline(transaction=False)
+        built: list[list[Any]] = []
+
+        def commands() -> Iterator[tuple[Any, ...]]:
             for args in calls:
+                built.append(args)
+                yield ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+        replies = wire.call_many(self.client, commands())
+        if replies is None:  # every borrowed connection busy, or this one broke: a pipeline
+            built.extend(calls)  # (a call sent twice is harmless: its ids are already there)
+            pipe = self.client.pipeline(transaction=False)
+            for args in built:
                 script(keys=keys, args=args, client=pipe)
             return list(pipe.execute())
         for i, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):  # loads the script, then calls it again
-                replies[i] = self._run(name, shard, calls[i])
+                replies[i] = self._run(name, shard, built[i])
             elif isinstance(reply, ResponseError):
                 raise reply
         return replies
@@ -254,18 +261,20 @@ class Queue:
         a draining shard, a lane or key absent from its prior shard) and, for a
         `wait_replicas` queue, how many replicas confirmed the writes."""
         chunks = [positions[s : s + ENQUEUE_CHUNK] for s in range(0, len(positions), ENQUEUE_CHUNK)]
-        calls = []
-        for chunk in chunks:
-            args: list[Any] = [mode, len(chunk)]
-            for i in chunk:
-                args.extend(prepared[i].argv(self.options))
-            calls.append(args)
+
+        def calls() -> Iterator[list[Any]]:  # built one by one: see _run_many
+            for chunk in chunks:
+                args: list[Any] = [mode, len(chunk)]
+                for i in chunk:
+                    args.extend(prepared[i].argv(self.options))
+                yield args
+
         retry: list[int] = []
         acked = self.options.wait_replicas
         if acked:
-            replies, acked = self._run_replicated(self.shard(index), calls)
+            replies, acked = self._run_replicated(self.shard(index), list(calls()))
         else:
-            replies = self._run_many("enqueue", self.shard(index), calls)
+            replies = self._run_many("enqueue", self.shard(index), calls())
         for chunk, reply in zip(chunks, replies, strict=True):
             for n, i in enumerate(chunk):
                 job_id, status = reply[2 * n], reply[2 * n + 1]

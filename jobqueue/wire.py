@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -73,18 +73,23 @@ def call(client: Any, command: tuple[Any, ...]) -> Any:
     return replies[0]
 
 
-def call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any] | None:
-    """Send several commands at once (one round trip): their replies in order, an error reply
-    as its exception; None when no connection could be borrowed or it broke (send them again
-    another way). An interrupted call closes its connection, so no reply is left unread on it."""
+def call_many(client: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any] | None:
+    """Send several commands, then read their replies (one round trip): the replies in order,
+    an error reply as its exception; None when no connection could be borrowed or it broke
+    (send them again another way). Each command goes out as soon as it is built, so the server
+    works on the first while the caller builds the next. An interrupted call closes its
+    connection, so no reply is left unread on it."""
     held = _Borrowed.of(client)
     conn = held.take()
     if conn is None:
         return None
     replies: list[Any] = []
+    sent = 0
     try:
-        conn.send_packed_command([PACK(c) for c in commands] if PACK else conn.pack_commands(commands))
-        for _ in commands:
+        for command in commands:
+            conn.send_packed_command([PACK(command)] if PACK else conn.pack_command(*command))
+            sent += 1
+        for _ in range(sent):
             try:
                 replies.append(conn.read_response())
             except ResponseError as exc:  # the whole reply was read: the connection is fine

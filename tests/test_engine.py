@@ -23,6 +23,7 @@ from jobqueue.exceptions import (
     InvalidTransition,
     JobNotFound,
 )
+from jobqueue.spec import prepare
 from jobqueue.store import JobSpec, Queue
 
 from .workers import ROOT
@@ -414,6 +415,36 @@ def test_calls_go_on_after_valkey_forgets_its_scripts(queue: Queue, valkey: Any)
     assert len(claim_all(queue, 2000)) == 1201
 
 
+def test_a_bulk_enqueue_whose_connection_drops_mid_stream_writes_each_job_once(
+        valkey_server: Any) -> None:
+    import redis
+
+    client = redis.Redis.from_url(valkey_server.url, **conf.CLIENT_OPTIONS)
+    killer = redis.Redis.from_url(valkey_server.url)
+    queue = Queue("default", client=client)
+    queue.enqueue("warm")  # the script is loaded and a connection borrowed
+    jobs = [prepare(JobSpec(i), queue.options) for i in range(1500)]
+
+    def calls() -> Any:  # chunks are sent as they are built: drop the connection after two
+        for start in range(0, 1500, 500):
+            if start == 1000:
+                killer.client_kill_filter(_type="normal", skipme=True)
+            args: list[Any] = ["", 500]
+            for job in jobs[start:start + 500]:
+                args.extend(job.argv(queue.options))
+            yield args
+
+    replies = queue._run_many("enqueue", queue.shard(0), calls())
+    # Sent again another way: the chunks that had arrived answer 'exists' (the same ids and
+    # payloads), the last 'new'; every job is there once.
+    assert [reply[1::2] for reply in replies] in (
+        [["new"] * 500] * 3, [["exists"] * 500] * 2 + [["new"] * 500],
+        [["exists"] * 500] * 3)
+    assert [reply[0::2] for reply in replies] == [[j.job_id for j in jobs[s:s + 500]]
+                                                 for s in range(0, 1500, 500)]
+    assert queue.counts()["pending"] == 1501
+
+
 FORK = """
 import os, django
 django.setup()
@@ -473,7 +504,17 @@ def test_non_json_payload_is_refused_and_a_bad_batch_writes_nothing(queue: Queue
         queue.enqueue({"when": object()})
     with pytest.raises(InvalidPayload):
         queue.enqueue_many([JobSpec(1), JobSpec(float("nan"))])
+    looped: list[Any] = []
+    looped.append(looped)
+    with pytest.raises(InvalidPayload, match="refers to itself"):
+        queue.enqueue({"a": looped})
+    with pytest.raises(InvalidPayload, match=r"not JSON-serialisable.*keys must be str"):
+        queue.enqueue({(1, 2): "a tuple key"})
     assert queue.counts()["pending"] == 0
+    # What JSON can say is kept as it was sent (a str subclass, non-ASCII text, big integers).
+    sent = {"name": type("Name", (str,), {})("Zoë"), "big": 2**80, "f": 0.1, "nested": [[{}]]}
+    job = queue.dequeue(worker="w") if queue.enqueue(sent) else []
+    assert job[0].payload == {"name": "Zoë", "big": 2**80, "f": 0.1, "nested": [[{}]]}
 
 
 def test_malformed_ids_are_refused_by_operator_calls(queue: Queue) -> None:

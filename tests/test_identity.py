@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -70,3 +73,45 @@ def test_new_id_is_a_job_id_and_non_job_ids_are_refused() -> None:
         ids.validate_job_id("USR0KHTOWnGLuC")
     with pytest.raises(InvalidJobId):
         ids.validate_job_id(None)
+
+
+def _digits(value: int) -> str:
+    """Base62 the slow way: the reference the minter's shortcut must match."""
+    out = ""
+    for _ in range(ids.WIDTH):
+        value, digit = divmod(value, 62)
+        out = ids.ALPHABET[digit] + out
+    return out
+
+
+def test_encoding_matches_plain_base62_whatever_came_before() -> None:
+    # The encoder keeps the seven leading digits of the last id: values that share them, values
+    # that do not, and going back to earlier ones must all come out right.
+    rng = random.Random(7)
+    values = [0, ids.MAX_SNOWFLAKE, ids._LOW - 1, ids._LOW, ids._LOW + 1]
+    for _ in range(2000):
+        base = rng.randrange(ids.MAX_SNOWFLAKE)
+        values += [base, min(base + rng.randrange(5000), ids.MAX_SNOWFLAKE), rng.choice(values)]
+    for value in values:
+        assert ids.encode("JOB", value) == "JOB" + _digits(value)
+        assert ids.decode(ids.encode("JOB", value))[1] == value
+
+
+FORK = """
+import os
+from jobqueue import ids
+parent = ids._process_minter()
+ids.new_id()
+child = os.fork()  # as a preloading server (gunicorn --preload) forks its workers
+if child == 0:  # the child starts afresh: a node and a sequence of its own
+    os._exit(0 if ids._minter is None and ids._process_minter() is not parent else 1)
+assert os.waitpid(child, 0)[1] == 0 and ids._process_minter() is parent
+"""
+
+
+def test_a_forked_child_mints_with_a_minter_of_its_own() -> None:
+    # In a fresh interpreter: forking this multi-threaded test process could deadlock.
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", FORK], cwd=root, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -24,6 +24,7 @@ local base, ring, schedule, wake, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEY
 local prior, n = ARGV[1] == 'prior', tonumber(ARGV[2])
 local now = now_ms()
 local out, ready = {}, 0
+local filled = {}  -- lanes this call already put on the ring (or found there)
 if not prior and redis.call('HEXISTS', meta, 'draining') == 1 then
   for i = 0, n - 1 do out[#out + 1] = ARGV[3 + i * 10]; out[#out + 1] = 'moved' end
   return out
@@ -67,7 +68,13 @@ for i = 0, n - 1 do
     if delay > 0 then
       redis.call('ZADD', schedule, now + delay, id)
     else
-      lane_push(base, ring, id, ARGV[o + 3], tonumber(ARGV[o + 2]))
+      local lane = ARGV[o + 3]
+      if filled[lane] then  -- the lane holds work and is on the ring: no need to look again
+        redis.call('ZADD', lane_key(base, lane), -tonumber(ARGV[o + 2]), id)
+      else
+        lane_push(base, ring, id, lane, tonumber(ARGV[o + 2]))
+        filled[lane] = true
+      end
       ready = ready + 1
     end
     out[#out + 1] = id; out[#out + 1] = 'new'
