@@ -480,3 +480,20 @@ def test_a_busy_worker_still_serves_a_queue_it_found_empty_moments_ago(
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
+
+
+def test_a_success_that_no_claim_carries_is_recorded_at_once(valkey_server: ValkeyProcess) -> None:
+    # Successes wait a few ms for the next claim to carry their acks. With every slot held by
+    # long jobs no claim comes: the short job must be recorded anyway, not when the others end.
+    quick = jobs.add.using(priority=10).enqueue(1, 1)
+    jobs.sleep.enqueue_many([(3,)] * 7)
+    worker = start_worker(valkey_server.url, "--concurrency", "4")  # holds 8: 4 run, 4 wait
+    try:
+        wait_for(lambda: (get_job(quick.id) or quick).state == "succeeded", timeout=2)  # type: ignore[union-attr]
+        assert Queue("default").counts()["active"] == 7  # the long ones still hold their slots
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    counts = Queue("default").counts()
+    # The quick job's runner took a waiting one: 4 long jobs finished, 3 were handed back.
+    assert counts["succeeded"] == 5 and counts["pending"] == 3 and counts["active"] == 0

@@ -53,6 +53,9 @@ arrives first: a busy worker serving many queues then does not make a round trip
 queue per claim (an enqueue wakes an idle worker at once through its shard's wake list)."""
 SETTLE_EVERY = 2.0
 """Seconds between checks of a settling resize (one worker per queue does it)."""
+ACK_WAIT = 0.005
+"""Seconds finished jobs may wait for the next claim to carry their acks: a busy worker whose
+jobs finish one by one then records them in batches, not a script call each."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,12 @@ class Worker:
         self._claim_lock = threading.Lock()
         self._finished: SimpleQueue[tuple[Lease, Outcome]] = SimpleQueue()
         self._unrecorded: list[tuple[Lease, Outcome]] = []
+        self._acks_waiting: list[tuple[Lease, Outcome]] = []
+        """Successes waiting (ACK_WAIT at most) for a claim to carry them."""
+        self._acks_since = 0.0
+        self._batch = max(1, config.capacity // 4)
+        """Room a claim waits for (one claim serves many jobs), and successes that make an ack
+        call of their own."""
         self._tick = threading.Event()
         self._room = threading.Event()
         self._stop_claiming = threading.Event()
@@ -158,7 +167,8 @@ class Worker:
                     continue
                 if self.config.burst and self._burst_done():
                     break
-                self._tick.wait(self._idle_wait())
+                if self._finished.empty():  # (a success queued unannounced: record it now)
+                    self._tick.wait(self._idle_wait())
             self._drain()
         finally:
             self._stop_threads()
@@ -228,20 +238,28 @@ class Worker:
         """Record `successes` and claim what there is room for (the main loop, or a wake waiter
         that just got a token: one lock, so their counts of room never race)."""
         with self._claim_lock:
+            since = self._acks_since if self._acks_waiting else time.monotonic()
+            successes = self._acks_waiting + (successes or [])
+            self._acks_waiting = []
             try:
-                return self._claim_locked(successes or [])
+                return self._claim_locked(successes, since)
             except VALKEY_DOWN:
-                self._unrecorded = (successes or []) + self._unrecorded  # acked once Valkey is back
+                self._unrecorded = successes + self._unrecorded  # acked once Valkey is back
                 raise
 
-    def _claim_locked(self, successes: list[tuple[Lease, Outcome]]) -> int:
+    def _claim_locked(self, successes: list[tuple[Lease, Outcome]], since: float) -> int:
+        room, batch = self.config.capacity - len(self._running), self._batch
         by_queue: dict[str, list[tuple[Lease, Outcome]]] = defaultdict(list)
         for lease, outcome in successes:
             by_queue[lease.queue].append((lease, outcome))
-        room = self.config.capacity - len(self._running)
         if (self._stop_claiming.is_set() or not self.queues or room <= 0
-                or (self._running and room < max(1, self.config.capacity // 4))):
-            # Nothing to claim (a batch's worth must be free: one claim serves many jobs).
+                or (self._running and room < batch)):
+            # Nothing to claim (a batch's worth must be free: one claim serves many jobs). The
+            # successes wait a moment for that claim, unless they make a batch of their own.
+            if (successes and len(successes) < batch and not self._stop_claiming.is_set()
+                    and time.monotonic() - since < ACK_WAIT):
+                self._acks_waiting, self._acks_since = successes, since
+                return 0
             for name, items in by_queue.items():
                 self._ack(self._queue(name), items)
             return 0
@@ -286,9 +304,13 @@ class Worker:
         self._runners.submit(leases)
 
     def _finished_one(self, lease: Lease, outcome: Outcome) -> None:
-        """Called by a runner thread: queue the outcome for the main loop to record."""
+        """Called by a runner thread: queue the outcome for the main loop to record. The loop
+        is woken for a failure, for the first success (its ACK_WAIT starts) and for a batch's
+        worth, not for every job: between those it would only wait again."""
         self._finished.put((lease, outcome))
-        self._tick.set()
+        waiting = self._finished.qsize() + len(self._acks_waiting)
+        if not outcome.ok or waiting <= 1 or waiting >= self._batch:
+            self._tick.set()
 
     def _record(self, defer_acks: bool = False) -> list[tuple[Lease, Outcome]]:
         """Turn finished runs into transitions: failures one by one, successes in one ack call
@@ -448,6 +470,8 @@ class Worker:
                    and (until := self._drained_until.get(q.name, 0.0)) > now]
         if refills:
             wait = min(wait, max(min(refills) - now, 0.001))
+        if self._acks_waiting:
+            wait = min(wait, max(self._acks_since + ACK_WAIT - now, 0.0005))
         return wait
 
     def _ensure_waiters(self) -> None:
@@ -504,7 +528,7 @@ class Worker:
     def _burst_done(self) -> bool:
         """Nothing running here, no durable job left to relay, and no pending (unless paused),
         scheduled or active job left."""
-        if self._running or self._unrecorded or not self._finished.empty():
+        if self._running or self._unrecorded or self._acks_waiting or not self._finished.empty():
             return False
         if any(q.options.durable for q in self.queues):
             try:
@@ -531,6 +555,8 @@ class Worker:
             self._release(unstarted)
         except RedisError:
             log.warning("could not release prefetched jobs: their leases will expire instead")
+        with contextlib.suppress(*VALKEY_DOWN):
+            self._claim()  # stopping: records the successes that waited for a claim
         deadline = time.monotonic() + self.config.grace
         while self._running and not self._abort.is_set() and time.monotonic() < deadline:
             self._tick.clear()
