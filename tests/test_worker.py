@@ -497,3 +497,39 @@ def test_a_success_that_no_claim_carries_is_recorded_at_once(valkey_server: Valk
     counts = Queue("default").counts()
     # The quick job's runner took a waiting one: 4 long jobs finished, 3 were handed back.
     assert counts["succeeded"] == 5 and counts["pending"] == 3 and counts["active"] == 0
+
+
+def test_outcomes_held_while_valkey_is_down_are_each_recorded_once_it_is_back(
+        valkey_server: ValkeyProcess) -> None:
+    # In-process, step by step: a success whose claim failed (Valkey down), then a failure
+    # whose nack failed too. Neither may be forgotten: both are recorded once Valkey is back.
+    from jobqueue.worker import Worker, WorkerConfig
+    from jobqueue.worker.executor import Outcome
+    from jobqueue.worker.heartbeat import Held
+    from jobqueue.worker.mirror_thread import VALKEY_DOWN
+    from jobqueue.worker.runners import Runners
+
+    good, bad = jobs.add.enqueue(1, 1), jobs.always_fails.using(max_attempts=1).enqueue("x")
+    queue = Queue("default")
+    leases = {lease.job_id: lease for lease in queue.dequeue(count=2, worker="w-1")}
+    worker = Worker(WorkerConfig(queues=("default",), mirror=False, name="w-1"))
+    worker.queues, worker.shard_totals = [queue], {"default": 1}
+    worker._runners = Runners(1, worker._finished_one)
+    worker._next_maintenance = worker._next_fire = worker._next_summary = float("inf")
+    for lease in leases.values():
+        worker._running[lease.job_id] = Held(lease)
+        worker._held["default"] += 1
+    valkey_server.stop()
+    try:
+        worker._finished_one(leases[good.id], Outcome(True, result="2"))
+        with pytest.raises(VALKEY_DOWN):
+            worker._cycle()  # its ack was to ride in a claim, which failed
+        worker._finished_one(leases[bad.id], Outcome(False, error="boom"))
+        with pytest.raises(VALKEY_DOWN):
+            worker._cycle()  # the nack failed as well
+    finally:
+        valkey_server.start()
+    worker._cycle()
+    worker._runners.stop(wait=True)
+    assert (queue.get(good.id).state, queue.get(bad.id).state) == ("succeeded", "dead")  # type: ignore[union-attr]
+    assert (worker.processed, worker.failed) == (1, 1) and not worker._running

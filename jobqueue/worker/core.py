@@ -325,6 +325,7 @@ class Worker:
             return []
         pending, self._unrecorded = self._unrecorded, []
         successes = [(lease, out) for lease, out in pending if out.ok]
+        recorded: set[str] = set()
         try:
             for lease, out in pending:
                 if not out.ok:
@@ -332,16 +333,18 @@ class Worker:
                                                           fatal=out.fatal)
                     self._log(lease, out, state or "stale")
                     self._forget_one(lease)
+                    recorded.add(lease.job_id)
             if not defer_acks:
                 by_queue: dict[str, list[tuple[Lease, Outcome]]] = defaultdict(list)
                 for lease, out in successes:
                     by_queue[lease.queue].append((lease, out))
                 for name, items in by_queue.items():
                     self._ack(self._queue(name), items)
+                    recorded.update(lease.job_id for lease, _ in items)
                 return []
-        except VALKEY_DOWN:
+        except VALKEY_DOWN:  # what was not recorded yet is, once Valkey is back
             self._unrecorded = [item for item in pending
-                                if item[0].job_id in self._running] + self._unrecorded
+                                if item[0].job_id not in recorded] + self._unrecorded
             raise
         with self._lock:
             for lease, _ in successes:
