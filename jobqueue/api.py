@@ -46,6 +46,8 @@ class JobFunction:
         self.func = func
         self.name = name
         self.options = options
+        self.is_async = inspect.iscoroutinefunction(func)
+        """An `async def` handler: its jobs run on the worker's event loop."""
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
 

@@ -27,7 +27,7 @@ job_finished = Signal()
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send `signal` if anything listens; a receiver's error is logged, never raised."""
-    if not signal.has_listeners(sender):
+    if not signal.receivers or not signal.has_listeners(sender):  # (the first: per job, cheap)
         return
     for receiver, result in signal.send_robust(sender, **kwargs):
         if isinstance(result, Exception):

@@ -309,8 +309,8 @@ class Worker:
         worth, not for every job: between those it would only wait again."""
         self._finished.put((lease, outcome))
         waiting = self._finished.qsize() + len(self._acks_waiting)
-        if not outcome.ok or waiting <= 1 or waiting >= self._batch:
-            self._tick.set()
+        if (not outcome.ok or waiting <= 1 or waiting >= self._batch) and not self._tick.is_set():
+            self._tick.set()  # (set already: the loop has yet to clear it, and will look then)
 
     def _record(self, defer_acks: bool = False) -> list[tuple[Lease, Outcome]]:
         """Turn finished runs into transitions: failures one by one, successes in one ack call
@@ -359,7 +359,10 @@ class Worker:
         """Log recorded successes and forget their jobs."""
         for (lease, out), recorded in zip(items, answers, strict=True):
             self._log(lease, out, State.SUCCEEDED if recorded else "stale")
-            self._forget_one(lease)
+        with self._lock:  # (most were forgotten already: their slots went to the claim)
+            for lease, _ in items:
+                self._forget(lease)
+            self._room.set()
 
     def _forget_one(self, lease: Lease) -> None:
         with self._lock:

@@ -66,7 +66,7 @@ def prepare(lease: Lease) -> Prepared | Outcome:
 
 def is_async(prepared: Prepared | Outcome) -> TypeGuard[Prepared]:
     """Whether the job runs on the worker's event loop (an `async def` handler)."""
-    return not isinstance(prepared, Outcome) and inspect.iscoroutinefunction(prepared[0].func)
+    return not isinstance(prepared, Outcome) and prepared[0].is_async
 
 
 def _call_args(prepared: Prepared, lease: Lease) -> tuple[Any, list[Any], dict[str, Any]]:
