@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from _common import ROOT, django_setup, valkey
@@ -60,7 +61,7 @@ def idle_cpu(url: str, seconds: float = 10.0) -> float:
         time.sleep(5)  # started and idle
 
         def cpu() -> float:
-            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
         before = cpu()
