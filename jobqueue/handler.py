@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -58,3 +59,21 @@ class JobContext:
         if saved:
             self.checkpoint = data
         return saved
+
+    # For `async def` handlers: the same, with the round trip to Valkey made off the event loop
+    # (on its default thread pool), so the worker's other async jobs run meanwhile.
+
+    async def acancelled(self) -> bool:
+        """`cancelled`, awaited. Between its once-a-second looks it answers at once."""
+        if self._cancelled or time.monotonic() < self._next_check:
+            return self._cancelled
+        return await asyncio.to_thread(lambda: self.cancelled)
+
+    async def araise_if_cancelled(self) -> None:
+        """`raise_if_cancelled`, awaited."""
+        if await self.acancelled():
+            raise JobCancelled(f"job {self.job_id} was cancelled while it ran")
+
+    async def asave_checkpoint(self, data: Any) -> bool:
+        """`save_checkpoint`, awaited."""
+        return await asyncio.to_thread(self.save_checkpoint, data)

@@ -160,6 +160,24 @@ def test_a_running_job_sees_its_cancel_and_is_recorded_cancelled(valkey_server: 
         assert worker.wait(20) == 0
 
 
+def test_an_async_handler_saves_checkpoints_and_sees_its_cancel_awaiting(
+        valkey_server: ValkeyProcess) -> None:
+    ref = jobs.acancellable.enqueue(60)
+    other = jobs.acancellable.enqueue(0.5)  # on the same loop meanwhile: never held up
+    worker = start_worker(valkey_server.url)
+    try:
+        wait_for(lambda: ((get_job(ref.id) or ref).checkpoint or {}).get("step", 0) >= 3)  # type: ignore[union-attr]
+        wait_for(lambda: (get_job(other.id) or other).state == "succeeded", timeout=10)  # type: ignore[union-attr]
+        assert Queue("default").cancel(ref.id) == "active"
+        wait_for(lambda: (get_job(ref.id) or ref).state == "cancelled", timeout=10)  # type: ignore[union-attr]
+        info = get_job(ref.id)
+        assert info and "cancelled while it ran" in info.last_error and info.checkpoint["step"] >= 3
+        assert (get_job(other.id) or other).result >= 5  # type: ignore[union-attr, operator]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+
+
 def test_a_job_running_ten_times_its_lease_is_never_reaped(valkey_server: ValkeyProcess) -> None:
     ref = jobs.sleep.enqueue(3)
     helper = start_worker(valkey_server.url, "--lease", "0.3", "--concurrency", "1")

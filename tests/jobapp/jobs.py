@@ -25,6 +25,21 @@ def cancellable(ctx: JobContext, seconds: float) -> str:
     return "finished"
 
 
+@job(takes_context=True)
+async def acancellable(ctx: JobContext, seconds: float) -> int:
+    """`cancellable` as an async handler: it saves its step and looks for a cancel, awaiting."""
+    import asyncio
+
+    step = (ctx.checkpoint or {}).get("step", 0)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not await ctx.acancelled():
+        step += 1
+        assert await ctx.asave_checkpoint({"step": step})
+        await asyncio.sleep(0.05)
+    await ctx.araise_if_cancelled()
+    return step
+
+
 @job
 def noop() -> None:
     return None
