@@ -92,7 +92,7 @@ class Queue:
             return [self._run(name, shard, args) for args in calls]
         keys = scripts.keys_for(name, shard)
         script = scripts.script(self.client, name)
-        built: list[list[Any]] = []
+        calls, built = iter(calls), []  # built: the calls sent (or being sent) so far
 
         def commands() -> Iterator[tuple[Any, ...]]:
             for args in calls:
@@ -101,7 +101,7 @@ class Queue:
 
         replies = wire.call_many(self.client, commands())
         if replies is None:  # every borrowed connection busy, or this one broke: a pipeline
-            built.extend(calls)  # (a call sent twice is harmless: its ids are already there)
+            built.extend(calls)  # and the rest (one sent twice is harmless: its ids are there)
             pipe = self.client.pipeline(transaction=False)
             for args in built:
                 script(keys=keys, args=args, client=pipe)
