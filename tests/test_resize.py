@@ -215,6 +215,12 @@ def test_resizing_under_load_loses_nothing_and_runs_nothing_twice(
     assert total >= 400 and {r.id for r in enqueued} <= {row.id for row in rows}
     assert rows.count() == total + 1 and {row.attempts for row in rows} == {1}
     assert len({row.shard for row in rows}) == 4  # the grown shards did take jobs
+    claimed: dict[str, list[tuple[str, Any]]] = {}
+    for row in rows.exclude(lane=""):
+        claimed.setdefault(row.lane, []).append((row.id, row.started_at))
+    for lane, runs in claimed.items():  # under real workers too, each lane is claimed in the
+        starts = [started for _, started in sorted(runs)]  # order its ids were minted, across
+        assert len(runs) > 100 and starts == sorted(starts), lane  # both resizes
     record_shards(queue)
     assert list(Shard.objects.filter(queue="default").values_list("status", flat=True)) == [
         "active", "active", "retired", "retired"]
