@@ -178,6 +178,22 @@ def test_an_async_handler_saves_checkpoints_and_sees_its_cancel_awaiting(
         assert worker.wait(20) == 0
 
 
+def test_an_async_handler_that_blocks_the_loop_is_named_in_the_log(
+        valkey_server: ValkeyProcess, tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    ref = jobs.blocks_the_loop.enqueue(2.5)
+    worker = start_worker(valkey_server.url, log=log)
+    try:
+        wait_for(lambda: (get_job(ref.id) or ref).state == "succeeded", timeout=20)  # type: ignore[union-attr]
+        wait_for(lambda: "blocked the worker's event loop" in log.read_text(), timeout=5)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+    text = log.read_text()
+    assert "in blocks_the_loop" in text and "time.sleep(seconds)" in text  # the blocking call
+    assert text.count("blocked the worker's event loop") == 1  # once per stall
+
+
 def test_a_job_running_ten_times_its_lease_is_never_reaped(valkey_server: ValkeyProcess) -> None:
     ref = jobs.sleep.enqueue(3)
     helper = start_worker(valkey_server.url, "--lease", "0.3", "--concurrency", "1")

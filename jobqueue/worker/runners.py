@@ -10,7 +10,8 @@ CPU-bound handlers use every core while the worker's own bookkeeping stays in th
 An `async def` handler's jobs run as tasks on one asyncio loop in its own thread (started with
 the first such job), many at once without a thread each; the worker's concurrency bounds them
 all the same. A loop that outlives a job lets the handler keep async clients (redis.asyncio,
-httpx, asyncpg pools) between jobs.
+httpx, asyncpg pools) between jobs. A watchdog thread logs the call a handler is in when it
+holds the loop (a blocking call in an async handler stalls every async job).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -34,6 +38,9 @@ from .executor import Outcome, Prepared, execute, execute_async, is_async, prepa
 log = logging.getLogger("jobqueue.worker")
 Done = Callable[[Lease, Outcome], None]
 Job = tuple[Lease, Prepared | Outcome | None]
+BLOCKED = 0.5
+"""Seconds the event loop may go without running a callback before its watchdog logs where the
+loop's thread is: an async handler that makes a blocking call stalls every async job."""
 
 
 class Runners:
@@ -134,6 +141,8 @@ class EventLoop:
         self._thread = threading.Thread(target=self._loop.run_forever, name="jobqueue-asyncio",
                                         daemon=True)
         self._thread.start()
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="jobqueue-asyncio-watch", daemon=True).start()
 
     def submit(self, jobs: list[tuple[Lease, Prepared]]) -> None:
         self._loop.call_soon_threadsafe(self._start, jobs)  # one wake-up for the whole batch
@@ -148,7 +157,29 @@ class EventLoop:
         signals.send(signals.job_started, Queue, lease=lease)
         self._done(lease, await execute_async(lease, prepared))
 
+    def _watch(self) -> None:
+        """Once a second, ask the loop to answer. When it does not within BLOCKED seconds, a
+        handler holds it: log the call it is in, and for how long it held the loop."""
+        while not self._closed.wait(1.0):
+            answered, asked = threading.Event(), time.monotonic()
+            try:
+                self._loop.call_soon_threadsafe(answered.set)
+            except RuntimeError:  # the loop was closed meanwhile
+                return
+            if answered.wait(BLOCKED):
+                continue
+            frame = sys._current_frames().get(self._thread.ident or 0)
+            where = "".join(traceback.format_stack(frame, limit=8)) if frame else "(unknown)\n"
+            while not answered.wait(0.5):
+                if self._closed.is_set():
+                    return
+            log.warning("an async handler blocked the worker's event loop for %.1fs or more, "
+                        "holding up every async job (use await, or sync_to_async for blocking "
+                        "calls); it was in:\n%s", time.monotonic() - asked, where.rstrip())
+
     def stop(self, wait: bool) -> None:
+        self._closed.set()
+
         async def finish() -> None:
             if not wait:
                 for task in self._tasks:

@@ -41,6 +41,12 @@ async def acancellable(ctx: JobContext, seconds: float) -> int:
 
 
 @job
+async def blocks_the_loop(seconds: float) -> None:
+    """An async handler that makes a blocking call (a mistake the worker must point out)."""
+    time.sleep(seconds)
+
+
+@job
 def noop() -> None:
     return None
 
