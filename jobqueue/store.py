@@ -485,6 +485,7 @@ class Queue:
         after = layouts.plan(before, count)
         if after == before:
             return before
+        self._index_unique_keys(before.widest)
         self._mark(after)  # first, so that no producer strands a job on a shard being retired
         if not layouts.write(self.client, self.name, before, after):
             self._mark(self.layout(fresh=True))
@@ -505,6 +506,22 @@ class Queue:
                 self.client.hset(meta, "draining", "1")
             if paused:
                 self.client.hset(meta, "paused", "1")
+
+    def _index_unique_keys(self, shards: int) -> None:
+        """Once per queue, before its first resize: put the unique keys of live jobs written
+        before enqueue kept each shard's `uniqs` set into it (one SCAN of the keyspace). From
+        then on the scripts keep the sets, and a settling resize reads them, not the keyspace."""
+        marker = self.shard(0).key("meta")
+        if self.client.hget(marker, "uniqs_indexed") == "1":
+            return
+        for index in range(shards):
+            shard = self.shard(index)
+            prefix = len(shard.base) + len(":uniq:")
+            for key in self.client.scan_iter(match=f"{shard.base}:uniq:*", count=1000):
+                job_id = self.client.get(key)
+                if job_id and self.client.hget(shard.job(job_id), "state") in LIVE_STATES:
+                    self.client.sadd(shard.key("uniqs"), key[prefix:])
+        self.client.hset(marker, "uniqs_indexed", "1")
 
     def _reopen(self, index: int) -> None:
         """Claim from shard `index` again (a retry put work on a retired shard)."""
@@ -535,12 +552,11 @@ class Queue:
         if any(lane and placement_hash(lane) % now.live != index
                for lane in self.client.lrange(shard.key("ring"), 0, -1)):
             return False
-        prefix = len(shard.base) + len(":uniq:")
-        for key in self.client.scan_iter(match=f"{shard.base}:uniq:*", count=1000):
-            job_id = self.client.get(key)
+        for unique in self.client.sscan_iter(shard.key("uniqs"), count=1000):
+            job_id = self.client.get(shard.key(f"uniq:{unique}"))
             state, lane = self.client.hmget(shard.job(job_id), "state", "lane") if job_id else (None, None)
-            if state in LIVE_STATES and self.place(job_id, lane or "", key[prefix:], now.live) != index:
-                return False
+            if state in LIVE_STATES and self.place(job_id, lane or "", unique, now.live) != index:
+                return False  # a live job whose lane or key now belongs on another shard
         return True
 
     def is_paused(self) -> bool:

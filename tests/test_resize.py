@@ -112,6 +112,45 @@ def test_a_unique_key_keeps_its_single_live_job_across_a_resize(valkey: Any) -> 
     assert queue.settle() is not None
 
 
+def test_the_scripts_keep_each_shards_set_of_live_unique_keys(valkey: Any) -> None:
+    # A settling resize reads these sets instead of scanning the keyspace.
+    queue = Queue("uniqs", client=valkey, shards=2)
+    refs = {key: queue.enqueue(key, unique_key=key, lane="l" if key == "k3" else None,
+                               max_attempts=1) for key in ("k1", "k2", "k3", "k4")}
+
+    def indexed() -> set[str]:
+        return {k for i in range(2) for k in valkey.smembers(queue.shard(i).key("uniqs"))}
+
+    assert indexed() == {"k1", "k2", "k3", "k4"}
+    for i in range(2):  # each key sits in the set of the shard its job is on
+        for key in valkey.smembers(queue.shard(i).key("uniqs")):
+            assert queue.locate(refs[key].id) == i
+    leases = {lease.payload: lease for lease in queue.dequeue(count=4, worker="w", shards=2)}
+    queue.ack(leases["k1"])  # succeeded
+    queue.nack(leases["k2"], "boom")  # its only attempt: dead
+    queue.cancel(refs["k4"].id)
+    queue.release(leases["k4"])  # the cancel is recorded when the job comes back
+    assert indexed() == {"k3"}  # still running
+    assert queue.retry(refs["k2"].id) == "pending"  # live again: back in the set
+    assert indexed() == {"k2", "k3"}
+
+
+def test_a_live_unique_job_from_before_the_index_still_holds_a_resize_open(valkey: Any) -> None:
+    # Written before the scripts kept the sets (an upgrade): the first resize indexes it.
+    queue = Queue("olduniq", client=valkey, shards=2)
+    key = next(k for k in (f"order-{i}" for i in range(100))
+               if placement_hash(k) % 2 != placement_hash(k) % 5)
+    first = queue.enqueue("x", unique_key=key)
+    for i in range(2):
+        valkey.delete(queue.shard(i).key("uniqs"))
+    valkey.hdel(queue.shard(0).key("meta"), "uniqs_indexed")
+    queue.resize(5)
+    assert queue.enqueue("y", unique_key=key).id == first.id
+    assert queue.settle() is None  # the key's live job is still on its prior shard
+    drain(queue)
+    assert queue.settle() is not None
+
+
 def test_a_resize_while_the_last_one_settles_is_refused_but_undo_is_allowed(valkey: Any) -> None:
     queue = Queue("busy", client=valkey, shards=2)
     lane = moved_lane(2, 4)

@@ -4,6 +4,8 @@ every key stays in the shard's slot:
   base:job:<id>     HASH  the job row
   base:pending      ZSET  the default lane; base:lane:<name> ZSET a named lane (id -> -priority)
   base:uniq:<key>   STRING unique_key -> id
+  base:uniqs        SET   the unique keys whose job is live on this shard (a resize's settle
+                          check reads it instead of scanning the keyspace)
   base:turns        HASH  turns a weighted lane has had in the ring's current round
   base:bucket       HASH  a rate-limited queue's token bucket (tokens, at ms)
   base:hist         HASH  run durations for the metrics: count per bucket (ms upper bound or
@@ -41,6 +43,8 @@ end
 local function job_key(base, id) return base .. ':job:' .. id end
 
 local function uniq_key(base, unique) return base .. ':uniq:' .. unique end
+
+local function uniqs_key(base) return base .. ':uniqs' end
 
 -- The default lane ('') is `pending`; a named lane is `lane:<name>`.
 local function lane_key(base, lane)
@@ -160,9 +164,10 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   tally(meta, 'n_' .. state, 1)
   observe(base, f[EVENT_AT.started_at], now)
   count_minute(base, now, state)
+  local unique = f[EVENT_AT.unique_key]
+  if unique and unique ~= '' then redis.call('SREM', uniqs_key(base), unique) end
   if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)
-    local unique = f[EVENT_AT.unique_key]
     if unique and unique ~= '' then
       local uk = uniq_key(base, unique)
       if redis.call('GET', uk) == id then redis.call('PEXPIRE', uk, retention_ms) end

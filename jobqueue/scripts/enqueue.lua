@@ -64,7 +64,10 @@ for i = 0, n - 1 do
     put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')
     if delay > 0 then put(row, 'run_after', now + delay, nil) end
     redis.call('HSET', jk, unpack(row))
-    if unique ~= '' then redis.call('SET', uniq_key(base, unique), id) end
+    if unique ~= '' then
+      redis.call('SET', uniq_key(base, unique), id)
+      redis.call('SADD', uniqs_key(base), unique)
+    end
     if delay > 0 then
       redis.call('ZADD', schedule, now + delay, id)
     else

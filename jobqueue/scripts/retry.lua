@@ -20,6 +20,7 @@ redis.call('ZREM', dead, id)
 redis.call('PERSIST', jk)
 if row[3] and row[3] ~= '' and redis.call('GET', uniq_key(base, row[3])) == id then
   redis.call('PERSIST', uniq_key(base, row[3]))
+  redis.call('SADD', uniqs_key(base), row[3])
 end
 local now = now_ms()
 redis.call('HSET', jk, 'uncharged', row[2] or 0, 'cancel', '0', 'finished_at', '', 'run_after', now)
