@@ -508,9 +508,10 @@ class Queue:
                 self.client.hset(meta, "paused", "1")
 
     def _index_unique_keys(self, shards: int) -> None:
-        """Once per queue, before its first resize: put the unique keys of live jobs written
-        before enqueue kept each shard's `uniqs` set into it (one SCAN of the keyspace). From
-        then on the scripts keep the sets, and a settling resize reads them, not the keyspace."""
+        """Once per queue, before its first resize: add to each shard's `uniqs` set the live
+        unique jobs written before the scripts kept it (one SCAN of the keyspace per shard).
+        From then on the scripts keep the sets, and a settling resize reads them, not the
+        keyspace."""
         marker = self.shard(0).key("meta")
         if self.client.hget(marker, "uniqs_indexed") == "1":
             return
