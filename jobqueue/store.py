@@ -509,19 +509,21 @@ class Queue:
 
     def _index_unique_keys(self, shards: int) -> None:
         """Once per queue, before its first resize: add to each shard's `uniqs` set the live
-        unique jobs written before the scripts kept it (one SCAN of the keyspace per shard).
-        From then on the scripts keep the sets, and a settling resize reads them, not the
-        keyspace."""
+        unique jobs written before the scripts kept it (one SCAN of the keyspace for all the
+        queue's shards). From then on the scripts keep the sets, and a settling resize reads
+        them, not the keyspace."""
         marker = self.shard(0).key("meta")
         if self.client.hget(marker, "uniqs_indexed") == "1":
             return
-        for index in range(shards):
-            shard = self.shard(index)
-            prefix = len(shard.base) + len(":uniq:")
-            for key in self.client.scan_iter(match=f"{shard.base}:uniq:*", count=1000):
-                job_id = self.client.get(key)
-                if job_id and self.client.hget(shard.job(job_id), "state") in LIVE_STATES:
-                    self.client.sadd(shard.key("uniqs"), key[prefix:])
+        bases = {self.shard(i).base: self.shard(i) for i in range(shards)}
+        # Queue names hold no glob characters; `emq:{name*` also matches other queues whose
+        # names start with this one: their keys' bases are not among ours and are skipped.
+        for key in self.client.scan_iter(match=f"emq:{{{self.name}*:uniq:*", count=1000):
+            base, _, unique = key.partition(":uniq:")
+            shard = bases.get(base)
+            job_id = self.client.get(key) if shard else None
+            if shard and job_id and self.client.hget(shard.job(job_id), "state") in LIVE_STATES:
+                self.client.sadd(shard.key("uniqs"), unique)
         self.client.hset(marker, "uniqs_indexed", "1")
 
     def _reopen(self, index: int) -> None:
