@@ -299,16 +299,21 @@ class Queue:
     def ack_and_dequeue(self, acks: Sequence[tuple[Lease, str]], count: int,
                         lease: float | None = None, worker: str = "", *,
                         override_lease: bool = False, shards: int | None = None,
-                        ) -> tuple[list[bool], list[Lease]]:
+                        only: int | None = None) -> tuple[list[bool], list[Lease]]:
         """Record successes (results already encoded as JSON) and claim up to `count` jobs:
         the successes on the shard the claim starts from ride in its script call (one round
-        trip), the others go in one ack call per shard. Returns (acks' answers, leases)."""
+        trip), the others go in one ack call per shard. The claim asks only shard `only` when
+        given (where a wake token came from); else it starts where most successes are, or at
+        the next shard in turn, and goes on until it has `count`. Returns (acks' answers,
+        leases)."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
         default = lease if lease is not None else self.options.lease
         lease_ms = round(validate_lease(default) * 1000)
         total = shards or self.claim_shards()
-        if acks:  # start where most successes are: they ride along
+        if only is not None:
+            start = only % total
+        elif acks:  # start where most successes are: they ride along
             start = Counter(held.shard for held, _ in acks).most_common(1)[0][0] % total
         else:
             start = self._next_shard = (self._next_shard + 1) % total
@@ -320,7 +325,7 @@ class Queue:
         out: list[Lease] = []
         waits = []
         policy = _claim_policy(self.options, self.shards)
-        for step in range(total):
+        for step in range(1 if only is not None else total):
             if len(out) >= count:
                 break
             index = (start + step) % total

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from redis.cluster import RedisCluster
 
 from jobqueue import conf, keys, scripts, wire
 from jobqueue.exceptions import (
@@ -362,6 +363,23 @@ def test_sharded_queue_spreads_jobs_and_claims_them_all(valkey: Any) -> None:
         got += batch
     assert len(got) == 210 and queue.counts()["active"] == 210
     assert queue.get(refs[0].id) is not None
+
+
+def test_a_claim_told_which_shard_woke_it_asks_only_that_shard(valkey: Any) -> None:
+    """A worker's wake waiter knows where the new job is: one script call, not one per shard
+    (it asked them all, in turn from a rotating start, before)."""
+    queue = Queue("emails", client=valkey, shards=4)
+    refs = queue.enqueue_many([JobSpec(i) for i in range(40)])
+    where = {r.id: queue.locate(r.id) for r in refs}
+    Queue("other", client=valkey).dequeue(count=1)  # (the claim script is loaded)
+    every = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(valkey, RedisCluster) else {}
+    valkey.config_resetstat(**every)
+    _, leases = queue.ack_and_dequeue([], count=40, worker="w", only=2)
+    stats = valkey.info("commandstats", **every)
+    per_node = stats.values() if every else [stats]
+    assert sum(node.get("cmdstat_evalsha", {}).get("calls", 0) for node in per_node) == 1
+    assert leases and {lease.shard for lease in leases} == {2}
+    assert {lease.job_id for lease in leases} == {i for i, shard in where.items() if shard == 2}
 
 
 def test_growing_shards_moves_no_job(valkey: Any) -> None:

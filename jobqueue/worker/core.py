@@ -234,20 +234,23 @@ class Worker:
             claimed = self._claim(successes)
         return claimed > 0
 
-    def _claim(self, successes: list[tuple[Lease, Outcome]] | None = None) -> int:
+    def _claim(self, successes: list[tuple[Lease, Outcome]] | None = None,
+               woken: tuple[Queue, int] | None = None) -> int:
         """Record `successes` and claim what there is room for (the main loop, or a wake waiter
-        that just got a token: one lock, so their counts of room never race)."""
+        that just got a token: one lock, so their counts of room never race). A waiter passes
+        the queue and shard its token came from: the claim asks only there."""
         with self._claim_lock:
             since = self._acks_since if self._acks_waiting else time.monotonic()
             successes = self._acks_waiting + (successes or [])
             self._acks_waiting = []
             try:
-                return self._claim_locked(successes, since)
+                return self._claim_locked(successes, since, woken)
             except VALKEY_DOWN:
                 self._unrecorded = successes + self._unrecorded  # acked once Valkey is back
                 raise
 
-    def _claim_locked(self, successes: list[tuple[Lease, Outcome]], since: float) -> int:
+    def _claim_locked(self, successes: list[tuple[Lease, Outcome]], since: float,
+                      woken: tuple[Queue, int] | None) -> int:
         room, batch = self.config.capacity - len(self._running), self._batch
         by_queue: dict[str, list[tuple[Lease, Outcome]]] = defaultdict(list)
         for lease, outcome in successes:
@@ -265,8 +268,12 @@ class Worker:
             return 0
         claimed = 0
         now = time.monotonic()
-        self._rotation = (self._rotation + 1) % len(self.queues)  # no queue always goes first
-        for queue in self.queues[self._rotation:] + self.queues[: self._rotation]:
+        if woken is None:
+            self._rotation = (self._rotation + 1) % len(self.queues)  # no queue always goes first
+            order = self.queues[self._rotation:] + self.queues[: self._rotation]
+        else:  # (the main loop serves the others: a token must not cost a round trip per queue)
+            order = [woken[0]]
+        for queue in order:
             items = by_queue.pop(queue.name, [])
             # A queue's `concurrency` caps the jobs of that queue this worker holds at once, so a
             # busy queue cannot take every slot from the others (Pacer's isolation).
@@ -280,12 +287,13 @@ class Worker:
                 [(lease, outcome.result) for lease, outcome in items],
                 count=take, lease=self.config.lease, worker=self.config.name,
                 override_lease=self.config.lease is not None,
-                shards=self.shard_totals[queue.name],
+                shards=self.shard_totals[queue.name], only=woken[1] if woken else None,
             )
             self._acked(items, answers)
             if queue.rate_wait:  # its rate limit holds the rest back: serve the others meanwhile
                 self._drained_until[queue.name] = now + queue.rate_wait
-            elif len(leases) < take:  # every shard tried: skip the queue a moment (see DRAINED)
+            elif len(leases) < take:  # drained: skip the queue a moment (see DRAINED; after a
+                # waiter's claim of one shard too: work on the others wakes their own waiters)
                 self._drained_until[queue.name] = now + DRAINED
             self._submit(leases)
             claimed += len(leases)
@@ -485,11 +493,11 @@ class Worker:
             for index in range(self.shard_totals[queue.name]):
                 if (queue.name, index) not in self._waiting_on:
                     self._waiting_on.add((queue.name, index))
-                    self._spawn(self._wait_for_wake, f"wake-{queue.name}#{index}",
-                                queue, queue.shard(index).key("wake"))
+                    self._spawn(self._wait_for_wake, f"wake-{queue.name}#{index}", queue, index)
 
-    def _wait_for_wake(self, queue: Queue, wake_key: str) -> None:
+    def _wait_for_wake(self, queue: Queue, index: int) -> None:
         """Block on one shard's wake list while there is room; a token means work: claim it."""
+        wake_key = queue.shard(index).key("wake")
         while not self._threads_stop.is_set():
             if not self._room.wait(0.5) or self._stop_claiming.is_set():
                 continue
@@ -498,7 +506,7 @@ class Worker:
                     # Claim here rather than wake the main loop to do it: an enqueue reaches an
                     # idle worker's runner in one hop.
                     self._drained_until.pop(queue.name, None)
-                    self._claim()
+                    self._claim(woken=(queue, index))
             except RedisError:
                 self._threads_stop.wait(1.0)
 
