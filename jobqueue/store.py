@@ -329,12 +329,9 @@ class Queue:
             if len(out) >= count:
                 break
             index = (start + step) % total
-            args: list[Any] = [count - len(out), lease_ms, "1" if override_lease else "0", worker,
-                               self._dead_retention_ms(), self._retention_ms(), *policy]
             carried = riding if step == 0 else []
-            args.append(len(carried))
-            for i in carried:
-                args += [acks[i][0].job_id, acks[i][0].token, acks[i][1]]
+            args = self._claim_args(count - len(out), lease_ms, override_lease, worker, policy,
+                                    [acks[i] for i in carried])
             reply = self._run("claim", self.shard(index), args)
             n = int(reply[0])
             for i, ok in zip(carried, reply[1 : 1 + n], strict=True):
@@ -344,6 +341,39 @@ class Queue:
         # Rate-limited when every shard asked said so: then the soonest refill is the wait.
         self.rate_wait = min(waits) / 1000 if waits and all(waits) else 0.0
         return answers, out
+
+    def _claim_args(self, count: int, lease_ms: int, override_lease: bool, worker: str,
+                    policy: tuple[Any, ...], acks: Sequence[tuple[Lease, str]]) -> list[Any]:
+        args: list[Any] = [count, lease_ms, "1" if override_lease else "0", worker,
+                           self._dead_retention_ms(), self._retention_ms(), *policy, len(acks)]
+        for held, result in acks:
+            args += [held.job_id, held.token, result]
+        return args
+
+    def wait_and_claim(self, conn: Any, index: int, timeout: int, count: int,
+                       lease: float | None = None, worker: str = "", *,
+                       override_lease: bool = False) -> list[Lease] | None:
+        """Block up to `timeout` s on shard `index`'s wake list with a claim of up to `count`
+        jobs sent right behind the wait, on `conn` (a standalone client's connection that the
+        caller keeps for this): Valkey runs a client's commands in order, so the claim runs
+        the moment a token arrives (or the wait times out), with no round trip between.
+        Returns the leases; None when the claim did not run (its script was not loaded: the
+        caller claims the usual way, which loads it)."""
+        shard = self.shard(index)
+        lease_ms = round(validate_lease(lease if lease is not None else self.options.lease) * 1000)
+        args = self._claim_args(count, lease_ms, override_lease, worker,
+                                _claim_policy(self.options, self.shards), [])
+        keys = scripts.keys_for("claim", shard)
+        sha = scripts.script(self.client, "claim").sha
+        replies = wire.call_on(conn, [("BLPOP", shard.key("wake"), timeout),
+                                      ("EVALSHA", sha, len(keys), *keys, *args)])
+        wait, reply = replies
+        if isinstance(reply, NoScriptError):
+            return None
+        for answer in (wait, reply):
+            if isinstance(answer, ResponseError):
+                raise answer
+        return self._leases(index, reply[2 + int(reply[0]) :])
 
     def _leases(self, index: int, reply: list[Any]) -> list[Lease]:
         return [Lease.from_claim(self.name, index, *reply[n : n + 5]) for n in range(0, len(reply), 5)]

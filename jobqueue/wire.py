@@ -83,6 +83,17 @@ def call_many(client: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any] | N
     conn = held.take()
     if conn is None:
         return None
+    try:
+        return call_on(conn, commands)
+    except (ValkeyConnectionError, ValkeyTimeoutError):
+        return None
+    finally:
+        held.idle.append(conn)
+
+
+def call_on(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
+    """`call_many` on a connection the caller holds: a broken or interrupted call closes it
+    (it reconnects on its next command) and raises."""
     replies: list[Any] = []
     sent = 0
     try:
@@ -94,12 +105,7 @@ def call_many(client: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any] | N
                 replies.append(conn.read_response())
             except ResponseError as exc:  # the whole reply was read: the connection is fine
                 replies.append(exc)
-    except (ValkeyConnectionError, ValkeyTimeoutError):
-        conn.disconnect()
-        return None
     except BaseException:
         conn.disconnect()
         raise
-    finally:
-        held.idle.append(conn)
     return replies

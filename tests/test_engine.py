@@ -382,6 +382,28 @@ def test_a_claim_told_which_shard_woke_it_asks_only_that_shard(valkey: Any) -> N
     assert {lease.job_id for lease in leases} == {i for i, shard in where.items() if shard == 2}
 
 
+def test_a_claim_sent_behind_a_wait_runs_when_the_token_arrives(valkey: Any) -> None:
+    if isinstance(valkey, RedisCluster):
+        pytest.skip("a standalone client's connection (the worker waits the plain way on a cluster)")
+    queue = Queue("emails", client=valkey)
+    conn = valkey.connection_pool.get_connection()
+    try:
+        assert queue.wait_and_claim(conn, 0, 1, 5, worker="w") == []  # timed out: nothing
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(queue.wait_and_claim, conn, 0, 5, 5, worker="w")
+            time.sleep(0.2)  # (blocked, with the claim queued behind the wait)
+            refs = queue.enqueue_many([JobSpec(n) for n in range(2)])
+            leases = waiting.result(timeout=5)
+        assert sorted(lease.job_id for lease in leases) == sorted(r.id for r in refs)
+        assert {lease.token for lease in leases} == {1} and queue.counts()["active"] == 2
+        valkey.script_flush()
+        queue.enqueue(3)
+        assert queue.wait_and_claim(conn, 0, 1, 5, worker="w") is None  # not loaded: not run
+        assert queue.counts()["pending"] == 1
+    finally:
+        valkey.connection_pool.release(conn)
+
+
 def test_growing_shards_moves_no_job(valkey: Any) -> None:
     before = Queue("grow", client=valkey, shards=1).enqueue("old")
     grown = Queue("grow", client=valkey, shards=8)

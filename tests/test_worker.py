@@ -229,6 +229,33 @@ def test_an_idle_worker_sleeps_and_wakes_at_once(valkey_server: ValkeyProcess) -
         assert worker.wait(20) == 0
 
 
+def _claims_behind_waits(client: Any) -> list[bool]:
+    """Per client blocked in BLPOP (a worker's wake waiter): whether a command waits behind it
+    in its query buffer (the idle worker's claim)."""
+    return [int(c["qbuf"]) > 0 for c in client.client_list() if c["cmd"] == "blpop"]
+
+
+def test_an_idle_worker_waits_with_its_claim_already_sent(valkey_server: ValkeyProcess) -> None:
+    client = Queue("default").client
+    worker = start_worker(valkey_server.url, "--queues", "default", "--concurrency", "2")
+    try:
+        # Idle: the waiter's claim waits behind its BLPOP, so a token leads straight to it.
+        wait_for(lambda: _claims_behind_waits(client) == [True])
+        ref = jobs.sleep.enqueue(0.5)
+        # Busy: a token, then a claim of what there is room for.
+        wait_for(lambda: _claims_behind_waits(client) == [False])
+        wait_for(lambda: (get_job(ref.id) or ref).state == "succeeded")  # type: ignore[union-attr]
+        # Idle again: the worker unblocks that wait rather than let it run out.
+        wait_for(lambda: client.info("commandstats").get("cmdstat_client|unblock"))
+        wait_for(lambda: _claims_behind_waits(client) == [True])
+        late = jobs.add.enqueue(2, 3)
+        wait_for(lambda: (get_job(late.id) or late).state == "succeeded")  # type: ignore[union-attr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+    assert Queue("default").counts()["active"] == 0
+
+
 def test_a_valkey_restart_does_not_stop_the_worker(valkey_server: ValkeyProcess) -> None:
     worker = start_worker(valkey_server.url, "--concurrency", "4")
     try:

@@ -31,9 +31,10 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from django.db import DatabaseError
+from redis.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError
 
-from .. import autoscale, outbox, schedule, signals, spec
+from .. import autoscale, outbox, schedule, signals, spec, wire
 from .. import layout as layouts
 from ..conf import get_client, get_config
 from ..exceptions import ConfigurationError
@@ -126,6 +127,8 @@ class Worker:
         self._threads_stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._waiting_on: set[tuple[str, int]] = set()
+        self._plain_waits: dict[tuple[str, int], int] = {}
+        """Waiters blocked without a claim behind (queue, shard -> their connection's id)."""
         self._next_maintenance = 0.0
         self._next_fire = 0.0
         self._next_summary = time.monotonic() + config.summary_every
@@ -232,6 +235,8 @@ class Worker:
                 self._next_summary = now + self.config.summary_every
         finally:
             claimed = self._claim(successes)
+        if not self._running and self._plain_waits:
+            self._unblock_waiters()
         return claimed > 0
 
     def _claim(self, successes: list[tuple[Lease, Outcome]] | None = None,
@@ -496,19 +501,72 @@ class Worker:
                     self._spawn(self._wait_for_wake, f"wake-{queue.name}#{index}", queue, index)
 
     def _wait_for_wake(self, queue: Queue, index: int) -> None:
-        """Block on one shard's wake list while there is room; a token means work: claim it."""
-        wake_key = queue.shard(index).key("wake")
-        while not self._threads_stop.is_set():
-            if not self._room.wait(0.5) or self._stop_claiming.is_set():
-                continue
-            try:
-                if queue.client.blpop([wake_key], timeout=1):
-                    # Claim here rather than wake the main loop to do it: an enqueue reaches an
-                    # idle worker's runner in one hop.
-                    self._drained_until.pop(queue.name, None)
-                    self._claim(woken=(queue, index))
-            except RedisError:
-                self._threads_stop.wait(1.0)
+        """Block on one shard's wake list while there is room; a token means work: claim it.
+
+        An idle worker sends a claim of one job right behind its wait, on a connection this
+        thread keeps (`Queue.wait_and_claim`): Valkey runs it as soon as an enqueue's token
+        arrives, so the job is leased without another round trip. A busy worker waits for a
+        token, then claims what it has room for; when it falls idle, the main loop unblocks
+        that wait (`_unblock_waiters`) so the next job finds the idle form. The idle form can
+        lease one job beyond the worker's room if the main loop filled it meanwhile (the job
+        waits as a prefetched one does), so a queue with a `concurrency` cap, a cluster client
+        and a burst run always use the plain form."""
+        client, key = queue.client, queue.shard(index).key("wake")
+        conn = (None if isinstance(client, RedisCluster) or self.config.burst
+                else client.connection_pool.get_connection())
+        conn_id = None
+        try:
+            while not self._threads_stop.is_set():
+                if not self._room.wait(0.5) or self._stop_claiming.is_set():
+                    continue
+                try:
+                    if conn is None:
+                        woken = client.blpop([key], timeout=1)
+                    elif not self._running and not queue.options.concurrency:
+                        leases = queue.wait_and_claim(
+                            conn, index, 1, 1, self.config.lease, self.config.name,
+                            override_lease=self.config.lease is not None)
+                        if leases:
+                            self._take(queue, leases)
+                        woken = leases is None  # the claim script was not loaded: this loads it
+                    else:
+                        if conn_id is None:
+                            conn_id = wire.call_on(conn, [("CLIENT", "ID")])[0]
+                        self._plain_waits[queue.name, index] = conn_id
+                        try:
+                            woken = wire.call_on(conn, [("BLPOP", key, 1)])[0]
+                        finally:
+                            self._plain_waits.pop((queue.name, index), None)
+                    if woken:
+                        # Claim here rather than wake the main loop to do it: an enqueue reaches
+                        # a worker's runner in one hop.
+                        self._drained_until.pop(queue.name, None)
+                        self._claim(woken=(queue, index))
+                except RedisError:
+                    conn_id = None  # (the connection reconnects, with a new id)
+                    self._threads_stop.wait(1.0)
+        finally:
+            if conn is not None:
+                client.connection_pool.release(conn)
+
+    def _unblock_waiters(self) -> None:
+        """The worker fell idle: end its waiters' plain waits, so that they wait with a claim
+        behind (see `_wait_for_wake`). An unblocked BLPOP returns as if it timed out."""
+        ids = list(self._plain_waits.values())
+        if ids and self.queues:
+            with self.queues[0].client.pipeline(transaction=False) as pipe:
+                for conn_id in ids:
+                    pipe.client_unblock(conn_id)
+                pipe.execute()
+
+    def _take(self, queue: Queue, leases: list[Lease]) -> None:
+        """Run the jobs a waiter's claim brought, or hand them back when the worker stops."""
+        with self._claim_lock:
+            if not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
+                self._drained_until.pop(queue.name, None)
+                self._submit(leases)
+                return
+        self._release(leases)
 
     def _summary(self) -> None:
         """One line per period: throughput, jobs held, backlog and lag (the oldest wait)."""
