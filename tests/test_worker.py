@@ -256,6 +256,23 @@ def test_an_idle_worker_waits_with_its_claim_already_sent(valkey_server: ValkeyP
     assert Queue("default").counts()["active"] == 0
 
 
+def test_a_capped_queues_waiter_never_sends_a_claim_ahead(valkey_server: ValkeyProcess) -> None:
+    # A claim sent ahead could take a job beyond the queue's `concurrency` cap: its waiter
+    # always waits for a token first (and an idle worker has no such wait to end).
+    client = Queue("isolated").client
+    worker = start_worker(valkey_server.url, "--queues", "isolated", "--concurrency", "2")
+    try:
+        wait_for(lambda: _claims_behind_waits(client) == [False])
+        ref = jobs.add.using(queue="isolated").enqueue(1, 2)
+        wait_for(lambda: (get_job(ref.id, queue="isolated") or ref).state == "succeeded")  # type: ignore[union-attr]
+        time.sleep(1.5)
+        assert _claims_behind_waits(client) == [False]
+        assert "cmdstat_client|unblock" not in client.info("commandstats")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+
+
 def test_a_valkey_restart_does_not_stop_the_worker(valkey_server: ValkeyProcess) -> None:
     worker = start_worker(valkey_server.url, "--concurrency", "4")
     try:

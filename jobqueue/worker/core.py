@@ -513,7 +513,7 @@ class Worker:
         and a burst run always use the plain form."""
         client, key = queue.client, queue.shard(index).key("wake")
         conn = (None if isinstance(client, RedisCluster) or self.config.burst
-                else client.connection_pool.get_connection())
+                or queue.options.concurrency else client.connection_pool.get_connection())
         conn_id = None
         try:
             while not self._threads_stop.is_set():
@@ -522,7 +522,7 @@ class Worker:
                 try:
                     if conn is None:
                         woken = client.blpop([key], timeout=1)
-                    elif not self._running and not queue.options.concurrency:
+                    elif not self._running:
                         leases = queue.wait_and_claim(
                             conn, index, 1, 1, self.config.lease, self.config.name,
                             override_lease=self.config.lease is not None)
