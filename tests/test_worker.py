@@ -237,6 +237,7 @@ def _claims_behind_waits(client: Any) -> list[bool]:
 
 def test_an_idle_worker_waits_with_its_claim_already_sent(valkey_server: ValkeyProcess) -> None:
     client = Queue("default").client
+    client.config_resetstat()  # (the server is shared: earlier tests' workers used it)
     worker = start_worker(valkey_server.url, "--queues", "default", "--concurrency", "2")
     try:
         # Idle: the waiter's claim waits behind its BLPOP, so a token leads straight to it.
@@ -260,6 +261,7 @@ def test_a_capped_queues_waiter_never_sends_a_claim_ahead(valkey_server: ValkeyP
     # A claim sent ahead could take a job beyond the queue's `concurrency` cap: its waiter
     # always waits for a token first (and an idle worker has no such wait to end).
     client = Queue("isolated").client
+    client.config_resetstat()  # (the server is shared: earlier tests' workers used it)
     worker = start_worker(valkey_server.url, "--queues", "isolated", "--concurrency", "2")
     try:
         wait_for(lambda: _claims_behind_waits(client) == [False])
