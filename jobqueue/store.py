@@ -308,8 +308,7 @@ class Queue:
         leases)."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
-        default = lease if lease is not None else self.options.lease
-        lease_ms = round(validate_lease(default) * 1000)
+        lease_ms = self._lease_ms(lease)
         total = shards or self.claim_shards()
         if only is not None:
             start = only % total
@@ -342,6 +341,10 @@ class Queue:
         self.rate_wait = min(waits) / 1000 if waits and all(waits) else 0.0
         return answers, out
 
+    def _lease_ms(self, lease: float | None) -> int:
+        """A claim's default lease in ms: the worker's, else the queue's."""
+        return round(validate_lease(lease if lease is not None else self.options.lease) * 1000)
+
     def _claim_args(self, count: int, lease_ms: int, override_lease: bool, worker: str,
                     policy: tuple[Any, ...], acks: Sequence[tuple[Lease, str]]) -> list[Any]:
         args: list[Any] = [count, lease_ms, "1" if override_lease else "0", worker,
@@ -360,8 +363,7 @@ class Queue:
         Returns the leases; None when the claim did not run (its script was not loaded: the
         caller claims the usual way, which loads it)."""
         shard = self.shard(index)
-        lease_ms = round(validate_lease(lease if lease is not None else self.options.lease) * 1000)
-        args = self._claim_args(count, lease_ms, override_lease, worker,
+        args = self._claim_args(count, self._lease_ms(lease), override_lease, worker,
                                 _claim_policy(self.options, self.shards), [])
         keys = scripts.keys_for("claim", shard)
         sha = scripts.script(self.client, "claim").sha

@@ -511,43 +511,47 @@ class Worker:
         lease one job beyond the worker's room if the main loop filled it meanwhile (the job
         waits as a prefetched one does), so a queue with a `concurrency` cap, a cluster client
         and a burst run always use the plain form."""
-        client, key = queue.client, queue.shard(index).key("wake")
+        client = queue.client
         conn = (None if isinstance(client, RedisCluster) or self.config.burst
                 or queue.options.concurrency else client.connection_pool.get_connection())
-        conn_id = None
+        conn_id: list[int] = []  # (its connection's id, once asked: a plain wait registers it)
         try:
             while not self._threads_stop.is_set():
                 if not self._room.wait(0.5) or self._stop_claiming.is_set():
                     continue
                 try:
-                    if conn is None:
-                        woken = client.blpop([key], timeout=1)
-                    elif not self._running:
-                        leases = queue.wait_and_claim(
-                            conn, index, 1, 1, self.config.lease, self.config.name,
-                            override_lease=self.config.lease is not None)
-                        if leases:
-                            self._take(queue, leases)
-                        woken = leases is None  # the claim script was not loaded: this loads it
-                    else:
-                        if conn_id is None:
-                            conn_id = wire.call_on(conn, [("CLIENT", "ID")])[0]
-                        self._plain_waits[queue.name, index] = conn_id
-                        try:
-                            woken = wire.call_on(conn, [("BLPOP", key, 1)])[0]
-                        finally:
-                            self._plain_waits.pop((queue.name, index), None)
+                    woken = self._wait_once(queue, index, conn, conn_id)
                     if woken:
                         # Claim here rather than wake the main loop to do it: an enqueue reaches
                         # a worker's runner in one hop.
                         self._drained_until.pop(queue.name, None)
                         self._claim(woken=(queue, index))
                 except RedisError:
-                    conn_id = None  # (the connection reconnects, with a new id)
+                    conn_id.clear()  # (the connection reconnects, with a new id)
                     self._threads_stop.wait(1.0)
         finally:
             if conn is not None:
                 client.connection_pool.release(conn)
+
+    def _wait_once(self, queue: Queue, index: int, conn: Any, conn_id: list[int]) -> bool:
+        """One wait of up to 1 s on a shard's wake list, in the form `_wait_for_wake` says.
+        True when a token came and the caller should claim."""
+        key = queue.shard(index).key("wake")
+        if conn is None:
+            return bool(queue.client.blpop([key], timeout=1))
+        if not self._running:  # idle: the claim goes right behind the wait
+            leases = queue.wait_and_claim(conn, index, 1, 1, self.config.lease, self.config.name,
+                                          override_lease=self.config.lease is not None)
+            if leases:
+                self._take(queue, leases)
+            return leases is None  # the claim script was not loaded: the caller's claim loads it
+        if not conn_id:
+            conn_id.append(wire.call_on(conn, [("CLIENT", "ID")])[0])
+        self._plain_waits[queue.name, index] = conn_id[0]
+        try:
+            return wire.call_on(conn, [("BLPOP", key, 1)])[0] is not None
+        finally:
+            self._plain_waits.pop((queue.name, index), None)
 
     def _unblock_waiters(self) -> None:
         """The worker fell idle: end its waiters' plain waits, so that they wait with a claim
