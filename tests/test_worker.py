@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -229,29 +231,58 @@ def test_an_idle_worker_sleeps_and_wakes_at_once(valkey_server: ValkeyProcess) -
         assert worker.wait(20) == 0
 
 
-def _claims_behind_waits(client: Any) -> list[bool]:
-    """Per client blocked in BLPOP (a worker's wake waiter): whether a command waits behind it
-    in its query buffer (the idle worker's claim)."""
-    return [int(c["qbuf"]) > 0 for c in client.client_list() if c["cmd"] == "blpop"]
+class _Monitor:
+    """Every command clients send to Valkey, as MONITOR reports it: (connection, command)."""
+
+    def __init__(self, client: Any) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self._monitor = client.monitor()
+        self._monitor.__enter__()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(Exception):  # (the connection closed: the test is over)
+            while True:
+                got = self._monitor.next_command()
+                if got["client_address"] != "lua":  # (not the commands scripts call)
+                    self.seen.append((f"{got['client_address']}:{got['client_port']}",
+                                      " ".join(got["command"].split()[:2]).upper()))
+
+    def close(self) -> None:
+        self._monitor.connection.disconnect()
+
+    def waiters(self, since: int = 0) -> dict[str, list[str]]:
+        """Per connection that waited on a wake list: the commands it sent (from `since`)."""
+        waiting = {conn for conn, command in self.seen if command.startswith("BLPOP")}
+        return {conn: [command for c, command in self.seen[since:] if c == conn]
+                for conn in waiting}
+
+
+def _sends_claims(commands: list[str]) -> bool:
+    return any(command.startswith("EVALSHA") for command in commands)
 
 
 def test_an_idle_worker_waits_with_its_claim_already_sent(valkey_server: ValkeyProcess) -> None:
     client = Queue("default").client
     client.config_resetstat()  # (the server is shared: earlier tests' workers used it)
+    monitor = _Monitor(client)
     worker = start_worker(valkey_server.url, "--queues", "default", "--concurrency", "2")
     try:
-        # Idle: the waiter's claim waits behind its BLPOP, so a token leads straight to it.
-        wait_for(lambda: _claims_behind_waits(client) == [True])
+        # Idle: the waiter's connection sends the claim itself, right behind its BLPOP.
+        wait_for(lambda: [_sends_claims(c) for c in monitor.waiters().values()] == [True])
         ref = jobs.sleep.enqueue(0.5)
-        # Busy: a token, then a claim of what there is room for.
-        wait_for(lambda: _claims_behind_waits(client) == [False])
+        # Busy: a token, then a claim of what there is room for (from other connections); the
+        # waiter tells its connection's id so that the worker can end that wait.
+        wait_for(lambda: [("CLIENT ID" in c) for c in monitor.waiters().values()] == [True])
         wait_for(lambda: (get_job(ref.id) or ref).state == "succeeded")  # type: ignore[union-attr]
-        # Idle again: the worker unblocks that wait rather than let it run out.
+        # Idle again: the worker unblocks that wait, and the waiter sends its claim again.
         wait_for(lambda: client.info("commandstats").get("cmdstat_client|unblock"))
-        wait_for(lambda: _claims_behind_waits(client) == [True])
+        unblocked = len(monitor.seen)  # (MONITOR does not show CLIENT UNBLOCK itself)
+        wait_for(lambda: [_sends_claims(c) for c in monitor.waiters(unblocked).values()] == [True])
         late = jobs.add.enqueue(2, 3)
         wait_for(lambda: (get_job(late.id) or late).state == "succeeded")  # type: ignore[union-attr]
     finally:
+        monitor.close()
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
     assert Queue("default").counts()["active"] == 0
@@ -262,15 +293,17 @@ def test_a_capped_queues_waiter_never_sends_a_claim_ahead(valkey_server: ValkeyP
     # always waits for a token first (and an idle worker has no such wait to end).
     client = Queue("isolated").client
     client.config_resetstat()  # (the server is shared: earlier tests' workers used it)
+    monitor = _Monitor(client)
     worker = start_worker(valkey_server.url, "--queues", "isolated", "--concurrency", "2")
     try:
-        wait_for(lambda: _claims_behind_waits(client) == [False])
+        wait_for(lambda: len(monitor.waiters()) == 1)
         ref = jobs.add.using(queue="isolated").enqueue(1, 2)
         wait_for(lambda: (get_job(ref.id, queue="isolated") or ref).state == "succeeded")  # type: ignore[union-attr]
-        time.sleep(1.5)
-        assert _claims_behind_waits(client) == [False]
+        time.sleep(2.5)  # (two of the waiter's 1 s waits run out)
+        assert [_sends_claims(c) for c in monitor.waiters().values()] == [False]
         assert "cmdstat_client|unblock" not in client.info("commandstats")
     finally:
+        monitor.close()
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
 
