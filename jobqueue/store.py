@@ -362,13 +362,23 @@ class Queue:
         the moment a token arrives (or the wait times out), with no round trip between.
         Returns the leases; None when the claim did not run (its script was not loaded: the
         caller claims the usual way, which loads it)."""
+        commands = self.wait_and_claim_commands(index, timeout, count, lease, worker,
+                                                override_lease=override_lease)
+        return self.claimed_after_wait(index, wire.call_on(conn, commands))
+
+    def wait_and_claim_commands(self, index: int, timeout: int, count: int,
+                                lease: float | None = None, worker: str = "", *,
+                                override_lease: bool = False) -> list[tuple[Any, ...]]:
+        """`wait_and_claim`'s two commands, for a caller that sends them its own way (on an
+        event loop: `wire.call_on_async`); `claimed_after_wait` reads their replies."""
         shard = self.shard(index)
         args = self._claim_args(count, self._lease_ms(lease), override_lease, worker,
                                 _claim_policy(self.options, self.shards), [])
         keys = scripts.keys_for("claim", shard)
         sha = scripts.script(self.client, "claim").sha
-        replies = wire.call_on(conn, [("BLPOP", shard.key("wake"), timeout),
-                                      ("EVALSHA", sha, len(keys), *keys, *args)])
+        return [("BLPOP", shard.key("wake"), timeout), ("EVALSHA", sha, len(keys), *keys, *args)]
+
+    def claimed_after_wait(self, index: int, replies: list[Any]) -> list[Lease] | None:
         wait, reply = replies
         if isinstance(reply, NoScriptError):
             return None

@@ -109,3 +109,55 @@ def call_on(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
         conn.disconnect()
         raise
     return replies
+
+
+async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
+    """`call_on` for a redis.asyncio connection, on its event loop."""
+    replies: list[Any] = []
+    sent = 0
+    try:
+        for command in commands:
+            await conn.send_packed_command([PACK(command)] if PACK else conn.pack_command(*command))
+            sent += 1
+        for _ in range(sent):
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException:
+        await conn.disconnect()
+        raise
+    return replies
+
+
+_MACHINERY = frozenset({
+    "retry", "parser_class", "redis_connect_func", "event_dispatcher", "driver_info", "lib_name",
+    "lib_version", "himport_registry", "maint_notifications_config",
+    "maint_notifications_pool_handler", "orig_host_address", "orig_socket_timeout",
+    "orig_socket_connect_timeout"})
+"""Connection settings that belong to the synchronous pool's own machinery: an asyncio twin
+takes its own defaults for them."""
+
+
+def async_twin(client: Any) -> Any | None:
+    """A redis.asyncio connection with a standalone client's connection settings (address,
+    credentials, database, TLS, timeouts, decoding), unconnected; None when the client's
+    connections have a class or a setting the asyncio ones lack (then keep to threads)."""
+    import inspect
+
+    import redis.asyncio.connection as aio
+    from redis import connection as sync
+
+    pool = client.connection_pool
+    twin = {sync.Connection: aio.Connection, sync.SSLConnection: aio.SSLConnection,
+            sync.UnixDomainSocketConnection: aio.UnixDomainSocketConnection,
+            }.get(pool.connection_class)
+    if twin is None:
+        return None
+    accepted = {name for cls in twin.__mro__ if "__init__" in vars(cls)
+                for name in inspect.signature(vars(cls)["__init__"]).parameters}
+    settings = {name: value for name, value in pool.connection_kwargs.items()
+                if name not in _MACHINERY}
+    if not settings.keys() <= accepted - {"self", "args", "kwargs"}:
+        return None
+    return twin(**settings)

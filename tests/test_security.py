@@ -4,6 +4,7 @@ credentials (a password, an ACL user) come from the URL and never show in an err
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 from pathlib import Path
@@ -14,7 +15,7 @@ import redis
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from jobqueue import Queue, schedule
+from jobqueue import Queue, schedule, wire
 from jobqueue.conf import get_client
 from jobqueue.models import Job
 from jobqueue.scripts import TRANSITIONS, source
@@ -135,6 +136,40 @@ def test_an_acl_user_in_the_url_runs_everything(settings: Any) -> None:
         server.cleanup()
 
 
+def _through_twin(client: Any, *commands: tuple[Any, ...]) -> list[Any]:
+    """Send commands through the asyncio twin of `client`'s connections (what a worker's event
+    loop waits on), on a loop of their own."""
+    twin = wire.async_twin(client)
+
+    async def go() -> list[Any]:
+        try:
+            return await wire.call_on_async(twin, commands)
+        finally:
+            await twin.disconnect()
+
+    return asyncio.run(go())
+
+
+def test_the_event_loops_connections_carry_the_acl_user_and_database() -> None:
+    server = ValkeyProcess().start()
+    try:
+        admin = redis.Redis(port=server.port)
+        admin.execute_command("ACL", "SETUSER", "jq", "on", ">jq-secret", "~*", "&*", "+@all")
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+        client = redis.Redis.from_url(f"redis://jq:jq-secret@127.0.0.1:{server.port}/3",
+                                      decode_responses=True)
+        assert _through_twin(client, ("SET", "k", "v"), ("ACL", "WHOAMI")) == ["OK", "jq"]
+        assert client.get("k") == "v"  # (database 3)
+        custom = redis.ConnectionPool(connection_class=_Custom, port=server.port)
+        assert wire.async_twin(redis.Redis(connection_pool=custom)) is None
+    finally:
+        server.cleanup()
+
+
+class _Custom(redis.Connection):
+    """A connection class an application made: it has no asyncio twin."""
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(not (shutil.which("stunnel4") or shutil.which("stunnel")),
@@ -149,6 +184,7 @@ def test_tls_with_rediss_runs_everything_and_an_untrusted_certificate_is_one_cle
         assert "default" in manage("jobqueue", "stats", url=url).stdout
         assert run_burst(url) == 0
         assert Job.objects.get(pk=ref.id).result == 42
+        assert _through_twin(get_client(), ("PING",)) == ["PONG"]  # (an event loop's waits)
 
         untrusted = proxy.url()  # the system's CAs do not know the self-signed certificate
         done = manage("jobqueue", "stats", url=untrusted)

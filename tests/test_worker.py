@@ -288,6 +288,35 @@ def test_an_idle_worker_waits_with_its_claim_already_sent(valkey_server: ValkeyP
     assert Queue("default").counts()["active"] == 0
 
 
+def test_once_an_async_job_ran_the_idle_wait_runs_on_the_event_loop(
+        valkey_server: ValkeyProcess) -> None:
+    # An async job claimed by a wait on the worker's event loop starts there, without a hand-over
+    # from the waiter's thread: that wait has a connection of its own (the loop's).
+    client = Queue("default").client
+    monitor = _Monitor(client)
+    worker = start_worker(valkey_server.url, "--queues", "default", "--concurrency", "2")
+    try:
+        wait_for(lambda: [_sends_claims(c) for c in monitor.waiters().values()] == [True])
+        (threaded,) = monitor.waiters()
+        first = jobs.async_sleep.enqueue(0)
+        wait_for(lambda: (get_job(first.id) or first).state == "succeeded")  # type: ignore[union-attr]
+        since = len(monitor.seen)
+        wait_for(lambda: any(_sends_claims(c) for conn, c in monitor.waiters(since).items()
+                             if conn != threaded))
+        settled = len(monitor.seen)
+        second = jobs.async_sleep.enqueue(0)
+        wait_for(lambda: (get_job(second.id) or second).state == "succeeded")  # type: ignore[union-attr]
+        time.sleep(1.5)  # (an idle wait of the thread's would have run out and been sent again)
+        after = monitor.waiters(settled)
+        assert not _sends_claims(after[threaded])  # (it waits the plain way while a job runs)
+        assert any(_sends_claims(c) for conn, c in after.items() if conn != threaded)
+    finally:
+        monitor.close()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+    assert get_job(second.id).result["done"] == 2  # type: ignore[union-attr]
+
+
 def test_a_capped_queues_waiter_never_sends_a_claim_ahead(valkey_server: ValkeyProcess) -> None:
     # A claim sent ahead could take a job beyond the queue's `concurrency` cap: its waiter
     # always waits for a token first (and an idle worker has no such wait to end).

@@ -93,6 +93,18 @@ class WorkerConfig:
         return self.concurrency + (self.concurrency if self.prefetch is None else self.prefetch)
 
 
+@dataclass
+class _Lines:
+    """One wake waiter's own connections (see `Worker._wait_for_wake`)."""
+
+    conn: Any
+    """A standalone client's connection, kept for the waits; None: plain BLPOPs on the client."""
+    conn_id: int | None = None
+    """Its id on the server, once asked (a plain wait registers it, to be unblocked)."""
+    twin: Any = None
+    """Its redis.asyncio twin for the waits on the event loop; False when there can be none."""
+
+
 class Worker:
     """Runs jobs from some queues until asked to stop (or, in burst mode, until they are empty)."""
 
@@ -505,53 +517,76 @@ class Worker:
 
         An idle worker sends a claim of one job right behind its wait, on a connection this
         thread keeps (`Queue.wait_and_claim`): Valkey runs it as soon as an enqueue's token
-        arrives, so the job is leased without another round trip. A busy worker waits for a
-        token, then claims what it has room for; when it falls idle, the main loop unblocks
-        that wait (`_unblock_waiters`) so the next job finds the idle form. The idle form can
-        lease one job beyond the worker's room if the main loop filled it meanwhile (the job
-        waits as a prefetched one does), so a queue with a `concurrency` cap, a cluster client
-        and a burst run always use the plain form."""
+        arrives, so the job is leased without another round trip. Once the worker has an event
+        loop (it ran an `async def` handler), that wait runs on the loop, so an async job starts
+        on the thread that received it. A busy worker waits for a token, then claims what it
+        has room for; when it falls idle, the main loop unblocks that wait (`_unblock_waiters`)
+        so the next job finds the idle form. The idle form can lease one job beyond the
+        worker's room if the main loop filled it meanwhile (the job waits as a prefetched one
+        does), so a queue with a `concurrency` cap, a cluster client and a burst run always
+        use the plain form."""
         client = queue.client
-        conn = (None if isinstance(client, RedisCluster) or self.config.burst
-                or queue.options.concurrency else client.connection_pool.get_connection())
-        conn_id: list[int] = []  # (its connection's id, once asked: a plain wait registers it)
+        lines = _Lines(None if isinstance(client, RedisCluster) or self.config.burst
+                       or queue.options.concurrency else client.connection_pool.get_connection())
         try:
             while not self._threads_stop.is_set():
                 if not self._room.wait(0.5) or self._stop_claiming.is_set():
                     continue
                 try:
-                    woken = self._wait_once(queue, index, conn, conn_id)
+                    woken = self._wait_once(queue, index, lines)
                     if woken:
                         # Claim here rather than wake the main loop to do it: an enqueue reaches
                         # a worker's runner in one hop.
                         self._drained_until.pop(queue.name, None)
                         self._claim(woken=(queue, index))
                 except RedisError:
-                    conn_id.clear()  # (the connection reconnects, with a new id)
+                    lines.conn_id = None  # (the connection reconnects, with a new id)
                     self._threads_stop.wait(1.0)
         finally:
-            if conn is not None:
-                client.connection_pool.release(conn)
+            if lines.conn is not None:
+                client.connection_pool.release(lines.conn)
+            loop = self._runners.loop if self._runners else None
+            if lines.twin and loop is not None:
+                with contextlib.suppress(Exception):
+                    loop.run(lines.twin.disconnect())
 
-    def _wait_once(self, queue: Queue, index: int, conn: Any, conn_id: list[int]) -> bool:
+    def _wait_once(self, queue: Queue, index: int, lines: _Lines) -> bool:
         """One wait of up to 1 s on a shard's wake list, in the form `_wait_for_wake` says.
         True when a token came and the caller should claim."""
         key = queue.shard(index).key("wake")
-        if conn is None:
+        if lines.conn is None:
             return bool(queue.client.blpop([key], timeout=1))
         if not self._running:  # idle: the claim goes right behind the wait
-            leases = queue.wait_and_claim(conn, index, 1, 1, self.config.lease, self.config.name,
-                                          override_lease=self.config.lease is not None)
-            if leases:
-                self._take(queue, leases)
+            commands = queue.wait_and_claim_commands(
+                index, 1, 1, self.config.lease, self.config.name,
+                override_lease=self.config.lease is not None)
+            loop = self._runners.loop if self._runners else None
+            if loop is not None and lines.twin is None:
+                lines.twin = wire.async_twin(queue.client) or False
+            if loop is not None and lines.twin:
+                leases = loop.run(self._wait_on_loop(queue, index, lines.twin, commands))
+            else:
+                leases = queue.claimed_after_wait(index, wire.call_on(lines.conn, commands))
+                if leases:
+                    self._take(queue, leases)
             return leases is None  # the claim script was not loaded: the caller's claim loads it
-        if not conn_id:
-            conn_id.append(wire.call_on(conn, [("CLIENT", "ID")])[0])
-        self._plain_waits[queue.name, index] = conn_id[0]
+        if lines.conn_id is None:
+            lines.conn_id = wire.call_on(lines.conn, [("CLIENT", "ID")])[0]
+        self._plain_waits[queue.name, index] = lines.conn_id
         try:
-            return wire.call_on(conn, [("BLPOP", key, 1)])[0] is not None
+            return wire.call_on(lines.conn, [("BLPOP", key, 1)])[0] is not None
         finally:
             self._plain_waits.pop((queue.name, index), None)
+
+    async def _wait_on_loop(self, queue: Queue, index: int, twin: Any,
+                            commands: list[tuple[Any, ...]]) -> list[Lease] | None:
+        """The idle form's wait and claim, on the worker's event loop: the async jobs it brings
+        start as tasks right here, without a hand-over from the waiter's thread (a quarter of
+        a millisecond on a small VM)."""
+        leases = queue.claimed_after_wait(index, await wire.call_on_async(twin, commands))
+        if leases:
+            self._take(queue, leases)
+        return leases
 
     def _unblock_waiters(self) -> None:
         """The worker fell idle: end its waiters' plain waits, so that they wait with a claim

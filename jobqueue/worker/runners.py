@@ -23,10 +23,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from queue import Empty, SimpleQueue
+from typing import Any, TypeVar
 
 from django.db import close_old_connections
 
@@ -38,6 +39,7 @@ from .executor import Outcome, Prepared, execute, execute_async, is_async, prepa
 log = logging.getLogger("jobqueue.worker")
 Done = Callable[[Lease, Outcome], None]
 Job = tuple[Lease, Prepared | Outcome | None]
+T = TypeVar("T")
 BLOCKED = 0.5
 """Seconds the event loop may go without running a callback before its watchdog logs where the
 loop's thread is: an async handler that makes a blocking call stalls every async job."""
@@ -73,6 +75,11 @@ class Runners:
             if self._loop is None:
                 self._loop = EventLoop(self._done)
             self._loop.submit(on_loop)
+
+    @property
+    def loop(self) -> EventLoop | None:
+        """The event loop for async handlers, once one has run."""
+        return self._loop
 
     def take_unstarted(self) -> list[Lease]:
         """Leases no runner has picked up yet, taken back (the stopping worker releases them)."""
@@ -145,7 +152,14 @@ class EventLoop:
         threading.Thread(target=self._watch, name="jobqueue-asyncio-watch", daemon=True).start()
 
     def submit(self, jobs: list[tuple[Lease, Prepared]]) -> None:
-        self._loop.call_soon_threadsafe(self._start, jobs)  # one wake-up for the whole batch
+        if threading.get_ident() == self._thread.ident:  # (claimed on the loop: start them now)
+            self._start(jobs)
+        else:
+            self._loop.call_soon_threadsafe(self._start, jobs)  # one wake-up for the whole batch
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the loop from another thread; its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def _start(self, jobs: list[tuple[Lease, Prepared]]) -> None:
         for lease, prepared in jobs:
