@@ -581,8 +581,7 @@ class Worker:
     async def _wait_on_loop(self, queue: Queue, index: int, twin: Any,
                             commands: list[tuple[Any, ...]]) -> list[Lease] | None:
         """The idle form's wait and claim, on the worker's event loop: the async jobs it brings
-        start as tasks right here, without a hand-over from the waiter's thread (a quarter of
-        a millisecond on a small VM)."""
+        start as tasks right here, without a hand-over from the waiter's thread."""
         leases = queue.claimed_after_wait(index, await wire.call_on_async(twin, commands))
         if leases:
             self._take(queue, leases)
