@@ -325,11 +325,12 @@ def test_a_capped_queues_waiter_never_sends_a_claim_ahead(valkey_server: ValkeyP
     monitor = _Monitor(client)
     worker = start_worker(valkey_server.url, "--queues", "isolated", "--concurrency", "2")
     try:
-        wait_for(lambda: len(monitor.waiters()) == 1)
+        wait_for(lambda: len(monitor.waiters()) >= 1)
         ref = jobs.add.using(queue="isolated").enqueue(1, 2)
         wait_for(lambda: (get_job(ref.id, queue="isolated") or ref).state == "succeeded")  # type: ignore[union-attr]
         time.sleep(2.5)  # (two of the waiter's 1 s waits run out)
-        assert [_sends_claims(c) for c in monitor.waiters().values()] == [False]
+        # (its plain waits borrow any of the client's connections: there may be several)
+        assert monitor.waiters() and not any(map(_sends_claims, monitor.waiters().values()))
         assert "cmdstat_client|unblock" not in client.info("commandstats")
     finally:
         monitor.close()
