@@ -6,9 +6,11 @@ changes `JOBQUEUE` (Django's `setting_changed` signal clears the caches).
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from typing import Any
@@ -19,6 +21,7 @@ from .schedule import Entry
 from .schedule import parse as parse_schedule
 from .spec import check_queue_options, lane_weights
 
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
                       "priority", "durable", "lane_weights", "rate", "wait_replicas")
 
@@ -96,6 +99,9 @@ class Config:
     metrics_token: str | None = None
     """When set, /metrics wants `Authorization: Bearer <token>`."""
     auto_shards: AutoShards = AutoShards()
+    event_loop: str = "auto"
+    """The worker's event loop for `async def` handlers: "uvloop", "asyncio", or "auto" (uvloop
+    when it is installed)."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
@@ -165,7 +171,7 @@ def parse(raw: Any) -> Config:
             raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
     known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD",
-             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS"}
+             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP"}
     if set(raw) - known:
         unknown = set(raw) - known
         raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, unknown))}"
@@ -175,6 +181,12 @@ def parse(raw: Any) -> Config:
             raise ConfigurationError(f"JOBQUEUE[{key!r}] must be a string, got {raw[key]!r}")
     if not isinstance(raw.get("ON_COMMIT", True), bool):
         raise ConfigurationError(f"JOBQUEUE['ON_COMMIT'] must be True or False, got {raw['ON_COMMIT']!r}")
+    event_loop = raw.get("EVENT_LOOP", "auto")
+    if event_loop not in EVENT_LOOPS:
+        raise ConfigurationError(f"JOBQUEUE['EVENT_LOOP'] must be one of {EVENT_LOOPS}, got {event_loop!r}")
+    if event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise ConfigurationError("JOBQUEUE['EVENT_LOOP'] is 'uvloop' but uvloop is not installed "
+                                 "(pip install uvloop, or set it to 'auto' or 'asyncio')")
     return Config(
         url=raw.get("URL") or "embedded",
         cache_alias=raw.get("CACHE_ALIAS"),
@@ -187,6 +199,7 @@ def parse(raw: Any) -> Config:
         schedule=parse_schedule(raw.get("SCHEDULE", {})),
         metrics_token=raw.get("METRICS_TOKEN") or None,
         auto_shards=_auto_shards(raw.get("AUTO_SHARDS", {})),
+        event_loop=event_loop,
     )
 
 
@@ -218,6 +231,19 @@ def get_config() -> Config:
     if not settings.configured:
         return Config()
     return parse(getattr(settings, "JOBQUEUE", {}))
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """What makes the worker's event loop: uvloop's (a libuv loop: its socket reads and callbacks
+    cost less Python than asyncio's), unless `EVENT_LOOP` says "asyncio" or uvloop is missing."""
+    if get_config().event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop
+    return asyncio.new_event_loop
 
 
 def normalise_url(url: str) -> tuple[str, bool]:

@@ -66,6 +66,7 @@ def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_ser
     ({"QUEUES": {"emails": {"lane_weights": ["vip", 3]}}}, "lane_weights must be a dict"),
     ({"QUEUES": {"emails": {"rate": "ten/s"}}}, 'rate must be "N/s", "N/m" or "N/h"'),
     ({"QUEUES": {"emails": {"rate": "5/d"}}}, 'rate must be "N/s", "N/m" or "N/h"'),
+    ({"EVENT_LOOP": "trio"}, "EVENT_LOOP'] must be one of ('auto', 'uvloop', 'asyncio')"),
 ])
 def test_manage_py_check_explains_a_bad_jobqueue_setting(
     settings: Any, jobqueue: dict, fragment: str

@@ -390,8 +390,10 @@ def test_a_mariadb_outage_under_load_loses_no_mirror_row(valkey_server: ValkeyPr
 def test_the_process_pool_runs_jobs_and_survives_a_crashing_one(valkey_server: ValkeyProcess) -> None:
     refs = jobs.add.enqueue_many([(i, 1) for i in range(20)])
     crash = jobs.crash_once.enqueue()  # os._exit in a pool process breaks the pool, not the worker
+    coroutine = jobs.async_sleep.enqueue(0)  # (one: asyncio.run in a pool process, on uvloop)
     assert run_burst(valkey_server.url, "--processes", "--concurrency", "2", "--lease", "2") == 0
     assert {Job.objects.get(pk=r.id).result for r in refs} == {i + 1 for i in range(20)}
+    assert Job.objects.get(pk=coroutine.id).result["loop"] == "uvloop"
     row = Job.objects.get(pk=crash.id)
     assert row.state == "succeeded" and row.result["resumed_from"] == {"step": 1, "attempt": 1}
 
@@ -437,12 +439,20 @@ def test_async_handlers_share_one_event_loop_and_run_side_by_side(
     assert time.monotonic() - started < 25  # 40 one-second sleeps at once, not one after another
     assert max(r["started"] for r in results) - min(r["started"] for r in results) < 1.0
     assert len({r["thread"] for r in results}) == 1  # one loop thread ran them all
+    assert {r["loop"] for r in results} == {"uvloop"}  # (installed: the default)
     assert sorted(r["done"] for r in results) == list(range(1, 41))  # one client, kept
     dead = Job.objects.get(pk=fails.id)
     assert dead.state == "dead" and dead.attempts == 2
     assert "ValueError: async boom on attempt 2" in dead.last_error
     assert Job.objects.get(pk=retried.id).state == "dead"
     assert Job.objects.get(pk=plain.id).result == 4
+
+
+def test_event_loop_asyncio_runs_async_handlers_on_asyncios_own_loop(
+        valkey_server: ValkeyProcess) -> None:
+    refs = jobs.async_sleep.enqueue_many([(0,)] * 3)
+    assert run_burst(valkey_server.url, env={"JOBQUEUE_TEST_EVENT_LOOP": "asyncio"}) == 0
+    assert {Job.objects.get(pk=r.id).result["loop"] for r in refs} == {"asyncio"}
 
 
 def test_a_stopping_worker_lets_async_jobs_finish_or_cancels_and_releases_them(

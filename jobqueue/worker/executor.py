@@ -14,6 +14,7 @@ import traceback
 from typing import Any, NamedTuple, TypeGuard
 
 from ..api import JobFunction, handler_for
+from ..conf import loop_factory
 from ..exceptions import JobQueueError, UnknownHandler
 from ..handler import JobCancelled, JobContext, RetryLater
 from ..records import Lease
@@ -86,7 +87,7 @@ def execute(lease: Lease, prepared: Prepared | Outcome | None = None) -> Outcome
         func, args, kwargs = _call_args(prepared, lease)
         result = func(*args, **kwargs)
         if inspect.iscoroutine(result):  # a coroutine outside the event loop (process mode)
-            result = asyncio.run(result)
+            result = asyncio.run(result, loop_factory=loop_factory())
     except Exception as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
         return _failed(exc, started)
     return _succeeded(result, started)

@@ -7,11 +7,12 @@ a short job itself. Here N runner threads take jobs from one inbox and hand each
 them). With `processes=True` each runner hands its job to a process pool and waits for it, so
 CPU-bound handlers use every core while the worker's own bookkeeping stays in threads.
 
-An `async def` handler's jobs run as tasks on one asyncio loop in its own thread (started with
-the first such job), many at once without a thread each; the worker's concurrency bounds them
-all the same. A loop that outlives a job lets the handler keep async clients (redis.asyncio,
-httpx, asyncpg pools) between jobs. A watchdog thread logs the call a handler is in when it
-holds the loop (a blocking call in an async handler stalls every async job).
+An `async def` handler's jobs run as tasks on one event loop in its own thread (started with
+the first such job; uvloop's when it is installed, see `conf.loop_factory`), many at once
+without a thread each; the worker's concurrency bounds them all the same. A loop that outlives a
+job lets the handler keep async clients (redis.asyncio, httpx, asyncpg pools) between jobs. A
+watchdog thread logs the call a handler is in when it holds the loop (a blocking call in an
+async handler stalls every async job).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 from django.db import close_old_connections
 
 from .. import signals
+from ..conf import loop_factory
 from ..records import Lease
 from ..store import Queue
 from .executor import Outcome, Prepared, execute, execute_async, is_async, prepare
@@ -143,7 +145,7 @@ class EventLoop:
 
     def __init__(self, done: Done) -> None:
         self._done = done
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop_factory()()
         self._tasks: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jobqueue-asyncio",
                                         daemon=True)

@@ -126,7 +126,8 @@ async def async_sleep(seconds: float) -> dict[str, Any]:
     started = time.monotonic()
     await asyncio.sleep(seconds)
     done = await (await _shared_client()).incr("test:async-done")
-    return {"thread": threading.get_ident(), "done": done, "started": started}
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop's, or asyncio's
+    return {"thread": threading.get_ident(), "done": done, "started": started, "loop": loop}
 
 
 @job(takes_context=True, max_attempts=2, backoff=0)
