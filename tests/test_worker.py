@@ -455,6 +455,15 @@ def test_event_loop_asyncio_runs_async_handlers_on_asyncios_own_loop(
     assert {Job.objects.get(pk=r.id).result["loop"] for r in refs} == {"asyncio"}
 
 
+def test_the_worker_hides_start_ups_objects_from_the_garbage_collector(
+        valkey_server: ValkeyProcess) -> None:
+    # (full collections over Django's objects were most of a no-op job's time in the collector)
+    ref = jobs.gc_state.enqueue()
+    assert run_burst(valkey_server.url) == 0
+    state = Job.objects.get(pk=ref.id).result
+    assert state["frozen"] > 10_000 and state["threshold"][0] == 10_000
+
+
 def test_a_stopping_worker_lets_async_jobs_finish_or_cancels_and_releases_them(
         valkey_server: ValkeyProcess) -> None:
     short = jobs.async_sleep.enqueue(2)

@@ -51,6 +51,14 @@ def noop() -> None:
     return None
 
 
+@job
+def gc_state() -> dict[str, Any]:
+    """What the worker's process did to its cyclic garbage collector."""
+    import gc
+
+    return {"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold()}
+
+
 @job(max_attempts=2, backoff=0)
 def always_fails(reason: str) -> None:
     raise ValueError(reason)
