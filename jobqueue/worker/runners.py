@@ -40,6 +40,14 @@ from .executor import Outcome, Prepared, execute, execute_async, is_async, prepa
 
 log = logging.getLogger("jobqueue.worker")
 Done = Callable[[Lease, Outcome], None]
+DEFAULT_SWITCH = 0.005
+"""CPython's interval (seconds) after which a thread that wants the GIL makes the holder let go."""
+SWITCH = 0.0002
+"""The interval once a worker runs async handlers. Its main loop and its event loop then both
+spend their time between socket reads: at the default, a thread whose reply has arrived may wait
+up to 5 ms for the other to let go. One process at c=32 with a no-op async job: 9,900 → 12,000
+jobs/s. A worker of plain handlers keeps the default: with its runner threads all busy, the short
+interval costs more handovers than it saves (5,990 → 5,330 jobs/s)."""
 Job = tuple[Lease, Prepared | Outcome | None]
 T = TypeVar("T")
 BLOCKED = 0.5
@@ -145,6 +153,8 @@ class EventLoop:
 
     def __init__(self, done: Done) -> None:
         self._done = done
+        if sys.getswitchinterval() == DEFAULT_SWITCH:  # (an application's own setting stays)
+            sys.setswitchinterval(SWITCH)
         self._loop = loop_factory()()
         self._tasks: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jobqueue-asyncio",

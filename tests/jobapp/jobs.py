@@ -52,11 +52,18 @@ def noop() -> None:
 
 
 @job
-def gc_state() -> dict[str, Any]:
-    """What the worker's process did to its cyclic garbage collector."""
+def interpreter_state() -> dict[str, Any]:
+    """How the worker's process tuned its garbage collector and its GIL's switch interval."""
     import gc
+    import sys
 
-    return {"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold()}
+    return {"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(),
+            "switch": sys.getswitchinterval()}
+
+
+@job
+async def ainterpreter_state() -> dict[str, Any]:
+    return interpreter_state.func()
 
 
 @job(max_attempts=2, backoff=0)
