@@ -86,6 +86,8 @@ class JobQueuePeer(Peer):
     best_concurrency = 64
     """Per process with --workers 2: measured best of 16/32/64/128/256 (async jobs are tasks,
     so more of them cost little; threads for plain ones do best at 32)."""
+    one_concurrency = 128
+    """In one process: measured best of 32/64/128/192/256 (64 and 128 close; 32 a fifth slower)."""
 
     def enqueue(self, n: int, single: bool) -> float:
         from benchapp import jobs
@@ -100,7 +102,7 @@ class JobQueuePeer(Peer):
             return [PY, str(ROOT / "manage.py"), "runworker", "--workers", str(workers),
                     "--concurrency", str(concurrency), "--no-mirror", "--log-level", "WARNING"]
 
-        return {"one": Config("1 proc, c=32", run(1, 32)),
+        return {"one": Config(f"1 proc, c={self.one_concurrency}", run(1, self.one_concurrency)),
                 "best": Config(f"--workers 2, c={self.best_concurrency}",
                                run(2, self.best_concurrency)),
                 "c1": Config("c=1", run(1, 1))}
@@ -108,7 +110,7 @@ class JobQueuePeer(Peer):
 
 class JobQueueSyncPeer(JobQueuePeer):
     name, handler = "jq-sync", "tick"
-    best_concurrency = 32
+    best_concurrency = one_concurrency = 32
 
 
 class BullMQPeer(Peer):
