@@ -70,7 +70,8 @@ class JobFunction:
         return JobFunction(self.func, self.name, options)
 
     def enqueue(self, *args: Any, **kwargs: Any) -> JobRef:
-        return self.enqueue_many([(args, kwargs)])[0]
+        spec = JobSpec(_payload(self.name, args, kwargs), **self.options.spec)
+        return submit(Queue(self.options.queue), [spec], self.options.immediate)[0]
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
         """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""

@@ -284,6 +284,9 @@ _clients_lock = threading.Lock()
 
 def client_for_url(url: str) -> Any:
     """A shared client (standalone or cluster) for `url`, text-decoding, with a bounded retry."""
+    client = _clients.get(url)  # (made once: every enqueue asks, and needs no lock to read)
+    if client is not None:
+        return client
     with _clients_lock:
         if url not in _clients:
             import redis

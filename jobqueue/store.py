@@ -249,7 +249,7 @@ class Queue:
             raise NotReplicated(
                 f"queue {self.name!r}: {len(out)} job(s) written on the primary, but only "
                 f"{replicated} of {wanted} replica(s) confirmed them within {WAIT_MS} ms", out)
-        if signals.job_enqueued.has_listeners(Queue):
+        if signals.job_enqueued.receivers and signals.job_enqueued.has_listeners(Queue):
             for ref in out:
                 if ref.created:
                     signals.send(signals.job_enqueued, Queue, ref=ref)

@@ -33,7 +33,7 @@ class _Borrowed:
     """The connections borrowed from one pool, in one process."""
 
     def __init__(self, pool: Any) -> None:
-        self.pool, self.pid = pool, os.getpid()
+        self.pool = pool
         self.idle: list[Any] = []
         self.room = min(8, pool.max_connections // 4)
         self.lock = threading.Lock()
@@ -42,7 +42,7 @@ class _Borrowed:
     def of(cls, client: Any) -> _Borrowed:
         pool = client.connection_pool
         held = _BORROWED.get(pool)
-        if held is None or held.pid != os.getpid():
+        if held is None:
             held = _BORROWED[pool] = cls(pool)
         return held
 
@@ -59,6 +59,7 @@ class _Borrowed:
 
 
 _BORROWED: WeakKeyDictionary[Any, _Borrowed] = WeakKeyDictionary()
+os.register_at_fork(after_in_child=_BORROWED.clear)  # (not os.getpid() per call: a syscall)
 
 
 def call(client: Any, command: tuple[Any, ...]) -> Any:
