@@ -111,8 +111,7 @@ local function wake_workers(wake, n)
   if n <= 0 then return end
   local tokens = {}
   for i = 1, math.min(n, 16) do tokens[i] = '1' end
-  redis.call('RPUSH', wake, unpack(tokens))
-  redis.call('LTRIM', wake, -16, -1)
+  if redis.call('RPUSH', wake, unpack(tokens)) > 16 then redis.call('LTRIM', wake, -16, -1) end
 end
 
 -- An attempt that failed and will run again joins the row's `history` (the last ten): the job
@@ -188,6 +187,7 @@ end
 -- when this attempt already succeeded: a retry after a lost reply) or 0 (stale: the lease was
 -- lost and the job may have run again elsewhere).
 local function ack_jobs(base, active, done, meta, retention, at)
+  if tonumber(ARGV[at]) == 0 then return {} end  -- (an idle worker's claim brings none)
   local now = now_ms()
   local out = {}
   tally_batch = {}

@@ -92,7 +92,7 @@ end
 while claimed < count and turns < count * 4 do
   turns = turns + 1
   -- One lane with work: round-robin is moot, so take the rest of the batch from it at once.
-  local single = redis.call('LLEN', ring) == 1
+  local single = count - claimed > 1 and redis.call('LLEN', ring) == 1
   local lane
   if nweights == 0 then
     lane = redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
@@ -109,7 +109,9 @@ while claimed < count and turns < count * 4 do
   local popped = redis.call('ZPOPMIN', lk, single and (count - claimed) or 1)
   if redis.call('ZCARD', lk) == 0 then
     redis.call('LREM', ring, 0, lane)
-    redis.call('HDEL', turns_key, lane)
+    -- (turns are counted for weighted lanes only; one left from weights since removed costs
+    -- its lane at most one short round, should they come back)
+    if nweights > 0 then redis.call('HDEL', turns_key, lane) end
   end
   for i = 1, #popped, 2 do
     local ok, err = pcall(lease_job, popped[i])
