@@ -22,7 +22,11 @@ Returns: per job two entries: id, status — 'new'; 'exists' (unique_key or call
 ]]
 local base, ring, schedule, wake, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prior, n = ARGV[1] == 'prior', tonumber(ARGV[2])
-local now = now_ms()
+local now = nil  -- the server clock, read once and only when a row needs it (see at())
+local function at()
+  now = now or now_ms()
+  return now
+end
 local out, ready = {}, 0
 local filled = {}  -- lanes this call already put on the ring (or found there)
 if not prior and redis.call('HEXISTS', meta, 'draining') == 1 then
@@ -58,18 +62,18 @@ for i = 0, n - 1 do
   else
     local delay = tonumber(ARGV[o + 7])
     local row = {'state', (delay > 0) and 'scheduled' or 'pending', 'payload', ARGV[o + 1]}
-    if ARGV[o + 9] ~= '1' then put(row, 'enqueued_at', now, nil) end  -- else: the id's mint time
+    if ARGV[o + 9] ~= '1' then put(row, 'enqueued_at', at(), nil) end  -- else: the id's mint time
     put(row, 'priority', ARGV[o + 2], '0'); put(row, 'lane', ARGV[o + 3], '')
     put(row, 'max_attempts', ARGV[o + 4], ''); put(row, 'backoff_ms', ARGV[o + 5], '')
     put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')
-    if delay > 0 then put(row, 'run_after', now + delay, nil) end
+    if delay > 0 then put(row, 'run_after', at() + delay, nil) end
     redis.call('HSET', jk, unpack(row))
     if unique ~= '' then
       redis.call('SET', uniq_key(base, unique), id)
       redis.call('SADD', uniqs_key(base), unique)
     end
     if delay > 0 then
-      redis.call('ZADD', schedule, now + delay, id)
+      redis.call('ZADD', schedule, at() + delay, id)
     else
       local lane = ARGV[o + 3]
       if filled[lane] then  -- the lane holds work and is on the ring: no need to look again
