@@ -214,7 +214,8 @@ class Queue:
         now = self.layout()
         self._register(now.live)
         if len(prepared) == 1 and not now.prior and not wanted:  # (one job: the short way)
-            moved = not self._enqueue_one(prepared, refs, now.live)
+            refs[0] = self._enqueue_one(prepared[0], now.live)
+            moved = refs[0] is None  # (the loop reads the layout again and sends it again)
             todo = todo if moved else []
         while todo:
             if moved:
@@ -258,17 +259,14 @@ class Queue:
                     signals.send(signals.job_enqueued, Queue, ref=ref)
         return out
 
-    def _enqueue_one(self, prepared: list[Prepared], refs: list[JobRef | None], live: int) -> bool:
-        """`enqueue_many`'s one job, sent without its batching: True when it is in. False when
-        the loop must take it (its shard is draining, or its minted id was taken: minted anew)."""
-        job = prepared[0]
+    def _enqueue_one(self, job: Prepared, live: int) -> JobRef | None:
+        """`enqueue_many`'s one job, sent without its batching: its ref, or None when the loop
+        must take it (a draining shard turned it away, or its minted id was taken)."""
         index = self.place(job.job_id, job.lane, job.unique_key, live)
         job_id, status = self._run("enqueue", self.shard(index), ["", 1, *job.argv(self.options)])
-        if status == "collision":
-            prepared[0] = job._replace(job_id=ids.new_id())
-        elif status != "moved":
-            refs[0] = JobRef(job_id, self.name, created=status == "new")
-        return refs[0] is not None
+        if status in ("moved", "collision"):
+            return None
+        return JobRef(job_id, self.name, created=status == "new")
 
     def _enqueue_on_shard(self, index: int, mode: str, prepared: list[Prepared],
                           positions: list[int], refs: list[JobRef | None]) -> tuple[list[int], int]:

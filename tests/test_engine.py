@@ -74,6 +74,23 @@ def test_enqueue_writes_the_row_and_the_lane(queue: Queue, valkey: Any) -> None:
     assert valkey.llen("emq:{default}:wake") == 1
 
 
+@pytest.mark.parametrize("how", ["one", "many"])
+def test_a_minted_id_another_process_took_is_minted_anew(queue: Queue, valkey: Any,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          how: str) -> None:
+    taken = queue.enqueue({"first": True}).id
+    from jobqueue import ids
+
+    fresh = ids.new_id()
+    minted = iter([taken, fresh])
+    monkeypatch.setattr(ids, "new_id", lambda: next(minted))
+    specs = [JobSpec({"second": True})]
+    ref = queue.enqueue({"second": True}) if how == "one" else queue.enqueue_many(specs)[0]
+    assert ref.id == fresh and ref.created
+    assert queue.get(taken).payload == {"first": True}  # type: ignore[union-attr]
+    assert queue.get(fresh).payload == {"second": True}  # type: ignore[union-attr]
+
+
 def test_claim_leases_on_the_server_clock_and_counts_attempts(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue("p", lease=7)
     before = time.time() * 1000

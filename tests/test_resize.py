@@ -78,6 +78,17 @@ def test_a_producer_that_has_not_seen_a_shrink_is_turned_away_not_stranded(valke
     assert producer.layout().live == 1  # it re-read the layout when a shard turned jobs away
 
 
+def test_one_job_at_a_time_from_a_stale_producer_is_turned_away_too(valkey: Any) -> None:
+    # (a single job skips the batching: it must still fall back to reading the layout again)
+    producer = Queue("stale1", client=valkey, shards=4)
+    producer.layout()
+    Queue("stale1", client=valkey, shards=4).resize(1)
+    for _ in range(20):
+        layouts._cache[valkey][("stale1", 4)] = (time.monotonic() + 60, layouts.Layout(4, 0, 4, 4, ""))
+        ref = producer.enqueue({"n": 1})
+        assert producer.locate(ref.id) == 0
+
+
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2), (1, 4), (4, 1)])
 def test_a_lane_keeps_its_order_across_a_resize(valkey: Any, before: int, after: int) -> None:
     queue = Queue("lanes", client=valkey, shards=before)
