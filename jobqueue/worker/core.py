@@ -574,16 +574,16 @@ class Worker:
         if lines.conn is None:
             return bool(queue.client.blpop([key], timeout=1))
         if not self._running:  # idle: the claim goes right behind the wait
-            commands = queue.wait_and_claim_commands(
-                index, 1, 1, self.config.lease, self.config.name,
-                override_lease=self.config.lease is not None)
+            claim = (index, 1, 1, self.config.lease, self.config.name)
+            override = self.config.lease is not None
             loop = self._runners.loop if self._runners else None
             if loop is not None and lines.twin is None:
                 lines.twin = wire.async_twin(queue.client) or False
             if loop is not None and lines.twin:
+                commands = queue.wait_and_claim_commands(*claim, override_lease=override)
                 leases = loop.run(self._wait_on_loop(queue, index, lines.twin, commands))
             else:
-                leases = queue.claimed_after_wait(index, wire.call_on(lines.conn, commands))
+                leases = queue.wait_and_claim(lines.conn, *claim, override_lease=override)
                 if leases:
                     self._take(queue, leases)
             return leases is None  # the claim script was not loaded: the caller's claim loads it
