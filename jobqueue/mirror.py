@@ -7,6 +7,7 @@ pending by a dead consumer are claimed by another after `claim_idle` seconds.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +62,11 @@ class Mirror:
         self.batch = batch
         self.claim_idle_ms = round(claim_idle * 1000)
         self._grouped: set[str] = set()
+        self._own_pending = True
+        """Entries delivered to us and not yet written may wait (at start, after a failed write,
+        or more than a batch of them): the next step reads them first."""
+        self._next_takeover = 0.0
+        """When the next step looks for other consumers' idle entries (a dead worker's)."""
 
     def _streams(self) -> list[tuple[Any, str, str, int]]:
         """(client, stream key, queue name, shard index) of every shard that may hold events."""
@@ -85,20 +91,33 @@ class Mirror:
         entries then stay pending and the next step retries them.
         """
         written = 0
+        now = time.monotonic()
+        own, self._own_pending, more_own = take_over_all or self._own_pending, True, False
+        takeover = take_over_all or now >= self._next_takeover
+        if takeover:  # (a third of the idle time a dead worker's entries must reach first)
+            self._next_takeover = now + self.claim_idle_ms / 3000
         for client, stream, queue, shard in self._streams():
             self._ensure_group(client, stream)
             where = (queue, shard)
-            own = client.xreadgroup(GROUP, self.consumer, {stream: "0"}, count=self.batch)
-            written += self._write(client, stream, own[0][1] if own else [], *where)
-            idle = 0 if take_over_all else self.claim_idle_ms
-            claimed = client.xautoclaim(stream, GROUP, self.consumer, idle, "0-0", count=self.batch)
-            written += self._write(client, stream, claimed[1], *where)
+            if own:
+                reply = client.xreadgroup(GROUP, self.consumer, {stream: "0"}, count=self.batch)
+                entries = reply[0][1] if reply else []
+                written += self._write(client, stream, entries, *where)
+                more_own = more_own or len(entries) == self.batch
+            if takeover:
+                idle = 0 if take_over_all else self.claim_idle_ms
+                claimed = client.xautoclaim(stream, GROUP, self.consumer, idle, "0-0",
+                                            count=self.batch)
+                written += self._write(client, stream, claimed[1], *where)
+                if len(claimed[1]) == self.batch:
+                    self._next_takeover = 0.0
             while True:
                 reply = client.xreadgroup(GROUP, self.consumer, {stream: ">"}, count=self.batch)
                 entries = reply[0][1] if reply else []
                 written += self._write(client, stream, entries, *where)
                 if len(entries) < self.batch:
                     break
+        self._own_pending = more_own  # (a step that raised leaves it set: the next reads them)
         return written
 
     def _write(self, client: Any, stream: str, entries: list[tuple[str, dict[str, str]]],
