@@ -96,6 +96,46 @@ def test_mirror_keeps_ids_that_differ_only_in_case_apart() -> None:
     assert Job.objects.get(pk="JOB0000000000a").result == 1
 
 
+def test_the_mirror_rereads_what_a_failed_write_left_and_takes_over_a_dead_workers(
+        valkey_server: ValkeyProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (it no longer reads those on every pass: only when some may wait, and every third of the
+    # idle time a dead worker's entries must reach)
+    import time
+
+    from django.db import DatabaseError
+
+    from jobqueue import mirror
+
+    def finish(queue: Queue, n: int) -> set[str]:
+        refs = queue.enqueue_many([JobSpec(i) for i in range(n)])
+        for lease in queue.dequeue(count=n, lease=30, worker="t"):
+            assert queue.ack(lease)
+        return {r.id for r in refs}
+
+    def failing(*_: object) -> int:
+        raise DatabaseError("the database is down")
+
+    queue = Queue("mirrored")
+    ids = finish(queue, 3)
+    alive = mirror.Mirror([queue], consumer="alive")
+    with monkeypatch.context() as patch:
+        patch.setattr(mirror, "upsert", failing)
+        with pytest.raises(DatabaseError):
+            alive.step()  # read, not written: pending with this consumer
+    assert alive.step() == 3 and set(Job.objects.values_list("id", flat=True)) == ids
+    more = finish(queue, 2)
+    dead = mirror.Mirror([queue], consumer="dead")
+    with monkeypatch.context() as patch:
+        patch.setattr(mirror, "upsert", failing)
+        with pytest.raises(DatabaseError):
+            dead.step()  # then the worker dies with them
+    heir = mirror.Mirror([queue], consumer="heir", claim_idle=0.2)
+    assert heir.step() == 0  # not idle long enough yet
+    time.sleep(0.3)
+    assert heir.step() == 2 and set(Job.objects.values_list("id", flat=True)) == ids | more
+    assert alive.step() == 0 and heir.backlog() == 0
+
+
 def test_shard_rows_record_counts_and_draining_shards(valkey_server: ValkeyProcess) -> None:
     from jobqueue.mirror import record_shards
     from jobqueue.models import Shard
