@@ -33,6 +33,8 @@ ENQUEUE_CHUNK = 500
 WAIT_MS = 1000
 """How long an enqueue of a `wait_replicas` queue waits for its replicas."""
 LIVE_STATES = ("pending", "scheduled", "active")
+READ_SLACK = 5.0
+"""Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
 
 
 @cache
@@ -377,7 +379,7 @@ class Queue:
         caller claims the usual way, which loads it)."""
         commands = self.wait_and_claim_commands(index, timeout, count, lease, worker,
                                                 override_lease=override_lease)
-        return self.claimed_after_wait(index, wire.call_on(conn, commands))
+        return self.claimed_after_wait(index, wire.call_on(conn, commands, timeout + READ_SLACK))
 
     def wait_and_claim_commands(self, index: int, timeout: int, count: int,
                                 lease: float | None = None, worker: str = "", *,

@@ -92,9 +92,11 @@ def call_many(client: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any] | N
         held.idle.append(conn)
 
 
-def call_on(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
+def call_on(conn: Any, commands: Iterable[tuple[Any, ...]], timeout: float | None = None) -> list[Any]:
     """`call_many` on a connection the caller holds: a broken or interrupted call closes it
-    (it reconnects on its next command) and raises."""
+    (it reconnects on its next command) and raises. `timeout` (seconds) replaces the
+    connection's read timeout for these replies (a wait that blocks longer than it)."""
+    wait = {} if timeout is None else {"timeout": timeout}
     replies: list[Any] = []
     sent = 0
     try:
@@ -103,7 +105,7 @@ def call_on(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
             sent += 1
         for _ in range(sent):
             try:
-                replies.append(conn.read_response())
+                replies.append(conn.read_response(**wait))
             except ResponseError as exc:  # the whole reply was read: the connection is fine
                 replies.append(exc)
     except BaseException:
@@ -112,8 +114,10 @@ def call_on(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
     return replies
 
 
-async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
+async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]],
+                        timeout: float | None = None) -> list[Any]:
     """`call_on` for a redis.asyncio connection, on its event loop."""
+    wait = {} if timeout is None else {"timeout": timeout}
     replies: list[Any] = []
     sent = 0
     try:
@@ -122,7 +126,7 @@ async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[
             sent += 1
         for _ in range(sent):
             try:
-                replies.append(await conn.read_response())
+                replies.append(await conn.read_response(**wait))
             except ResponseError as exc:
                 replies.append(exc)
     except BaseException:

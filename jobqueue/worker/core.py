@@ -26,6 +26,7 @@ import ssl
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from queue import Empty, SimpleQueue
@@ -41,7 +42,7 @@ from ..conf import get_client, get_config
 from ..exceptions import ConfigurationError
 from ..records import Lease
 from ..states import State
-from ..store import Queue, known_queues
+from ..store import READ_SLACK, Queue, known_queues
 from . import presence
 from .executor import Outcome
 from .heartbeat import Heartbeat, Held
@@ -57,6 +58,10 @@ SETTLE_EVERY = 2.0
 """Seconds between checks of a settling resize (one worker per queue does it)."""
 GC_GEN0 = 10_000
 """The worker's threshold for collecting its youngest objects (CPython 3.12 starts at 700)."""
+IDLE_WAIT = 5
+"""Seconds a waiter blocks on its kept connection: an enqueue's token ends the wait at once, and
+the worker unblocks it when it stops (or falls idle, for a wait without a claim behind). The
+main loop's claims each maintenance turn catch anything a token did not announce."""
 ACK_WAIT = 0.005
 """Seconds finished jobs may wait for the next claim to carry their acks: a busy worker whose
 jobs finish one by one then records them in batches, not a script call each."""
@@ -115,10 +120,13 @@ class _Lines:
 
     conn: Any
     """A standalone client's connection, kept for the waits; None: plain BLPOPs on the client."""
+    claim_behind: bool = True
+    """Whether an idle worker's wait carries a claim (not for a queue with a `concurrency` cap)."""
     conn_id: int | None = None
-    """Its id on the server, once asked (a plain wait registers it, to be unblocked)."""
+    """Its id on the server, once asked (a wait registers it, to be unblocked)."""
     twin: Any = None
     """Its redis.asyncio twin for the waits on the event loop; False when there can be none."""
+    twin_id: int | None = None
 
 
 class Worker:
@@ -157,6 +165,9 @@ class Worker:
         self._waiting_on: set[tuple[str, int]] = set()
         self._plain_waits: dict[tuple[str, int], int] = {}
         """Waiters blocked without a claim behind (queue, shard -> their connection's id)."""
+        self._quiet_waits: dict[tuple[str, int], int] = {}
+        """Other waiters blocked on a kept connection (only a token or a stop ends their wait
+        early): with a claim behind, or of a queue with a `concurrency` cap."""
         self._next_maintenance = 0.0
         self._next_fire = 0.0
         self._next_summary = time.monotonic() + config.summary_every
@@ -541,13 +552,15 @@ class Worker:
         so the next job finds the idle form. The idle form can lease one job beyond the
         worker's room if the main loop filled it meanwhile (the job waits as a prefetched one
         does), so a queue with a `concurrency` cap, a cluster client and a burst run always
-        use the plain form."""
+        use the plain form. On a kept connection a wait lasts up to IDLE_WAIT: a token, a stop
+        or the worker falling idle ends it sooner (`_unblock_waiters`)."""
         client = queue.client
         lines = _Lines(None if isinstance(client, RedisCluster) or self.config.burst
-                       or queue.options.concurrency else client.connection_pool.get_connection())
+                       else client.connection_pool.get_connection(),
+                       claim_behind=not queue.options.concurrency)
         try:
-            while not self._threads_stop.is_set():
-                if not self._room.wait(0.5) or self._stop_claiming.is_set():
+            while not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
+                if not self._room.wait(0.5):
                     continue
                 try:
                     woken = self._wait_once(queue, index, lines)
@@ -568,46 +581,61 @@ class Worker:
                     loop.run(lines.twin.disconnect())
 
     def _wait_once(self, queue: Queue, index: int, lines: _Lines) -> bool:
-        """One wait of up to 1 s on a shard's wake list, in the form `_wait_for_wake` says.
-        True when a token came and the caller should claim."""
+        """One wait on a shard's wake list, in the form `_wait_for_wake` says. True when a
+        token came and the caller should claim."""
         key = queue.shard(index).key("wake")
         if lines.conn is None:
             return bool(queue.client.blpop([key], timeout=1))
-        if not self._running:  # idle: the claim goes right behind the wait
-            claim = (index, 1, 1, self.config.lease, self.config.name)
+        if lines.conn_id is None:
+            lines.conn_id = wire.call_on(lines.conn, [("CLIENT", "ID")])[0]
+        if lines.claim_behind and not self._running:  # idle: the claim goes right behind the wait
+            claim = (index, IDLE_WAIT, 1, self.config.lease, self.config.name)
             override = self.config.lease is not None
             loop = self._runners.loop if self._runners else None
             if loop is not None and lines.twin is None:
                 lines.twin = wire.async_twin(queue.client) or False
             if loop is not None and lines.twin:
                 commands = queue.wait_and_claim_commands(*claim, override_lease=override)
-                leases = loop.run(self._wait_on_loop(queue, index, lines.twin, commands))
+                leases = loop.run(self._wait_on_loop(queue, index, lines, commands))
             else:
-                leases = queue.wait_and_claim(lines.conn, *claim, override_lease=override)
+                with self._registered(self._quiet_waits, (queue.name, index), lines.conn_id):
+                    leases = queue.wait_and_claim(lines.conn, *claim, override_lease=override)
                 if leases:
                     self._take(queue, leases)
             return leases is None  # the claim script was not loaded: the caller's claim loads it
-        if lines.conn_id is None:
-            lines.conn_id = wire.call_on(lines.conn, [("CLIENT", "ID")])[0]
-        self._plain_waits[queue.name, index] = lines.conn_id
-        try:
-            return wire.call_on(lines.conn, [("BLPOP", key, 1)])[0] is not None
-        finally:
-            self._plain_waits.pop((queue.name, index), None)
+        waits = self._plain_waits if lines.claim_behind else self._quiet_waits
+        with self._registered(waits, (queue.name, index), lines.conn_id):
+            reply = wire.call_on(lines.conn, [("BLPOP", key, IDLE_WAIT)], IDLE_WAIT + READ_SLACK)
+        return reply[0] is not None
 
-    async def _wait_on_loop(self, queue: Queue, index: int, twin: Any,
+    @contextlib.contextmanager
+    def _registered(self, waits: dict[tuple[str, int], int], where: tuple[str, int],
+                    conn_id: int) -> Iterator[None]:
+        """A wait in progress, listed so that another thread can unblock it."""
+        waits[where] = conn_id
+        try:
+            yield
+        finally:
+            waits.pop(where, None)
+
+    async def _wait_on_loop(self, queue: Queue, index: int, lines: _Lines,
                             commands: list[tuple[Any, ...]]) -> list[Lease] | None:
         """The idle form's wait and claim, on the worker's event loop: the async jobs it brings
         start as tasks right here, without a hand-over from the waiter's thread."""
-        leases = queue.claimed_after_wait(index, await wire.call_on_async(twin, commands))
+        if lines.twin_id is None:
+            lines.twin_id = (await wire.call_on_async(lines.twin, [("CLIENT", "ID")]))[0]
+        with self._registered(self._quiet_waits, (queue.name, index), lines.twin_id):
+            replies = await wire.call_on_async(lines.twin, commands, IDLE_WAIT + READ_SLACK)
+        leases = queue.claimed_after_wait(index, replies)
         if leases:
             self._take(queue, leases)
         return leases
 
-    def _unblock_waiters(self) -> None:
+    def _unblock_waiters(self, every: bool = False) -> None:
         """The worker fell idle: end its waiters' plain waits, so that they wait with a claim
-        behind (see `_wait_for_wake`). An unblocked BLPOP returns as if it timed out."""
-        ids = list(self._plain_waits.values())
+        behind (see `_wait_for_wake`); `every`: it stops, end every wait. An unblocked BLPOP
+        returns as if it timed out."""
+        ids = [*self._plain_waits.values(), *(self._quiet_waits.values() if every else ())]
         if ids and self.queues:
             with self.queues[0].client.pipeline(transaction=False) as pipe:
                 for conn_id in ids:
@@ -677,6 +705,8 @@ class Worker:
     def _drain(self) -> None:
         """Hand back prefetched jobs at once, let running jobs finish within the grace period,
         then release the rest."""
+        with contextlib.suppress(RedisError):
+            self._unblock_waiters(every=True)  # (a waiter's claim that was behind hands its job back)
         unstarted = self._runners.take_unstarted() if self._runners else []
         try:
             self._release(unstarted)
@@ -721,8 +751,12 @@ class Worker:
     def _stop_threads(self) -> None:
         self._threads_stop.set()
         self._room.set()
+        deadline = time.monotonic() + 15
         for thread in self._threads:
-            thread.join(timeout=15)
+            while thread.is_alive() and time.monotonic() < deadline:
+                thread.join(timeout=0.2)
+                with contextlib.suppress(RedisError):  # (a wait that began after the last unblock)
+                    self._unblock_waiters(every=True)
         if self._mirror is not None:
             self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
         if self._runners is not None:

@@ -22,6 +22,9 @@ log = logging.getLogger("jobqueue.worker")
 VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
 RELAY_EVERY = 2.0
 SHARDS_EVERY = 10.0
+RECYCLE_EVERY = 60.0
+"""Seconds between checks of the thread's database connection against CONN_MAX_AGE: it stays
+open between passes (a new MySQL connection per pass would cost more than an idle pass)."""
 
 
 def close_db() -> None:
@@ -46,10 +49,12 @@ class MirrorThread:
     def run(self) -> None:
         from django.db import close_old_connections
 
-        delay, next_shards, next_relay = 0.2, 0.0, 0.0
+        delay, next_shards, next_relay, next_recycle = 0.2, 0.0, 0.0, 0.0
         while not self.stop.is_set():
             try:
-                close_old_connections()
+                if time.monotonic() >= next_recycle:
+                    close_old_connections()
+                    next_recycle = time.monotonic() + RECYCLE_EVERY
                 self.mirror.queues = self.queues()
                 written = self.mirror.step()
                 if time.monotonic() >= next_relay:  # durable jobs whose push failed
