@@ -38,18 +38,22 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
                         for event in latest.values()), update)
 
 
-def record_shards(queue: Queue) -> None:
+def record_shards(queue: Queue, written: dict[tuple[str, int], dict[str, Any]] | None = None) -> None:
     """Refresh the `Shard` rows of a queue: counts seen now, and whether each shard takes new
-    jobs (active), is only drained (beyond the live count after a shrink) or is retired."""
+    jobs (active), is only drained (beyond the live count after a shrink) or is retired.
+    `written` (kept by the caller between calls) skips rows whose values it last wrote."""
     from .models import Shard
 
     layout = queue.layout(fresh=True)
     for index in range(layout.widest):
         counts = queue.shard_counts(index)
-        Shard.objects.update_or_create(queue=queue.name, index=index, defaults={
-            "status": layout.status(index),
-            **{name: counts[name] for name in ("pending", "scheduled", "active", "dead")},
-        })
+        values = {"status": layout.status(index),
+                  **{name: counts[name] for name in ("pending", "scheduled", "active", "dead")}}
+        if written is not None and written.get((queue.name, index)) == values:
+            continue
+        Shard.objects.update_or_create(queue=queue.name, index=index, defaults=values)
+        if written is not None:
+            written[queue.name, index] = values
 
 
 class Mirror:

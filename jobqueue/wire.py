@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -96,7 +97,7 @@ def call_on(conn: Any, commands: Iterable[tuple[Any, ...]], timeout: float | Non
     """`call_many` on a connection the caller holds: a broken or interrupted call closes it
     (it reconnects on its next command) and raises. `timeout` (seconds) replaces the
     connection's read timeout for these replies (a wait that blocks longer than it)."""
-    wait = {} if timeout is None else {"timeout": timeout}
+    read = conn.read_response if timeout is None else partial(conn.read_response, timeout=timeout)
     replies: list[Any] = []
     sent = 0
     try:
@@ -105,7 +106,7 @@ def call_on(conn: Any, commands: Iterable[tuple[Any, ...]], timeout: float | Non
             sent += 1
         for _ in range(sent):
             try:
-                replies.append(conn.read_response(**wait))
+                replies.append(read())
             except ResponseError as exc:  # the whole reply was read: the connection is fine
                 replies.append(exc)
     except BaseException:
@@ -117,7 +118,7 @@ def call_on(conn: Any, commands: Iterable[tuple[Any, ...]], timeout: float | Non
 async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]],
                         timeout: float | None = None) -> list[Any]:
     """`call_on` for a redis.asyncio connection, on its event loop."""
-    wait = {} if timeout is None else {"timeout": timeout}
+    read = conn.read_response if timeout is None else partial(conn.read_response, timeout=timeout)
     replies: list[Any] = []
     sent = 0
     try:
@@ -126,7 +127,7 @@ async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]],
             sent += 1
         for _ in range(sent):
             try:
-                replies.append(await conn.read_response(**wait))
+                replies.append(await read())
             except ResponseError as exc:
                 replies.append(exc)
     except BaseException:

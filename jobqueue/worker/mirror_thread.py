@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.db import DatabaseError
 from redis.exceptions import ConnectionError as ValkeyConnectionError
@@ -23,8 +24,9 @@ VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError
 RELAY_EVERY = 2.0
 SHARDS_EVERY = 10.0
 RECYCLE_EVERY = 60.0
-"""Seconds between checks of the thread's database connection against CONN_MAX_AGE: it stays
-open between passes (a new MySQL connection per pass would cost more than an idle pass)."""
+"""Seconds between checks of the thread's database connection against CONN_MAX_AGE (it stays
+open between passes: a new MySQL connection per pass would cost more than an idle pass), and
+between rewrites of `Shard` rows that did not change (an operator may have edited them)."""
 
 
 def close_db() -> None:
@@ -50,10 +52,12 @@ class MirrorThread:
         from django.db import close_old_connections
 
         delay, next_shards, next_relay, next_recycle = 0.2, 0.0, 0.0, 0.0
+        shards_written: dict[tuple[str, int], dict[str, Any]] = {}
         while not self.stop.is_set():
             try:
                 if time.monotonic() >= next_recycle:
                     close_old_connections()
+                    shards_written.clear()
                     next_recycle = time.monotonic() + RECYCLE_EVERY
                 self.mirror.queues = self.queues()
                 written = self.mirror.step()
@@ -62,7 +66,7 @@ class MirrorThread:
                     next_relay = time.monotonic() + RELAY_EVERY
                 if time.monotonic() >= next_shards:
                     for queue in self.mirror.queues:
-                        record_shards(queue)
+                        record_shards(queue, shards_written)
                     next_shards = time.monotonic() + SHARDS_EVERY
                 # Idle, it looks less and less often (up to once a second): a worker with no
                 # jobs then costs little, and the first finished job is mirrored within a second.
