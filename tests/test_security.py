@@ -16,9 +16,10 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from jobqueue import Queue, schedule, wire
-from jobqueue.conf import get_client
+from jobqueue.conf import get_client, loop_factory
 from jobqueue.models import Job
 from jobqueue.scripts import TRANSITIONS, source
+from jobqueue.worker.waitline import WaitLine
 from tests.jobapp import jobs
 
 from .servers import TLSProxy, ValkeyProcess
@@ -137,17 +138,18 @@ def test_an_acl_user_in_the_url_runs_everything(settings: Any) -> None:
 
 
 def _through_twin(client: Any, *commands: tuple[Any, ...]) -> list[Any]:
-    """Send commands through the asyncio twin of `client`'s connections (what a worker's event
-    loop waits on), on a loop of their own."""
-    twin = wire.async_twin(client)
-
+    """Send commands the way a worker's event loop waits: on a `WaitLine` that the asyncio
+    twin of `client`'s connections opened, on a loop of the worker's kind."""
     async def go() -> list[Any]:
+        line = await WaitLine.open(wire.async_twin(client))
+        assert line is not None
         try:
-            return await wire.call_on_async(twin, commands)
+            return await line.call(list(commands), lambda replies: replies, 5)
         finally:
-            await twin.disconnect()
+            line.close()
 
-    return asyncio.run(go())
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(go())
 
 
 def test_the_event_loops_connections_carry_the_acl_user_and_database() -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from jobqueue import Queue, enqueue, get_job
 from jobqueue.models import Job
+from jobqueue.worker.core import IDLE_WAIT
 from tests.jobapp import jobs
 
 from .servers import MariaDBProcess, ValkeyProcess
@@ -328,6 +329,21 @@ def test_once_an_async_job_ran_the_idle_wait_runs_on_the_event_loop(
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
     assert get_job(second.id).result["done"] == 2  # type: ignore[union-attr]
+
+
+def test_a_stopping_worker_ends_its_idle_waits_at_once(valkey_server: ValkeyProcess) -> None:
+    # An idle wait lasts up to IDLE_WAIT unless a token or a stop ends it: a worker stopped just
+    # after it went back to waiting exits well before that, on a waiter's thread (before any
+    # async job) and on the event loop (after one).
+    for job, args in ((jobs.noop, ()), (jobs.async_sleep, (0,))):
+        worker = start_worker(valkey_server.url, "--queues", "default")
+        ref = job.enqueue(*args)
+        wait_for(lambda ref=ref: (get_job(ref.id) or ref).state == "succeeded")  # type: ignore[union-attr]
+        time.sleep(0.3)  # (waiting again, with IDLE_WAIT ahead)
+        started = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+        assert time.monotonic() - started < IDLE_WAIT - 1.5, f"{job.name} left its wait late"
 
 
 def test_a_capped_queues_waiter_never_sends_a_claim_ahead(valkey_server: ValkeyProcess) -> None:

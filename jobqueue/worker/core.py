@@ -48,6 +48,7 @@ from .executor import Outcome
 from .heartbeat import Heartbeat, Held
 from .mirror_thread import VALKEY_DOWN, MirrorThread, close_db
 from .runners import Runners
+from .waitline import WaitLine
 
 log = logging.getLogger("jobqueue.worker")
 DRAINED = 0.05
@@ -124,9 +125,9 @@ class _Lines:
     """Whether an idle worker's wait carries a claim (not for a queue with a `concurrency` cap)."""
     conn_id: int | None = None
     """Its id on the server, once asked (a wait registers it, to be unblocked)."""
-    twin: Any = None
-    """Its redis.asyncio twin for the waits on the event loop; False when there can be none."""
-    twin_id: int | None = None
+    line: WaitLine | bool | None = None
+    """Its connection for the waits on the event loop, once opened; False when there can be
+    none."""
 
 
 class Worker:
@@ -571,14 +572,16 @@ class Worker:
                         self._claim(woken=(queue, index))
                 except RedisError:
                     lines.conn_id = None  # (the connection reconnects, with a new id)
+                    if isinstance(lines.line, WaitLine) and lines.line.closed:
+                        lines.line = None  # (opened anew)
                     self._threads_stop.wait(1.0)
         finally:
             if lines.conn is not None:
                 client.connection_pool.release(lines.conn)
             loop = self._runners.loop if self._runners else None
-            if lines.twin and loop is not None:
-                with contextlib.suppress(Exception):
-                    loop.run(lines.twin.disconnect())
+            if isinstance(lines.line, WaitLine) and loop is not None:
+                with contextlib.suppress(RuntimeError):  # (the loop closed already)
+                    loop.call_soon(lines.line.close)
 
     def _wait_once(self, queue: Queue, index: int, lines: _Lines) -> bool:
         """One wait on a shard's wake list, in the form `_wait_for_wake` says. True when a
@@ -592,11 +595,11 @@ class Worker:
             claim = (index, IDLE_WAIT, 1, self.config.lease, self.config.name)
             override = self.config.lease is not None
             loop = self._runners.loop if self._runners else None
-            if loop is not None and lines.twin is None:
-                lines.twin = wire.async_twin(queue.client) or False
-            if loop is not None and lines.twin:
+            if loop is not None and lines.line is None:
+                lines.line = loop.run(self._open_line(queue)) or False
+            if loop is not None and isinstance(lines.line, WaitLine):
                 commands = queue.wait_and_claim_commands(*claim, override_lease=override)
-                leases = loop.run(self._wait_on_loop(queue, index, lines, commands))
+                leases = loop.run(self._wait_on_loop(queue, index, lines.line, commands))
             else:
                 with self._registered(self._quiet_waits, (queue.name, index), lines.conn_id):
                     leases = queue.wait_and_claim(lines.conn, *claim, override_lease=override)
@@ -618,18 +621,24 @@ class Worker:
         finally:
             waits.pop(where, None)
 
-    async def _wait_on_loop(self, queue: Queue, index: int, lines: _Lines,
+    @staticmethod
+    async def _open_line(queue: Queue) -> WaitLine | None:
+        twin = wire.async_twin(queue.client)
+        return None if twin is None else await WaitLine.open(twin)
+
+    async def _wait_on_loop(self, queue: Queue, index: int, line: WaitLine,
                             commands: list[tuple[Any, ...]]) -> list[Lease] | None:
-        """The idle form's wait and claim, on the worker's event loop: the async jobs it brings
-        start as tasks right here, without a hand-over from the waiter's thread."""
-        if lines.twin_id is None:
-            lines.twin_id = (await wire.call_on_async(lines.twin, [("CLIENT", "ID")]))[0]
-        with self._registered(self._quiet_waits, (queue.name, index), lines.twin_id):
-            replies = await wire.call_on_async(lines.twin, commands, IDLE_WAIT + READ_SLACK)
-        leases = queue.claimed_after_wait(index, replies)
-        if leases:
-            self._take(queue, leases)
-        return leases
+        """The idle form's wait and claim, on the worker's event loop: the replies are read as
+        they arrive and the async jobs they bring start right there, without a hand-over from
+        the waiter's thread."""
+        def took(replies: list[Any]) -> list[Lease] | None:
+            leases = queue.claimed_after_wait(index, replies)
+            if leases:
+                self._take(queue, leases)
+            return leases
+
+        with self._registered(self._quiet_waits, (queue.name, index), line.id):
+            return await line.call(commands, took, IDLE_WAIT + READ_SLACK)
 
     def _unblock_waiters(self, every: bool = False) -> None:
         """The worker fell idle: end its waiters' plain waits, so that they wait with a claim

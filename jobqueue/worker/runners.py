@@ -173,6 +173,10 @@ class EventLoop:
         """Run a coroutine on the loop from another thread; its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Have the loop call `callback` from another thread, without waiting for it."""
+        self._loop.call_soon_threadsafe(callback)
+
     def _start(self, jobs: list[tuple[Lease, Prepared]]) -> None:
         for lease, prepared in jobs:
             task = self._loop.create_task(self._run(lease, prepared))
