@@ -385,7 +385,7 @@ class Queue:
                                 lease: float | None = None, worker: str = "", *,
                                 override_lease: bool = False) -> list[tuple[Any, ...]]:
         """`wait_and_claim`'s two commands, for a caller that sends them its own way (on an
-        event loop: `wire.call_on_async`); `claimed_after_wait` reads their replies."""
+        event loop: `WaitLine.call`); `claimed_after_wait` reads their replies."""
         shard = self.shard(index)
         args = self._claim_args(count, self._lease_ms(lease), override_lease, worker,
                                 _claim_policy(self.options, self.shards), [])

@@ -115,10 +115,8 @@ def call_on(conn: Any, commands: Iterable[tuple[Any, ...]], timeout: float | Non
     return replies
 
 
-async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]],
-                        timeout: float | None = None) -> list[Any]:
+async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
     """`call_on` for a redis.asyncio connection, on its event loop."""
-    read = conn.read_response if timeout is None else partial(conn.read_response, timeout=timeout)
     replies: list[Any] = []
     sent = 0
     try:
@@ -127,7 +125,7 @@ async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]],
             sent += 1
         for _ in range(sent):
             try:
-                replies.append(await read())
+                replies.append(await conn.read_response())
             except ResponseError as exc:
                 replies.append(exc)
     except BaseException:
