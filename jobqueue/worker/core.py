@@ -8,7 +8,8 @@ Threads, each with one job:
 - a heartbeat renews the lease of every running job at a third of its length (`heartbeat.py`);
 - one waiter per shard blocks on the shard's `wake` list while the worker has room, so an idle
   worker sleeps in BLPOP instead of polling; a token makes the waiter claim at once (claims
-  take one lock, so the main loop and the waiters never both count the same room);
+  take one lock, so the main loop and the waiters never both count the same room; on the event
+  loop, a wait goes through `waitline.py`);
 - the mirror moves terminal events into MySQL and relays durable jobs (`mirror_thread.py`: a
   slow database never slows claiming).
 Worker presence (what the console lists) lives in `presence.py`.
