@@ -103,6 +103,10 @@ class ShardKeys:
     def job(self, job_id: str) -> str:
         return f"{self.base}:job:{job_id}"
 
+    def hand(self, worker: str) -> str:
+        """A worker's hand-off list: jobs an enqueue leased to it while it waited idle."""
+        return f"{self.base}:hand:{worker}"
+
     def lane(self, lane: str) -> str:
         """The default lane ('') is `pending`; a named lane is `lane:<name>`."""
         return self.key("pending") if lane == "" else f"{self.base}:lane:{lane}"

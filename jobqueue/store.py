@@ -368,39 +368,49 @@ class Queue:
             args += [held.job_id, held.token, result]
         return args
 
-    def wait_and_claim(self, conn: Any, index: int, timeout: int, count: int,
-                       lease: float | None = None, worker: str = "", *,
-                       override_lease: bool = False) -> list[Lease] | None:
-        """Block up to `timeout` s on shard `index`'s wake list with a claim of up to `count`
-        jobs sent right behind the wait, on `conn` (a standalone client's connection that the
-        caller keeps for this): Valkey runs a client's commands in order, so the claim runs
-        the moment a token arrives (or the wait times out), with no round trip between.
-        Returns the leases; None when the claim did not run (its script was not loaded: the
-        caller claims the usual way, which loads it)."""
-        commands = self.wait_and_claim_commands(index, timeout, count, lease, worker,
-                                                override_lease=override_lease)
-        return self.claimed_after_wait(index, wire.call_on(conn, commands, timeout + READ_SLACK))
-
-    def wait_and_claim_commands(self, index: int, timeout: int, count: int,
-                                lease: float | None = None, worker: str = "", *,
-                                override_lease: bool = False) -> list[tuple[Any, ...]]:
-        """`wait_and_claim`'s two commands, for a caller that sends them its own way (on an
-        event loop: `WaitLine.call`); `claimed_after_wait` reads their replies."""
+    def wait_commands(self, index: int, timeout: int, worker: str, *, idle: bool = False,
+                      lease: float | None = None,
+                      override_lease: bool = False) -> list[tuple[Any, ...]]:
+        """A worker's wait on shard `index`, up to `timeout` s, for a wake token or a job handed
+        to it (`after_wait` reads the last reply). `idle`: the worker first offers itself for
+        hand-offs for that long (on the server clock), so that an enqueue that finds nothing
+        else ready here leases the job to it and pushes it onto its list (see enqueue.lua):
+        the job reaches the worker already leased, with no claim call."""
         shard = self.shard(index)
-        args = self._claim_args(count, self._lease_ms(lease), override_lease, worker,
-                                _claim_policy(self.options, self.shards), [])
-        keys = scripts.keys_for("claim", shard)
-        sha = scripts.script(self.client, "claim").sha
-        return [("BLPOP", shard.key("wake"), timeout), ("EVALSHA", sha, len(keys), *keys, *args)]
+        wait = ("BLPOP", shard.hand(worker), shard.key("wake"), timeout)
+        if not idle:
+            return [wait]
+        offer = f"{self._lease_ms(lease)}:{int(override_lease)}"
+        return [("HSETEX", shard.key("idle"), "PX", timeout * 1000, "FIELDS", 1, worker, offer),
+                wait]
 
-    def claimed_after_wait(self, index: int, replies: list[Any]) -> list[Lease] | None:
-        wait, reply = replies
-        if isinstance(reply, NoScriptError):
-            return None
-        for answer in (wait, reply):
-            if isinstance(answer, ResponseError):
-                raise answer
-        return self._leases(index, reply[2 + int(reply[0]) :])
+    def after_wait(self, index: int, replies: list[Any]) -> list[Lease] | bool:
+        """What a wait brought: the lease of a job handed over; True for a wake token (the
+        caller claims); False when it timed out or was unblocked."""
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        reply = replies[-1]
+        if reply is None:
+            return False
+        key, value = reply
+        if key == self.shard(index).key("wake"):
+            return True
+        return [self._handed(index, value)]
+
+    def _handed(self, index: int, value: str) -> Lease:
+        job_id, lease_ms, payload = value.split("|", 2)
+        return Lease.from_claim(self.name, index, job_id, "1", payload, "", lease_ms)
+
+    def withdraw(self, index: int, worker: str) -> list[Lease]:
+        """A stopping worker's offer withdrawn from shard `index`; returns the jobs handed to
+        it that it did not take (the caller releases them)."""
+        shard = self.shard(index)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hdel(shard.key("idle"), worker)
+            pipe.lpop(shard.hand(worker), 1000)
+            _, handed = pipe.execute()
+        return [self._handed(index, value) for value in handed or ()]
 
     def _leases(self, index: int, reply: list[Any]) -> list[Lease]:
         return [Lease.from_claim(self.name, index, *reply[n : n + 5]) for n in range(0, len(reply), 5)]

@@ -399,26 +399,75 @@ def test_a_claim_told_which_shard_woke_it_asks_only_that_shard(valkey: Any) -> N
     assert {lease.job_id for lease in leases} == {i for i, shard in where.items() if shard == 2}
 
 
-def test_a_claim_sent_behind_a_wait_runs_when_the_token_arrives(valkey: Any) -> None:
+def _offer(queue: Queue, worker: str = "w", seconds: int = 5, **kw: Any) -> None:
+    """An idle worker's offer alone (the first of its wait's commands), without the wait."""
+    queue.client.execute_command(*queue.wait_commands(0, seconds, worker, idle=True, **kw)[0])
+
+
+def test_an_idle_worker_gets_a_lone_new_job_handed_over_already_leased(valkey: Any) -> None:
     if isinstance(valkey, RedisCluster):
         pytest.skip("a standalone client's connection (the worker waits the plain way on a cluster)")
     queue = Queue("emails", client=valkey)
+    shard = queue.shard(0)
     conn = valkey.connection_pool.get_connection()
     try:
-        assert queue.wait_and_claim(conn, 0, 1, 5, worker="w") == []  # timed out: nothing
+        wait = queue.wait_commands(0, 1, "w", idle=True)
+        assert queue.after_wait(0, wire.call_on(conn, wait, 5)) is False  # timed out: nothing
         with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(queue.wait_and_claim, conn, 0, 5, 5, worker="w")
-            time.sleep(0.2)  # (blocked, with the claim queued behind the wait)
-            refs = queue.enqueue_many([JobSpec(n) for n in range(2)])
-            leases = waiting.result(timeout=5)
-        assert sorted(lease.job_id for lease in leases) == sorted(r.id for r in refs)
-        assert {lease.token for lease in leases} == {1} and queue.counts()["active"] == 2
-        valkey.script_flush()
-        queue.enqueue(3)
-        assert queue.wait_and_claim(conn, 0, 1, 5, worker="w") is None  # not loaded: not run
-        assert queue.counts()["pending"] == 1
+            waiting = pool.submit(wire.call_on, conn, queue.wait_commands(0, 5, "w", idle=True), 10)
+            time.sleep(0.2)  # (blocked, its offer made)
+            ref = queue.enqueue({"to": "a"}, lease=7)
+            (lease,) = queue.after_wait(0, waiting.result(timeout=5))
+        assert (lease.job_id, lease.token, lease.payload, lease.lease) == (ref.id, 1, {"to": "a"}, 7.0)
+        row = valkey.hgetall(shard.job(ref.id))
+        assert (row["state"], row["attempts"], row["worker"]) == ("active", "1", "w")
+        assert valkey.zscore(shard.key("active"), ref.id) == float(row["lease_until"])
+        assert queue.counts()["pending"] == 0 and valkey.llen(shard.key("wake")) == 0
+        assert valkey.hlen(shard.key("idle")) == 0  # (an offer takes one job)
+        assert queue.ack(lease, "ok")  # (its token fences it as a claim's would)
     finally:
         valkey.connection_pool.release(conn)
+
+
+def test_a_job_is_handed_over_only_when_nothing_else_could_come_first(valkey: Any) -> None:
+    queue = Queue("emails", client=valkey)
+    idle = queue.shard(0).key("idle")
+    _offer(queue)
+    first = queue.enqueue("first", delay=60)  # (scheduled: not handed over)
+    queue.enqueue_many([JobSpec("a"), JobSpec("b")])  # (a batch: the claim's order decides)
+    assert valkey.hlen(idle) == 1 and queue.counts()["active"] == 0
+    queue.enqueue("c", priority=9)  # (other jobs are ready: they may come first)
+    assert valkey.hlen(idle) == 1 and queue.counts()["pending"] == 3
+    assert [lease.payload for lease in claim_all(queue)] == ["c", "a", "b"]
+    assert valkey.hlen(idle) == 1  # (claim_all claims as no worker)
+    queue.pause()
+    queue.enqueue("d")
+    assert queue.counts()["active"] == 3 and valkey.hlen(idle) == 1  # (paused: none taken)
+    queue.resume()
+    queue.dequeue(1, worker="w")  # a worker that claims is not idle any more
+    assert valkey.hlen(idle) == 0
+    _offer(queue, lease=3, override_lease=True)
+    queue.enqueue("e", lease=60)
+    (handed,) = queue.withdraw(0, "w")
+    assert (handed.payload, handed.lease) == ("e", 3.0)  # (the worker's --lease overrides)
+    assert queue.get(first.id).state == "scheduled"
+
+
+def test_a_handed_job_a_worker_never_took_goes_back_or_waits_for_its_lease(valkey: Any) -> None:
+    queue = Queue("emails", client=valkey)
+    shard = queue.shard(0)
+    _offer(queue, "gone", lease=2)
+    ref = queue.enqueue("x")
+    hand = shard.hand("gone")
+    assert 0 < valkey.pttl(hand) <= 2000  # (a dead worker's list goes with its lease)
+    assert queue.release_many(queue.withdraw(0, "gone")) == [True]  # a stopping worker's
+    assert valkey.exists(hand) == 0 and queue.counts()["pending"] == 1
+    (lease,) = claim_all(queue)
+    assert lease.job_id == ref.id and lease.token == 2  # (a new token fences the old)
+    _offer(queue, "late", seconds=1)
+    time.sleep(1.1)  # an offer lasts as long as its wait
+    queue.enqueue("y")
+    assert valkey.hlen(shard.key("idle")) == 0 and queue.counts()["pending"] == 1
 
 
 def test_growing_shards_moves_no_job(valkey: Any) -> None:

@@ -105,6 +105,30 @@ def test_sigkill_loses_nothing_and_records_nothing_twice(valkey_server: ValkeyPr
     assert queue.counts()["active"] == queue.counts()["pending"] == 0
 
 
+def test_a_job_handed_to_a_worker_killed_while_idle_runs_once_its_lease_ends(
+        valkey_server: ValkeyProcess) -> None:
+    # A worker killed in its idle wait stays offered until that wait would have ended: a job
+    # handed to it then is leased to it, as a claimed job is, and runs once the lease ends.
+    queue = Queue("default")
+    idle = queue.shard(0).key("idle")
+    victim = start_worker(valkey_server.url, "--lease", "2")
+
+    def fresh_offer() -> bool:  # (one with seconds to run, so that it is still there below)
+        names = queue.client.hkeys(idle)
+        return bool(names) and queue.client.execute_command(
+            "HPTTL", idle, "FIELDS", 1, names[0])[0] > 3000
+
+    wait_for(fresh_offer, every=0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    ref = jobs.add.enqueue(2, 2)
+    assert (get_job(ref.id) or ref).state == "active"  # type: ignore[union-attr]
+    assert run_burst(valkey_server.url, "--lease", "2") == 0
+    info = get_job(ref.id)
+    assert info and info.state == "succeeded" and info.attempts == 2 and info.result == 4
+    assert queue.client.keys(queue.shard(0).hand("*")) == []  # (the dead one's list expired)
+
+
 def test_sigterm_lets_the_running_job_finish_and_exits_0(valkey_server: ValkeyProcess) -> None:
     ref = jobs.sleep.enqueue(3)
     worker = start_worker(valkey_server.url)
@@ -272,27 +296,34 @@ class _Monitor:
                 for conn in waiting}
 
 
-def _sends_claims(commands: list[str]) -> bool:
-    return any(command.startswith("EVALSHA") for command in commands)
+def _offers(commands: list[str]) -> bool:
+    """Whether a waiter offered itself for hand-offs (see `Queue.wait_commands`)."""
+    return any(command.startswith("HSETEX") for command in commands)
 
 
-def test_an_idle_worker_waits_with_its_claim_already_sent(valkey_server: ValkeyProcess) -> None:
+def test_an_idle_worker_offers_itself_and_takes_the_job_an_enqueue_hands_over(
+        valkey_server: ValkeyProcess) -> None:
     client = Queue("default").client
     client.config_resetstat()  # (the server is shared: earlier tests' workers used it)
     monitor = _Monitor(client)
     worker = start_worker(valkey_server.url, "--queues", "default", "--concurrency", "2")
     try:
-        # Idle: the waiter's connection sends the claim itself, right behind its BLPOP.
-        wait_for(lambda: [_sends_claims(c) for c in monitor.waiters().values()] == [True])
+        # Idle: the waiter's connection offers the worker, then waits on its list and the wake
+        # list; the enqueue leases the job to it, so no claim is sent.
+        wait_for(lambda: [_offers(c) for c in monitor.waiters().values()] == [True])
+        first = jobs.add.enqueue(1, 2)
+        wait_for(lambda: (get_job(first.id) or first).state == "succeeded")  # type: ignore[union-attr]
+        (waiter,) = monitor.waiters()
+        assert not any(c == waiter and command.startswith("EVALSHA") for c, command in monitor.seen)
         ref = jobs.sleep.enqueue(0.5)
         # Busy: a token, then a claim of what there is room for (from other connections); the
         # waiter tells its connection's id so that the worker can end that wait.
         wait_for(lambda: [("CLIENT ID" in c) for c in monitor.waiters().values()] == [True])
         wait_for(lambda: (get_job(ref.id) or ref).state == "succeeded")  # type: ignore[union-attr]
-        # Idle again: the worker unblocks that wait, and the waiter sends its claim again.
+        # Idle again: the worker unblocks that wait, and the waiter offers itself again.
         wait_for(lambda: client.info("commandstats").get("cmdstat_client|unblock"))
         unblocked = len(monitor.seen)  # (MONITOR does not show CLIENT UNBLOCK itself)
-        wait_for(lambda: [_sends_claims(c) for c in monitor.waiters(unblocked).values()] == [True])
+        wait_for(lambda: [_offers(c) for c in monitor.waiters(unblocked).values()] == [True])
         late = jobs.add.enqueue(2, 3)
         wait_for(lambda: (get_job(late.id) or late).state == "succeeded")  # type: ignore[union-attr]
     finally:
@@ -300,6 +331,7 @@ def test_an_idle_worker_waits_with_its_claim_already_sent(valkey_server: ValkeyP
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
     assert Queue("default").counts()["active"] == 0
+    assert client.hlen(Queue("default").shard(0).key("idle")) == 0  # (a stopped worker withdraws)
 
 
 def test_once_an_async_job_ran_the_idle_wait_runs_on_the_event_loop(
@@ -310,20 +342,20 @@ def test_once_an_async_job_ran_the_idle_wait_runs_on_the_event_loop(
     monitor = _Monitor(client)
     worker = start_worker(valkey_server.url, "--queues", "default", "--concurrency", "2")
     try:
-        wait_for(lambda: [_sends_claims(c) for c in monitor.waiters().values()] == [True])
+        wait_for(lambda: [_offers(c) for c in monitor.waiters().values()] == [True])
         (threaded,) = monitor.waiters()
         first = jobs.async_sleep.enqueue(0)
         wait_for(lambda: (get_job(first.id) or first).state == "succeeded")  # type: ignore[union-attr]
         since = len(monitor.seen)
-        wait_for(lambda: any(_sends_claims(c) for conn, c in monitor.waiters(since).items()
+        wait_for(lambda: any(_offers(c) for conn, c in monitor.waiters(since).items()
                              if conn != threaded))
         settled = len(monitor.seen)
         second = jobs.async_sleep.enqueue(0)
         wait_for(lambda: (get_job(second.id) or second).state == "succeeded")  # type: ignore[union-attr]
         time.sleep(1.5)  # (an idle wait of the thread's would have run out and been sent again)
         after = monitor.waiters(settled)
-        assert not _sends_claims(after[threaded])  # (it waits the plain way while a job runs)
-        assert any(_sends_claims(c) for conn, c in after.items() if conn != threaded)
+        assert not _offers(after[threaded])  # (it waits the plain way while a job runs)
+        assert any(_offers(c) for conn, c in after.items() if conn != threaded)
     finally:
         monitor.close()
         worker.send_signal(signal.SIGTERM)
@@ -346,9 +378,10 @@ def test_a_stopping_worker_ends_its_idle_waits_at_once(valkey_server: ValkeyProc
         assert time.monotonic() - started < IDLE_WAIT - 1.5, f"{job.name} left its wait late"
 
 
-def test_a_capped_queues_waiter_never_sends_a_claim_ahead(valkey_server: ValkeyProcess) -> None:
-    # A claim sent ahead could take a job beyond the queue's `concurrency` cap: its waiter
-    # always waits for a token first (and an idle worker has no such wait to end).
+def test_a_capped_queues_waiter_never_offers_itself(valkey_server: ValkeyProcess) -> None:
+    # A job handed over could go beyond the queue's `concurrency` cap (only the claim script
+    # counts it): its waiter always waits for a token (and an idle worker has no such wait to
+    # end).
     client = Queue("isolated").client
     client.config_resetstat()  # (the server is shared: earlier tests' workers used it)
     monitor = _Monitor(client)
@@ -359,7 +392,7 @@ def test_a_capped_queues_waiter_never_sends_a_claim_ahead(valkey_server: ValkeyP
         wait_for(lambda: (get_job(ref.id, queue="isolated") or ref).state == "succeeded")  # type: ignore[union-attr]
         time.sleep(2.5)  # (two of the waiter's 1 s waits run out)
         # (its plain waits borrow any of the client's connections: there may be several)
-        assert monitor.waiters() and not any(map(_sends_claims, monitor.waiters().values()))
+        assert monitor.waiters() and not any(map(_offers, monitor.waiters().values()))
         assert "cmdstat_client|unblock" not in client.info("commandstats")
     finally:
         monitor.close()

@@ -3,7 +3,11 @@ KEYS[1] base      prefix  emq:{q}; rows are base:job:<id>, lanes base:pending / 
 KEYS[2] ring      LIST    lanes with ready work
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] wake      LIST    wake tokens for blocked workers
-KEYS[5] meta      HASH    'draining' set: the shard takes no new jobs (a resize shrank the queue)
+KEYS[5] meta      HASH    'draining' set: the shard takes no new jobs (a resize shrank the queue);
+                          'paused'
+KEYS[6] active    ZSET    id -> lease deadline ms (a job handed to an idle worker is leased here)
+KEYS[7] idle      HASH    idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>',
+                          each field expiring when its worker's wait does
 ARGV[1] mode: '' = place here; 'prior' = the shard the job's lane or unique key had before a
         resize, which takes it only while that lane holds ready jobs here (its order holds) and
         returns the live job of its unique key (one live job per key)
@@ -15,12 +19,19 @@ The row holds only what differs from a default (a waiting job's bytes are RAM): 
 uncharged or priority while 0, no lane, unique_key or policy field while default, no run_after
 unless delayed, no enqueued_at for an id minted by the caller's enqueue (its mint time says it).
 Scripts read a missing field as its default.
+The hand-off: a lone job that is ready now, on a shard with no other ready job (so no lane,
+priority or weight could come first) and not paused, goes straight to an idle worker if one
+waits here: the script leases it as claim.lua would (attempts 1, the worker's lease) and pushes
+'<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring with the lease:
+a worker that died before it took the job leaves it to the reaper), which the worker's BLPOP
+returns. The worker needs no claim call; no wake token is pushed. Each idle entry takes one job.
 Returns: per job two entries: id, status — 'new'; 'exists' (unique_key or caller's id already
         live: id is the existing job's); 'collision' (a minted id already taken: mint again);
         'moved' (mode '': the shard is draining; re-read the layout); 'absent' (mode 'prior':
         neither the lane nor the key is here; place it on its live shard)
 ]]
-local base, ring, schedule, wake, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local base, ring, schedule, wake, meta, active, idle = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+  KEYS[5], KEYS[6], KEYS[7]
 local prior, n = ARGV[1] == 'prior', tonumber(ARGV[2])
 local now = nil  -- the server clock, read once and only when a row needs it (see at())
 local function at()
@@ -29,9 +40,21 @@ local function at()
 end
 local out, ready = {}, 0
 local filled = {}  -- lanes this call already put on the ring (or found there)
-if not prior and redis.call('HEXISTS', meta, 'draining') == 1 then
+local flags = redis.call('HMGET', meta, 'draining', 'paused')
+if not prior and flags[1] then
   for i = 0, n - 1 do out[#out + 1] = ARGV[3 + i * 10]; out[#out + 1] = 'moved' end
   return out
+end
+
+-- An idle worker to hand a lone ready job to (see above): {name, lease ms, overrides}, or nil.
+local function idle_worker()
+  if n ~= 1 or prior or flags[2] == '1' then return nil end
+  local pick = redis.call('HRANDFIELD', idle, 1, 'WITHVALUES')
+  if not pick[1] or redis.call('LLEN', ring) > 0 then return nil end
+  redis.call('HDEL', idle, pick[1])
+  local lease, force = string.match(pick[2], '^(%d+):([01])$')
+  if not lease then return nil end
+  return {pick[1], tonumber(lease), force == '1'}
 end
 
 -- Add a field to a row's HSET arguments unless it holds the default.
@@ -61,18 +84,31 @@ for i = 0, n - 1 do
     out[#out + 1] = id; out[#out + 1] = status
   else
     local delay = tonumber(ARGV[o + 7])
-    local row = {'state', (delay > 0) and 'scheduled' or 'pending', 'payload', ARGV[o + 1]}
+    local taker = delay == 0 and idle_worker() or nil
+    local row = {'state', (delay > 0) and 'scheduled' or (taker and 'active' or 'pending'),
+      'payload', ARGV[o + 1]}
     if ARGV[o + 9] ~= '1' then put(row, 'enqueued_at', at(), nil) end  -- else: the id's mint time
     put(row, 'priority', ARGV[o + 2], '0'); put(row, 'lane', ARGV[o + 3], '')
     put(row, 'max_attempts', ARGV[o + 4], ''); put(row, 'backoff_ms', ARGV[o + 5], '')
     put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')
     if delay > 0 then put(row, 'run_after', at() + delay, nil) end
+    local lease = tonumber(ARGV[o + 6])
+    if taker then  -- leased as claim.lua leases a job (attempts 1: the fencing token)
+      if taker[3] or lease <= 0 then lease = taker[2] end
+      for _, v in ipairs({'attempts', 1, 'started_at', at(), 'lease_until', at() + lease,
+          'worker', taker[1]}) do row[#row + 1] = v end
+    end
     redis.call('HSET', jk, unpack(row))
     if unique ~= '' then
       redis.call('SET', uniq_key(base, unique), id)
       redis.call('SADD', uniqs_key(base), unique)
     end
-    if delay > 0 then
+    if taker then
+      redis.call('ZADD', active, at() + lease, id)
+      local hand = base .. ':hand:' .. taker[1]
+      redis.call('RPUSH', hand, id .. '|' .. lease .. '|' .. ARGV[o + 1])
+      redis.call('PEXPIRE', hand, lease)
+    elseif delay > 0 then
       redis.call('ZADD', schedule, at() + delay, id)
     else
       local lane = ARGV[o + 3]

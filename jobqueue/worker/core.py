@@ -61,9 +61,10 @@ SETTLE_EVERY = 2.0
 GC_GEN0 = 10_000
 """The worker's threshold for collecting its youngest objects (CPython 3.12 starts at 700)."""
 IDLE_WAIT = 5
-"""Seconds a waiter blocks on its kept connection: an enqueue's token ends the wait at once, and
-the worker unblocks it when it stops (or falls idle, for a wait without a claim behind). The
-main loop's claims each maintenance turn catch anything a token did not announce."""
+"""Seconds a waiter blocks on its kept connection (and an idle worker's offer lasts): an enqueue's
+token or hand-off ends the wait at once, and the worker unblocks it when it stops (or falls
+idle, for a wait without an offer). The main loop's claims each maintenance turn catch anything
+a token did not announce."""
 ACK_WAIT = 0.005
 """Seconds finished jobs may wait for the next claim to carry their acks: a busy worker whose
 jobs finish one by one then records them in batches, not a script call each."""
@@ -122,8 +123,11 @@ class _Lines:
 
     conn: Any
     """A standalone client's connection, kept for the waits; None: plain BLPOPs on the client."""
-    claim_behind: bool = True
-    """Whether an idle worker's wait carries a claim (not for a queue with a `concurrency` cap)."""
+    hand_off: bool = True
+    """Whether the worker, idle, offers itself for hand-offs (not for a queue with a
+    `concurrency` cap or a rate limit: only the claim script enforces those)."""
+    offered: bool = False
+    """Whether it ever did (it withdraws the offer when it stops)."""
     conn_id: int | None = None
     """Its id on the server, once asked (a wait registers it, to be unblocked)."""
     line: WaitLine | bool | None = None
@@ -166,10 +170,10 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._waiting_on: set[tuple[str, int]] = set()
         self._plain_waits: dict[tuple[str, int], int] = {}
-        """Waiters blocked without a claim behind (queue, shard -> their connection's id)."""
+        """Waiters blocked without an offer (queue, shard -> their connection's id)."""
         self._quiet_waits: dict[tuple[str, int], int] = {}
         """Other waiters blocked on a kept connection (only a token or a stop ends their wait
-        early): with a claim behind, or of a queue with a `concurrency` cap."""
+        early): with an offer, or of a queue that never offers (see `_wait_for_wake`)."""
         self._next_maintenance = 0.0
         self._next_fire = 0.0
         self._next_summary = time.monotonic() + config.summary_every
@@ -545,21 +549,23 @@ class Worker:
     def _wait_for_wake(self, queue: Queue, index: int) -> None:
         """Block on one shard's wake list while there is room; a token means work: claim it.
 
-        An idle worker sends a claim of one job right behind its wait, on a connection this
-        thread keeps (`Queue.wait_and_claim`): Valkey runs it as soon as an enqueue's token
-        arrives, so the job is leased without another round trip. Once the worker has an event
-        loop (it ran an `async def` handler), that wait runs on the loop, so an async job starts
-        on the thread that received it. A busy worker waits for a token, then claims what it
-        has room for; when it falls idle, the main loop unblocks that wait (`_unblock_waiters`)
-        so the next job finds the idle form. The idle form can lease one job beyond the
-        worker's room if the main loop filled it meanwhile (the job waits as a prefetched one
-        does), so a queue with a `concurrency` cap, a cluster client and a burst run always
-        use the plain form. On a kept connection a wait lasts up to IDLE_WAIT: a token, a stop
-        or the worker falling idle ends it sooner (`_unblock_waiters`)."""
+        An idle worker first offers itself for hand-offs, on a connection this thread keeps
+        (`Queue.wait_commands`): an enqueue that finds nothing else ready on the shard leases
+        the job to it and pushes it onto the worker's own list, which the same BLPOP watches,
+        so the job arrives leased, with no claim call between. Once the worker has an event
+        loop (it ran an `async def` handler), that wait runs on the loop, so an async job
+        starts on the thread that received it. A busy worker waits without an offer (a job
+        handed over then would wait for room), and claims what it has room for when a token
+        comes; when it falls idle, the main loop unblocks that wait (`_unblock_waiters`) so the
+        next wait makes the offer. A queue with a `concurrency` cap or a rate limit never
+        offers, and a cluster client and a burst run wait the plain way. On a kept connection a
+        wait lasts up to IDLE_WAIT: a token, a hand-off, a stop or the worker falling idle ends
+        it sooner (`_unblock_waiters`)."""
         client = queue.client
+        options = queue.options
         lines = _Lines(None if isinstance(client, RedisCluster) or self.config.burst
                        else client.connection_pool.get_connection(),
-                       claim_behind=not queue.options.concurrency)
+                       hand_off=not (options.concurrency or options.rate))
         try:
             while not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
                 if not self._room.wait(0.5):
@@ -577,6 +583,12 @@ class Worker:
                         lines.line = None  # (opened anew)
                     self._threads_stop.wait(1.0)
         finally:
+            if lines.offered:
+                try:
+                    self._release(queue.withdraw(index, self.config.name))
+                except RedisError:
+                    log.warning("could not withdraw the idle offer on %s: a job handed over "
+                                "meanwhile waits for its lease to expire", queue.name)
             if lines.conn is not None:
                 client.connection_pool.release(lines.conn)
             loop = self._runners.loop if self._runners else None
@@ -585,32 +597,29 @@ class Worker:
                     loop.call_soon(lines.line.close)
 
     def _wait_once(self, queue: Queue, index: int, lines: _Lines) -> bool:
-        """One wait on a shard's wake list, in the form `_wait_for_wake` says. True when a
-        token came and the caller should claim."""
-        key = queue.shard(index).key("wake")
+        """One wait on a shard, in the form `_wait_for_wake` says; a job handed over is taken
+        here. True when a token came and the caller should claim."""
         if lines.conn is None:
-            return bool(queue.client.blpop([key], timeout=1))
+            return bool(queue.client.blpop([queue.shard(index).key("wake")], timeout=1))
         if lines.conn_id is None:
             lines.conn_id = wire.call_on(lines.conn, [("CLIENT", "ID")])[0]
-        if lines.claim_behind and not self._running:  # idle: the claim goes right behind the wait
-            claim = (index, IDLE_WAIT, 1, self.config.lease, self.config.name)
-            override = self.config.lease is not None
-            loop = self._runners.loop if self._runners else None
-            if loop is not None and lines.line is None:
-                lines.line = loop.run(self._open_line(queue)) or False
-            if loop is not None and isinstance(lines.line, WaitLine):
-                commands = queue.wait_and_claim_commands(*claim, override_lease=override)
-                leases = loop.run(self._wait_on_loop(queue, index, lines.line, commands))
-            else:
-                with self._registered(self._quiet_waits, (queue.name, index), lines.conn_id):
-                    leases = queue.wait_and_claim(lines.conn, *claim, override_lease=override)
-                if leases:
-                    self._take(queue, leases)
-            return leases is None  # the claim script was not loaded: the caller's claim loads it
-        waits = self._plain_waits if lines.claim_behind else self._quiet_waits
+        idle = lines.hand_off and not self._running
+        commands = queue.wait_commands(index, IDLE_WAIT, self.config.name, idle=idle,
+                                       lease=self.config.lease,
+                                       override_lease=self.config.lease is not None)
+        lines.offered = lines.offered or idle
+        loop = self._runners.loop if self._runners else None
+        if idle and loop is not None and lines.line is None:
+            lines.line = loop.run(self._open_line(queue)) or False
+        if idle and loop is not None and isinstance(lines.line, WaitLine):
+            return loop.run(self._wait_on_loop(queue, index, lines.line, commands)) is True
+        waits = self._plain_waits if lines.hand_off and not idle else self._quiet_waits
         with self._registered(waits, (queue.name, index), lines.conn_id):
-            reply = wire.call_on(lines.conn, [("BLPOP", key, IDLE_WAIT)], IDLE_WAIT + READ_SLACK)
-        return reply[0] is not None
+            got = queue.after_wait(index, wire.call_on(lines.conn, commands,
+                                                       IDLE_WAIT + READ_SLACK))
+        if isinstance(got, list):
+            self._take(queue, got)
+        return got is True
 
     @contextlib.contextmanager
     def _registered(self, waits: dict[tuple[str, int], int], where: tuple[str, int],
@@ -628,22 +637,22 @@ class Worker:
         return None if twin is None else await WaitLine.open(twin)
 
     async def _wait_on_loop(self, queue: Queue, index: int, line: WaitLine,
-                            commands: list[tuple[Any, ...]]) -> list[Lease] | None:
-        """The idle form's wait and claim, on the worker's event loop: the replies are read as
-        they arrive and the async jobs they bring start right there, without a hand-over from
-        the waiter's thread."""
-        def took(replies: list[Any]) -> list[Lease] | None:
-            leases = queue.claimed_after_wait(index, replies)
-            if leases:
-                self._take(queue, leases)
-            return leases
+                            commands: list[tuple[Any, ...]]) -> list[Lease] | bool:
+        """The idle form's wait, on the worker's event loop: the replies are read as they
+        arrive and an async job handed over starts right there, without a hand-over from the
+        waiter's thread."""
+        def took(replies: list[Any]) -> list[Lease] | bool:
+            got = queue.after_wait(index, replies)
+            if isinstance(got, list):
+                self._take(queue, got)
+            return got
 
         with self._registered(self._quiet_waits, (queue.name, index), line.id):
             return await line.call(commands, took, IDLE_WAIT + READ_SLACK)
 
     def _unblock_waiters(self, every: bool = False) -> None:
-        """The worker fell idle: end its waiters' plain waits, so that they wait with a claim
-        behind (see `_wait_for_wake`); `every`: it stops, end every wait. An unblocked BLPOP
+        """The worker fell idle: end its waiters' plain waits, so that they wait with an offer
+        (see `_wait_for_wake`); `every`: it stops, end every wait. An unblocked BLPOP
         returns as if it timed out."""
         ids = [*self._plain_waits.values(), *(self._quiet_waits.values() if every else ())]
         if ids and self.queues:
@@ -716,7 +725,7 @@ class Worker:
         """Hand back prefetched jobs at once, let running jobs finish within the grace period,
         then release the rest."""
         with contextlib.suppress(RedisError):
-            self._unblock_waiters(every=True)  # (a waiter's claim that was behind hands its job back)
+            self._unblock_waiters(every=True)  # (a job handed over meanwhile goes back)
         unstarted = self._runners.take_unstarted() if self._runners else []
         try:
             self._release(unstarted)

@@ -1,9 +1,10 @@
 """An idle waiter's connection on the worker's event loop, read without redis.asyncio's reader.
 
 redis.asyncio opens the connection (address, credentials, database, TLS, protocol), then this
-protocol takes over its transport. The replies to a wait and the claim behind it are parsed as
-they arrive and handed to the caller's function in the same turn of the loop, so a leased job's
-task exists before the loop looks for anything else. Measured after a 10 ms pause, from a push
+protocol takes over its transport. The replies to a wait (an idle worker's offer, then the BLPOP
+that brings a job handed over) are parsed as they arrive and handed to the caller's function in
+the same turn of the loop, so a leased job's task exists before the loop looks for anything
+else. Measured after a 10 ms pause, from a push
 to the waiter holding both replies: redis.asyncio's reader 614–669 µs, a protocol like this one
 305–489 µs, a blocking redis-py read on a thread 391–467 µs (each including the pusher's own
 round trip).
