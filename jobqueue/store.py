@@ -393,10 +393,9 @@ class Queue:
         reply = replies[-1]
         if reply is None:
             return False
-        key, value = reply
-        if key == self.shard(index).key("wake"):
+        if "|" not in reply[1]:  # a wake token ('1'); a job handed over is '<id>|<lease>|<payload>'
             return True
-        return [self._handed(index, value)]
+        return [self._handed(index, reply[1])]
 
     def _handed(self, index: int, value: str) -> Lease:
         job_id, lease_ms, payload = value.split("|", 2)

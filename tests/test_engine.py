@@ -47,6 +47,14 @@ def test_each_script_declares_its_keys_and_touches_no_undeclared_key_shape(name:
     assert used == set(range(1, len(src.key_names) + 1)), "code uses exactly the declared KEYS"
 
 
+def test_a_script_carries_only_the_helpers_it_uses() -> None:
+    defined = lambda name: set(re.findall(r"^local (?:function )?(\w+)", scripts.source(name).text, re.M))  # noqa: E731
+    assert {"job_key", "lane_push", "wake_workers", "now_ms"} <= defined("enqueue")
+    assert not {"ack_jobs", "finish", "bury", "STATES", "EVENT_FIELDS"} & defined("enqueue")
+    assert {"ack_jobs", "finish", "tally", "EVENT_AT", "bury", "STATES"} <= defined("claim")
+    assert defined("reprioritize") >= {"job_key", "lane_key"} and "now_ms" not in defined("reprioritize")
+
+
 @pytest.mark.parametrize("name", sorted(scripts.TRANSITIONS))
 def test_every_key_a_wrapper_passes_is_in_the_queues_slot(name: str) -> None:
     for index in (0, 3):

@@ -1,4 +1,5 @@
-"""Loads the transition scripts: one Lua file per transition, `_common.lua` prepended.
+"""Loads the transition scripts: one Lua file per transition, the helpers it uses from
+`_common.lua` prepended.
 
 Each file's header declares its KEYS (`KEYS[n] name TYPE …`); `keys_for` builds exactly that list
 for a shard, so a wrapper can never pass a key its script does not declare.
@@ -33,6 +34,10 @@ TRANSITIONS = {
     "heads": "heads.lua",
 }
 _KEY_LINE = re.compile(r"^KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)
+_DEFINITION = re.compile(r"^(?:--[^\n]*\n)*local (?:function )?(\w+)", re.MULTILINE)
+"""A top-level definition of `_common.lua`, with the comment lines right above it."""
+_COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,24 @@ def source(name: str) -> ScriptSource:
     declared = _KEY_LINE.findall(body)
     if [int(n) for n, _ in declared] != list(range(1, len(declared) + 1)):
         raise RuntimeError(f"{name}.lua: KEYS in its header must be numbered 1…n")
-    text = (HERE / "_common.lua").read_text() + "\n" + body
-    return ScriptSource(name, text, tuple(k for _, k in declared))
+    return ScriptSource(name, _helpers_for(body) + "\n" + body, tuple(k for _, k in declared))
+
+
+def _helpers_for(body: str) -> str:
+    """The top-level definitions of `_common.lua` that `body` uses, directly or through each
+    other, in their order there: every definition a script carries is work at each call (a
+    closure or a table made, then collected), ~0.4 µs each on the server."""
+    common = (HERE / "_common.lua").read_text()
+    starts = [m.start() for m in _DEFINITION.finditer(common)]
+    pieces = [common[a:b] for a, b in zip(starts, [*starts[1:], len(common)], strict=True)]
+    defined = {_DEFINITION.match(piece)[1]: piece for piece in pieces}  # type: ignore[index]
+    wanted: set[str] = set()
+    todo = [body]
+    while todo:
+        for used in set(_NAME.findall(_COMMENT.sub("", todo.pop()))) & defined.keys() - wanted:
+            wanted.add(used)
+            todo.append(defined[used])
+    return "".join(piece for name, piece in defined.items() if name in wanted)
 
 
 @cache

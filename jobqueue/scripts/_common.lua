@@ -1,6 +1,7 @@
---[[ _common: helpers prepended to every transition script by jobqueue/scripts/__init__.py.
-They only touch keys derived from a braced base key that the script received in KEYS, so
-every key stays in the shard's slot:
+--[[ _common: helpers for the transition scripts; jobqueue/scripts/__init__.py prepends to each
+script the top-level definitions it uses (with the comment lines right above each). They only
+touch keys derived from a braced base key that the script received in KEYS, so every key stays
+in the shard's slot:
   base:job:<id>     HASH  the job row
   base:pending      ZSET  the default lane; base:lane:<name> ZSET a named lane (id -> -priority)
   base:uniq:<key>   STRING unique_key -> id
