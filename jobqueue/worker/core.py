@@ -662,7 +662,8 @@ class Worker:
                 pipe.execute()
 
     def _take(self, queue: Queue, leases: list[Lease]) -> None:
-        """Run the jobs a waiter's claim brought, or hand them back when the worker stops."""
+        """Run the jobs a waiter's claim or a hand-off brought, or hand them back when the worker
+        stops."""
         with self._claim_lock:
             if not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
                 self._drained_until.pop(queue.name, None)
