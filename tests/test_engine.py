@@ -414,7 +414,7 @@ def _offer(queue: Queue, worker: str = "w", seconds: int = 5, **kw: Any) -> None
 
 def test_an_idle_worker_gets_a_lone_new_job_handed_over_already_leased(valkey: Any) -> None:
     if isinstance(valkey, RedisCluster):
-        pytest.skip("a standalone client's connection (the worker waits the plain way on a cluster)")
+        pytest.skip("one server's connection (test_worker covers a cluster node's)")
     queue = Queue("emails", client=valkey)
     shard = queue.shard(0)
     conn = valkey.connection_pool.get_connection()

@@ -49,6 +49,10 @@ def test_a_worker_rides_out_a_primary_failing_over_to_its_replica(settings: Any)
         reruns = sum(row.attempts > 1 for row in rows)
         print(f"failover took {failover:.1f} s; {reruns} of {len(refs)} jobs ran again")
         assert Queue("default").counts()["pending"] == 0
+        # Idle now: its waiters found the shards' nodes again, the promoted replica's included.
+        late = [jobs.add.enqueue(i, 1) for i in range(6)]
+        wait_for(lambda: Job.objects.filter(pk__in=[r.id for r in late], state="succeeded")
+                 .count() == 6, timeout=30)
     finally:
         if worker is not None:
             worker.terminate()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jobqueue import Queue, enqueue, get_job
+from jobqueue import Queue, enqueue, get_job, keys
 from jobqueue.models import Job
 from jobqueue.worker.core import IDLE_WAIT
 from tests.jobapp import jobs
@@ -558,6 +558,29 @@ def test_the_worker_runs_on_a_valkey_cluster(valkey_cluster: Any, settings: Any)
     assert Job.objects.filter(state="succeeded").count() == 91
     assert {Job.objects.get(pk=r.id).shard for r in refs} == {0, 1, 2}
     assert Job.objects.get(pk=laned.id).result == 10
+
+
+def test_an_idle_worker_on_a_valkey_cluster_offers_itself_on_each_shards_node(
+        valkey_cluster: Any, settings: Any) -> None:
+    # Each waiter keeps a connection to the node that holds its shard: the offer and the wait go
+    # there, so a cluster's idle worker takes handed jobs as a standalone one does.
+    settings.JOBQUEUE = {"URL": valkey_cluster.url, "QUEUES": {"default": {"shards": 3}}}
+    queue = Queue("default")
+    queue.client.flushall(target_nodes="primaries")
+    idle = [queue.shard(i).key("idle") for i in range(3)]
+    assert len({keys.slot(key) for key in idle}) == 3
+    first = jobs.add.enqueue(0, 0)  # (the queue's three shards are registered: the worker reads them)
+    worker = start_worker(valkey_cluster.url, "--concurrency", "4")
+    try:
+        wait_for(lambda: [queue.client.hlen(key) for key in idle] == [1, 1, 1])
+        refs = [first, *(jobs.add.enqueue(i, 1) for i in range(6))]
+        wait_for(lambda: Job.objects.filter(state="succeeded").count() == 7)
+        assert {Job.objects.get(pk=r.id).shard for r in refs} == {0, 1, 2}
+        assert all(Job.objects.get(pk=r.id).attempts == 1 for r in refs)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+    assert [queue.client.hlen(key) for key in idle] == [0, 0, 0]  # (withdrawn on stop)
 
 
 def test_workers_stop_on_sigterm_whatever_moment_it_arrives(valkey_server: ValkeyProcess) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 from django.db import DatabaseError
 from redis.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import ConnectionError as ValkeyConnectionError
 
 from .. import autoscale, outbox, schedule, signals, spec, wire
 from .. import layout as layouts
@@ -121,13 +122,18 @@ def _settle_gc() -> None:
 class _Lines:
     """One wake waiter's own connections (see `Worker._wait_for_wake`)."""
 
-    conn: Any
-    """A standalone client's connection, kept for the waits; None: plain BLPOPs on the client."""
+    plain: bool
+    """A burst run: plain BLPOPs on the client, nothing kept."""
     hand_off: bool = True
     """Whether the worker, idle, offers itself for hand-offs (not for a queue with a
     `concurrency` cap or a rate limit: only the claim script enforces those)."""
     offered: bool = False
     """Whether it ever did (it withdraws the offer when it stops)."""
+    node: Any = None
+    """The client of the server holding the shard (the standalone client itself, or a cluster
+    node's), found at the first wait and again after an error (a failover moves a shard)."""
+    conn: Any = None
+    """A connection of `node`'s, kept for the waits."""
     conn_id: int | None = None
     """Its id on the server, once asked (a wait registers it, to be unblocked)."""
     line: WaitLine | bool | None = None
@@ -169,9 +175,10 @@ class Worker:
         self._threads_stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._waiting_on: set[tuple[str, int]] = set()
-        self._plain_waits: dict[tuple[str, int], int] = {}
-        """Waiters blocked without an offer (queue, shard -> their connection's id)."""
-        self._quiet_waits: dict[tuple[str, int], int] = {}
+        self._plain_waits: dict[tuple[str, int], tuple[Any, int]] = {}
+        """Waiters blocked without an offer (queue, shard -> the client of the server they wait
+        on, and their connection's id there)."""
+        self._quiet_waits: dict[tuple[str, int], tuple[Any, int]] = {}
         """Other waiters blocked on a kept connection (only a token or a stop ends their wait
         early): with an offer, or of a queue that never offers (see `_wait_for_wake`)."""
         self._next_maintenance = 0.0
@@ -558,14 +565,12 @@ class Worker:
         handed over then would wait for room), and claims what it has room for when a token
         comes; when it falls idle, the main loop unblocks that wait (`_unblock_waiters`) so the
         next wait makes the offer. A queue with a `concurrency` cap or a rate limit never
-        offers, and a cluster client and a burst run wait the plain way. On a kept connection a
-        wait lasts up to IDLE_WAIT: a token, a hand-off, a stop or the worker falling idle ends
-        it sooner (`_unblock_waiters`)."""
-        client = queue.client
+        offers. On a cluster the kept connection is to the node that holds the shard, found
+        again after an error (a failover moves the shard); a burst run waits the plain way
+        (1 s BLPOPs on the client). On a kept connection a wait lasts up to IDLE_WAIT: a token,
+        a hand-off, a stop or the worker falling idle ends it sooner (`_unblock_waiters`)."""
         options = queue.options
-        lines = _Lines(None if isinstance(client, RedisCluster) or self.config.burst
-                       else client.connection_pool.get_connection(),
-                       hand_off=not (options.concurrency or options.rate))
+        lines = _Lines(self.config.burst, hand_off=not (options.concurrency or options.rate))
         try:
             while not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
                 if not self._room.wait(0.5):
@@ -577,10 +582,9 @@ class Worker:
                         # a worker's runner in one hop.
                         self._drained_until.pop(queue.name, None)
                         self._claim(woken=(queue, index))
-                except RedisError:
-                    lines.conn_id = None  # (the connection reconnects, with a new id)
-                    if isinstance(lines.line, WaitLine) and lines.line.closed:
-                        lines.line = None  # (opened anew)
+                except RedisError as exc:
+                    log.debug("wait on %s shard %d: %r", queue.name, index, exc)
+                    self._drop_lines(lines)  # (taken anew: on a cluster, maybe on another node)
                     self._threads_stop.wait(1.0)
         finally:
             if lines.offered:
@@ -589,18 +593,39 @@ class Worker:
                 except RedisError:
                     log.warning("could not withdraw the idle offer on %s: a job handed over "
                                 "meanwhile waits for its lease to expire", queue.name)
-            if lines.conn is not None:
-                client.connection_pool.release(lines.conn)
-            loop = self._runners.loop if self._runners else None
-            if isinstance(lines.line, WaitLine) and loop is not None:
+            self._drop_lines(lines)
+
+    @staticmethod
+    def _node(queue: Queue, index: int) -> Any:
+        """The client of the server that holds a shard: a cluster node's, or the client."""
+        client = queue.client
+        if not isinstance(client, RedisCluster):
+            return client
+        node = client.get_node_from_key(queue.shard(index).key("wake"))
+        if node is None:
+            raise ValkeyConnectionError(f"no cluster node serves {queue.name}'s shard {index}")
+        return client.get_redis_connection(node)
+
+    def _drop_lines(self, lines: _Lines) -> None:
+        """Give a waiter's connections back (after an error: taken anew at the next wait)."""
+        if lines.conn is not None:
+            lines.node.connection_pool.release(lines.conn)
+        lines.conn, lines.conn_id = None, None
+        line, loop = lines.line, self._runners.loop if self._runners else None
+        if isinstance(line, WaitLine):
+            lines.line = None
+            if loop is not None:
                 with contextlib.suppress(RuntimeError):  # (the loop closed already)
-                    loop.call_soon(lines.line.close)
+                    loop.call_soon(line.close)
 
     def _wait_once(self, queue: Queue, index: int, lines: _Lines) -> bool:
         """One wait on a shard, in the form `_wait_for_wake` says; a job handed over is taken
         here. True when a token came and the caller should claim."""
-        if lines.conn is None:
+        if lines.plain:
             return bool(queue.client.blpop([queue.shard(index).key("wake")], timeout=1))
+        if lines.conn is None:
+            lines.node = self._node(queue, index)
+            lines.conn = lines.node.connection_pool.get_connection()
         if lines.conn_id is None:
             lines.conn_id = wire.call_on(lines.conn, [("CLIENT", "ID")])[0]
         idle = lines.hand_off and not self._running
@@ -610,11 +635,11 @@ class Worker:
         lines.offered = lines.offered or idle
         loop = self._runners.loop if self._runners else None
         if idle and loop is not None and lines.line is None:
-            lines.line = loop.run(self._open_line(queue)) or False
+            lines.line = loop.run(self._open_line(lines.node)) or False
         if idle and loop is not None and isinstance(lines.line, WaitLine):
-            return loop.run(self._wait_on_loop(queue, index, lines.line, commands)) is True
+            return loop.run(self._wait_on_loop(queue, index, lines, commands)) is True
         waits = self._plain_waits if lines.hand_off and not idle else self._quiet_waits
-        with self._registered(waits, (queue.name, index), lines.conn_id):
+        with self._registered(waits, (queue.name, index), (lines.node, lines.conn_id)):
             got = queue.after_wait(index, wire.call_on(lines.conn, commands,
                                                        IDLE_WAIT + READ_SLACK))
         if isinstance(got, list):
@@ -622,21 +647,21 @@ class Worker:
         return got is True
 
     @contextlib.contextmanager
-    def _registered(self, waits: dict[tuple[str, int], int], where: tuple[str, int],
-                    conn_id: int) -> Iterator[None]:
+    def _registered(self, waits: dict[tuple[str, int], tuple[Any, int]], where: tuple[str, int],
+                    conn: tuple[Any, int]) -> Iterator[None]:
         """A wait in progress, listed so that another thread can unblock it."""
-        waits[where] = conn_id
+        waits[where] = conn
         try:
             yield
         finally:
             waits.pop(where, None)
 
     @staticmethod
-    async def _open_line(queue: Queue) -> WaitLine | None:
-        twin = wire.async_twin(queue.client)
+    async def _open_line(node: Any) -> WaitLine | None:
+        twin = wire.async_twin(node)
         return None if twin is None else await WaitLine.open(twin)
 
-    async def _wait_on_loop(self, queue: Queue, index: int, line: WaitLine,
+    async def _wait_on_loop(self, queue: Queue, index: int, lines: _Lines,
                             commands: list[tuple[Any, ...]]) -> list[Lease] | bool:
         """The idle form's wait, on the worker's event loop: the replies are read as they
         arrive and an async job handed over starts right there, without a hand-over from the
@@ -647,16 +672,21 @@ class Worker:
                 self._take(queue, got)
             return got
 
-        with self._registered(self._quiet_waits, (queue.name, index), line.id):
+        line = lines.line
+        assert isinstance(line, WaitLine)
+        with self._registered(self._quiet_waits, (queue.name, index), (lines.node, line.id)):
             return await line.call(commands, took, IDLE_WAIT + READ_SLACK)
 
     def _unblock_waiters(self, every: bool = False) -> None:
         """The worker fell idle: end its waiters' plain waits, so that they wait with an offer
         (see `_wait_for_wake`); `every`: it stops, end every wait. An unblocked BLPOP
         returns as if it timed out."""
-        ids = [*self._plain_waits.values(), *(self._quiet_waits.values() if every else ())]
-        if ids and self.queues:
-            with self.queues[0].client.pipeline(transaction=False) as pipe:
+        by_node: dict[Any, list[int]] = defaultdict(list)
+        for node, conn_id in [*self._plain_waits.values(),
+                              *(self._quiet_waits.values() if every else ())]:
+            by_node[node].append(conn_id)
+        for node, ids in by_node.items():
+            with node.pipeline(transaction=False) as pipe:
                 for conn_id in ids:
                     pipe.client_unblock(conn_id)
                 pipe.execute()
