@@ -105,6 +105,32 @@ def test_sigkill_loses_nothing_and_records_nothing_twice(valkey_server: ValkeyPr
     assert queue.counts()["active"] == queue.counts()["pending"] == 0
 
 
+def test_a_server_that_refuses_the_offer_still_serves_an_idle_worker_by_tokens(
+        settings: Any, tmp_path: Path) -> None:
+    # A server without HSETEX (older than Valkey 9 or Redis 8), or an ACL that denies it: the
+    # worker says so once and stops offering; its idle waits take wake tokens, as before.
+    server = ValkeyProcess().start()
+    try:
+        import redis
+
+        redis.Redis(port=server.port).execute_command(
+            "ACL", "SETUSER", "default", "on", "nopass", "~*", "&*", "+@all", "-hsetex")
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": server.url}
+        log = tmp_path / "worker.log"
+        worker = start_worker(server.url, "--queues", "default", log=log)
+        try:
+            wait_for(lambda: "takes no offer" in log.read_text())
+            for n in range(3):
+                ref = jobs.add.enqueue(n, 1)
+                wait_for(lambda ref=ref: (get_job(ref.id) or ref).state == "succeeded")  # type: ignore[union-attr]
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(20) == 0
+        assert log.read_text().count("takes no offer") == 1
+    finally:
+        server.cleanup()
+
+
 def test_a_job_handed_to_a_worker_killed_while_idle_runs_once_its_lease_ends(
         valkey_server: ValkeyProcess) -> None:
     # A worker killed in its idle wait stays offered until that wait would have ended: a job

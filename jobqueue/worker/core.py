@@ -35,7 +35,7 @@ from typing import Any
 
 from django.db import DatabaseError
 from redis.cluster import RedisCluster
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 
 from .. import autoscale, outbox, schedule, signals, spec, wire
@@ -181,6 +181,8 @@ class Worker:
         self._quiet_waits: dict[tuple[str, int], tuple[Any, int]] = {}
         """Other waiters blocked on a kept connection (only a token or a stop ends their wait
         early): with an offer, or of a queue that never offers (see `_wait_for_wake`)."""
+        self._refused_said = False
+        """Whether the worker said that the server takes no offer (see `_past_offer`)."""
         self._next_maintenance = 0.0
         self._next_fire = 0.0
         self._next_summary = time.monotonic() + config.summary_every
@@ -640,8 +642,8 @@ class Worker:
             return loop.run(self._wait_on_loop(queue, index, lines, commands)) is True
         waits = self._plain_waits if lines.hand_off and not idle else self._quiet_waits
         with self._registered(waits, (queue.name, index), (lines.node, lines.conn_id)):
-            got = queue.after_wait(index, wire.call_on(lines.conn, commands,
-                                                       IDLE_WAIT + READ_SLACK))
+            replies = wire.call_on(lines.conn, commands, IDLE_WAIT + READ_SLACK)
+        got = queue.after_wait(index, self._past_offer(queue, lines, replies) if idle else replies)
         if isinstance(got, list):
             self._take(queue, got)
         return got is True
@@ -667,7 +669,7 @@ class Worker:
         arrive and an async job handed over starts right there, without a hand-over from the
         waiter's thread."""
         def took(replies: list[Any]) -> list[Lease] | bool:
-            got = queue.after_wait(index, replies)
+            got = queue.after_wait(index, self._past_offer(queue, lines, replies))
             if isinstance(got, list):
                 self._take(queue, got)
             return got
@@ -676,6 +678,21 @@ class Worker:
         assert isinstance(line, WaitLine)
         with self._registered(self._quiet_waits, (queue.name, index), (lines.node, line.id)):
             return await line.call(commands, took, IDLE_WAIT + READ_SLACK)
+
+    def _past_offer(self, queue: Queue, lines: _Lines, replies: list[Any]) -> list[Any]:
+        """An idle wait's replies after its offer's. A server that refuses the offer (no HSETEX
+        before Valkey 9 and Redis 8, or an ACL that denies it) ends the waiter's offers: it
+        waits for tokens from then on, as a capped queue's waiter does."""
+        refused, *rest = replies
+        if isinstance(refused, ResponseError):
+            lines.hand_off = False
+            with self._lock:
+                said, self._refused_said = self._refused_said, True
+            if not said:
+                log.warning("queue %s: the server takes no offer (%s): idle workers wait for "
+                            "wake tokens and claim, instead of taking jobs handed over",
+                            queue.name, refused)
+        return rest
 
     def _unblock_waiters(self, every: bool = False) -> None:
         """The worker fell idle: end its waiters' plain waits, so that they wait with an offer
