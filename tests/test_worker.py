@@ -599,8 +599,8 @@ def test_an_idle_worker_on_a_valkey_cluster_offers_itself_on_each_shards_node(
     worker = start_worker(valkey_cluster.url, "--concurrency", "4")
     try:
         wait_for(lambda: [queue.client.hlen(key) for key in idle] == [1, 1, 1])
-        refs = [first, *(jobs.add.enqueue(i, 1) for i in range(6))]
-        wait_for(lambda: Job.objects.filter(state="succeeded").count() == 7)
+        refs = [first, *(jobs.add.enqueue(i, 1) for i in range(30))]  # (by id: every shard)
+        wait_for(lambda: Job.objects.filter(state="succeeded").count() == 31)
         assert {Job.objects.get(pk=r.id).shard for r in refs} == {0, 1, 2}
         assert all(Job.objects.get(pk=r.id).attempts == 1 for r in refs)
     finally:
