@@ -452,12 +452,17 @@ def test_a_job_is_handed_over_only_when_nothing_else_could_come_first(valkey: An
     queue.enqueue("d")
     assert queue.counts()["active"] == 3 and valkey.hlen(idle) == 1  # (paused: none taken)
     queue.resume()
-    queue.dequeue(1, worker="w")  # a worker that claims is not idle any more
+    assert queue.dequeue(1, worker="other") and valkey.hlen(idle) == 1  # (another's claim)
+    queue.enqueue("d2", delay=60)
+    assert queue.dequeue(1, worker="w") == [] and valkey.hlen(idle) == 1  # (it found nothing)
+    queue.enqueue_many([JobSpec("e1"), JobSpec("e2")])
+    queue.dequeue(1, worker="w")  # a worker that claims a job is not idle any more
     assert valkey.hlen(idle) == 0
+    claim_all(queue)
     _offer(queue, lease=3, override_lease=True)
-    queue.enqueue("e", lease=60)
+    queue.enqueue("f", lease=60)
     (handed,) = queue.withdraw(0, "w")
-    assert (handed.payload, handed.lease) == ("e", 3.0)  # (the worker's --lease overrides)
+    assert (handed.payload, handed.lease) == ("f", 3.0)  # (the worker's --lease overrides)
     assert queue.get(first.id).state == "scheduled"
 
 

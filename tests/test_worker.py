@@ -337,6 +337,12 @@ def test_an_idle_worker_offers_itself_and_takes_the_job_an_enqueue_hands_over(
         # Idle: the waiter's connection offers the worker, then waits on its list and the wake
         # list; the enqueue leases the job to it, so no claim is sent.
         wait_for(lambda: [_offers(c) for c in monitor.waiters().values()] == [True])
+        offered = Queue("default").shard(0).key("idle")
+        seen = []
+        for _ in range(25):  # 2.5 s: the offer outlasts the idle main loop's claims (1 a second)
+            seen.append(client.hlen(offered))
+            time.sleep(0.1)
+        assert seen.count(1) >= 23, seen  # (renewed every IDLE_WAIT: gone a moment at most)
         first = jobs.add.enqueue(1, 2)
         wait_for(lambda: (get_job(first.id) or first).state == "succeeded")  # type: ignore[union-attr]
         (waiter,) = monitor.waiters()

@@ -8,7 +8,7 @@ KEYS[3] active  ZSET    id -> lease deadline ms (server clock)
 KEYS[4] meta    HASH    paused
 KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
 KEYS[6] done    STREAM  terminal events
-KEYS[7] idle    HASH    idle workers (see enqueue.lua): a worker that claims is idle no more
+KEYS[7] idle    HASH    idle workers (see enqueue.lua): a worker that claims a job is idle no more
 ARGV[1] count, ARGV[2] default lease ms, ARGV[3] '1' = ARGV[2] overrides each job's lease,
 ARGV[4] worker name, ARGV[5] dead retention ms, ARGV[6] retention ms of a finished row,
 ARGV[7] the shard's rate limit: jobs per period (its share of the queue's N; 0 = no limit),
@@ -32,7 +32,6 @@ local weights, nweights = {}, tonumber(ARGV[9])
 for i = 0, nweights - 1 do weights[ARGV[10 + i * 2]] = tonumber(ARGV[11 + i * 2]) end
 local turns_key = base .. ':turns'
 local out = ack_jobs(base, active, done, meta, tonumber(ARGV[6]), 10 + nweights * 2)
-if worker ~= '' then redis.call('HDEL', KEYS[7], worker) end
 table.insert(out, 1, #out)
 out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
 local waited_at = #out
@@ -131,4 +130,6 @@ if rate > 0 then
   redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
   if tokens < 1 then out[waited_at] = math.ceil((1 - tokens) * period / rate) end
 end
+-- (a claim that finds nothing, an idle worker's maintenance turn, leaves its offer standing)
+if claimed > 0 and worker ~= '' then redis.call('HDEL', KEYS[7], worker) end
 return out
