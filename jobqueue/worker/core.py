@@ -643,10 +643,7 @@ class Worker:
         waits = self._plain_waits if lines.hand_off and not idle else self._quiet_waits
         with self._registered(waits, (queue.name, index), (lines.node, lines.conn_id)):
             replies = wire.call_on(lines.conn, commands, IDLE_WAIT + READ_SLACK)
-        got = queue.after_wait(index, self._past_offer(queue, lines, replies) if idle else replies)
-        if isinstance(got, list):
-            self._take(queue, got)
-        return got is True
+        return self._arrived(queue, index, lines, replies, offered=idle) is True
 
     @contextlib.contextmanager
     def _registered(self, waits: dict[tuple[str, int], tuple[Any, int]], where: tuple[str, int],
@@ -669,15 +666,22 @@ class Worker:
         arrive and an async job handed over starts right there, without a hand-over from the
         waiter's thread."""
         def took(replies: list[Any]) -> list[Lease] | bool:
-            got = queue.after_wait(index, self._past_offer(queue, lines, replies))
-            if isinstance(got, list):
-                self._take(queue, got)
-            return got
+            return self._arrived(queue, index, lines, replies, offered=True)
 
         line = lines.line
         assert isinstance(line, WaitLine)
         with self._registered(self._quiet_waits, (queue.name, index), (lines.node, line.id)):
             return await line.call(commands, took, IDLE_WAIT + READ_SLACK)
+
+    def _arrived(self, queue: Queue, index: int, lines: _Lines, replies: list[Any], *,
+                 offered: bool) -> list[Lease] | bool:
+        """What a wait's replies brought (`Queue.after_wait`); a job handed over is taken here.
+        `offered`: the wait began with an offer, whose reply comes first."""
+        got = queue.after_wait(index, self._past_offer(queue, lines, replies) if offered
+                               else replies)
+        if isinstance(got, list):
+            self._take(queue, got)
+        return got
 
     def _past_offer(self, queue: Queue, lines: _Lines, replies: list[Any]) -> list[Any]:
         """An idle wait's replies after its offer's. A server that refuses the offer (no HSETEX
