@@ -6,7 +6,11 @@ per job counts every worker process from start to stop. "raw" is the floor: redi
 LPUSH/BRPOP with no queue semantics at all.
 
     .venv/bin/pip install -r bench/requirements.txt && (cd bench/node && npm install)
-    .venv/bin/python bench/peers.py [--jobs 20000] [--only jobqueue,bullmq,vtasks,raw]
+    .venv/bin/python bench/peers.py [--jobs 20000] [--only jobqueue,bullmq,vtasks,raw] [--rounds 3]
+
+With --rounds, the systems take turns (one whole measurement each, round after round) and the
+table gives each number's median: the machine's speed drifts over minutes, and one system
+measured alone in a slow stretch would lose by it.
 
 jobqueue runs with its mirror off (the peers keep no history); `bench/worker.py` measures it on.
 """
@@ -373,12 +377,34 @@ def report(results: dict[str, dict], n: int) -> None:
         print(line)
 
 
+def median_run(runs: list[dict]) -> dict:
+    """One result from several rounds of a system: the median of every number, field by field
+    (a configuration's label, and the latency's p50 and p99 pair, kept as they are)."""
+    merged: dict = {}
+    for key, first in runs[0].items():
+        values = [run[key] for run in runs]
+        if isinstance(first, dict):
+            merged[key] = median_run(values)
+        elif isinstance(first, (int, float)):
+            merged[key] = statistics.median(values)
+        elif key == "latency_ms":
+            merged[key] = tuple(statistics.median(pair[i] for pair in values) for i in (0, 1))
+        else:
+            merged[key] = first
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--only", help="comma-separated peer names (default: all)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every system this many times, taking turns (the machine's "
+                             "speed drifts: a system measured in a slow minute alone would lose "
+                             "by it), and report the medians")
     args = parser.parse_args()
     peers = [p for p in PEERS if not args.only or p.name in args.only.split(",")]
+    runs: dict[str, list[dict]] = {p.name: [] for p in peers}
     with valkey() as url:
         for key, value in env(url).items():
             os.environ.setdefault(key, value)
@@ -387,9 +413,18 @@ def main() -> None:
         import django
 
         django.setup()
-        results = {p.name: measure(p(url), args.jobs) for p in peers}
+        for number in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {number + 1} of {args.rounds}", flush=True)
+            for peer in peers:
+                runs[peer.name].append(measure(peer(url), args.jobs))
+            if args.rounds > 1:
+                report({name: r[-1] for name, r in runs.items()}, args.jobs)
+    if args.rounds > 1:
+        print(f"\nmedians of {args.rounds} rounds, the systems taking turns:")
+    results = {name: median_run(r) for name, r in runs.items()}
     report(results, args.jobs)
-    print(json.dumps(results))
+    print(json.dumps(runs if args.rounds > 1 else results))
 
 
 if __name__ == "__main__":
