@@ -10,14 +10,16 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
+
+from django.db import transaction
 
 from . import outbox
-from .conf import get_config
+from .conf import Config, get_config
 from .exceptions import InvalidOption, UnknownHandler
 from .keys import validate_queue
 from .records import JobInfo, JobRef, Lease
-from .spec import JobSpec, prepare
+from .spec import JobSpec, Prepared, prepare
 from .store import Queue
 
 _registry: dict[str, JobFunction] = {}
@@ -39,6 +41,19 @@ class JobOptions:
     spec: Mapping[str, Any] = field(default_factory=dict)
 
 
+class _Route(NamedTuple):
+    """How a handler's `enqueue` goes, worked out once per configuration."""
+
+    config: Config
+    queue: Queue
+    ready: Prepared | None
+    """The handler's options validated, as a job of its own that each call gives a payload and
+    an id (`Queue.enqueue_ready`); None when calls need `submit`'s whole way (a durable queue,
+    or options that differ per call: a job_id, a run_after time)."""
+    now: bool
+    """Whether its jobs go to Valkey at once even inside a transaction."""
+
+
 class JobFunction:
     """A registered handler: call it to run inline, `.enqueue(...)` to run it on a worker."""
 
@@ -50,6 +65,7 @@ class JobFunction:
         """An `async def` handler: its jobs run on the worker's event loop."""
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
+        self._route: _Route | None = None
 
     def __repr__(self) -> str:
         return f"<job {self.name} queue={self.options.queue!r}>"
@@ -70,13 +86,32 @@ class JobFunction:
         return JobFunction(self.func, self.name, options)
 
     def enqueue(self, *args: Any, **kwargs: Any) -> JobRef:
-        spec = JobSpec(_payload(self.name, args, kwargs), **self.options.spec)
-        return submit(Queue(self.options.queue), [spec], self.options.immediate)[0]
+        payload = _payload(self.name, args, kwargs)
+        route = self._routed()
+        if route.ready is not None and (route.now or not transaction.get_connection().in_atomic_block):
+            ref = route.queue.enqueue_ready(route.ready, payload)
+            if ref is not None:
+                return ref
+        return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
         """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""
         specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
-        return submit(Queue(self.options.queue), specs, self.options.immediate)
+        return submit(self._routed().queue, specs, self.options.immediate)
+
+    def _routed(self) -> _Route:
+        """This handler's route for the current configuration (settings changed in a test make
+        a new one): its queue, and its options validated once rather than at every enqueue (an
+        enqueue's Python is most of its time on an idle machine, where caches are cold)."""
+        config, route = get_config(), self._route
+        if route is None or route.config is not config:
+            queue = Queue(self.options.queue)
+            spec = JobSpec({}, **self.options.spec)
+            simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None)
+            ready = prepare(spec, queue.options) if simple else None
+            route = self._route = _Route(config, queue, ready,
+                                         self.options.immediate or not config.on_commit)
+        return route
 
 
 def _split(call: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:
@@ -113,11 +148,9 @@ def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
     durable queue's jobs are first written to the database (in the transaction, if any) and
     always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py.
     """
-    from django.db import transaction
-
-    in_transaction = transaction.get_connection().in_atomic_block
     durable = queue.options.durable
-    if not durable and (immediate or not get_config().on_commit or not in_transaction):
+    if not durable and (immediate or not get_config().on_commit
+                        or not transaction.get_connection().in_atomic_block):
         return queue.enqueue_many(specs)
     prepared = [prepare(spec, queue.options, get_config().max_payload) for spec in specs]
     minted = [spec._replace(job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]

@@ -226,9 +226,15 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
         priority, lane, max_attempts, backoff_ms, lease_ms = _options(*shared)
     unique = _unique_key(spec.unique_key)
     job_id = ids.validate_job_id(spec.job_id) if spec.job_id is not None else ids.new_id()
-    payload = dumps(spec.payload, "payload")
-    if len(payload) > max_payload:
-        raise InvalidPayload(f"payload is {len(payload):,} characters of JSON; the limit is "
+    return Prepared(job_id, spec.job_id is None, encode_payload(spec.payload, max_payload),
+                    priority, lane, max_attempts, backoff_ms, lease_ms, math.ceil(delay * 1000),
+                    unique)
+
+
+def encode_payload(payload: Any, max_payload: int) -> str:
+    """A payload as compact JSON, refused when it is longer than `max_payload` characters."""
+    encoded = dumps(payload, "payload")
+    if len(encoded) > max_payload:
+        raise InvalidPayload(f"payload is {len(encoded):,} characters of JSON; the limit is "
                              f"{max_payload:,} (JOBQUEUE['MAX_PAYLOAD']): pass a reference instead")
-    return Prepared(job_id, spec.job_id is None, payload, priority, lane, max_attempts, backoff_ms,
-                    lease_ms, math.ceil(delay * 1000), unique)
+    return encoded

@@ -23,7 +23,16 @@ from .conf import QueueOptions, get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError, NotReplicated
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
-from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
+from .spec import (
+    MAX_DELAY,
+    JobSpec,
+    Prepared,
+    dumps,
+    encode_payload,
+    prepare,
+    validate_lease,
+    validate_priority,
+)
 from .spec import rate as spec_rate
 from .spec import seconds as _seconds
 
@@ -61,6 +70,8 @@ class Queue:
         self._next_shard = 0
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit admits another job (0: not limited)."""
+        self._scripts: dict[tuple[str, int], tuple[tuple[str, ...], Any, Any]] = {}
+        """(transition, shard) -> its KEYS there, its Script, and the client that holds it."""
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -76,8 +87,7 @@ class Queue:
         """One script call, loading the script on NOSCRIPT (a standalone client's goes the
         short way: see wire.py)."""
         client = self.client
-        keys = scripts.keys_for(name, shard)
-        script = scripts.script(client, name)
+        keys, script = self._script(client, name, shard)
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             if isinstance(client, RedisCluster):
@@ -85,6 +95,15 @@ class Queue:
             return wire.call(client, command)
         except NoScriptError:
             return script(keys=keys, args=list(args))
+
+    def _script(self, client: Any, name: str, shard: ShardKeys) -> tuple[tuple[str, ...], Any]:
+        """A transition's KEYS on a shard and its Script, looked up once per Queue (a queue
+        kept for many calls, as a handler's or a worker's, then builds and hashes nothing)."""
+        known = self._scripts.get((name, shard.index))
+        if known is None or known[2] is not client:
+            known = (scripts.keys_for(name, shard), scripts.script(client, name), client)
+            self._scripts[name, shard.index] = known
+        return known[0], known[1]
 
     def _run_many(self, name: str, shard: ShardKeys, calls: Iterable[list[Any]]) -> list[Any]:
         """Several calls of one script on one shard in a single round trip (a pipeline). Each
@@ -255,11 +274,34 @@ class Queue:
             raise NotReplicated(
                 f"queue {self.name!r}: {len(out)} job(s) written on the primary, but only "
                 f"{replicated} of {wanted} replica(s) confirmed them within {WAIT_MS} ms", out)
+        self._announce(out)
+        return out
+
+    def enqueue_ready(self, ready: Prepared, payload: Any) -> JobRef | None:
+        """`enqueue_many`'s short way for one job whose options were validated ahead (`ready`:
+        a handler's defaults, see `JobFunction.enqueue`), so that only its payload is checked and
+        its id minted here: an enqueue that finds an idle worker is on the way to it sooner.
+        None when the job must take the long way (nothing was written): a resize in progress, a
+        queue that waits for replicas, a draining shard, a minted id already taken."""
+        now = self.layout()
+        if now.prior or self.options.wait_replicas:
+            return None
+        job = Prepared(ids.new_id(), True, encode_payload(payload, get_config().max_payload),
+                       ready.priority, ready.lane, ready.max_attempts, ready.backoff_ms,
+                       ready.lease_ms, ready.delay_ms, ready.unique_key)
+        self._register(now.live)
+        ref = self._enqueue_one(job, now.live)
+        if ref is not None:
+            self._announce([ref])
+        return ref
+
+    @staticmethod
+    def _announce(refs: list[JobRef]) -> None:
+        """`job_enqueued` for the jobs an enqueue created (skipped when nothing listens)."""
         if signals.job_enqueued.receivers and signals.job_enqueued.has_listeners(Queue):
-            for ref in out:
+            for ref in refs:
                 if ref.created:
                     signals.send(signals.job_enqueued, Queue, ref=ref)
-        return out
 
     def _enqueue_one(self, job: Prepared, live: int) -> JobRef | None:
         """`enqueue_many`'s one job, sent without its batching: its ref, or None when the loop

@@ -45,6 +45,21 @@ def test_enqueue_by_dotted_path_uses_the_handlers_defaults() -> None:
     assert info and info.priority == 7 and info.max_attempts == 2
 
 
+def test_a_handlers_enqueue_writes_the_row_the_long_way_writes(settings) -> None:  # type: ignore[no-untyped-def]
+    """A handler validates its options once per configuration and sends each job the short way
+    (`Queue.enqueue_ready`): the row is the one `Queue.enqueue` writes, and a setting changed
+    afterwards reaches the next enqueue."""
+    options = {"priority": 5, "lane": "tenant-1", "max_attempts": 4, "backoff": 3, "lease": 60}
+    handler = jobs.add.using(**options)
+    short = handler.enqueue(1, 2)
+    long = Queue("default").enqueue({"handler": "tests.jobapp.jobs.add", "args": [1, 2]}, **options)
+    queue = Queue("default")
+    rows = [queue.client.hgetall(queue.shard(0).job(ref.id)) for ref in (short, long)]
+    assert rows[0] == rows[1] and rows[0]["lane"] == "tenant-1"
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"durable": True}}}
+    assert Job.objects.filter(pk=handler.enqueue(3, 4).id, durable=True).exists()
+
+
 def test_api_refuses_bad_input_clearly() -> None:
     with pytest.raises(InvalidPriority):
         jobs.add.using(priority=500).enqueue(1, 2)

@@ -90,7 +90,9 @@ _registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDic
 
 def script(client: Any, name: str) -> Any:
     """The redis-py Script for `name` on `client`: called by SHA, loaded again on NOSCRIPT."""
-    per_client = _registered.setdefault(client, {})
+    per_client = _registered.get(client)  # (setdefault would make a weak reference per call)
+    if per_client is None:
+        per_client = _registered.setdefault(client, {})
     if name not in per_client:
         per_client[name] = client.register_script(source(name).text)
     return per_client[name]
