@@ -204,6 +204,9 @@ a name into a handler (imported on first use: a worker without Celery never impo
 
 def handler_for(name: str, lease: Lease) -> JobFunction:
     """The handler a payload names: an `@job` by dotted name, or a bridged task by prefix."""
+    found = _registry.get(name)  # (the common case first: a dotted name holds no colon)
+    if found is not None:
+        return found
     for prefix, resolver in BRIDGES.items():
         if name.startswith(prefix):
             from django.utils.module_loading import import_string

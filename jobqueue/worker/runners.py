@@ -194,7 +194,8 @@ class EventLoop:
                 task.add_done_callback(self._tasks.discard)
 
     async def _run(self, lease: Lease, prepared: Prepared) -> None:
-        signals.send(signals.job_started, Queue, lease=lease)
+        if signals.job_started.receivers:  # (looked at here: per job, and most workers have none)
+            signals.send(signals.job_started, Queue, lease=lease)
         self._done(lease, await execute_async(lease, prepared))
 
     def _watch(self) -> None:
