@@ -3,7 +3,8 @@
 Every system runs the same job: INCR one counter with redis-py (BullMQ: with ioredis).
 Processing is timed from the first finished job to the last, so start-up does not count; CPU
 per job counts every worker process from start to stop. "raw" is the floor: redis-py
-LPUSH/BRPOP with no queue semantics at all.
+LPUSH/BRPOP with no queue semantics at all. Latency (enqueue to start on an idle worker at
+concurrency 1) is measured for jobqueue and the raw floor side by side, their jobs taking turns.
 
     .venv/bin/pip install -r bench/requirements.txt && (cd bench/node && npm install)
     .venv/bin/python bench/peers.py [--jobs 20000] [--only jobqueue,bullmq,vtasks,raw] [--rounds 3]
@@ -277,34 +278,45 @@ def process(peer: Peer, config: Config, n: int) -> dict[str, float]:
     return {"rate": rate, "worker_us": worker_cpu / n * 1e6, "valkey_us": valkey_cpu / n * 1e6}
 
 
-def latency(peer: Peer, config: Config, samples: int = 200) -> tuple[float, float]:
-    """p50 and p99 ms from enqueue to start, one job at a time on an idle queue."""
+def latency(peers: list[Peer], samples: int = 200) -> dict[str, tuple[float, float]]:
+    """p50 and p99 ms from enqueue to start on an idle queue, per system: each one's
+    concurrency-1 worker waits idle beside the others', and their jobs take turns one at a time
+    (the first alternating), so every system is measured in the same minutes of a machine whose
+    speed drifts. Each job pushes its latency onto `bench:latency:<system>`."""
     import redis
 
-    client = redis.Redis.from_url(peer.url)
+    client = redis.Redis.from_url(peers[0].url)
     client.flushall()
     client.set("bench:done", 0)
-    proc = subprocess.Popen(config.argv, env=env(peer.url, **config.extra_env), cwd=HERE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(3)  # started and idle
+    procs, senders = [], {}
+    for peer in peers:
+        config = peer.configs().get("c1") or peer.configs()["one"]
+        procs.append(subprocess.Popen(config.argv, env=env(peer.url, **config.extra_env), cwd=HERE,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         if isinstance(peer, JobQueuePeer):
             from benchapp import jobs
 
             stamp = jobs.astamp if peer.handler == "atick" else jobs.stamp
-            send: Callable[[], object] = lambda: stamp.enqueue(time.time())  # noqa: E731
+            senders[peer.name] = lambda stamp=stamp: stamp.enqueue(time.time())
         else:
-            send = lambda: client.lpush("raw", repr(time.time()))  # noqa: E731
+            senders[peer.name] = lambda: client.lpush("raw", repr(time.time()))
+    try:
+        time.sleep(3)  # started and idle
         for i in range(samples):
-            send()
-            while client.llen("bench:latency") <= i:
-                time.sleep(0.0002)
-            time.sleep(0.01)
-        values = sorted(float(v) * 1000 for v in client.lrange("bench:latency", 0, -1))
+            for peer in peers if i % 2 == 0 else peers[::-1]:
+                senders[peer.name]()
+                while client.llen(f"bench:latency:{peer.name}") <= i:
+                    time.sleep(0.0002)
+                time.sleep(0.01)
+        values = {peer.name: sorted(float(v) * 1000 for v in
+                                    client.lrange(f"bench:latency:{peer.name}", 0, -1))
+                  for peer in peers}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-    return statistics.median(values), values[int(0.99 * (len(values) - 1))]
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(30)
+    return {name: (statistics.median(v), v[int(0.99 * (len(v) - 1))]) for name, v in values.items()}
 
 
 def measure(peer: Peer, n: int) -> dict[str, object]:
@@ -324,9 +336,6 @@ def measure(peer: Peer, n: int) -> dict[str, object]:
             out["enqueue_bulk"] = count / seconds
         out[role] = {"label": config.label, **process(peer, config, count)}
         print(f"  {peer.name:<9} {config.label:<18} {out[role]['rate']:>9,.0f} jobs/s", flush=True)  # type: ignore[index]
-    if type(peer) in (JobQueuePeer, RawPeer):
-        config = peer.configs().get("c1") or peer.configs()["one"]
-        out["latency_ms"] = latency(peer, config)
     return out
 
 
@@ -370,7 +379,8 @@ def report(results: dict[str, dict], n: int) -> None:
                     for k in ("best", "one", "c1", "enqueue_single", "enqueue_bulk")))
     if "latency_ms" in jq:
         p50, p99 = jq["latency_ms"]
-        line = f"\n  latency enqueue → start, idle queue, c=1: jobqueue p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+        line = (f"\n  latency enqueue → start, idle queue, c=1, side by side: jobqueue p50 {p50:.2f} ms,"
+                f" p99 {p99:.2f} ms")
         if "latency_ms" in results.get("raw", {}):
             raw50, raw99 = results["raw"]["latency_ms"]
             line += f"; raw p50 {raw50:.2f}, p99 {raw99:.2f} (p50 ratio {p50 / raw50:.2f}×)"
@@ -418,6 +428,10 @@ def main() -> None:
                 print(f"round {number + 1} of {args.rounds}", flush=True)
             for peer in peers:
                 runs[peer.name].append(measure(peer(url), args.jobs))
+            timed_peers = [peer(url) for peer in peers if peer in (JobQueuePeer, RawPeer)]
+            if timed_peers:
+                for name, value in latency(timed_peers).items():
+                    runs[name][-1]["latency_ms"] = value
             if args.rounds > 1:
                 report({name: r[-1] for name, r in runs.items()}, args.jobs)
     if args.rounds > 1:

@@ -15,6 +15,6 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 while True:
     item = client.brpop(["raw"], timeout=1)
     if item and item[1] != b"x":
-        client.rpush("bench:latency", time.time() - float(item[1]))  # enqueued at (latency runs)
+        client.rpush("bench:latency:raw", time.time() - float(item[1]))  # enqueued at (latency runs)
     if item:
         tick()

@@ -14,8 +14,8 @@ def tick() -> None:
 
 @job
 def stamp(sent: float) -> None:
-    """For the latency run: how long from enqueue to start."""
-    counter().rpush("bench:latency", time.time() - sent)
+    """For the latency run: how long from enqueue to start (the plain handler's: jq-sync)."""
+    counter().rpush("bench:latency:jq-sync", time.time() - sent)
 
 
 @job
@@ -46,7 +46,7 @@ async def atick() -> None:
 
 @job
 async def astamp(sent: float) -> None:
-    await async_counter().rpush("bench:latency", time.time() - sent)
+    await async_counter().rpush("bench:latency:jobqueue", time.time() - sent)
 
 
 @job
