@@ -19,7 +19,7 @@ from .conf import Config, get_config
 from .exceptions import InvalidOption, UnknownHandler
 from .keys import validate_queue
 from .records import JobInfo, JobRef, Lease
-from .spec import JobSpec, Prepared, prepare
+from .spec import JobSpec, Prepared, from_template, prepare
 from .store import Queue
 
 _registry: dict[str, JobFunction] = {}
@@ -48,7 +48,7 @@ class _Route(NamedTuple):
     queue: Queue
     ready: Prepared | None
     """The handler's options validated, as a job of its own that each call gives a payload and
-    an id (`Queue.enqueue_ready`); None when calls need `submit`'s whole way (a durable queue,
+    an id (`spec.from_template`); None when calls need `submit`'s whole way (a durable queue,
     or options that differ per call: a job_id, a run_after time)."""
     now: bool
     """Whether its jobs go to Valkey at once even inside a transaction."""
@@ -89,9 +89,8 @@ class JobFunction:
         payload = _payload(self.name, args, kwargs)
         route = self._routed()
         if route.ready is not None and (route.now or not transaction.get_connection().in_atomic_block):
-            ref = route.queue.enqueue_ready(route.ready, payload)
-            if ref is not None:
-                return ref
+            job = from_template(route.ready, payload, route.config.max_payload)
+            return route.queue.enqueue_prepared([job])[0]
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:

@@ -28,7 +28,6 @@ from .spec import (
     JobSpec,
     Prepared,
     dumps,
-    encode_payload,
     prepare,
     validate_lease,
     validate_priority,
@@ -111,8 +110,7 @@ class Queue:
         built. The cluster client refuses scripts in pipelines, so there they go one by one."""
         if isinstance(self.client, RedisCluster):
             return [self._run(name, shard, args) for args in calls]
-        keys = scripts.keys_for(name, shard)
-        script = scripts.script(self.client, name)
+        keys, script = self._script(self.client, name, shard)
         calls, built = iter(calls), []  # built: the calls sent (or being sent) so far
 
         def commands() -> Iterator[tuple[Any, ...]]:
@@ -140,8 +138,7 @@ class Queue:
         the pipeline goes to the node that owns the shard's slot; if that node moved or died
         (a failover), the slot map is read again and the calls sent once more (an enqueue
         sent twice with the same ids adds nothing)."""
-        keys = scripts.keys_for("enqueue", shard)
-        script = scripts.script(self.client, "enqueue")
+        keys, script = self._script(self.client, "enqueue", shard)
         cluster = isinstance(self.client, RedisCluster)
         for attempt in (1, 2):
             target = self.client
@@ -228,7 +225,11 @@ class Queue:
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[JobRef]:
         """Add many jobs: validated first (all or none), then one script call per shard chunk."""
         limit = get_config().max_payload
-        prepared = [prepare(spec, self.options, limit) for spec in specs]
+        return self.enqueue_prepared([prepare(spec, self.options, limit) for spec in specs])
+
+    def enqueue_prepared(self, prepared: list[Prepared]) -> list[JobRef]:
+        """`enqueue_many` for jobs validated already (`spec.prepare`; a handler validates its
+        options once, see `JobFunction.enqueue`)."""
         refs: list[JobRef | None] = [None] * len(prepared)
         todo, not_prior, moved, turned_away = list(range(len(prepared))), set(), False, 0
         replicated = wanted = self.options.wait_replicas
@@ -274,34 +275,11 @@ class Queue:
             raise NotReplicated(
                 f"queue {self.name!r}: {len(out)} job(s) written on the primary, but only "
                 f"{replicated} of {wanted} replica(s) confirmed them within {WAIT_MS} ms", out)
-        self._announce(out)
-        return out
-
-    def enqueue_ready(self, ready: Prepared, payload: Any) -> JobRef | None:
-        """`enqueue_many`'s short way for one job whose options were validated ahead (`ready`:
-        a handler's defaults, see `JobFunction.enqueue`), so that only its payload is checked and
-        its id minted here: an enqueue that finds an idle worker is on the way to it sooner.
-        None when the job must take the long way (nothing was written): a resize in progress, a
-        queue that waits for replicas, a draining shard, a minted id already taken."""
-        now = self.layout()
-        if now.prior or self.options.wait_replicas:
-            return None
-        job = Prepared(ids.new_id(), True, encode_payload(payload, get_config().max_payload),
-                       ready.priority, ready.lane, ready.max_attempts, ready.backoff_ms,
-                       ready.lease_ms, ready.delay_ms, ready.unique_key)
-        self._register(now.live)
-        ref = self._enqueue_one(job, now.live)
-        if ref is not None:
-            self._announce([ref])
-        return ref
-
-    @staticmethod
-    def _announce(refs: list[JobRef]) -> None:
-        """`job_enqueued` for the jobs an enqueue created (skipped when nothing listens)."""
         if signals.job_enqueued.receivers and signals.job_enqueued.has_listeners(Queue):
-            for ref in refs:
+            for ref in out:
                 if ref.created:
                     signals.send(signals.job_enqueued, Queue, ref=ref)
+        return out
 
     def _enqueue_one(self, job: Prepared, live: int) -> JobRef | None:
         """`enqueue_many`'s one job, sent without its batching: its ref, or None when the loop

@@ -47,7 +47,7 @@ def test_enqueue_by_dotted_path_uses_the_handlers_defaults() -> None:
 
 def test_a_handlers_enqueue_writes_the_row_the_long_way_writes(settings) -> None:  # type: ignore[no-untyped-def]
     """A handler validates its options once per configuration and sends each job the short way
-    (`Queue.enqueue_ready`): the row is the one `Queue.enqueue` writes, and a setting changed
+    (`spec.from_template`): the row is the one `Queue.enqueue` writes, and a setting changed
     afterwards reaches the next enqueue."""
     options = {"priority": 5, "lane": "tenant-1", "max_attempts": 4, "backoff": 3, "lease": 60}
     handler = jobs.add.using(**options)
