@@ -278,11 +278,14 @@ def process(peer: Peer, config: Config, n: int) -> dict[str, float]:
     return {"rate": rate, "worker_us": worker_cpu / n * 1e6, "valkey_us": valkey_cpu / n * 1e6}
 
 
-def latency(peers: list[Peer], samples: int = 200) -> dict[str, tuple[float, float]]:
+def latency(peers: list[Peer], samples: int = 200, gap: float = 0.01) -> dict[str, tuple[float, float]]:
     """p50 and p99 ms from enqueue to start on an idle queue, per system: each one's
-    concurrency-1 worker waits idle beside the others', and their jobs take turns one at a time
-    (the first alternating), so every system is measured in the same minutes of a machine whose
-    speed drifts. Each job pushes its latency onto `bench:latency:<system>`."""
+    concurrency-1 worker waits idle beside the others', and their jobs take turns, one every
+    `gap` seconds (the first alternating), so every system is measured in the same minutes of a
+    machine whose speed drifts. Each job pushes its latency onto `bench:latency:<system>`, read
+    once all have run. Nothing polls meanwhile: an earlier version asked for each job's result
+    every 0.2 ms, which kept Valkey and this process busy while the job ran (on two cores, a tax
+    on the system whose job takes more work), so the queues were not idle."""
     import redis
 
     client = redis.Redis.from_url(peers[0].url)
@@ -300,17 +303,20 @@ def latency(peers: list[Peer], samples: int = 200) -> dict[str, tuple[float, flo
             senders[peer.name] = lambda stamp=stamp: stamp.enqueue(time.time())
         else:
             senders[peer.name] = lambda: client.lpush("raw", repr(time.time()))
+    keys = {peer.name: f"bench:latency:{peer.name}" for peer in peers}
     try:
         time.sleep(3)  # started and idle
         for i in range(samples):
             for peer in peers if i % 2 == 0 else peers[::-1]:
                 senders[peer.name]()
-                while client.llen(f"bench:latency:{peer.name}") <= i:
-                    time.sleep(0.0002)
-                time.sleep(0.01)
-        values = {peer.name: sorted(float(v) * 1000 for v in
-                                    client.lrange(f"bench:latency:{peer.name}", 0, -1))
-                  for peer in peers}
+                time.sleep(gap)
+        deadline = time.monotonic() + 30
+        while any(client.llen(key) < samples for key in keys.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("latency: some jobs never ran")
+            time.sleep(0.05)
+        values = {name: sorted(float(v) * 1000 for v in client.lrange(key, 0, -1))
+                  for name, key in keys.items()}
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

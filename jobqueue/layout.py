@@ -85,7 +85,9 @@ _cache: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], tuple[float, Layout
 
 def read(client: Any, name: str, configured: int, *, fresh: bool = False) -> Layout:
     """The queue's layout, from this process's cache when read less than a second ago."""
-    known = _cache.setdefault(client, {})
+    known = _cache.get(client)  # (setdefault would make a weak reference per call)
+    if known is None:
+        known = _cache.setdefault(client, {})
     hit = known.get((name, configured))
     now = time.monotonic()
     if hit is not None and hit[0] > now and not fresh:

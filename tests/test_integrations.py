@@ -39,6 +39,36 @@ def test_enqueue_inside_a_transaction_waits_for_the_commit() -> None:
     assert info and info.state == "pending" and info.payload["args"] == [1, 2]
 
 
+def test_the_transaction_check_agrees_with_django_wherever_it_runs() -> None:
+    """`api.in_transaction` reads a sync thread's connection without asgiref's `Local` (see its
+    docstring); it must answer as `transaction.get_connection()` does: outside and inside
+    `atomic()`, in a thread that never opened a connection, and on an event loop."""
+    import asyncio
+    import threading
+
+    from jobqueue.api import in_transaction
+
+    def both() -> tuple[bool, bool]:
+        return in_transaction(), transaction.get_connection().in_atomic_block
+
+    assert both() == (False, False)
+    with transaction.atomic():
+        assert both() == (True, True)
+        with transaction.atomic():
+            assert both() == (True, True)
+        seen: list[bool] = []
+        thread = threading.Thread(target=lambda: seen.append(in_transaction()))
+        thread.start()
+        thread.join()
+        assert seen == [False]  # (another thread's connection: no transaction there)
+
+        async def on_a_loop() -> tuple[bool, bool]:
+            return both()
+
+        assert asyncio.run(on_a_loop()) == (False, False)
+    assert both() == (False, False)
+
+
 def test_enqueue_by_dotted_path_uses_the_handlers_defaults() -> None:
     ref = enqueue("tests.jobapp.jobs.always_fails", args=["x"], priority=7)
     info = get_job(ref.id)
