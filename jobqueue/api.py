@@ -16,12 +16,12 @@ from typing import Any, NamedTuple, overload
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from . import outbox
+from . import ids, outbox
 from .conf import Config, get_client, get_config
 from .exceptions import InvalidOption, UnknownHandler
 from .keys import validate_queue
 from .records import JobInfo, JobRef, Lease
-from .spec import JobSpec, Prepared, from_template, prepare
+from .spec import JobSpec, Prepared, encode_payload, prepare
 from .store import Queue
 
 _registry: dict[str, JobFunction] = {}
@@ -50,8 +50,10 @@ class _Route(NamedTuple):
     queue: Queue
     ready: Prepared | None
     """The handler's options validated, as a job of its own that each call gives a payload and
-    an id (`spec.from_template`); None when calls need `submit`'s whole way (a durable queue,
+    an id (`Queue.enqueue_made`); None when calls need `submit`'s whole way (a durable queue,
     or options that differ per call: a job_id, a run_after time)."""
+    tail: tuple[Any, ...]
+    """`ready`'s enqueue script arguments after its id and payload (every call's own)."""
     now: bool
     """Whether its jobs go to Valkey at once even inside a transaction."""
 
@@ -91,8 +93,9 @@ class JobFunction:
         payload = _payload(self.name, args, kwargs)
         route = self._routed()
         if route.ready is not None and (route.now or not in_transaction()):
-            job = from_template(route.ready, payload, route.config.max_payload)
-            return route.queue.enqueue_prepared([job])[0]
+            return route.queue.enqueue_made(route.ready, ids.new_id(),
+                                            encode_payload(payload, route.config.max_payload),
+                                            route.tail)
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
@@ -113,7 +116,8 @@ class JobFunction:
             spec = JobSpec({}, **self.options.spec)
             simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None)
             ready = prepare(spec, queue.options) if simple else None
-            route = self._route = _Route(config, queue, ready,
+            tail = tuple(ready.argv(queue.options)[2:]) if ready is not None else ()
+            route = self._route = _Route(config, queue, ready, tail,
                                          self.options.immediate or not config.on_commit)
         return route
 
@@ -150,10 +154,10 @@ def in_transaction() -> bool:
 
     `transaction.get_connection()` finds the connection through asgiref's `Local`, whose test for
     a running event loop raises and catches an exception at every call: on an idle machine
-    (caches cold) ~12 µs of the ~85 an enqueue spends before its command is sent. In a thread with no event loop that `Local`
-    keeps the connections in a plain `threading.local`, read here directly; a connection this
-    thread never opened is in no transaction. Anywhere else (an event loop runs, or asgiref
-    keeps them some other way) Django is asked."""
+    (caches cold) ~12 µs of the ~85 an enqueue spends before its command is sent. In a thread
+    with no event loop that `Local` keeps the connections in a plain `threading.local`, read
+    here directly; a connection this thread never opened is in no transaction. Anywhere else (an
+    event loop runs, or asgiref keeps them some other way) Django is asked."""
     local = getattr(connections, "_connections", None)  # (private to Django and to asgiref)
     storage = vars(local).get("_storage") if local is not None else None
     if type(storage) is threading.local and asyncio._get_running_loop() is None:

@@ -231,14 +231,6 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
                     unique)
 
 
-def from_template(ready: Prepared, payload: Any, max_payload: int) -> Prepared:
-    """A new job with the options of `ready` (validated once: a handler's own, see
-    `JobFunction.enqueue`), its own payload and a freshly minted id."""
-    return Prepared(ids.new_id(), True, encode_payload(payload, max_payload), ready.priority,
-                    ready.lane, ready.max_attempts, ready.backoff_ms, ready.lease_ms,
-                    ready.delay_ms, ready.unique_key)
-
-
 def encode_payload(payload: Any, max_payload: int) -> str:
     """A payload as compact JSON, refused when it is longer than `max_payload` characters."""
     encoded = dumps(payload, "payload")

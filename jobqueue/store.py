@@ -10,7 +10,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as ValkeyConnectionError
@@ -45,6 +45,26 @@ READ_SLACK = 5.0
 """Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
 
 
+def _announced(refs: list[JobRef]) -> list[JobRef]:
+    """New jobs, told to the `job_enqueued` receivers (if any)."""
+    if signals.job_enqueued.receivers and signals.job_enqueued.has_listeners(Queue):
+        for ref in refs:
+            if ref.created:
+                signals.send(signals.job_enqueued, Queue, ref=ref)
+    return refs
+
+
+class _Bound(NamedTuple):
+    """A transition script bound to one shard of a queue, for one client."""
+
+    keys: tuple[str, ...]
+    script: Any
+    """redis-py's Script (loads the text again after a NOSCRIPT)."""
+    client: Any
+    head: tuple[Any, ...]
+    """The call up to its arguments: EVALSHA, the SHA, the number of keys, the keys."""
+
+
 @cache
 def _claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
     """The claim script's rate limit (each shard's share of N, the period) and lane weights (how
@@ -69,8 +89,9 @@ class Queue:
         self._next_shard = 0
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit admits another job (0: not limited)."""
-        self._scripts: dict[tuple[str, int], tuple[tuple[str, ...], Any, Any]] = {}
-        """(transition, shard) -> its KEYS there, its Script, and the client that holds it."""
+        self._scripts: dict[tuple[str, int], _Bound] = {}
+        """(transition, shard) -> its call there (see `_script`)."""
+        self._shards: dict[int, ShardKeys] = {}
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -80,29 +101,33 @@ class Queue:
         return self._client if self._client is not None else get_client()
 
     def shard(self, index: int) -> ShardKeys:
-        return ShardKeys(self.name, index)
+        keys = self._shards.get(index)  # (made once: every enqueue asks for its shard's)
+        if keys is None:
+            keys = self._shards[index] = ShardKeys(self.name, index)
+        return keys
 
     def _run(self, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
         """One script call, loading the script on NOSCRIPT (a standalone client's goes the
         short way: see wire.py)."""
         client = self.client
-        keys, script = self._script(client, name, shard)
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        bound = self._script(client, name, shard)
+        command = (*bound.head, *args)
         try:
             if isinstance(client, RedisCluster):
                 return client.execute_command(*command)
             return wire.call(client, command)
         except NoScriptError:
-            return script(keys=keys, args=list(args))
+            return bound.script(keys=bound.keys, args=list(args))
 
-    def _script(self, client: Any, name: str, shard: ShardKeys) -> tuple[tuple[str, ...], Any]:
-        """A transition's KEYS on a shard and its Script, looked up once per Queue (a queue
-        kept for many calls, as a handler's or a worker's, then builds and hashes nothing)."""
-        known = self._scripts.get((name, shard.index))
-        if known is None or known[2] is not client:
-            known = (scripts.keys_for(name, shard), scripts.script(client, name), client)
-            self._scripts[name, shard.index] = known
-        return known[0], known[1]
+    def _script(self, client: Any, name: str, shard: ShardKeys) -> _Bound:
+        """A transition's call on a shard, worked out once per Queue (a queue kept for many
+        calls, as a handler's or a worker's, then builds and hashes nothing)."""
+        bound = self._scripts.get((name, shard.index))
+        if bound is None or bound.client is not client:
+            keys, script = scripts.keys_for(name, shard), scripts.script(client, name)
+            bound = _Bound(keys, script, client, ("EVALSHA", script.sha, len(keys), *keys))
+            self._scripts[name, shard.index] = bound
+        return bound
 
     def _run_many(self, name: str, shard: ShardKeys, calls: Iterable[list[Any]]) -> list[Any]:
         """Several calls of one script on one shard in a single round trip (a pipeline). Each
@@ -110,13 +135,14 @@ class Queue:
         built. The cluster client refuses scripts in pipelines, so there they go one by one."""
         if isinstance(self.client, RedisCluster):
             return [self._run(name, shard, args) for args in calls]
-        keys, script = self._script(self.client, name, shard)
+        bound = self._script(self.client, name, shard)
+        keys, script = bound.keys, bound.script
         calls, built = iter(calls), []  # built: the calls sent (or being sent) so far
 
         def commands() -> Iterator[tuple[Any, ...]]:
             for args in calls:
                 built.append(args)
-                yield ("EVALSHA", script.sha, len(keys), *keys, *args)
+                yield (*bound.head, *args)
 
         replies = wire.call_many(self.client, commands())
         if replies is None:  # every borrowed connection busy, or this one broke: a pipeline
@@ -138,7 +164,8 @@ class Queue:
         the pipeline goes to the node that owns the shard's slot; if that node moved or died
         (a failover), the slot map is read again and the calls sent once more (an enqueue
         sent twice with the same ids adds nothing)."""
-        keys, script = self._script(self.client, "enqueue", shard)
+        bound = self._script(self.client, "enqueue", shard)
+        keys, script = bound.keys, bound.script
         cluster = isinstance(self.client, RedisCluster)
         for attempt in (1, 2):
             target = self.client
@@ -236,7 +263,9 @@ class Queue:
         now = self.layout()
         self._register(now.live)
         if len(prepared) == 1 and not now.prior and not wanted:  # (one job: the short way)
-            refs[0] = self._enqueue_one(prepared[0], now.live)
+            job = prepared[0]
+            refs[0] = self._enqueue_one(self.place(job.job_id, job.lane, job.unique_key, now.live),
+                                        job.argv(self.options))
             moved = refs[0] is None  # (the loop reads the layout again and sends it again)
             todo = todo if moved else []
         while todo:
@@ -275,17 +304,29 @@ class Queue:
             raise NotReplicated(
                 f"queue {self.name!r}: {len(out)} job(s) written on the primary, but only "
                 f"{replicated} of {wanted} replica(s) confirmed them within {WAIT_MS} ms", out)
-        if signals.job_enqueued.receivers and signals.job_enqueued.has_listeners(Queue):
-            for ref in out:
-                if ref.created:
-                    signals.send(signals.job_enqueued, Queue, ref=ref)
-        return out
+        return _announced(out)
 
-    def _enqueue_one(self, job: Prepared, live: int) -> JobRef | None:
-        """`enqueue_many`'s one job, sent without its batching: its ref, or None when the loop
-        must take it (a draining shard turned it away, or its minted id was taken)."""
-        index = self.place(job.job_id, job.lane, job.unique_key, live)
-        job_id, status = self._run("enqueue", self.shard(index), ["", 1, *job.argv(self.options)])
+    def enqueue_made(self, template: Prepared, job_id: str, payload: str,
+                     tail: Sequence[Any]) -> JobRef:
+        """`enqueue_prepared` for one job a handler makes from its template (see
+        `JobFunction.enqueue`): its new id, its payload as JSON, and the rest of its script
+        arguments, the template's, worked out once (`Prepared.argv` after the id and payload).
+        It goes the short way without a `Prepared` of its own; anything else (a resize in
+        progress, `wait_replicas`, a shard that turns it away, a minted id already taken) takes
+        `enqueue_prepared`'s way."""
+        now = self.layout()
+        if not (now.prior or self.options.wait_replicas):
+            self._register(now.live)
+            index = self.place(job_id, template.lane, template.unique_key, now.live)
+            ref = self._enqueue_one(index, [job_id, payload, *tail])
+            if ref is not None:
+                return _announced([ref])[0]
+        return self.enqueue_prepared([template._replace(job_id=job_id, payload=payload)])[0]
+
+    def _enqueue_one(self, index: int, argv: list[Any]) -> JobRef | None:
+        """One job sent to its shard without `enqueue_many`'s batching: its ref, or None when
+        the loop must take it (a draining shard turned it away, or its minted id was taken)."""
+        job_id, status = self._run("enqueue", self.shard(index), ["", 1, *argv])
         if status in ("moved", "collision"):
             return None
         return JobRef(job_id, self.name, created=status == "new")

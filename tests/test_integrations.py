@@ -39,6 +39,21 @@ def test_enqueue_inside_a_transaction_waits_for_the_commit() -> None:
     assert info and info.state == "pending" and info.payload["args"] == [1, 2]
 
 
+def test_a_handlers_enqueue_that_meets_a_taken_id_mints_another(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The short way (`Queue.enqueue_made`) sends no `Prepared`; when the shard says its minted
+    id is taken by another job, it goes `enqueue_prepared`'s way, which mints anew. The other
+    job's row is left as it was."""
+    from jobqueue import api, ids
+
+    first = jobs.add.enqueue(1, 2)
+    taken, mint = iter([first.id]), ids.new_id
+    monkeypatch.setattr(api.ids, "new_id", lambda: next(taken, None) or mint())
+    second = jobs.add.enqueue(3, 4)
+    assert second.id != first.id and second.created
+    assert get_job(first.id).payload["args"] == [1, 2]  # type: ignore[union-attr]
+    assert get_job(second.id).payload["args"] == [3, 4]  # type: ignore[union-attr]
+
+
 def test_the_transaction_check_agrees_with_django_wherever_it_runs() -> None:
     """`api.in_transaction` reads a sync thread's connection without asgiref's `Local` (see its
     docstring); it must answer as `transaction.get_connection()` does: outside and inside
@@ -77,7 +92,7 @@ def test_enqueue_by_dotted_path_uses_the_handlers_defaults() -> None:
 
 def test_a_handlers_enqueue_writes_the_row_the_long_way_writes(settings) -> None:  # type: ignore[no-untyped-def]
     """A handler validates its options once per configuration and sends each job the short way
-    (`spec.from_template`): the row is the one `Queue.enqueue` writes, and a setting changed
+    (`Queue.enqueue_made`): the row is the one `Queue.enqueue` writes, and a setting changed
     afterwards reaches the next enqueue."""
     options = {"priority": 5, "lane": "tenant-1", "max_attempts": 4, "backoff": 3, "lease": 60}
     handler = jobs.add.using(**options)
