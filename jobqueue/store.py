@@ -255,19 +255,20 @@ class Queue:
         return self.enqueue_prepared([prepare(spec, self.options, limit) for spec in specs])
 
     def enqueue_prepared(self, prepared: list[Prepared]) -> list[JobRef]:
-        """`enqueue_many` for jobs validated already (`spec.prepare`; a handler validates its
-        options once, see `JobFunction.enqueue`)."""
+        """`enqueue_many` for jobs validated already (`spec.prepare`): one job goes the short
+        way (`enqueue_made`), more in one script call per shard chunk (`_enqueue_all`)."""
+        if len(prepared) == 1:
+            job = prepared[0]
+            return [self.enqueue_made(job, job.job_id, job.payload, job.argv(self.options)[2:])]
+        return self._enqueue_all(prepared)
+
+    def _enqueue_all(self, prepared: list[Prepared], moved: bool = False) -> list[JobRef]:
+        """`moved`: a shard turned the job away already (its layout is read again first)."""
         refs: list[JobRef | None] = [None] * len(prepared)
-        todo, not_prior, moved, turned_away = list(range(len(prepared))), set(), False, 0
+        todo, not_prior, turned_away = list(range(len(prepared))), set(), 0
         replicated = wanted = self.options.wait_replicas
         now = self.layout()
         self._register(now.live)
-        if len(prepared) == 1 and not now.prior and not wanted:  # (one job: the short way)
-            job = prepared[0]
-            refs[0] = self._enqueue_one(self.place(job.job_id, job.lane, job.unique_key, now.live),
-                                        job.argv(self.options))
-            moved = refs[0] is None  # (the loop reads the layout again and sends it again)
-            todo = todo if moved else []
         while todo:
             if moved:
                 turned_away += 1
@@ -311,17 +312,19 @@ class Queue:
         """`enqueue_prepared` for one job a handler makes from its template (see
         `JobFunction.enqueue`): its new id, its payload as JSON, and the rest of its script
         arguments, the template's, worked out once (`Prepared.argv` after the id and payload).
-        It goes the short way without a `Prepared` of its own; anything else (a resize in
-        progress, `wait_replicas`, a shard that turns it away, a minted id already taken) takes
-        `enqueue_prepared`'s way."""
-        now = self.layout()
+        It goes to its shard without a `Prepared` of its own; a resize in progress,
+        `wait_replicas`, a shard that turns it away or a minted id already taken send it the
+        batches' way (`_enqueue_all`), which handles each."""
+        now, refused = self.layout(), False
         if not (now.prior or self.options.wait_replicas):
             self._register(now.live)
             index = self.place(job_id, template.lane, template.unique_key, now.live)
             ref = self._enqueue_one(index, [job_id, payload, *tail])
             if ref is not None:
                 return _announced([ref])[0]
-        return self.enqueue_prepared([template._replace(job_id=job_id, payload=payload)])[0]
+            refused = True
+        return self._enqueue_all([template._replace(job_id=job_id, payload=payload)],
+                                 moved=refused)[0]
 
     def _enqueue_one(self, index: int, argv: list[Any]) -> JobRef | None:
         """One job sent to its shard without `enqueue_many`'s batching: its ref, or None when
