@@ -309,10 +309,10 @@ class Queue:
 
     def enqueue_made(self, template: Prepared, job_id: str, payload: str,
                      tail: Sequence[Any]) -> JobRef:
-        """`enqueue_prepared` for one job a handler makes from its template (see
-        `JobFunction.enqueue`): its new id, its payload as JSON, and the rest of its script
-        arguments, the template's, worked out once (`Prepared.argv` after the id and payload).
-        It goes to its shard without a `Prepared` of its own; a resize in progress,
+        """One job: its id, its payload as JSON, and the rest of its script arguments
+        (`Prepared.argv` after the id and payload; a handler works them out once for all its
+        calls, see `JobFunction.enqueue`, and `template` is the job they come from). It goes to
+        its shard without a `Prepared` of its own; a resize in progress,
         `wait_replicas`, a shard that turns it away or a minted id already taken send it the
         batches' way (`_enqueue_all`), which handles each."""
         now, refused = self.layout(), False
