@@ -23,15 +23,7 @@ from .conf import QueueOptions, get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError, NotReplicated
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
-from .spec import (
-    MAX_DELAY,
-    JobSpec,
-    Prepared,
-    dumps,
-    prepare,
-    validate_lease,
-    validate_priority,
-)
+from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
 from .spec import rate as spec_rate
 from .spec import seconds as _seconds
 
@@ -91,7 +83,6 @@ class Queue:
         """After a claim: seconds until the rate limit admits another job (0: not limited)."""
         self._scripts: dict[tuple[str, int], _Bound] = {}
         """(transition, shard) -> its call there (see `_script`)."""
-        self._shards: dict[int, ShardKeys] = {}
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -101,10 +92,7 @@ class Queue:
         return self._client if self._client is not None else get_client()
 
     def shard(self, index: int) -> ShardKeys:
-        keys = self._shards.get(index)  # (made once: every enqueue asks for its shard's)
-        if keys is None:
-            keys = self._shards[index] = ShardKeys(self.name, index)
-        return keys
+        return ShardKeys(self.name, index)
 
     def _run(self, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
         """One script call, loading the script on NOSCRIPT (a standalone client's goes the

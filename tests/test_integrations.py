@@ -41,8 +41,8 @@ def test_enqueue_inside_a_transaction_waits_for_the_commit() -> None:
 
 def test_a_handlers_enqueue_that_meets_a_taken_id_mints_another(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The short way (`Queue.enqueue_made`) sends no `Prepared`; when the shard says its minted
-    id is taken by another job, it goes `enqueue_prepared`'s way, which mints anew. The other
-    job's row is left as it was."""
+    id is taken by another job, it goes the batches' way (`Queue._enqueue_all`), which mints
+    anew. The other job's row is left as it was."""
     from jobqueue import api, ids
 
     first = jobs.add.enqueue(1, 2)
@@ -91,9 +91,10 @@ def test_enqueue_by_dotted_path_uses_the_handlers_defaults() -> None:
 
 
 def test_a_handlers_enqueue_writes_the_row_the_long_way_writes(settings) -> None:  # type: ignore[no-untyped-def]
-    """A handler validates its options once per configuration and sends each job the short way
-    (`Queue.enqueue_made`): the row is the one `Queue.enqueue` writes, and a setting changed
-    afterwards reaches the next enqueue."""
+    """A handler validates its options once per configuration and sends each job with the
+    script arguments worked out then (`JobFunction._routed`): the row is the one `Queue.enqueue`
+    writes from the options given per call, and a setting changed afterwards reaches the next
+    enqueue."""
     options = {"priority": 5, "lane": "tenant-1", "max_attempts": 4, "backoff": 3, "lease": 60}
     handler = jobs.add.using(**options)
     short = handler.enqueue(1, 2)
