@@ -9,6 +9,10 @@ concurrency 1) is measured for jobqueue and the raw floor side by side, their jo
     .venv/bin/pip install -r bench/requirements.txt && (cd bench/node && npm install)
     .venv/bin/python bench/peers.py [--jobs 20000] [--only jobqueue,bullmq,vtasks,raw] [--rounds 3]
 
+`--baseline PATH` adds peer jq-base: jobqueue as another checkout has it (say, `git worktree
+add --detach ../base HEAD~3`), measured in the same run, so a change is judged before and after
+against the same minutes of the machine.
+
 With --rounds, the systems take turns (one whole measurement each, round after round) and the
 table gives each number's median: the machine's speed drifts over minutes, and one system
 measured alone in a slow stretch would lose by it.
@@ -38,8 +42,9 @@ PY = sys.executable
 NODE = ["node", str(HERE / "node" / "peer.js")]
 
 
-def env(url: str, **extra: str) -> dict[str, str]:
-    return {**os.environ, "BENCH_URL": url, "VALKEY_URL": url, "PYTHONPATH": f"{HERE}:{ROOT}",
+def env(url: str, root: Path = ROOT, **extra: str) -> dict[str, str]:
+    """A subprocess's environment: the bench's settings, and the code of checkout `root`."""
+    return {**os.environ, "BENCH_URL": url, "VALKEY_URL": url, "PYTHONPATH": f"{HERE}:{root}",
             "DJANGO_SETTINGS_MODULE": "bench_settings", **extra}
 
 
@@ -51,6 +56,8 @@ class Config:
     argv: list[str]
     procs: int = 1
     extra_env: dict[str, str] = field(default_factory=dict)
+    root: Path = ROOT
+    """The checkout whose code the workers run (another one for `--baseline`)."""
 
 
 class Peer:
@@ -94,7 +101,17 @@ class JobQueuePeer(Peer):
     one_concurrency = 128
     """In one process: measured best of 32/64/128/192/256 (64 and 128 close; 32 a fifth slower)."""
 
+    root = ROOT
+    """The checkout whose code runs (another one for `--baseline`)."""
+    separate = False
+    """Enqueue from a process of its own (with `--baseline`, both checkouts do, alike)."""
+
     def enqueue(self, n: int, single: bool) -> float:
+        if self.separate:
+            argv = [PY, "jq_enqueue.py", str(n), "single" if single else "bulk", self.handler]
+            done = subprocess.run(argv, env=env(self.url, self.root), cwd=HERE, check=True,
+                                  capture_output=True, text=True)
+            return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
         from benchapp import jobs
 
         tick = getattr(jobs, self.handler)
@@ -104,18 +121,27 @@ class JobQueuePeer(Peer):
 
     def configs(self) -> dict[str, Config]:
         def run(workers: int, concurrency: int) -> list[str]:
-            return [PY, str(ROOT / "manage.py"), "runworker", "--workers", str(workers),
+            return [PY, str(self.root / "manage.py"), "runworker", "--workers", str(workers),
                     "--concurrency", str(concurrency), "--no-mirror", "--log-level", "WARNING"]
 
-        return {"one": Config(f"1 proc, c={self.one_concurrency}", run(1, self.one_concurrency)),
+        return {"one": Config(f"1 proc, c={self.one_concurrency}", run(1, self.one_concurrency),
+                              root=self.root),
                 "best": Config(f"--workers 2, c={self.best_concurrency}",
-                               run(2, self.best_concurrency)),
-                "c1": Config("c=1", run(1, 1))}
+                               run(2, self.best_concurrency), root=self.root),
+                "c1": Config("c=1", run(1, 1), root=self.root)}
 
 
 class JobQueueSyncPeer(JobQueuePeer):
     name, handler = "jq-sync", "tick"
     best_concurrency = one_concurrency = 32
+
+
+class BaselinePeer(JobQueuePeer):
+    """jobqueue as another checkout has it (`--baseline PATH`, e.g. a worktree of the commit
+    before a change), measured in the same run as this checkout's (one process cannot import
+    two versions of the package, so both enqueue from processes of their own)."""
+
+    name, separate = "jq-base", True
 
 
 class BullMQPeer(Peer):
@@ -247,8 +273,8 @@ def process(peer: Peer, config: Config, n: int) -> dict[str, float]:
     client.set("bench:done", 0)
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     valkey_before = _cpu(client.info("cpu"))
-    procs = [subprocess.Popen(config.argv, env=env(peer.url, **config.extra_env), cwd=HERE,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = [subprocess.Popen(config.argv, env=env(peer.url, config.root, **config.extra_env),
+                              cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for _ in range(config.procs)]
     try:
         deadline = time.monotonic() + 600
@@ -373,7 +399,7 @@ def report(results: dict[str, dict], n: int) -> None:
         value = (_best(r) if r else None) if key == "best" else r.get(key)
         return value["rate"] if isinstance(value, dict) else value
 
-    for mine in ("jobqueue", "jq-sync"):
+    for mine in ("jobqueue", "jq-base", "jq-sync"):
         if mine not in results:
             continue
         print(f"\n  {mine} ÷ {'':<{16 - len(mine)}} {'best':>7} {'1 proc':>7} {'c=1':>7} {'enq 1':>7}"
@@ -414,12 +440,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--only", help="comma-separated peer names (default: all)")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout of jobqueue (e.g. `git worktree add` of the commit "
+                             "before a change): measured as peer jq-base in the same run")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every system this many times, taking turns (the machine's "
                              "speed drifts: a system measured in a slow minute alone would lose "
                              "by it), and report the medians")
     args = parser.parse_args()
-    peers = [p for p in PEERS if not args.only or p.name in args.only.split(",")]
+    if args.baseline:
+        BaselinePeer.root = args.baseline.resolve()
+        JobQueuePeer.separate = True
+    chosen = [*PEERS]
+    if args.baseline:
+        chosen.insert(1, BaselinePeer)  # beside jobqueue: the two measured minutes apart at most
+    peers = [p for p in chosen
+             if not args.only or p.name in args.only.split(",") or p is BaselinePeer]
     runs: dict[str, list[dict]] = {p.name: [] for p in peers}
     with valkey() as url:
         for key, value in env(url).items():
