@@ -24,7 +24,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from . import console, ids, schedule
+from . import console, ids, outbox, schedule
 from . import layout as layouts
 from .conf import get_client, get_config
 from .exceptions import InvalidJobId, JobQueueError
@@ -367,14 +367,17 @@ class Console:
 
 
 def retry_job(queue: Queue, info: JobInfo) -> str:
-    """Retry a dead or cancelled job: in place while Valkey has its row, else re-created from
-    its mirror row under the same id (a fresh row: its attempts start again)."""
+    """Retry a dead or cancelled job: in place while Valkey has its row, else created again from
+    its mirror row under the same id, with every option the row keeps (its attempts start
+    again). A durable job's row reopens in the same step (see durable.py)."""
     if queue.locate(info.id) is not None:
         return queue.retry(info.id)
     if info.state not in ALLOWED["retry"]:
         raise JobQueueError(f"cannot retry job {info.id}: it is {info.state}")
-    queue.enqueue(info.payload, job_id=info.id, lane=info.lane, priority=info.priority,
-                  max_attempts=info.max_attempts or None)
+    row = Job.objects.filter(pk=info.id).first()
+    if row is None:
+        raise JobQueueError(f"no job {info.id} in queue {queue.name!r}, live or mirrored")
+    outbox.recreate(queue, row)
     return State.PENDING
 
 
