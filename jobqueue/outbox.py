@@ -11,7 +11,9 @@ Valkey once the row is committed. Valkey is then a fast index of the work that c
   after Valkey lost its data.
 
 Both are idempotent: the id is minted before either write, and an enqueue with a known id is a
-no-op while Valkey holds that job. The mirror makes the same rows terminal when jobs finish.
+no-op while Valkey holds that job. The mirror makes the same rows terminal when jobs finish; an
+operator's retry makes them unfinished again (durable.py, and `recreate` for a job whose Valkey
+row has expired).
 """
 
 from __future__ import annotations
