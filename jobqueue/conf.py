@@ -10,9 +10,10 @@ import asyncio
 import importlib.util
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -47,18 +48,18 @@ class AutoShards:
 
 @dataclass(frozen=True)
 class Config:
-    """Everything jobqueue reads from `settings.JOBQUEUE`."""
+    """Everything jobqueue reads from `settings.JOBQUEUE`, read-only (its mappings too)."""
 
     url: str = "embedded"
     cache_alias: str | None = None
     defaults: QueueOptions = field(default_factory=QueueOptions)
-    queues: dict[str, QueueOptions] = field(default_factory=dict)
+    queues: Mapping[str, QueueOptions] = field(default_factory=lambda: MappingProxyType({}))
     retention: float = 86_400.0
     dead_retention: float = 7 * 86_400.0
     on_commit: bool = True
     max_payload: int = 1 << 20
     """Largest encoded payload (bytes) enqueue accepts: Valkey holds every waiting job in RAM."""
-    schedule: dict[str, Entry] = field(default_factory=dict)
+    schedule: Mapping[str, Entry] = field(default_factory=lambda: MappingProxyType({}))
     """Periodic jobs by name (schedule.py)."""
     metrics_token: str | None = None
     """When set, /metrics wants `Authorization: Bearer <token>`."""
@@ -145,12 +146,12 @@ def parse(raw: Any) -> Config:
         url=raw.get("URL") or "embedded",
         cache_alias=raw.get("CACHE_ALIAS"),
         defaults=defaults,
-        queues=queues,
+        queues=MappingProxyType(queues),
         retention=float(_number(raw, "RETENTION", Config.retention)),
         dead_retention=float(_number(raw, "DEAD_RETENTION", Config.dead_retention)),
         on_commit=raw.get("ON_COMMIT", True),
         max_payload=_number(raw, "MAX_PAYLOAD", Config.max_payload, integer=True),
-        schedule=parse_schedule(raw.get("SCHEDULE", {})),
+        schedule=MappingProxyType(parse_schedule(raw.get("SCHEDULE", {}))),
         metrics_token=raw.get("METRICS_TOKEN") or None,
         auto_shards=_auto_shards(raw.get("AUTO_SHARDS", {})),
         event_loop=event_loop,

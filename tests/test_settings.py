@@ -118,6 +118,8 @@ def test_queue_settings_in_timedeltas_become_the_seconds_enqueue_claim_and_nack_
     assert not run_checks(tags=["jobqueue"])
     options = conf.get_config().queue("edge")
     assert (options.lease, options.backoff) == (20.0, 0.0) and isinstance(options.lease, float)
+    with pytest.raises(TypeError):  # the config is parsed once and read-only
+        conf.get_config().queues["edge"] = options  # type: ignore[index]
     queue = Queue("edge")
     queue.enqueue({"x": 1}, backoff=timedelta(seconds=2))
     [lease] = queue.dequeue(count=1)
