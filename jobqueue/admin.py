@@ -17,11 +17,11 @@ from django.template.response import TemplateResponse
 from django.urls import include, path, reverse
 from django.utils.html import format_html
 
+from . import actions
 from .exceptions import JobQueueError
 from .models import Job, Shard
 from .store import Queue
 from .urls import console_urls
-from .views import _log, retry_job
 
 
 class LaneFilter(admin.SimpleListFilter):
@@ -73,7 +73,7 @@ class JobAdmin(admin.ModelAdmin):
         return False
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("jobqueue.retry_job")
+        return request.user.has_perm(actions.PERMISSIONS["retry"])
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the mirror is history: it is not edited here
@@ -92,12 +92,12 @@ class JobAdmin(admin.ModelAdmin):
         done, failed = 0, []
         for row in queryset.iterator():
             try:
-                retry_job(Queue(row.queue), row.info())
+                actions.retry_job(Queue(row.queue), row.id)
             except JobQueueError as exc:
                 failed.append(f"{row.id}: {exc}")
                 continue
             done += 1
-            _log(request, row, f"Retried job {row.id} (bulk).")
+            actions.log_action(request.user, row, f"Retried job {row.id} (bulk).")
         self.message_user(request, f"Retried {done} job(s).", messages.SUCCESS)
         for problem in failed[:10]:
             self.message_user(request, problem, messages.WARNING)

@@ -39,10 +39,15 @@ def _is_job(path: str) -> bool:
     """Whether `path` names an @job handler, as the worker will look it up."""
     from django.utils.module_loading import autodiscover_modules
 
-    from .api import _registry
+    from .api import lookup
+    from .exceptions import UnknownHandler
 
     autodiscover_modules("jobs")
-    return path in _registry
+    try:
+        lookup(path)
+    except UnknownHandler:
+        return False
+    return True
 
 
 MIN_VALKEY = (7, 2)

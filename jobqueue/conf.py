@@ -10,55 +10,20 @@ import asyncio
 import importlib.util
 import math
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from functools import cache
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .cron import Entry
+from .cron import parse as parse_schedule
 from .exceptions import ConfigurationError, JobQueueError
-from .schedule import Entry
-from .schedule import parse as parse_schedule
-from .spec import check_queue_options, lane_weights
+from .keys import validate_queue
+from .spec import QUEUE_OPTION_NAMES, QueueOptions, queue_options
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
-                      "priority", "durable", "lane_weights", "rate", "wait_replicas")
-
-
-@dataclass(frozen=True)
-class QueueOptions:
-    """Per-queue defaults; a job's own options win over these."""
-
-    shards: int = 1
-    """Shards until the queue's first resize (`"auto"` in settings: 1, then `auto_shards`)."""
-    auto_shards: bool = False
-    """`"shards": "auto"`: workers resize the queue as its load changes (autoscale.py)."""
-    max_shards: int = 16
-    """The most shards an automatic queue grows to."""
-    max_attempts: int = 3
-    lease: float = 30.0
-    concurrency: int | None = None
-    backoff: float = 1.0
-    priority: int = 0
-    durable: bool = False
-    """Write each job to the database (in the caller's transaction) before Valkey: outbox.py."""
-    rate: str | None = None
-    """"N/s", "N/m" or "N/h": at most N of the queue's jobs start per period (see spec.rate)."""
-    wait_replicas: int = 0
-    """Enqueue returns once this many replicas of the shard's primary hold the jobs (`WAIT`);
-    0: as soon as the primary does (asynchronous replication)."""
-    lane_weights: tuple[tuple[str, int], ...] = ()
-    """(lane, w): the lane gets w turns per round of the ring; unnamed lanes weigh 1. Settings
-    give a dict; it is kept as sorted pairs so the options stay hashable."""
-
-    def __hash__(self) -> int:
-        """Worked out once: every enqueue's validation looks the options up in a cache."""
-        try:
-            return self.__dict__["_hash"]
-        except KeyError:
-            value = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            return value
 
 
 @dataclass(frozen=True)
@@ -83,18 +48,18 @@ class AutoShards:
 
 @dataclass(frozen=True)
 class Config:
-    """Everything jobqueue reads from `settings.JOBQUEUE`."""
+    """Everything jobqueue reads from `settings.JOBQUEUE`, read-only (its mappings too)."""
 
     url: str = "embedded"
     cache_alias: str | None = None
-    defaults: QueueOptions = QueueOptions()
-    queues: dict[str, QueueOptions] = field(default_factory=dict)
+    defaults: QueueOptions = field(default_factory=QueueOptions)
+    queues: Mapping[str, QueueOptions] = field(default_factory=lambda: MappingProxyType({}))
     retention: float = 86_400.0
     dead_retention: float = 7 * 86_400.0
     on_commit: bool = True
     max_payload: int = 1 << 20
     """Largest encoded payload (bytes) enqueue accepts: Valkey holds every waiting job in RAM."""
-    schedule: dict[str, Entry] = field(default_factory=dict)
+    schedule: Mapping[str, Entry] = field(default_factory=lambda: MappingProxyType({}))
     """Periodic jobs by name (schedule.py)."""
     metrics_token: str | None = None
     """When set, /metrics wants `Authorization: Bearer <token>`."""
@@ -134,17 +99,9 @@ def _queue_options(base: QueueOptions, raw: Any, where: str) -> QueueOptions:
             f"{did_you_mean(unknown, QUEUE_OPTION_NAMES)}; allowed: {list(QUEUE_OPTION_NAMES)}"
         )
     try:
-        if "lane_weights" in raw:
-            raw = {**raw, "lane_weights": lane_weights(raw["lane_weights"])}
-        if raw.get("shards") == "auto":
-            raw = {**raw, "shards": 1, "auto_shards": True}
-        elif "shards" in raw:
-            raw = {**raw, "auto_shards": False}
-        options = replace(base, **raw)
-        check_queue_options(options)
+        return queue_options(raw, base)
     except JobQueueError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None
-    return options
 
 
 def _number(raw: dict[str, Any], key: str, default: float, *, integer: bool = False,
@@ -162,8 +119,6 @@ def parse(raw: Any) -> Config:
     raw = dict(_mapping(raw, "JOBQUEUE"))
     defaults = _queue_options(QueueOptions(), raw.pop("DEFAULTS", {}), "JOBQUEUE['DEFAULTS']")
     queues = {}
-    from .keys import validate_queue
-
     for name, opts in _mapping(raw.pop("QUEUES", {}), "JOBQUEUE['QUEUES']").items():
         try:
             validate_queue(name)
@@ -191,12 +146,12 @@ def parse(raw: Any) -> Config:
         url=raw.get("URL") or "embedded",
         cache_alias=raw.get("CACHE_ALIAS"),
         defaults=defaults,
-        queues=queues,
+        queues=MappingProxyType(queues),
         retention=float(_number(raw, "RETENTION", Config.retention)),
         dead_retention=float(_number(raw, "DEAD_RETENTION", Config.dead_retention)),
         on_commit=raw.get("ON_COMMIT", True),
         max_payload=_number(raw, "MAX_PAYLOAD", Config.max_payload, integer=True),
-        schedule=parse_schedule(raw.get("SCHEDULE", {})),
+        schedule=MappingProxyType(parse_schedule(raw.get("SCHEDULE", {}))),
         metrics_token=raw.get("METRICS_TOKEN") or None,
         auto_shards=_auto_shards(raw.get("AUTO_SHARDS", {})),
         event_loop=event_loop,

@@ -11,7 +11,9 @@ Valkey once the row is committed. Valkey is then a fast index of the work that c
   after Valkey lost its data.
 
 Both are idempotent: the id is minted before either write, and an enqueue with a known id is a
-no-op while Valkey holds that job. The mirror makes the same rows terminal when jobs finish.
+no-op while Valkey holds that job. The mirror makes the same rows terminal when jobs finish; an
+operator's retry makes them unfinished again (durable.py, and `recreate` for a job whose Valkey
+row has expired).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from .durable import reopened
 from .records import JobRef
 from .spec import JobSpec, Prepared
 from .states import State
@@ -94,6 +97,20 @@ def spec_of(row: Job) -> JobSpec:
         backoff=None if row.backoff_ms is None else row.backoff_ms / 1000,
         lease=(row.lease_ms / 1000) if row.lease_ms else None, unique_key=row.unique_key or None,
     )
+
+
+def recreate(queue: Queue, row: Job) -> None:
+    """An operator's retry of a finished job that Valkey no longer holds: the job is created
+    again from its row, same id and every option the row keeps (lane, priority, retry policy,
+    lease, unique key). A durable row reopens in the same transaction (durable.py)."""
+    from .exceptions import InvalidTransition
+
+    spec = spec_of(row)._replace(run_after=None)  # due now, whenever it was first due
+    with reopened(row.pk):
+        [ref] = queue.enqueue_many([spec])
+        if ref.id != row.pk:
+            raise InvalidTransition(f"cannot retry job {row.pk}: its unique_key "
+                                    f"{row.unique_key!r} is held by live job {ref.id}")
 
 
 def _resend(queue: Queue, rows: Sequence[Job]) -> int:

@@ -1,8 +1,8 @@
-"""What a job may ask for: one validator per option, shared by enqueue and by settings.
+"""What a job and a queue may ask for: one validator per option, shared by enqueue and by settings.
 
-`prepare` turns a `JobSpec` into the arguments the enqueue script takes; `conf` validates
-`JOBQUEUE["QUEUES"]` with the same rules (`check_queue_options`), so a setting that
-`manage.py check` accepts can never make every enqueue fail.
+`prepare` turns a `JobSpec` into the arguments the enqueue script takes; `queue_options` turns a
+queue's settings (`JOBQUEUE["QUEUES"]`, `DEFAULTS`) into `QueueOptions` with the same validators,
+so a setting that `manage.py check` accepts can never make every enqueue fail.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from . import ids
+from . import _compat, ids
 from .exceptions import InvalidOption, InvalidPayload, InvalidPriority
 from .keys import validate_lane
-
-if TYPE_CHECKING:
-    from .conf import QueueOptions
 
 MAX_UNIQUE_KEY = 200
 MAX_ATTEMPTS = 1000
@@ -27,18 +26,7 @@ MAX_SECONDS = 86_400.0
 MAX_DELAY = 366 * 86_400.0
 
 _encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
-def _refuse(value: object) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-# The json module's C encoder, made once: `JSONEncoder.encode` makes one per call, which costs
-# more than encoding a small payload. Without its circular-reference check, a cycle ends in
-# RecursionError (as does nesting too deep for either).
-_make = getattr(json.encoder, "c_make_encoder", None)  # None where CPython's C part is missing
-_c_encoder = _make and _make(None, _refuse, json.encoder.encode_basestring_ascii, None, ":", ",",
-                             False, False, False)
+_c_encoder = _compat.c_json_encoder()  # made once: see _compat.py
 
 
 def dumps(value: Any, what: str) -> str:
@@ -120,23 +108,70 @@ def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
                         for lane, weight in value.items()))
 
 
-def check_queue_options(options: QueueOptions) -> None:
-    """Validate a queue's options with the rules a job's own options follow."""
-    whole_number(options.shards, 'shards (or "auto")', 1, 1024)
-    whole_number(options.max_shards, "max_shards", 1, 1024)
-    whole_number(options.wait_replicas, "wait_replicas", 0, 10)
-    validate_max_attempts(options.max_attempts)
-    validate_lease(options.lease)
-    if options.concurrency is not None:
-        whole_number(options.concurrency, "concurrency", 1, 10_000)
-    validate_backoff(options.backoff)
-    validate_priority(options.priority)
-    if not isinstance(options.durable, bool):
-        raise InvalidOption(f"durable must be True or False, got {options.durable!r}")
+QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
+                      "priority", "durable", "lane_weights", "rate", "wait_replicas")
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """Per-queue defaults; a job's own options win over these. Made by `queue_options`, which
+    validates each field; frozen and hashable (a claim's policy is cached by them)."""
+
+    shards: int = 1
+    """Shards until the queue's first resize (`"auto"` in settings: 1, then `auto_shards`)."""
+    auto_shards: bool = False
+    """`"shards": "auto"`: workers resize the queue as its load changes (autoscale.py)."""
+    max_shards: int = 16
+    """The most shards an automatic queue grows to."""
+    max_attempts: int = 3
+    lease: float = 30.0
+    concurrency: int | None = None
+    backoff: float = 1.0
+    priority: int = 0
+    durable: bool = False
+    """Write each job to the database (in the caller's transaction) before Valkey: outbox.py."""
+    rate: str | None = None
+    """"N/s", "N/m" or "N/h": at most N of the queue's jobs start per period (see `rate`)."""
+    wait_replicas: int = 0
+    """Enqueue returns once this many replicas of the shard's primary hold the jobs (`WAIT`);
+    0: as soon as the primary does (asynchronous replication)."""
+    lane_weights: tuple[tuple[str, int], ...] = ()
+    """(lane, w): the lane gets w turns per round of the ring; unnamed lanes weigh 1. Settings
+    give a dict; it is kept as sorted pairs so the options stay hashable."""
+
+
+def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -> QueueOptions:
+    """`base` with a queue's settings (`QUEUE_OPTION_NAMES`) laid over it, each checked by the
+    validator a job's own option goes through and kept in the form enqueue and claim use
+    (seconds as floats, lane weights as sorted pairs): InvalidOption names the first wrong one."""
+    unknown = sorted(map(str, set(raw) - set(QUEUE_OPTION_NAMES)))
+    if unknown:
+        raise InvalidOption(f"unknown option(s) {unknown}; allowed: {list(QUEUE_OPTION_NAMES)}")
+    values = dict(raw)
+    if values.get("shards") == "auto":
+        values.update(shards=1, auto_shards=True)
+    elif "shards" in values:
+        values["auto_shards"] = False
+    if "lane_weights" in values:
+        values["lane_weights"] = lane_weights(values["lane_weights"])
+    options = replace(base, **values)
+    durable = options.durable
+    if not isinstance(durable, bool):
+        raise InvalidOption(f"durable must be True or False, got {durable!r}")
     rate(options.rate)
-    if not isinstance(options.lane_weights, tuple):  # settings give a dict: conf converts it
-        raise InvalidOption(f"lane_weights must be a dict of lanes to weights, got "
-                            f"{options.lane_weights!r}")
+    concurrency = options.concurrency
+    return replace(
+        options,
+        shards=whole_number(options.shards, 'shards (or "auto")', 1, 1024),
+        max_shards=whole_number(options.max_shards, "max_shards", 1, 1024),
+        wait_replicas=whole_number(options.wait_replicas, "wait_replicas", 0, 10),
+        max_attempts=validate_max_attempts(options.max_attempts),
+        lease=validate_lease(options.lease),
+        concurrency=None if concurrency is None else whole_number(concurrency, "concurrency", 1,
+                                                                  10_000),
+        backoff=validate_backoff(options.backoff),
+        priority=validate_priority(options.priority),
+    )
 
 
 class JobSpec(NamedTuple):

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
-from . import ids, scripts, signals, wire
+from . import durable, ids, scripts, signals, wire
 from . import layout as layouts
 from .conf import QueueOptions, get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError, NotReplicated
@@ -563,11 +563,15 @@ class Queue:
 
     def retry(self, job_id: str) -> str:
         """A dead or cancelled job goes back to pending with a fresh retry budget (on its own
-        shard: one that a shrink retired is claimed from again until it has drained anew)."""
+        shard: one that a shrink retired is claimed from again until it has drained anew). A
+        durable queue's row reopens in the same step (durable.py), so `restore` finds the job."""
         index = self.locate(job_id)
         if index is not None:
             self._reopen(index)
-        return self._operator("retry", job_id, [job_id])
+        if not self.options.durable:
+            return self._operator("retry", job_id, [job_id])
+        with durable.reopened(job_id):
+            return self._operator("retry", job_id, [job_id])
 
     def reprioritize(self, job_id: str, priority: int) -> str:
         """Change a waiting (or running) job's priority in place."""

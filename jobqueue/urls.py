@@ -9,7 +9,7 @@ wants it elsewhere (or on another admin site) can still include it itself:
         path("admin/", admin.site.urls),
     ]
 
-Pages link within the mount that served them (`console_reverse`).
+Pages link within the mount that served them (`views.console_reverse`).
 """
 
 from __future__ import annotations
@@ -17,19 +17,27 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.admin import AdminSite
-from django.http import HttpRequest
-from django.urls import reverse
+from django.urls import path
+from django.views.decorators.http import require_POST
+
+from .views import Console
 
 
 def console_urls(site: AdminSite) -> list[Any]:
-    from .views import Console
-
-    return Console(site).urls()
-
-
-def console_reverse(request: HttpRequest, name: str, *args: Any) -> str:
-    """`reverse(name)` in the URL namespace of the console page being served: `admin:` when the
-    admin mounted it, none (or the project's own) when `console_urls` did."""
-    match = getattr(request, "resolver_match", None)
-    namespace = match.namespace if match is not None else ""
-    return reverse(f"{namespace}:{name}" if namespace else name, args=args)
+    """The console's pages on `site`, each behind its login (`admin_view`); actions take POSTs."""
+    views, wrap = Console(site), site.admin_view
+    return [
+        path("", wrap(views.dashboard), name="jobqueue_dashboard"),
+        path("find/", wrap(views.find), name="jobqueue_find"),
+        path("stuck/", wrap(views.stuck), name="jobqueue_stuck"),
+        path("schedules/", wrap(views.schedules), name="jobqueue_schedules"),
+        path("workers/", wrap(views.workers), name="jobqueue_workers"),
+        path("schedules/<str:name>/<str:action>/", wrap(require_POST(views.schedule_action)),
+             name="jobqueue_schedule_action"),
+        path("queues/<str:name>/", wrap(views.queue_page), name="jobqueue_queue"),
+        path("queues/<str:name>/<str:action>/", wrap(require_POST(views.queue_action)),
+             name="jobqueue_queue_action"),
+        path("jobs/<str:queue>/<str:job_id>/", wrap(views.job_page), name="jobqueue_job"),
+        path("jobs/<str:queue>/<str:job_id>/<str:action>/", wrap(require_POST(views.job_action)),
+             name="jobqueue_job_action"),
+    ]

@@ -1,8 +1,10 @@
 """The operator console: pages inside the Django admin (same login, look and permissions).
 
-Reads come from `console` (live Valkey) and the `Job` mirror; every action is a POST with CSRF,
-needs staff plus a specific permission, goes through `Queue`, reports with the messages framework
-and records an admin LogEntry.
+Reads come from `readmodels` (live Valkey) and the `Job` mirror; every action is a POST with
+CSRF, needs staff plus the permission its `has_<action>_permission` asks for (as a `ModelAdmin`
+does), goes through `actions` (one call into `Queue`), reports with the messages framework and
+records an admin LogEntry. urls.py lists the pages; `console_reverse` links within the mount
+that served them.
 """
 
 from __future__ import annotations
@@ -14,31 +16,32 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin import AdminSite
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
-from django.views.decorators.http import require_POST
 
-from . import console, ids, schedule
+from . import actions, ids, readmodels, schedule
 from . import layout as layouts
+from .api import lookup
 from .conf import get_client, get_config
-from .exceptions import InvalidJobId, JobQueueError
+from .exceptions import InvalidJobId, JobQueueError, UnknownHandler
 from .keys import validate_lane, validate_queue
 from .models import Job, Shard
 from .states import State
 from .store import JobInfo, Queue, known_queues
-from .urls import console_reverse
 from .worker import presence
 
-ACTIONS = {"retry": "retry_job", "reprioritize": "reprioritize_job", "cancel": "cancel_job"}
-WAITING_OR_RUNNING = {State.PENDING, State.SCHEDULED, State.ACTIVE}
-ALLOWED = {"retry": {State.DEAD, State.CANCELLED}, "reprioritize": WAITING_OR_RUNNING,
-           "cancel": WAITING_OR_RUNNING}
+
+def console_reverse(request: HttpRequest, name: str, *args: Any) -> str:
+    """`reverse(name)` in the URL namespace of the console page being served: `admin:` when the
+    admin mounted it, none (or the project's own) when `console_urls` did."""
+    match = getattr(request, "resolver_match", None)
+    namespace = match.namespace if match is not None else ""
+    return reverse(f"{namespace}:{name}" if namespace else name, args=args)
 
 
 def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
@@ -74,38 +77,42 @@ class Console:
     def __init__(self, site: AdminSite) -> None:
         self.site = site
 
-    def urls(self) -> list[Any]:
-        from django.urls import path
-
-        wrap: Callable[[Any], Any] = self.site.admin_view
-        return [
-            path("", wrap(self.dashboard), name="jobqueue_dashboard"),
-            path("find/", wrap(self.find), name="jobqueue_find"),
-            path("stuck/", wrap(self.stuck), name="jobqueue_stuck"),
-            path("schedules/", wrap(self.schedules), name="jobqueue_schedules"),
-            path("workers/", wrap(self.workers), name="jobqueue_workers"),
-            path("schedules/<str:name>/<str:action>/", wrap(require_POST(self.schedule_action)),
-                 name="jobqueue_schedule_action"),
-            path("queues/<str:name>/", wrap(self.queue_page), name="jobqueue_queue"),
-            path("queues/<str:name>/<str:action>/", wrap(require_POST(self.queue_action)),
-                 name="jobqueue_queue_action"),
-            path("jobs/<str:queue>/<str:job_id>/", wrap(self.job_page), name="jobqueue_job"),
-            path("jobs/<str:queue>/<str:job_id>/<str:action>/", wrap(require_POST(self.job_action)),
-                 name="jobqueue_job_action"),
-        ]
-
     def _render(self, request: HttpRequest, template: str, title: str, status: int = 200,
                 **context: Any) -> HttpResponse:
         return render(request, f"admin/jobqueue/{template}", {
-            **self.site.each_context(request), "title": title, **context,
+            **self.site.each_context(request), "title": title, "State": State, **context,
         }, status=status)
+
+    # -- permissions (as ModelAdmin's has_<action>_permission) --------------------------------
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(actions.PERMISSIONS["retry"])
+
+    def has_reprioritize_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(actions.PERMISSIONS["reprioritize"])
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(actions.PERMISSIONS["cancel"])
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(actions.PERMISSIONS["pause"])
+
+    def has_resize_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(actions.PERMISSIONS["resize"])
+
+    def has_run_schedule_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(actions.PERMISSIONS["run_schedule"])
+
+    def _permitted(self, request: HttpRequest, action: str) -> bool:
+        check: Callable[[HttpRequest], bool] = getattr(self, f"has_{action}_permission")
+        return check(request)
 
     # -- pages -------------------------------------------------------------------------------
 
     def dashboard(self, request: HttpRequest) -> HttpResponse:
         cards = []
         for name in known_queues():
-            view = console.overview(Queue(name))
+            view = readmodels.overview(Queue(name))
             cards.append({
                 "o": view,
                 "throughput": bar_chart(view.succeeded, f"{name}: succeeded per minute", "#417690"),
@@ -115,37 +122,37 @@ class Console:
             })
         return self._render(request, "dashboard.html", "Job queues", cards=cards,
                             workers=presence.workers(Queue("default").client),
-                            can_pause=request.user.has_perm("jobqueue.pause_queue"))
+                            can_pause=self.has_pause_permission(request))
 
     def queue_page(self, request: HttpRequest, name: str) -> HttpResponse:
         queue = self._queue(name)
         state = request.GET.get("state", State.PENDING)
-        if state not in console.PAGE_STATES:
+        if state not in readmodels.PAGE_STATES:
             state = State.PENDING
         shards = queue.all_shards()
         shard = _int(request.GET.get("shard"), 0, 0, shards - 1)
         number = _int(request.GET.get("page"), 1, 1, 10**9)
-        lane = request.GET.get("lane", console.DEFAULT_LANE)
+        lane = request.GET.get("lane", readmodels.DEFAULT_LANE)
         try:
-            lane = "" if lane == console.DEFAULT_LANE else validate_lane(lane)
+            lane = "" if lane == readmodels.DEFAULT_LANE else validate_lane(lane)
         except JobQueueError:
             lane = ""
-        jobs, total = console.page(queue, state, shard, number, lane=lane)
-        in_flight = console.lanes_in_flight(queue, shard)
+        jobs, total = readmodels.page(queue, state, shard, number, lane=lane)
+        in_flight = readmodels.lanes_in_flight(queue, shard)
         lanes = [(lane, depth, in_flight.get(lane, 0))
-                 for lane, depth in console.deepest_lanes(queue, 50)]
+                 for lane, depth in readmodels.deepest_lanes(queue, 50)]
         last = max((total + 49) // 50, 1)
         layout = queue.layout(fresh=True)
         shard_rows = [(i, layout.status(i), queue.shard_counts(i)) for i in range(shards)]
         return self._render(
-            request, "queue.html", f"Queue {name}", queue=queue, view=console.overview(queue),
-            run_times=console.run_times_by_handler(name),
-            jobs=jobs, total=total, state=state, states=list(console.PAGE_STATES), shard=shard,
-            lane=lane or console.DEFAULT_LANE,
+            request, "queue.html", f"Queue {name}", queue=queue, view=readmodels.overview(queue),
+            run_times=readmodels.run_times_by_handler(name),
+            jobs=jobs, total=total, state=state, states=list(readmodels.PAGE_STATES), shard=shard,
+            lane=lane or readmodels.DEFAULT_LANE,
             shard_range=range(shards), shard_rows=shard_rows, layout=layout,
             resizes=[{**e, "at": datetime.fromtimestamp(e["at"], UTC)}
                      for e in layouts.history(queue.client, name, 10)],
-            can_resize=request.user.has_perm("jobqueue.resize_queue"),
+            can_resize=self.has_resize_permission(request),
             page=number, last_page=last, lanes=lanes,
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,
@@ -170,30 +177,23 @@ class Console:
                 "next": entry.next_tick(now),
             })
         return self._render(request, "schedules.html", "Periodic jobs", rows=rows,
-                            can_run=request.user.has_perm("jobqueue.run_schedule"))
+                            can_run=self.has_run_schedule_permission(request))
 
     def schedule_action(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
         if action not in ("run", "pause", "resume"):
             raise PermissionDenied(f"unknown action {action!r}")
-        if not request.user.has_perm("jobqueue.run_schedule"):
+        if not self.has_run_schedule_permission(request):
             raise PermissionDenied
         entry = get_config().schedule.get(name)
         if entry is None:
-            from django.http import Http404
-
             raise Http404(f"No periodic job {name!r} in JOBQUEUE['SCHEDULE'].")
         if action == "run" and request.POST.get("confirm") != "yes":
             return self._render(request, "confirm_schedule.html", f"Run {name} now?", entry=entry)
-        client = get_client()
         if action == "run":
-            job_id = schedule.run_now(entry, client)
-            message = f"Ran periodic job {name} now: job {job_id}."
+            message = actions.run_schedule(entry)
         else:
-            schedule.set_paused(client, name, action == "pause")
-            message = f"Periodic job {name} {'paused' if action == 'pause' else 'resumed'}."
-        LogEntry.objects.create(user_id=int(request.user.pk or 0), object_id=name,
-                                object_repr=f"schedule {name}"[:200], action_flag=CHANGE,
-                                change_message=message)
+            message = actions.pause_schedule(name, action == "pause")
+        actions.log_action(request.user, name, message)
         messages.success(request, message)
         return self._back(request, console_reverse(request, "jobqueue_schedules"))
 
@@ -202,7 +202,7 @@ class Console:
         running_over = _int(request.GET.get("running_over"), 600, 1, 10**7)
         sections = []
         for name in known_queues():
-            found = console.stuck(Queue(name), pending_over, running_over)
+            found = readmodels.stuck(Queue(name), pending_over, running_over)
             sections.append((name, found))
         return self._render(request, "stuck.html", "Stuck jobs", sections=sections,
                             pending_over=pending_over, running_over=running_over)
@@ -215,7 +215,7 @@ class Console:
         try:
             job_id = ids.validate_job_id(raw)
         except InvalidJobId:
-            found = console.search(raw)
+            found = readmodels.search(raw)
             if not found:
                 messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
             return self._render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
@@ -231,8 +231,8 @@ class Console:
 
     def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
         info = self._job(queue, job_id)
-        allowed = {action for action, perm in ACTIONS.items()
-                   if info.state in ALLOWED[action] and request.user.has_perm(f"jobqueue.{perm}")}
+        allowed = {action for action, states in actions.JOB_STATES.items()
+                   if info.state in states and self._permitted(request, action)}
         if info.source == "mirror":
             allowed &= {"retry"}
         timeline = sorted(
@@ -252,9 +252,9 @@ class Console:
     # -- actions -----------------------------------------------------------------------------
 
     def job_action(self, request: HttpRequest, queue: str, job_id: str, action: str) -> HttpResponse:
-        if action not in ACTIONS:
+        if action not in actions.JOB_STATES:
             raise PermissionDenied(f"unknown action {action!r}")
-        if not request.user.has_perm(f"jobqueue.{ACTIONS[action]}"):
+        if not self._permitted(request, action):
             raise PermissionDenied
         info = self._job(queue, job_id)
         if action == "cancel" and request.POST.get("confirm") != "yes":
@@ -266,50 +266,33 @@ class Console:
             messages.error(request, f"{action} {job_id}: {exc}")
         else:
             messages.success(request, message)
-            _log(request, Job(id=job_id, queue=queue, state=info.state), message)
+            actions.log_action(request.user, Job(id=job_id, queue=queue, state=info.state), message)
         return self._back(request, console_reverse(request, "jobqueue_job", queue, job_id))
 
     def _do(self, action: str, info: JobInfo, request: HttpRequest) -> str:
         queue = Queue(info.queue)
         if action == "retry":
-            state = retry_job(queue, info)
-            return f"Retried job {info.id}: it is {state} again."
+            return actions.retry_message(info.id, actions.retry_job(queue, info.id))
         if action == "reprioritize":
-            raw = request.POST.get("priority", "")
-            try:
-                priority = int(raw)
-            except ValueError:
-                raise JobQueueError(f"priority must be an integer in -100…100, got {raw!r}") from None
-            queue.reprioritize(info.id, priority)
-            return f"Job {info.id} now has priority {priority}."
-        state = queue.cancel(info.id)
-        if state == State.ACTIVE:
-            return f"Job {info.id} is running: it will be recorded as cancelled when it stops."
-        return f"Cancelled job {info.id}."
+            return actions.reprioritize_job(queue, info.id, request.POST.get("priority", ""))
+        return actions.cancel_job(queue, info.id)
 
     def queue_action(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
         if action == "resize":
             return self._resize(request, name)
         if action not in ("pause", "resume"):
             raise PermissionDenied(f"unknown action {action!r}")
-        if not request.user.has_perm("jobqueue.pause_queue"):
+        if not self.has_pause_permission(request):
             raise PermissionDenied
-        queue = self._queue(name)
-        if action == "pause":
-            queue.pause()
-        else:
-            queue.resume()
-        message = f"Queue {name} {'paused' if action == 'pause' else 'resumed'}."
+        message = actions.pause_queue(self._queue(name), action == "pause")
         shard, _ = Shard.objects.get_or_create(queue=name, index=0)
-        _log(request, shard, message)
+        actions.log_action(request.user, shard, message)
         messages.success(request, message)
         return self._back(request, console_reverse(request, "jobqueue_dashboard"))
 
     def _resize(self, request: HttpRequest, name: str) -> HttpResponse:
         """Confirm (saying what growing or shrinking does), then resize and log it."""
-        from .mirror import record_shards
-
-        if not request.user.has_perm("jobqueue.resize_queue"):
+        if not self.has_resize_permission(request):
             raise PermissionDenied
         queue = self._queue(name)
         back = console_reverse(request, "jobqueue_queue", name)
@@ -325,14 +308,13 @@ class Console:
             return self._render(request, "confirm_resize.html", f"Resize queue {name}?",
                                 queue=queue, before=before, count=count)
         try:
-            queue.resize(count, by=f"console: {request.user}")
+            before, _ = actions.resize_queue(queue, count, by=f"console: {request.user}")
         except JobQueueError as exc:
             messages.error(request, f"Resize {name}: {exc}")
             return HttpResponseRedirect(back)
-        record_shards(queue)
         message = f"Queue {name} resized from {before.live} to {count} shard(s)."
         shard, _ = Shard.objects.get_or_create(queue=name, index=0)
-        _log(request, shard, message)
+        actions.log_action(request.user, shard, message)
         messages.success(request, message)
         return HttpResponseRedirect(back)
 
@@ -345,8 +327,6 @@ class Console:
             raise PermissionDenied(str(exc)) from None
 
     def _job(self, queue: str, job_id: str) -> JobInfo:
-        from django.http import Http404
-
         try:
             ids.validate_job_id(job_id)
             info = self._queue(queue).get(job_id)
@@ -366,23 +346,6 @@ class Console:
         return HttpResponseRedirect(target or default)
 
 
-def retry_job(queue: Queue, info: JobInfo) -> str:
-    """Retry a dead or cancelled job: in place while Valkey has its row, else re-created from
-    its mirror row under the same id (a fresh row: its attempts start again)."""
-    if queue.locate(info.id) is not None:
-        return queue.retry(info.id)
-    if info.state not in ALLOWED["retry"]:
-        raise JobQueueError(f"cannot retry job {info.id}: it is {info.state}")
-    queue.enqueue(info.payload, job_id=info.id, lane=info.lane, priority=info.priority,
-                  max_attempts=info.max_attempts or None)
-    return State.PENDING
-
-
-def _log(request: HttpRequest, obj: Any, message: str) -> None:
-    LogEntry.objects.log_actions(user_id=int(request.user.pk or 0), queryset=[obj], action_flag=CHANGE,
-                                 change_message=message, single_object=True)
-
-
 def _pretty(value: Any) -> str:
     if value is None:
         return ""
@@ -396,10 +359,9 @@ def _int(raw: str | None, default: int, low: int, high: int) -> int:
         return default
 
 
-
 def _job_queue(path: str) -> str:
     """The queue a handler's jobs go to (its @job's queue), for the schedules page."""
-    from .api import _registry
-
-    handler = _registry.get(path)
-    return handler.options.queue if handler else "default"
+    try:
+        return lookup(path).options.queue
+    except UnknownHandler:
+        return "default"

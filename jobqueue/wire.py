@@ -1,8 +1,8 @@
 """Script calls on a standalone client, the short way: connections borrowed from its pool.
 
-redis-py's pool and `execute_command` cost ~25 µs of client time a call (locks, telemetry, a
-readiness poll, retry wrappers, packing each argument in Python), as much as the rest of an
-enqueue's Python. Here a client's script calls take connections from its pool once and then
+redis-py's pool and `execute_command` spend as much client time a call (locks, telemetry, a
+readiness poll, retry wrappers, packing each argument in Python) as the rest of an enqueue's
+Python (bench/RESULTS.md). Here a client's script calls take connections from its pool once and then
 pass them among themselves (a list's pop and append are atomic), and hiredis packs the command.
 At most a quarter of the pool's connections (and no more than 8) are borrowed, so other commands
 always find one; calls beyond that take the usual path. The connections stay the pool's: its
@@ -23,6 +23,8 @@ from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
+from . import _compat
+
 PACK: Callable[[tuple[Any, ...]], bytes] | None
 try:
     from hiredis import pack_command as PACK
@@ -36,7 +38,7 @@ class _Borrowed:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.idle: list[Any] = []
-        self.room = min(8, pool.max_connections // 4)
+        self.room = min(8, _compat.pool_limit(pool) // 4)
         self.lock = threading.Lock()
 
     @classmethod
@@ -134,34 +136,8 @@ async def call_on_async(conn: Any, commands: Iterable[tuple[Any, ...]]) -> list[
     return replies
 
 
-_MACHINERY = frozenset({
-    "retry", "parser_class", "redis_connect_func", "event_dispatcher", "driver_info", "lib_name",
-    "lib_version", "himport_registry", "maint_notifications_config",
-    "maint_notifications_pool_handler", "orig_host_address", "orig_socket_timeout",
-    "orig_socket_connect_timeout"})
-"""Connection settings that belong to the synchronous pool's own machinery: an asyncio twin
-takes its own defaults for them."""
-
-
 def async_twin(client: Any) -> Any | None:
-    """A redis.asyncio connection with a standalone client's connection settings (address,
-    credentials, database, TLS, timeouts, decoding), unconnected; None when the client's
-    connections have a class or a setting the asyncio ones lack (then keep to threads)."""
-    import inspect
-
-    import redis.asyncio.connection as aio
-    from redis import connection as sync
-
-    pool = client.connection_pool
-    twin = {sync.Connection: aio.Connection, sync.SSLConnection: aio.SSLConnection,
-            sync.UnixDomainSocketConnection: aio.UnixDomainSocketConnection,
-            }.get(pool.connection_class)
-    if twin is None:
-        return None
-    accepted = {name for cls in twin.__mro__ if "__init__" in vars(cls)
-                for name in inspect.signature(vars(cls)["__init__"]).parameters}
-    settings = {name: value for name, value in pool.connection_kwargs.items()
-                if name not in _MACHINERY}
-    if not settings.keys() <= accepted - {"self", "args", "kwargs"}:
-        return None
-    return twin(**settings)
+    """A redis.asyncio connection with a standalone client's connection settings, unconnected;
+    None when the client's connections have a class or a setting the asyncio ones lack (then
+    keep to threads). See `_compat.async_connection`."""
+    return _compat.async_connection(client.connection_pool)

@@ -112,3 +112,58 @@ def test_a_durable_duplicate_unique_key_is_cancelled_naming_the_job_that_holds_i
     row = Job.objects.get(pk=second.id)
     assert row.state == "cancelled" and first.id in row.last_error and "order-7" in row.last_error
     assert Job.objects.get(pk=first.id).state == "pending" and in_valkey(first.id)
+
+
+OPTIONS = {"max_attempts": 2, "backoff": 0, "lease": 45, "priority": 7, "lane": "tenant-9",
+           "unique_key": "order-9"}
+
+
+def _dead_durable_job(url: str) -> str:
+    """A durable job with options of its own that a real worker ran until it died."""
+    ref = jobs.always_fails.using(queue="durable", **OPTIONS).enqueue("no")
+    assert run_burst(url, "--queues", "durable") == 0
+    assert Job.objects.get(pk=ref.id).state == "dead"
+    return ref.id
+
+
+def _retry_as_an_operator(how: str, job_id: str, client: Any) -> None:
+    from django.contrib.auth.models import User
+
+    if how == "api":
+        assert Queue("durable").retry(job_id) == "pending"
+        return
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    if how == "bulk":
+        data = {"action": "retry_selected", "_selected_action": [job_id], "post": "yes"}
+        assert client.post("/admin/jobqueue/job/", data).status_code == 302
+    else:
+        url = f"/admin/jobqueue/job/live/jobs/durable/{job_id}/retry/"
+        assert client.post(url).status_code == 302
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("how", "valkey_kept_it"), [
+    ("console", True), ("bulk", True), ("api", True),
+    ("console", False), ("bulk", False),  # Queue.retry acts on a live row only
+])
+def test_a_retried_durable_job_is_restored_with_every_option(
+        how: str, valkey_kept_it: bool, client: Any, valkey_server: ValkeyProcess) -> None:
+    job_id = _dead_durable_job(valkey_server.url)
+    if not valkey_kept_it:  # its Valkey row expired (DEAD_RETENTION): the retry re-creates it
+        redis.Redis.from_url(valkey_server.url).flushall()
+    _retry_as_an_operator(how, job_id, client)
+    row = Job.objects.get(pk=job_id)
+    assert row.state == "pending" and row.finished_at is None  # reopened with Valkey's job
+    redis.Redis.from_url(valkey_server.url).flushall()  # then Valkey loses its data
+    done = manage("jobqueue", "restore", "--queues", "durable", url=valkey_server.url)
+    assert "restored 1 job(s)" in done.stdout, done.stderr
+    info = get_job(job_id, queue="durable")
+    assert info and info.state == "pending" and info.source == "valkey"
+    assert (info.priority, info.lane, info.max_attempts, info.unique_key) == (
+        7, "tenant-9", 2, "order-9")
+    queue = Queue("durable")
+    assert queue.client.hmget(queue.shard(info.shard).job(job_id), "backoff_ms", "lease_ms") == [
+        "0", "45000"]
+    [lease] = queue.dequeue(count=1)  # the job's own lease, not the queue's 30 s
+    assert lease.job_id == job_id and lease.lease == 45.0

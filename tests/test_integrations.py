@@ -234,9 +234,9 @@ def test_worker_summary_reports_rate_and_lag(valkey_server: ValkeyProcess, caplo
         worker._summary()
     [line] = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
     assert "jobs/s" in line and "pending=1" in line and "lag=" in line
-    from jobqueue import console
+    from jobqueue import readmodels
 
-    view = console.overview(Queue("default"))  # the summary sampled this minute for the charts
+    view = readmodels.overview(Queue("default"))  # the summary sampled this minute for the charts
     assert view.backlog[-1] == 1 and view.oldest[-1] >= 0
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.checks import run_checks
 
-from jobqueue import Queue, conf, schedule
+from jobqueue import Queue, conf, cron, schedule
 from jobqueue.conf import get_client
 from jobqueue.exceptions import ConfigurationError
 from jobqueue.models import Job
@@ -27,8 +27,8 @@ def utc(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
-def entry(**spec: Any) -> schedule.Entry:
-    return schedule.parse({"e": {"job": "tests.jobapp.jobs.noop", **spec}})["e"]
+def entry(**spec: Any) -> cron.Entry:
+    return cron.parse({"e": {"job": "tests.jobapp.jobs.noop", **spec}})["e"]
 
 
 @pytest.mark.parametrize(("cron", "now", "latest", "following"), [
@@ -70,7 +70,7 @@ def test_interval_ticks_are_aligned() -> None:
 ])
 def test_a_bad_entry_is_refused_naming_it(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError, match=r"SCHEDULE'\]\['e'\]") as error:
-        schedule.parse({"e": {"job": "tests.jobapp.jobs.noop", **spec}})
+        cron.parse({"e": {"job": "tests.jobapp.jobs.noop", **spec}})
     assert message in str(error.value)
 
 

@@ -109,6 +109,24 @@ def test_every_queue_setting_that_check_accepts_can_enqueue(settings: Any, optio
     assert info and info.max_attempts == options["max_attempts"] and info.priority == options["priority"]
 
 
+def test_queue_settings_in_timedeltas_become_the_seconds_enqueue_claim_and_nack_use(
+        settings: Any) -> None:
+    from datetime import timedelta
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"edge": {
+        "lease": timedelta(seconds=20), "backoff": timedelta(0)}}}
+    assert not run_checks(tags=["jobqueue"])
+    options = conf.get_config().queue("edge")
+    assert (options.lease, options.backoff) == (20.0, 0.0) and isinstance(options.lease, float)
+    with pytest.raises(TypeError):  # the config is parsed once and read-only
+        conf.get_config().queues["edge"] = options  # type: ignore[index]
+    queue = Queue("edge")
+    queue.enqueue({"x": 1}, backoff=timedelta(seconds=2))
+    [lease] = queue.dequeue(count=1)
+    assert lease.lease == 20.0
+    assert queue.nack(lease, "boom") == "scheduled"  # its own 2 s backoff, not the queue's 0
+
+
 def test_an_unknown_key_gets_a_did_you_mean(settings: Any) -> None:
     settings.JOBQUEUE = {"RETENTON": 60, "QUEUES": {"default": {}}}
     [error] = [e for e in run_checks(tags=["jobqueue"]) if e.id == "jobqueue.E001"]

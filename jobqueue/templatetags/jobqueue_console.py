@@ -7,7 +7,7 @@ from typing import Any
 
 from django import template
 
-from ..urls import console_reverse
+from ..views import console_reverse
 
 register = template.Library()
 

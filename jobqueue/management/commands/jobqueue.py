@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
-from jobqueue import outbox
+from jobqueue import actions, outbox
 from jobqueue.conf import get_config
 from jobqueue.exceptions import JobQueueError
 from jobqueue.keys import queue_list, validate_queue
@@ -50,12 +50,7 @@ class Command(BaseCommand):
             raise CommandError(f"cannot use Valkey: {exc.__class__.__name__}: {exc}") from None
 
     def resize(self, name: str, count: int) -> None:
-        from jobqueue.mirror import record_shards
-
-        queue = Queue(name)
-        before = queue.layout(fresh=True)
-        after = queue.resize(count, by="manage.py jobqueue resize")
-        record_shards(queue)
+        before, after = actions.resize_queue(Queue(name), count, by="manage.py jobqueue resize")
         if after == before:
             self.stdout.write(f"queue {name} already has {count} live shard(s)")
         elif count > before.live:

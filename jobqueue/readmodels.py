@@ -1,4 +1,4 @@
-"""What the operator console reads: bounded, pipelined reads of a queue's live state.
+"""The console's read models: bounded, pipelined reads of a queue's live state.
 
 Every read here is bounded (a page, the first N lanes, the last N minutes), so the console stays
 fast at a million jobs. Writes go through `Queue`'s transitions, never through this module.

@@ -1,0 +1,93 @@
+"""Every read of another library's private parts, in one place, each with a public fallback.
+
+The hot path takes three short cuts through internals that no public API offers:
+
+- `in_transaction`: Django's connections, kept by asgiref's `Local` in a `threading.local`, read
+  directly (Django's `transaction.get_connection()` goes through that `Local`, whose test for a
+  running event loop raises and catches an exception at every call);
+- `c_json_encoder`: the json module's C encoder, made once (`JSONEncoder.encode` makes one per
+  call, which costs more than encoding a small payload);
+- `pool_limit` and `async_connection`: redis-py's pool settings, read to borrow connections
+  (wire.py) and to make an asyncio twin of a client's connection (the worker's wait line).
+
+Each falls back to the public way when the internals are not what it expects, and
+tests/test_compat.py asserts that the short cut is the one taken on the installed versions: an
+upgrade that quietly loses one fails a test instead of slowing enqueue down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+
+def in_transaction() -> bool:
+    """Whether this thread's default database connection is inside `transaction.atomic()`.
+
+    In a thread with no event loop, asgiref's `Local` keeps Django's connections in a plain
+    `threading.local`, read here directly; a connection this thread never opened is in no
+    transaction. Anywhere else (an event loop runs, or asgiref keeps them some other way)
+    Django is asked."""
+    local = getattr(connections, "_connections", None)  # (private to Django and to asgiref)
+    storage = vars(local).get("_storage") if local is not None else None
+    if type(storage) is threading.local and asyncio._get_running_loop() is None:
+        connection = getattr(storage, DEFAULT_DB_ALIAS, None)
+        return connection is not None and connection.in_atomic_block
+    return transaction.get_connection().in_atomic_block
+
+
+def _refuse(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def c_json_encoder() -> Callable[[Any, int], Iterator[str]] | None:
+    """json's C encoder for compact JSON that refuses NaN and anything but JSON types (call it
+    with the value and 0; join the pieces), or None where CPython's C part is missing. It has
+    no circular-reference check: a cycle ends in RecursionError, as nesting too deep does."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    encoder: Callable[[Any, int], Iterator[str]] = make(
+        None, _refuse, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
+    return encoder
+
+
+def pool_limit(pool: Any) -> int:
+    """The most connections a redis-py pool opens."""
+    return int(pool.max_connections)
+
+
+_MACHINERY = frozenset({
+    "retry", "parser_class", "redis_connect_func", "event_dispatcher", "driver_info", "lib_name",
+    "lib_version", "himport_registry", "maint_notifications_config",
+    "maint_notifications_pool_handler", "orig_host_address", "orig_socket_timeout",
+    "orig_socket_connect_timeout"})
+"""Connection settings that belong to the synchronous pool's own machinery: an asyncio twin
+takes its own defaults for them."""
+
+
+def async_connection(pool: Any) -> Any | None:
+    """A redis.asyncio connection with the settings of a redis-py pool's connections (address,
+    credentials, database, TLS, timeouts, decoding), unconnected; None when its connections
+    have a class or a setting the asyncio ones lack."""
+    import redis.asyncio.connection as aio
+    from redis import connection as sync
+
+    twin = {sync.Connection: aio.Connection, sync.SSLConnection: aio.SSLConnection,
+            sync.UnixDomainSocketConnection: aio.UnixDomainSocketConnection,
+            }.get(pool.connection_class)
+    if twin is None:
+        return None
+    accepted = {name for cls in twin.__mro__ if "__init__" in vars(cls)
+                for name in inspect.signature(vars(cls)["__init__"]).parameters}
+    settings = {name: value for name, value in pool.connection_kwargs.items()
+                if name not in _MACHINERY}
+    if not settings.keys() <= accepted - {"self", "args", "kwargs"}:
+        return None
+    return twin(**settings)

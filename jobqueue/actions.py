@@ -1,0 +1,107 @@
+"""What an operator may do, shared by the console's pages, the admin's bulk action and
+`manage.py jobqueue`: each action is one call into `Queue` (or the schedule) and answers with the
+line the operator reads. Who may do it is the caller's business (`PERMISSIONS` names the Django
+permission each needs); `log_action` records it in the admin's history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import layout as layouts
+from . import outbox, schedule
+from .conf import get_client
+from .cron import Entry
+from .exceptions import InvalidPriority, InvalidTransition, JobNotFound
+from .states import State
+from .store import Queue
+
+PERMISSIONS = {"retry": "jobqueue.retry_job", "reprioritize": "jobqueue.reprioritize_job",
+               "cancel": "jobqueue.cancel_job", "pause": "jobqueue.pause_queue",
+               "resize": "jobqueue.resize_queue", "run_schedule": "jobqueue.run_schedule"}
+"""The Django permission each action needs (the admin's `has_<action>_permission` asks it)."""
+WAITING_OR_RUNNING = frozenset({State.PENDING, State.SCHEDULED, State.ACTIVE})
+JOB_STATES = {"retry": frozenset({State.DEAD, State.CANCELLED}),
+              "reprioritize": WAITING_OR_RUNNING, "cancel": WAITING_OR_RUNNING}
+"""The states in which each action on one job is offered."""
+
+
+def retry_job(queue: Queue, job_id: str) -> State:
+    """Retry a dead or cancelled job: in place while Valkey has its row, else created again from
+    its mirror row under the same id, with every option the row keeps (its attempts start
+    again). A durable job's row reopens in the same step (see durable.py)."""
+    if queue.locate(job_id) is not None:
+        return State(queue.retry(job_id))
+    from .models import Job
+
+    row = Job.objects.filter(pk=job_id, queue=queue.name).first()
+    if row is None:
+        raise JobNotFound(f"no job {job_id} in queue {queue.name!r}, live or mirrored")
+    if row.state not in JOB_STATES["retry"]:
+        raise InvalidTransition(f"cannot retry job {job_id}: it is {row.state}")
+    outbox.recreate(queue, row)
+    return State.PENDING
+
+
+def retry_message(job_id: str, state: str) -> str:
+    return f"Retried job {job_id}: it is {state} again."
+
+
+def reprioritize_job(queue: Queue, job_id: str, raw: str) -> str:
+    """Give a waiting or running job the priority an operator typed."""
+    try:
+        priority = int(raw)
+    except ValueError:
+        raise InvalidPriority(f"priority must be an integer in -100…100, got {raw!r}") from None
+    queue.reprioritize(job_id, priority)
+    return f"Job {job_id} now has priority {priority}."
+
+
+def cancel_job(queue: Queue, job_id: str) -> str:
+    if queue.cancel(job_id) == State.ACTIVE:
+        return f"Job {job_id} is running: it will be recorded as cancelled when it stops."
+    return f"Cancelled job {job_id}."
+
+
+def pause_queue(queue: Queue, paused: bool) -> str:
+    """Pause (or resume) a queue: workers stop (or start again) claiming its jobs."""
+    if paused:
+        queue.pause()
+    else:
+        queue.resume()
+    return f"Queue {queue.name} {'paused' if paused else 'resumed'}."
+
+
+def resize_queue(queue: Queue, count: int, by: str) -> tuple[layouts.Layout, layouts.Layout]:
+    """Set a queue's live shard count and refresh its `Shard` rows: (layout before, after)."""
+    from .mirror import record_shards
+
+    before = queue.layout(fresh=True)
+    after = queue.resize(count, by=by)
+    record_shards(queue)
+    return before, after
+
+
+def run_schedule(entry: Entry) -> str:
+    """An operator's "Run now" of a periodic job: one job at once, outside its ticks."""
+    job_id = schedule.run_now(entry, get_client())
+    return f"Ran periodic job {entry.name} now: job {job_id}."
+
+
+def pause_schedule(name: str, paused: bool) -> str:
+    schedule.set_paused(get_client(), name, paused)
+    return f"Periodic job {name} {'paused' if paused else 'resumed'}."
+
+
+def log_action(user: Any, obj: Any, message: str) -> None:
+    """Record an operator's action in the admin's history: a CHANGE LogEntry on `obj`, a `Job`
+    or `Shard` row (saved or not), or a periodic job given by its name."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    user_id = int(user.pk or 0)
+    if isinstance(obj, str):
+        LogEntry.objects.create(user_id=user_id, object_id=obj, object_repr=f"schedule {obj}"[:200],
+                                action_flag=CHANGE, change_message=message)
+        return
+    LogEntry.objects.log_actions(user_id=user_id, queryset=[obj], action_flag=CHANGE,
+                                 change_message=message, single_object=True)

@@ -1,0 +1,58 @@
+"""The short cuts through other libraries' internals (jobqueue/_compat.py) are the ones taken on
+the installed versions: an upgrade that loses one fails here rather than slowing enqueue."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+
+from jobqueue import _compat, spec, wire
+from jobqueue.api import in_transaction
+from jobqueue.conf import get_client
+
+
+def test_in_transaction_reads_a_threads_connections_without_opening_one() -> None:
+    """Django's way (`transaction.get_connection()`) would open the thread's connection; the
+    short cut reads asgiref's thread storage and finds none, so it answered."""
+    seen: list[Any] = []
+
+    def probe() -> None:
+        seen.append(in_transaction())
+        seen.append(connections.all(initialized_only=True))
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    assert seen == [False, []]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_transaction_answers_as_django_does_inside_atomic() -> None:
+    assert in_transaction() is False
+    with transaction.atomic():
+        assert in_transaction() is True
+        with transaction.atomic():
+            assert in_transaction() is True
+    assert in_transaction() is False
+
+
+def test_payloads_are_encoded_by_jsons_c_encoder() -> None:
+    assert spec._c_encoder is not None
+    value = {"handler": "a.b", "args": [1, "é", None, 2.5, [True]], "kwargs": {"k": "v"}}
+    assert spec.dumps(value, "payload") == json.dumps(value, separators=(",", ":"))
+
+
+def test_script_calls_borrow_connections_from_the_pool() -> None:
+    client = get_client()
+    assert _compat.pool_limit(client.connection_pool) == client.connection_pool.max_connections
+    assert wire.call_many(client, [("PING",), ("ECHO", "x")]) == ["PONG", "x"]  # None: the slow way
+
+
+def test_the_worker_gets_an_asyncio_twin_of_the_clients_connection() -> None:
+    twin = wire.async_twin(get_client())
+    assert twin is not None  # None: the worker's idle wait falls back to threads
+    assert twin.port == get_client().connection_pool.connection_kwargs["port"]
