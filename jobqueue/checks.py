@@ -21,9 +21,9 @@ def check_settings(**_: Any) -> list[checks.CheckMessage]:
                                  id="jobqueue.E002")]
         return [checks.Error(
             f"JOBQUEUE is invalid: {exc}",
-            hint="See the README's 'Settings' (and 'Resizing a queue live' for shards \"auto\" "
-                 "and AUTO_SHARDS): QUEUES maps queue names to their options; URL is a redis:// "
-                 "or valkey:// URL.",
+            hint="See the docs' settings reference (docs/reference/settings.md; docs/howto/resize.md "
+                 "for shards \"auto\" and AUTO_SHARDS): QUEUES maps queue names to their "
+                 "options; URL is a redis:// or valkey:// URL.",
             id="jobqueue.E001",
         )]
     return [checks.Error(f"JOBQUEUE['SCHEDULE'][{name!r}]: no @job handler is registered as "
@@ -31,8 +31,9 @@ def check_settings(**_: Any) -> list[checks.CheckMessage]:
             for name, entry in config.schedule.items() if not _is_job(entry.job)]
 
 
-SCHEDULE_HINT = ("See the README's 'Periodic jobs': each entry has 'job' (the dotted path of an "
-                 "@job in an app's jobs.py) and 'cron' (five fields) or 'every' (seconds).")
+SCHEDULE_HINT = ("See the docs' periodic jobs guide (docs/howto/periodic-jobs.md): each entry has "
+                 "'job' (the dotted path of an @job in an app's jobs.py) and 'cron' (five fields) "
+                 "or 'every' (seconds).")
 
 
 def _is_job(path: str) -> bool:
@@ -52,7 +53,6 @@ def _is_job(path: str) -> bool:
 
 MIN_VALKEY = (7, 2)
 """Valkey 7.2 (or Redis 7.2) at least: the scripts use LMOVE and ZRANGE … BYSCORE (6.2)."""
-README = "the README's"
 
 
 def check_tasks(**_: Any) -> list[checks.CheckMessage]:
@@ -68,7 +68,7 @@ def check_tasks(**_: Any) -> list[checks.CheckMessage]:
         except ImportError as exc:
             errors.append(checks.Error(
                 f"TASKS[{alias!r}]['BACKEND'] = {path!r} cannot be imported: {exc}",
-                hint="See " + README + " 'django.tasks and Celery': jobqueue's backend is "
+                hint="See the docs' django.tasks guide (docs/howto/django-tasks.md): jobqueue's backend is "
                      "'jobqueue.tasks.ValkeyBackend'.",
                 id="jobqueue.E004"))
     return errors
@@ -86,8 +86,8 @@ def check_valkey(**_: Any) -> list[checks.CheckMessage]:
     except (RedisError, JobQueueError, OSError) as exc:
         return [checks.Error(
             f"Valkey does not answer ({exc.__class__.__name__}: {exc})",
-            hint="Check JOBQUEUE['URL'] (host, port, password, ssl_ca_certs): see " + README
-                 + " 'Operator commands' and docs/operating.md. Workers wait for Valkey; enqueues "
+            hint="Check JOBQUEUE['URL'] (host, port, password, ssl_ca_certs): see "
+                 "docs/howto/connect.md and docs/operating.md. Workers wait for Valkey; enqueues "
                  "fail until it answers.",
             id="jobqueue.E005")]
     version = str(info.get("valkey_version") or info.get("redis_version") or "0")
