@@ -70,8 +70,6 @@ def _claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
 class Queue:
     """A named queue over N Valkey shards; one method per job-state transition."""
 
-    _registered: set[tuple[int, str, int]] = set()
-
     def __init__(self, name: str, *, client: Any = None, shards: int | None = None) -> None:
         self.name = validate_queue(name)
         self.options = get_config().queue(name)
@@ -206,15 +204,14 @@ class Queue:
         counters may be, for lookups, counts and the console."""
         return self.layout().widest
 
-    def _register(self, live: int) -> None:
-        """Record the queue (and its widest shard count) in the registry the admin lists."""
-        marker = (id(self.client), self.name, live)
-        if marker in Queue._registered:
-            return
+    def _list(self, index: int, live: int) -> None:
+        """Record the queue (and its widest shard count) in the registry the console lists, then
+        mark shard `index` 'listed'. Its enqueue script answers whether the mark is there, so a
+        queue is listed again after Valkey lost its data, at no cost to an enqueue otherwise."""
         seen = self.client.hget(REGISTRY_KEY, self.name)
         if seen is None or int(seen) < live:
             self.client.hset(REGISTRY_KEY, self.name, live)
-        Queue._registered.add(marker)
+        self.client.hset(self.shard(index).key("meta"), "listed", "1")
 
     def _candidates(self, job_id: str) -> Iterator[int]:
         """Shards that may hold a job, likeliest first: its id's shard, then (only if the caller
@@ -256,7 +253,6 @@ class Queue:
         todo, not_prior, turned_away = list(range(len(prepared))), set(), 0
         replicated = wanted = self.options.wait_replicas
         now = self.layout()
-        self._register(now.live)
         while todo:
             if moved:
                 turned_away += 1
@@ -281,7 +277,8 @@ class Queue:
                 by_shard[home, ""].append(i)
             todo, moved = [], False
             for (index, mode), positions in by_shard.items():
-                again, acked = self._enqueue_on_shard(index, mode, prepared, positions, refs)
+                again, acked = self._enqueue_on_shard(index, mode, prepared, positions, refs,
+                                                      now.live)
                 replicated = min(replicated, acked)
                 if mode == "prior":
                     not_prior.update(again)  # absent there: to the live shard, next turn
@@ -305,25 +302,27 @@ class Queue:
         batches' way (`_enqueue_all`), which handles each."""
         now, refused = self.layout(), False
         if not (now.prior or self.options.wait_replicas):
-            self._register(now.live)
             index = self.place(job_id, template.lane, template.unique_key, now.live)
-            ref = self._enqueue_one(index, [job_id, payload, *tail])
+            ref = self._enqueue_one(index, [job_id, payload, *tail], now.live)
             if ref is not None:
                 return _announced([ref])[0]
             refused = True
         return self._enqueue_all([template._replace(job_id=job_id, payload=payload)],
                                  moved=refused)[0]
 
-    def _enqueue_one(self, index: int, argv: list[Any]) -> JobRef | None:
+    def _enqueue_one(self, index: int, argv: list[Any], live: int) -> JobRef | None:
         """One job sent to its shard without `enqueue_many`'s batching: its ref, or None when
         the loop must take it (a draining shard turned it away, or its minted id was taken)."""
-        job_id, status = self._run("enqueue", self.shard(index), ["", 1, *argv])
+        listed, job_id, status = self._run("enqueue", self.shard(index), ["", 1, *argv])
+        if not listed:
+            self._list(index, live)
         if status in ("moved", "collision"):
             return None
         return JobRef(job_id, self.name, created=status == "new")
 
     def _enqueue_on_shard(self, index: int, mode: str, prepared: list[Prepared],
-                          positions: list[int], refs: list[JobRef | None]) -> tuple[list[int], int]:
+                          positions: list[int], refs: list[JobRef | None],
+                          live: int) -> tuple[list[int], int]:
         """Send a shard's jobs in chunks. Returns the positions to send again (an id collision,
         a draining shard, a lane or key absent from its prior shard) and, for a
         `wait_replicas` queue, how many replicas confirmed the writes."""
@@ -342,9 +341,11 @@ class Queue:
             replies, acked = self._run_replicated(self.shard(index), list(calls()))
         else:
             replies = self._run_many("enqueue", self.shard(index), calls())
+        if not all(reply[0] for reply in replies):
+            self._list(index, live)
         for chunk, reply in zip(chunks, replies, strict=True):
             for n, i in enumerate(chunk):
-                job_id, status = reply[2 * n], reply[2 * n + 1]
+                job_id, status = reply[1 + 2 * n], reply[2 + 2 * n]
                 if status == "collision":  # another process minted the same id: mint anew
                     prepared[i] = prepared[i]._replace(job_id=ids.new_id())
                     retry.append(i)

@@ -555,11 +555,12 @@ def test_a_bulk_enqueue_whose_connection_drops_mid_stream_writes_each_job_once(
 
     replies = queue._run_many("enqueue", queue.shard(0), calls())
     # Sent again another way: the chunks that had arrived answer 'exists' (the same ids and
-    # payloads), the last 'new'; every job is there once.
-    assert [reply[1::2] for reply in replies] in (
+    # payloads), the last 'new'; every job is there once. (Each reply opens with the shard's
+    # 'listed' flag.)
+    assert [reply[2::2] for reply in replies] in (
         [["new"] * 500] * 3, [["exists"] * 500] * 2 + [["new"] * 500],
         [["exists"] * 500] * 3)
-    assert [reply[0::2] for reply in replies] == [[j.job_id for j in jobs[s:s + 500]]
+    assert [reply[1::2] for reply in replies] == [[j.job_id for j in jobs[s:s + 500]]
                                                  for s in range(0, 1500, 500)]
     assert queue.counts()["pending"] == 1501
 
