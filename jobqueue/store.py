@@ -603,9 +603,12 @@ class Queue:
     def resize(self, count: int, by: str = "") -> layouts.Layout:
         """Set the queue's live shard count (see `layout`): growing spreads new jobs over
         `count` shards at once; shrinking stops new jobs landing on shards ≥ `count`, which
-        workers drain and then retire. `by` says who, in the resize history. Returns the new
-        layout."""
+        workers drain and then retire. While the last resize settles, only undoing it is allowed
+        unless it has been worked off (checked here, as workers do). `by` says who, in the resize
+        history. Returns the new layout."""
         before = self.layout(fresh=True)
+        if before.prior and count not in (before.live, before.prior) and self.settle():
+            before = self.layout(fresh=True)  # the last resize was worked off (no worker said so)
         after = layouts.plan(before, count)
         if after == before:
             return before
