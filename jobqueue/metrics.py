@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import layout as layouts
+from . import layouts
 from .conf import get_client, get_config
 from .states import State
 from .store import Queue, known_queues

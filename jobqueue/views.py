@@ -24,8 +24,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from . import console, ids, schedule
-from . import layout as layouts
+from . import console, ids, layouts, schedule
 from .conf import get_client, get_config
 from .exceptions import InvalidJobId, JobQueueError
 from .keys import validate_lane, validate_queue

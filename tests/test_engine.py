@@ -24,6 +24,7 @@ from jobqueue.exceptions import (
     InvalidTransition,
     JobNotFound,
 )
+from jobqueue.scripts import caller
 from jobqueue.spec import prepare
 from jobqueue.store import JobSpec, Queue
 
@@ -59,7 +60,10 @@ def test_a_script_carries_only_the_helpers_it_uses() -> None:
 def test_every_key_a_wrapper_passes_is_in_the_queues_slot(name: str) -> None:
     for index in (0, 3):
         shard = Queue("emails").shard(index)
-        passed = scripts.source(name).keys_for(shard)
+        head = caller.head(name, shard)  # what every call of the script sends before its ARGV
+        passed = list(head[3:])
+        assert head[:3] == ("EVALSHA", scripts.source(name).sha, len(passed))
+        assert passed == scripts.source(name).keys_for(shard)  # exactly the header's KEYS
         assert len({keys.slot(k) for k in passed}) == 1
         assert all(k.startswith(shard.base) for k in passed)
 
@@ -527,7 +531,7 @@ def test_script_calls_borrow_a_bounded_share_of_the_pool_and_survive_a_dropped_c
 def test_calls_go_on_after_valkey_forgets_its_scripts(queue: Queue, valkey: Any) -> None:
     queue.enqueue("loaded")
     valkey.script_flush()  # on a cluster: every primary
-    assert not any(valkey.script_exists(scripts.script(valkey, "enqueue").sha))
+    assert not any(valkey.script_exists(scripts.source("enqueue").sha))
     refs = queue.enqueue_many([JobSpec(i) for i in range(1200)])  # chunks sent together
     assert len({r.id for r in refs}) == 1200 and queue.counts()["pending"] == 1201
     valkey.script_flush()
@@ -553,7 +557,7 @@ def test_a_bulk_enqueue_whose_connection_drops_mid_stream_writes_each_job_once(
                 args.extend(job.argv(queue.options))
             yield args
 
-    replies = queue._run_many("enqueue", queue.shard(0), calls())
+    replies = caller.run_many(queue.client, "enqueue", queue.shard(0), calls())
     # Sent again another way: the chunks that had arrived answer 'exists' (the same ids and
     # payloads), the last 'new'; every job is there once. (Each reply opens with the shard's
     # 'listed' flag.)
@@ -647,7 +651,7 @@ def test_a_claim_that_fails_midway_puts_back_what_it_popped(queue: Queue) -> Non
     refs = queue.enqueue_many([JobSpec(i, lane="l") for i in range(3)])
     broken = [3, "not-a-number", "0", "w", 1000, 1000, 0, 0, 0, 0]  # a bad default lease
     with pytest.raises(Exception, match="arithmetic"):
-        queue._run("claim", queue.shard(0), broken)
+        caller.run(queue.client, "claim", queue.shard(0), broken)
     assert queue.counts()["pending"] == 3  # nothing stranded: still on the lane and the ring
     assert [lease.job_id for lease in claim_all(queue)] == [r.id for r in refs]
 

@@ -9,8 +9,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
-from jobqueue import conf
-from jobqueue import layout as layouts
+from jobqueue import conf, layouts
 from jobqueue.store import JobSpec, Queue, known_queues
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jobqueue import layout as layouts
+from jobqueue import layouts
 from jobqueue.exceptions import InvalidOption
 from jobqueue.keys import placement_hash
 from jobqueue.store import JobSpec, Queue

@@ -38,8 +38,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 
-from .. import autoscale, outbox, schedule, signals, spec, wire
-from .. import layout as layouts
+from .. import autoscale, layouts, outbox, schedule, signals, spec, wire
 from ..conf import get_client, get_config
 from ..exceptions import ConfigurationError
 from ..records import Lease

@@ -18,6 +18,11 @@ jobs (the producer re-reads the layout), so a producer that has not yet seen a s
 strand a job on a shard about to retire. Workers settle a resize (`settle`): once no draining
 shard holds waiting or running work and no lane or live unique key sits on a shard other than
 its live one, `prior` returns to 0 and `span` to `live`; the shards beyond are retired.
+
+This module owns those keys and the shards' `draining` and `uniqs_indexed` marks: `resize`,
+`settle` and `reopen` are the changes, `list_queue` adds to the registry, `read` and `history`
+are the reads (`Queue.resize` and
+`Queue.settle` call them). `place` says which shard a job belongs to.
 """
 
 from __future__ import annotations
@@ -25,12 +30,17 @@ from __future__ import annotations
 import json
 import time
 import weakref
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .exceptions import InvalidOption
-from .keys import REGISTRY_KEY
+from . import ids
+from .exceptions import InvalidOption, JobQueueError
+from .keys import REGISTRY_KEY, ShardKeys, placement_hash
+from .records import COUNT_FIELDS
+from .scripts import caller
+from .spec import Prepared
 
 LAYOUT_KEY = "{emq}:shards"
 HISTORY_KEY = "{emq}:resizes"
@@ -41,6 +51,7 @@ HISTORY_LENGTH = 200
 SETTLE_TURN = "{emq}:settling:"
 TTL = 1.0
 MAX_SHARDS = 1024
+LIVE_STATES = ("pending", "scheduled", "active")
 
 # Write the layout only if nobody changed it since it was read (compare and set), and raise the
 # registry's widest count to cover it.
@@ -119,6 +130,17 @@ def forget(name: str) -> None:
             del known[key]
 
 
+def list_queue(client: Any, name: str, index: int, live: int) -> None:
+    """Record a queue (and its widest shard count) in the registry `known_queues` reads, then
+    mark shard `index` 'listed'. The enqueue script answers whether its shard has the mark, so
+    a producer lists its queue again once Valkey lost its data, at no cost to an enqueue
+    otherwise (the mark is read in the same call)."""
+    seen = client.hget(REGISTRY_KEY, name)
+    if seen is None or int(seen) < live:
+        client.hset(REGISTRY_KEY, name, live)
+    client.hset(ShardKeys(name, index).key("meta"), "listed", "1")
+
+
 def validate_count(count: Any) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SHARDS:
         raise InvalidOption(f"a shard count must be an integer in 1…{MAX_SHARDS}, got {count!r}")
@@ -174,3 +196,128 @@ def settled(layout: Layout, shard_is_clear: Callable[[int], bool]) -> Layout | N
     if not all(shard_is_clear(index) for index in range(layout.span)):
         return None
     return Layout(layout.live, 0, layout.live, layout.widest, layout.raw)
+
+
+def place(job_id: str, lane: str, unique_key: str, shards: int) -> int:
+    """The shard a job belongs to among `shards`, computed from its identity (never looked up):
+    its lane's, else its unique key's, else its id's."""
+    if shards == 1:
+        return 0
+    if lane:
+        return placement_hash(lane) % shards
+    if unique_key:
+        return placement_hash(unique_key) % shards
+    return ids.hash32(ids.decode(job_id)[1]) % shards
+
+
+def resize(client: Any, name: str, configured: int, count: int, by: str = "") -> Layout:
+    """Set a queue's live shard count: growing spreads new jobs over `count` shards at once;
+    shrinking stops new jobs landing on shards ≥ `count`, which workers drain and then retire.
+    While the last resize settles, only undoing it is allowed unless it has been worked off
+    (checked here, as workers do). `by` says who, in the resize history. Returns the new
+    layout."""
+    before = read(client, name, configured, fresh=True)
+    if before.prior and count not in (before.live, before.prior) and settle(client, name, configured):
+        before = read(client, name, configured, fresh=True)  # worked off: no worker said so yet
+    after = plan(before, count)
+    if after == before:
+        return before
+    _index_unique_keys(client, name, before.widest)
+    _mark(client, name, after)  # first, so that no producer strands a job on a shard being retired
+    if not write(client, name, before, after):
+        _mark(client, name, read(client, name, configured, fresh=True))
+        raise JobQueueError(f"queue {name!r} was resized by someone else meanwhile; "
+                            f"look at its layout and try again")
+    record(client, name, before.live, after.live, by)
+    return after
+
+
+def _mark(client: Any, name: str, layout: Layout) -> None:
+    """Flag the shards beyond the live count as draining (their enqueue turns jobs away) and
+    clear the flag on live ones; a paused queue's new shards start paused."""
+    paused = client.hget(ShardKeys(name, 0).key("meta"), "paused") == "1"
+    for i in range(layout.widest):
+        meta = ShardKeys(name, i).key("meta")
+        if i < layout.live:
+            client.hdel(meta, "draining")
+        else:
+            client.hset(meta, "draining", "1")
+        if paused:
+            client.hset(meta, "paused", "1")
+
+
+def _index_unique_keys(client: Any, name: str, shards: int) -> None:
+    """Once per queue, before its first resize: add to each shard's `uniqs` set the live unique
+    jobs written before the scripts kept it (one SCAN of the keyspace for all the queue's
+    shards). From then on the scripts keep the sets, and a settling resize reads them, not the
+    keyspace."""
+    marker = ShardKeys(name, 0).key("meta")
+    if client.hget(marker, "uniqs_indexed") == "1":
+        return
+    bases = {ShardKeys(name, i).base: ShardKeys(name, i) for i in range(shards)}
+    # Queue names hold no glob characters; `emq:{name*` also matches other queues whose names
+    # start with this one: their keys' bases are not among ours and are skipped.
+    for key in client.scan_iter(match=f"emq:{{{name}*:uniq:*", count=1000):
+        base, _, unique = key.partition(":uniq:")
+        shard = bases.get(base)
+        job_id = client.get(key) if shard else None
+        if shard and job_id and client.hget(shard.job(job_id), "state") in LIVE_STATES:
+            client.sadd(shard.key("uniqs"), unique)
+    client.hset(marker, "uniqs_indexed", "1")
+
+
+def reopen(client: Any, name: str, configured: int, index: int) -> None:
+    """Claim from shard `index` again (a retry put work on a retired shard)."""
+    while (now := read(client, name, configured, fresh=True)).span <= index:
+        grown = Layout(now.live, now.prior, index + 1, max(now.widest, index + 1))
+        if write(client, name, now, grown):
+            return
+
+
+def settle(client: Any, name: str, configured: int) -> Layout | None:
+    """Finish a resize once it has been worked off: no draining shard holds waiting or running
+    jobs, and no lane with ready jobs or live unique key sits on a shard other than its live
+    one. Returns the settled layout, or None (not yet, or nothing to settle)."""
+    now = read(client, name, configured, fresh=True)
+    if not now.settling:
+        return None
+    done = settled(now, lambda index: _settled_shard(client, ShardKeys(name, index), now))
+    if done is not None and write(client, name, now, done):
+        return done
+    return None
+
+
+def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
+    if shard.index >= now.live:
+        counts = dict(zip(COUNT_FIELDS, caller.run(client, "counts", shard, []), strict=False))
+        return not any(int(counts[state]) for state in LIVE_STATES)
+    if not now.prior:
+        return True
+    if any(lane and placement_hash(lane) % now.live != shard.index
+           for lane in client.lrange(shard.key("ring"), 0, -1)):
+        return False
+    for unique in client.sscan_iter(shard.key("uniqs"), count=1000):
+        job_id = client.get(shard.key(f"uniq:{unique}"))
+        state, lane = client.hmget(shard.job(job_id), "state", "lane") if job_id else (None, None)
+        if state in LIVE_STATES and place(job_id, lane or "", unique, now.live) != shard.index:
+            return False  # a live job whose lane or key now belongs on another shard
+    return True
+
+
+def destinations(layout: Layout, jobs: Sequence[Prepared], todo: Iterable[int],
+                 live_only: set[int]) -> dict[tuple[int, str], list[int]]:
+    """Where an enqueue sends each job of `todo` (positions in `jobs`): (shard, mode) →
+    positions. While a resize settles, a job with a lane or unique key whose shard differs
+    under the prior count goes first to its prior shard in 'prior' mode (see enqueue.lua),
+    unless it is in `live_only` (its prior shard answered 'absent')."""
+    out: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for i in todo:
+        job = jobs[i]
+        home = place(job.job_id, job.lane, job.unique_key, layout.live)
+        if layout.prior and (job.lane or job.unique_key) and i not in live_only:
+            before = place(job.job_id, job.lane, job.unique_key, layout.prior)
+            if before != home:
+                out[before, "prior"].append(i)
+                continue
+        out[home, ""].append(i)
+    return out
