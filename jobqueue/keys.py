@@ -43,20 +43,12 @@ def slot(key: str) -> int:
     return _crc16(hashtag(key).encode()) % 16384
 
 
-_VALID_QUEUES: set[str] = set()
-"""Names already checked (a Queue is made per enqueue); at most a thousand are kept."""
-
-
 def validate_queue(name: object) -> str:
     """Return a valid queue name or raise InvalidName saying what is allowed."""
-    if isinstance(name, str) and name in _VALID_QUEUES:
-        return name
     if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidName(
             f"invalid queue name {name!r}: use 1-64 letters, digits, '.', '_' or '-'"
         )
-    if len(_VALID_QUEUES) < 1000:
-        _VALID_QUEUES.add(name)
     return name
 
 
