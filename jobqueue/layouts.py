@@ -20,8 +20,8 @@ shard holds waiting or running work and no lane or live unique key sits on a sha
 its live one, `prior` returns to 0 and `span` to `live`; the shards beyond are retired.
 
 This module owns those keys and the shards' `draining` and `uniqs_indexed` marks: `resize`,
-`settle` and `reopen` are the changes, `list_queue` adds to the registry, `read` and `history`
-are the reads (`Queue.resize` and
+`settle` and `reopen` are the changes, `list_queue` adds to the registry and `known_queues`
+reads it, `read` and `history` read the rest (`Queue.resize` and
 `Queue.settle` call them). `place` says which shard a job belongs to.
 """
 
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import ids
+from .conf import get_client, get_config
 from .exceptions import InvalidOption, JobQueueError
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash
 from .records import COUNT_FIELDS
@@ -117,6 +118,19 @@ def read(client: Any, name: str, configured: int, *, fresh: bool = False) -> Lay
     return layout
 
 
+def read_again(client: Any, name: str, configured: int, turns: int) -> Layout:
+    """The layout read afresh after a shard turned an enqueue's jobs away for the `turns`-th
+    time (it is draining). A resize marks its shards before it writes the layout, so the new
+    layout may take a few tries to appear; past 50 the enqueue gives up (having written no job
+    twice)."""
+    if turns > 50:
+        raise JobQueueError(f"queue {name!r}: its shards keep turning jobs away (a resize that "
+                            f"did not finish?); nothing was enqueued twice")
+    if turns > 2:
+        time.sleep(0.01 * turns)
+    return read(client, name, configured, fresh=True)
+
+
 def last_read(client: Any, name: str, configured: int) -> int:
     """The live count this process last read (else `configured`), without asking Valkey."""
     hit = _cache.get(client, {}).get((name, configured))
@@ -139,6 +153,12 @@ def list_queue(client: Any, name: str, index: int, live: int) -> None:
     if seen is None or int(seen) < live:
         client.hset(REGISTRY_KEY, name, live)
     client.hset(ShardKeys(name, index).key("meta"), "listed", "1")
+
+
+def known_queues(client: Any = None) -> list[str]:
+    """Every queue named in settings or that ever held a job (the registry in Valkey)."""
+    client = client if client is not None else get_client()
+    return sorted(set(get_config().queues) | set(client.hkeys(REGISTRY_KEY)))
 
 
 def validate_count(count: Any) -> int:

@@ -1,19 +1,16 @@
 """`Queue`: the job-state transitions on Valkey, one script call (one round trip) each.
 
 The `@job` API, the worker, the mirror, the admin and the `django.tasks` backend change a job's
-state only through these methods, and read a job, its counts and a shard's heads through them.
-The script calls go through `scripts.caller`; a queue's shard layout and its resizes live in
-`layouts`. Other modules own keys of their own or read a shard's keys for display, each named
-in its docstring: `layouts` (layouts, resize history), `console` (the console's read models:
-lanes, running jobs, rate buckets, minute samples), `metrics` (counters and histograms),
-`mirror` (the `done` streams it consumes), `autoscale` (its state), `schedule` (periodic jobs'
-ticks), and the worker's waits on `wake` and hand-off lists (`worker/core.py`,
-`worker/waitline.py`) and its presence (`worker/presence.py`).
+state only through these methods, and read a job and its counts through them; `scripts.caller`
+sends the scripts. Other modules touch Valkey keys for what their docstrings say: `layouts`
+(shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
+lists), `backlog` (lane heads, minute samples), `console` (the console's read models), `metrics`,
+`mirror` (the `done` streams), `autoscale`, `schedule`, and the worker's waits and presence
+(`worker/core.py`, `worker/waitline.py`, `worker/presence.py`).
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
@@ -21,8 +18,9 @@ from typing import Any
 
 from . import handoff, ids, layouts, signals
 from .conf import QueueOptions, get_client, get_config
-from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError, NotReplicated
-from .keys import REGISTRY_KEY, ShardKeys, validate_queue
+from .exceptions import InvalidOption, InvalidTransition, JobNotFound, NotReplicated
+from .keys import ShardKeys, validate_queue
+from .layouts import known_queues
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
 from .scripts import caller
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
@@ -105,8 +103,7 @@ class Queue:
         return self.layout().widest
 
     def _candidates(self, job_id: str) -> Iterator[int]:
-        """Shards that may hold a job, likeliest first: its id's shard, then (only if the caller
-        asks for more) every other shard, draining and retired ones included."""
+        """Shards that may hold a job: its id's shard, then (if asked) all others, retired too."""
         first = ids.hash32(ids.decode(job_id)[1]) % self.shards  # the caller validated job_id
         yield first
         yield from (i for i in range(self.all_shards()) if i != first)
@@ -137,11 +134,11 @@ class Queue:
 
     def enqueue_encoded(self, template: Prepared, job_id: str, payload: str,
                         tail: Sequence[Any]) -> JobRef:
-        """One job, encoded: its id, its payload as JSON, and the rest of its script arguments
-        (`Prepared.argv` after the id and payload), all of `template`'s but those two. A
-        handler works `template` and `tail` out once for all its calls (`JobFunction.enqueue`),
-        so a call makes no `Prepared`. A resize in progress, `wait_replicas`, a shard that
-        turns the job away or a minted id already taken send it `enqueue_prepared`'s way."""
+        """One job, encoded: its id, its payload as JSON, and `tail`, the rest of `template`'s
+        script arguments (`Prepared.argv` after id and payload), which a handler works out once
+        for all its calls (`JobFunction.enqueue`): a call makes no `Prepared`. A resize in
+        progress, `wait_replicas`, a shard that turns the job away or a minted id already taken
+        send it `enqueue_prepared`'s way."""
         now = self.layout()
         if now.prior or self.options.wait_replicas:
             return self.enqueue_prepared([template._replace(job_id=job_id, payload=payload)])[0]
@@ -157,10 +154,9 @@ class Queue:
 
     def enqueue_prepared(self, jobs: list[Prepared], *, refused: bool = False) -> list[JobRef]:
         """Jobs validated already (`spec.prepare`), in one script call per shard chunk, sent
-        again where a shard turned them away (it is draining: the layout is read again; a
-        resize marks its shards before it writes the layout, so a few tries may be needed), a
-        lane or key was absent from its prior shard, or a minted id was taken. `refused`: a
-        shard turned the lone job away already."""
+        again where a shard turned them away (it is draining: the layout is read again), a lane
+        or key was absent from its prior shard, or a minted id was taken. `refused`: a shard
+        turned the lone job away already."""
         refs: list[JobRef | None] = [None] * len(jobs)
         todo, live_only, turned_away = list(range(len(jobs))), set[int](), 0
         replicated = wanted = self.options.wait_replicas
@@ -168,13 +164,7 @@ class Queue:
         while todo:
             if refused:
                 turned_away += 1
-                if turned_away > 50:
-                    raise JobQueueError(
-                        f"queue {self.name!r}: its shards keep turning jobs away (a resize that "
-                        f"did not finish?); nothing was enqueued twice")
-                if turned_away > 2:
-                    time.sleep(0.01 * turned_away)
-                now = self.layout(fresh=True)
+                now = layouts.read_again(self.client, self.name, self.configured, turned_away)
             again: list[int] = []
             refused = False
             for (index, mode), positions in layouts.destinations(now, jobs, todo, live_only).items():
@@ -221,8 +211,7 @@ class Queue:
                 job_id, status = reply[1 + 2 * n], reply[2 + 2 * n]
                 if status == "collision":  # another process minted the same id: mint anew
                     jobs[i] = jobs[i]._replace(job_id=ids.new_id())
-                    retry.append(i)
-                elif status in ("moved", "absent"):
+                if status in ("collision", "moved", "absent"):
                     retry.append(i)
                 else:
                     refs[i] = JobRef(job_id, self.name, created=status == "new")
@@ -438,41 +427,12 @@ class Queue:
 
     def counts(self) -> dict[str, int]:
         """Jobs by state over all shards (succeeded/cancelled: totals since the queue began)."""
-        totals = dict.fromkeys(COUNT_FIELDS, 0)
-        for i in range(self.all_shards()):
-            for name, value in self.shard_counts(i).items():
-                totals[name] += value
-        return totals
+        shards = [self.shard_counts(i) for i in range(self.all_shards())]
+        return {name: sum(counts.get(name, 0) for counts in shards) for name in COUNT_FIELDS}
 
     def shard_counts(self, index: int) -> dict[str, int]:
         reply = caller.run(self.client, "counts", self.shard(index), [])
         return {name: int(value) for name, value in zip(COUNT_FIELDS, reply, strict=False)}
-
-    def heads(self, index: int, lanes: int = 1000, bands: int = 10) -> list[tuple[str, str, int]]:
-        """(lane, job id, ms it became ready) of the first job of each priority band of the
-        shard's lanes (the first `lanes` of its ring): where its longest waits are."""
-        reply = caller.run(self.client, "heads", self.shard(index), [lanes, bands])
-        return [(reply[n], reply[n + 1], int(reply[n + 2]) or ids.minted_ms(reply[n + 1]) or 0)
-                for n in range(0, len(reply), 3)]
-
-    def oldest_wait(self, now: int | None = None, lanes: int = 1000) -> float | None:
-        """Seconds the longest-waiting ready job has waited (server clock, `now` in ms if the
-        caller has it), among the first `lanes` lanes of each shard; None when none waits."""
-        if now is None:
-            seconds, micros = self.client.time()
-            now = int(seconds) * 1000 + int(micros) // 1000
-        oldest = min((ready for i in range(self.claim_shards()) for _, _, ready in self.heads(i, lanes)),
-                     default=None)
-        return None if oldest is None else max(now - oldest, 0) / 1000
-
-    def sample_backlog(self, waiting: int, oldest_wait: float | None) -> None:
-        """Note this minute's backlog and oldest wait for the dashboard's charts (workers call it
-        at each summary; the last sample of a minute stands)."""
-        seconds, _ = self.client.time()
-        key = self.shard(0).key(f"m:{int(seconds) // 60}")
-        self.client.hset(key, mapping={"backlog": waiting,
-                                       "oldest_ms": round((oldest_wait or 0.0) * 1000)})
-        self.client.expire(key, 7200)
 
     def get(self, job_id: str) -> JobInfo | None:
         """The live row of a job, or None when Valkey holds none (expired or unknown)."""
@@ -488,10 +448,3 @@ class Queue:
 
     def _dead_retention_ms(self) -> int:
         return round(get_config().dead_retention * 1000)
-
-
-def known_queues(client: Any = None) -> list[str]:
-    """Every queue named in settings or that ever held a job (the registry in Valkey)."""
-    client = client if client is not None else get_client()
-    names = set(get_config().queues) | set(client.hkeys(REGISTRY_KEY))
-    return sorted(names)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from jobqueue import conf, keys, scripts, wire
+from jobqueue import backlog, conf, keys, scripts, wire
 from jobqueue.exceptions import (
     InvalidJobId,
     InvalidName,
@@ -662,15 +662,15 @@ def test_heads_are_the_first_job_of_each_priority_band_of_each_lane(queue: Queue
     b = queue.enqueue("b", lane="l1")
     low = queue.enqueue("low", lane="l1", priority=-5)
     queue.enqueue("c", delay=60)
-    heads = queue.heads(0)
+    heads = backlog.heads(queue, 0)
     assert {(lane, job_id) for lane, job_id, _ in heads} == {("", a.id), ("l1", b.id), ("l1", low.id)}
     assert all(ready > 0 for _, _, ready in heads)
-    wait = queue.oldest_wait()
+    wait = backlog.oldest_wait(queue)
     assert wait is not None and 0 <= wait < 5
     queue.cancel(b.id)
     queue.cancel(low.id)
     claim_all(queue)
-    assert queue.heads(0) == [] and queue.oldest_wait() is None
+    assert backlog.heads(queue, 0) == [] and backlog.oldest_wait(queue) is None
 
 
 def test_outcomes_are_counted_per_minute(queue: Queue, valkey: Any) -> None:
