@@ -28,11 +28,24 @@ from jobqueue.scripts import caller
 from jobqueue.spec import prepare
 from jobqueue.store import JobSpec, Queue
 
-from .workers import ROOT
+from .workers import ROOT, wait_for
 
 
 def claim_all(queue: Queue, n: int = 1000, **kw: Any) -> list:
     return queue.dequeue(count=n, lease=30, worker="t", **kw)
+
+
+def server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def wait_past(client: Any, *zsets: str) -> None:
+    """Until the server clock passes the last score in the sorted sets (lease deadlines, due
+    times): the scripts read that clock."""
+    last = max((score for key in zsets for _, score in client.zrange(key, 0, -1, withscores=True)),
+               default=0)
+    wait_for(lambda: server_ms(client) > last, every=0.01)
 
 
 # -- the scripts themselves ----------------------------------------------------------------
@@ -211,7 +224,7 @@ def test_reap_returns_expired_leases_and_kills_spent_ones(queue: Queue) -> None:
     a = queue.enqueue("a", max_attempts=2)
     b = queue.enqueue("b", max_attempts=1)
     queue.dequeue(count=2, lease=0.05, worker="gone")
-    time.sleep(0.1)
+    wait_past(queue.client, queue.shard(0).key("active"))
     assert queue.reap() == 2
     assert queue.get(a.id).state == "pending"  # type: ignore[union-attr]
     dead = queue.get(b.id)
@@ -235,7 +248,8 @@ def test_promote_moves_due_jobs_and_reports_the_next(queue: Queue) -> None:
     queue.enqueue("later", delay=60)
     assert claim_all(queue) == []
     assert queue.counts()["scheduled"] == 2
-    time.sleep(0.08)
+    soon = queue.client.zrange(queue.shard(0).key("schedule"), 0, 0, withscores=True)[0][1]
+    wait_for(lambda: server_ms(queue.client) > soon, every=0.01)
     moved, wait = queue.promote_shard(0)
     assert moved == 1 and wait is not None and 55 < wait <= 60
     assert [lease.payload for lease in claim_all(queue)] == ["soon"]
@@ -285,9 +299,11 @@ def test_a_rate_limit_admits_at_most_its_bucket_then_the_refill(settings: Any, v
     queue.enqueue_many([JobSpec(i) for i in range(20)])
     assert len(queue.dequeue(count=20)) == 5 and 0 < queue.rate_wait <= 0.2  # a full bucket
     assert queue.dequeue(count=20) == [] and 0 < queue.rate_wait <= 0.2
-    time.sleep(0.45)
-    assert len(queue.dequeue(count=20)) in (2, 3)  # 5 a second, refilled on the server clock
-    assert queue.counts()["pending"] >= 12
+    start, taken = server_ms(valkey), []
+    wait_for(lambda: taken.extend(queue.dequeue(count=20)) or len(taken) >= 2)
+    elapsed = (server_ms(valkey) - start) / 1000
+    assert len(taken) <= 5 * elapsed + 1  # 5 a second, refilled on the server clock
+    assert queue.counts()["pending"] == 15 - len(taken)
 
 
 def test_a_batch_claim_takes_successive_turns_across_lanes(queue: Queue) -> None:
@@ -427,7 +443,8 @@ def test_an_idle_worker_gets_a_lone_new_job_handed_over_already_leased(valkey: A
         assert queue.after_wait(0, wire.call_on(conn, wait, 5)) is False  # timed out: nothing
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(wire.call_on, conn, queue.wait_commands(0, 5, "w", idle=True), 10)
-            time.sleep(0.2)  # (blocked, its offer made)
+            wait_for(lambda: valkey.hexists(shard.key("idle"), "w")  # (its offer made, and
+                     and valkey.info("clients")["blocked_clients"] >= 1)  # blocked)
             ref = queue.enqueue({"to": "a"}, lease=7)
             (lease,) = queue.after_wait(0, waiting.result(timeout=5))
         assert (lease.job_id, lease.token, lease.payload, lease.lease) == (ref.id, 1, {"to": "a"}, 7.0)
@@ -482,9 +499,10 @@ def test_a_handed_job_a_worker_never_took_goes_back_or_waits_for_its_lease(valke
     (lease,) = claim_all(queue)
     assert lease.job_id == ref.id and lease.token == 2  # (a new token fences the old)
     _offer(queue, "late", seconds=1)
-    time.sleep(1.1)  # an offer lasts as long as its wait
-    queue.enqueue("y")
-    assert valkey.hlen(shard.key("idle")) == 0 and queue.counts()["pending"] == 1
+    wait_for(lambda: not valkey.hexists(shard.key("idle"), "late"))  # it lasts as its wait does
+    queue.enqueue("y")  # (expired, even while the server has yet to reclaim the field)
+    assert queue.counts()["pending"] == 1
+    wait_for(lambda: valkey.hlen(shard.key("idle")) == 0)
 
 
 def test_growing_shards_moves_no_job(valkey: Any) -> None:
@@ -705,6 +723,6 @@ def test_after_a_shrink_jobs_on_retired_shards_stay_reachable(valkey: Any) -> No
     narrow = Queue("shrunk", client=valkey, shards=1)
     assert narrow.get(far.id) is not None  # get_job, retry, cancel find it on shard 3
     assert narrow.cancel(far.id) == "cancelled"
-    time.sleep(0.08)
+    wait_past(valkey, *(wide.shard(i).key("schedule") for i in range(4)))
     assert narrow.promote() == 20  # maintenance covers the retired shards too
     assert len(narrow.dequeue(count=100)) == 39
