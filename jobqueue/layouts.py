@@ -19,10 +19,11 @@ strand a job on a shard about to retire. Workers settle a resize (`settle`): onc
 shard holds waiting or running work and no lane or live unique key sits on a shard other than
 its live one, `prior` returns to 0 and `span` to `live`; the shards beyond are retired.
 
-This module owns those keys and the shards' `draining` and `uniqs_indexed` marks: `resize`,
-`settle` and `reopen` are the changes, `list_queue` adds to the registry and `known_queues`
-reads it, `read` and `history` read the rest (`Queue.resize` and
-`Queue.settle` call them). `place` says which shard a job belongs to.
+This module owns those keys, the resize history and counts, and the shards' `draining`,
+`listed` and `uniqs_indexed` marks. `resize`, `settle` and `reopen` change a layout
+(`Queue.resize`, `Queue.settle` and `Queue.retry` call them); `read`, `read_again` and
+`history` read; `list_queue` adds to the registry and `known_queues` reads it. `place` says
+which shard a job belongs to and `destinations` where an enqueue sends each job of a batch.
 """
 
 from __future__ import annotations
