@@ -38,7 +38,6 @@ def main() -> None:
 
         def fresh() -> None:
             q.client.flushall()
-            Queue._registered.clear()
 
         def drain(batch: int) -> Callable[[], None]:
             def run() -> None:

@@ -65,7 +65,6 @@ def drain(url: str, ports: list[int], jobs: int, shards: int, procs: int,
 
     settings.JOBQUEUE = {"URL": url, "QUEUES": {"bench": {"shards": shards}}}
     conf.reset()
-    Queue._registered.clear()
     queue = Queue("bench")
     for start in range(0, jobs, 5000):
         noop.using(queue="bench").enqueue_many([() for _ in range(min(5000, jobs - start))])

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import layout as layouts
-from . import outbox, schedule
+from . import layouts, outbox, schedule
 from .conf import get_client
 from .cron import Entry
 from .exceptions import InvalidPriority, InvalidTransition, JobNotFound

@@ -49,7 +49,7 @@ class _Route(NamedTuple):
     queue: Queue
     ready: Prepared | None
     """The handler's options validated, as a job of its own that each call gives a payload and
-    an id (`Queue.enqueue_made`); None when calls need `submit`'s whole way (a durable queue,
+    an id (`Queue.enqueue_encoded`); None when calls need `submit`'s whole way (a durable queue,
     or options that differ per call: a job_id, a run_after time)."""
     tail: tuple[Any, ...]
     """`ready`'s enqueue script arguments after its id and payload (every call's own)."""
@@ -92,9 +92,9 @@ class JobFunction:
         payload = _payload(self.name, args, kwargs)
         route = self._routed()
         if route.ready is not None and (route.now or not in_transaction()):
-            return route.queue.enqueue_made(route.ready, ids.new_id(),
-                                            encode_payload(payload, route.config.max_payload),
-                                            route.tail)
+            return route.queue.enqueue_encoded(route.ready, ids.new_id(),
+                                               encode_payload(payload, route.config.max_payload),
+                                               route.tail)
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:

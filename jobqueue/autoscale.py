@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 
-from . import layout as layouts
+from . import layouts
 from .conf import AutoShards
 from .store import Queue
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import layout as layouts
+from . import backlog, layouts
 from .conf import get_client, get_config
 from .states import State
 from .store import Queue, known_queues
@@ -66,7 +66,7 @@ class ValkeyCollector:
             for state, count in queue.counts().items():
                 if state in State.values:
                     jobs.add_metric([name, str(state)], count)
-            wait = queue.oldest_wait()
+            wait = backlog.oldest_wait(queue)
             oldest.add_metric([name], wait or 0.0)
             totals = dict.fromkeys(OUTCOMES, 0)
             buckets = dict.fromkeys([*map(str, BUCKETS_MS), "+Inf"], 0)

@@ -40,7 +40,7 @@ RELAY_GRACE = 5.0
 
 def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
     """Insert the rows of durable jobs (one multi-row INSERT), in the current transaction."""
-    from .layout import last_read
+    from .layouts import last_read
     from .models import EncodedJSON, insert_jobs
 
     now = datetime.now(UTC)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from . import backlog
 from .exceptions import JobQueueError
 from .keys import ShardKeys
 from .spec import rate as spec_rate
@@ -75,7 +76,7 @@ def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
         for minute in buckets:
             pipe.hmget(shard.key(f"m:{minute}"), "succeeded", "failed", "backlog", "oldest_ms")
     replies = pipe.execute()
-    oldest = queue.oldest_wait(now, MAX_LANES)
+    oldest = backlog.oldest_wait(queue, now, MAX_LANES)
     succeeded, failed = [0] * minutes, [0] * minutes
     for index in range(total):
         for i, (ok, bad, _, _) in enumerate(replies[index * minutes : (index + 1) * minutes]):
@@ -221,7 +222,7 @@ def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 5
         found.long_running += [job for job in active if job.started_at
                                and now / 1000 - job.started_at.timestamp() > running_over
                                and job.id not in expired][:limit]
-        old = [job_id for _, job_id, ready in queue.heads(index, MAX_LANES)
+        old = [job_id for _, job_id, ready in backlog.heads(queue, index, MAX_LANES)
                if ready < now - pending_over * 1000][:limit]
         found.old_pending += _rows(queue, shard, old)
         found.dead += _rows(queue, shard, client.zrevrange(shard.key("dead"), 0, limit - 1))

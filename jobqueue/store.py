@@ -1,28 +1,28 @@
 """`Queue`: the job-state transitions on Valkey, one script call (one round trip) each.
 
-Everything above this module (the `@job` API, the worker, the mirror, the admin, the
-`django.tasks` backend) goes through these methods; none of it talks to Valkey keys directly.
+The `@job` API, the worker, the mirror, the admin and the `django.tasks` backend change a job's
+state only through these methods, and read a job and its counts through them; `scripts.caller`
+sends the scripts. Other modules touch Valkey keys for what their docstrings say: `layouts`
+(shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
+lists), `backlog` (lane heads, minute samples), `console` (the console's read models), `metrics`,
+`mirror` (the `done` streams), `autoscale`, `schedule`, and the worker's waits and presence
+(`worker/core.py`, `worker/waitline.py`, `worker/presence.py`).
 """
 
 from __future__ import annotations
 
-import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any
 
-from redis.cluster import RedisCluster
-from redis.exceptions import ConnectionError as ValkeyConnectionError
-from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as ValkeyTimeoutError
-
-from . import durable, ids, scripts, signals, wire
-from . import layout as layouts
+from . import durable, handoff, ids, layouts, signals
 from .conf import QueueOptions, get_client, get_config
-from .exceptions import InvalidOption, InvalidTransition, JobNotFound, JobQueueError, NotReplicated
-from .keys import REGISTRY_KEY, ShardKeys, placement_hash, validate_queue
+from .exceptions import InvalidOption, InvalidTransition, JobNotFound, NotReplicated
+from .keys import ShardKeys, validate_queue
+from .layouts import known_queues
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
+from .scripts import caller
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
 from .spec import rate as spec_rate
 from .spec import seconds as _seconds
@@ -32,7 +32,6 @@ __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 ENQUEUE_CHUNK = 500
 WAIT_MS = 1000
 """How long an enqueue of a `wait_replicas` queue waits for its replicas."""
-LIVE_STATES = ("pending", "scheduled", "active")
 READ_SLACK = 5.0
 """Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
 
@@ -44,17 +43,6 @@ def _announced(refs: list[JobRef]) -> list[JobRef]:
             if ref.created:
                 signals.send(signals.job_enqueued, Queue, ref=ref)
     return refs
-
-
-class _Bound(NamedTuple):
-    """A transition script bound to one shard of a queue, for one client."""
-
-    keys: tuple[str, ...]
-    script: Any
-    """redis-py's Script (loads the text again after a NOSCRIPT)."""
-    client: Any
-    head: tuple[Any, ...]
-    """The call up to its arguments: EVALSHA, the SHA, the number of keys, the keys."""
 
 
 @cache
@@ -70,8 +58,6 @@ def _claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
 class Queue:
     """A named queue over N Valkey shards; one method per job-state transition."""
 
-    _registered: set[tuple[int, str, int]] = set()
-
     def __init__(self, name: str, *, client: Any = None, shards: int | None = None) -> None:
         self.name = validate_queue(name)
         self.options = get_config().queue(name)
@@ -81,8 +67,6 @@ class Queue:
         self._next_shard = 0
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit admits another job (0: not limited)."""
-        self._scripts: dict[tuple[str, int], _Bound] = {}
-        """(transition, shard) -> its call there (see `_script`)."""
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -93,86 +77,6 @@ class Queue:
 
     def shard(self, index: int) -> ShardKeys:
         return ShardKeys(self.name, index)
-
-    def _run(self, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
-        """One script call, loading the script on NOSCRIPT (a standalone client's goes the
-        short way: see wire.py)."""
-        client = self.client
-        bound = self._script(client, name, shard)
-        command = (*bound.head, *args)
-        try:
-            if isinstance(client, RedisCluster):
-                return client.execute_command(*command)
-            return wire.call(client, command)
-        except NoScriptError:
-            return bound.script(keys=bound.keys, args=list(args))
-
-    def _script(self, client: Any, name: str, shard: ShardKeys) -> _Bound:
-        """A transition's call on a shard, worked out once per Queue (a queue kept for many
-        calls, as a handler's or a worker's, then builds and hashes nothing)."""
-        bound = self._scripts.get((name, shard.index))
-        if bound is None or bound.client is not client:
-            keys, script = scripts.keys_for(name, shard), scripts.script(client, name)
-            bound = _Bound(keys, script, client, ("EVALSHA", script.sha, len(keys), *keys))
-            self._scripts[name, shard.index] = bound
-        return bound
-
-    def _run_many(self, name: str, shard: ShardKeys, calls: Iterable[list[Any]]) -> list[Any]:
-        """Several calls of one script on one shard in a single round trip (a pipeline). Each
-        call is sent as soon as `calls` yields it, so the server runs one while the next is
-        built. The cluster client refuses scripts in pipelines, so there they go one by one."""
-        if isinstance(self.client, RedisCluster):
-            return [self._run(name, shard, args) for args in calls]
-        bound = self._script(self.client, name, shard)
-        keys, script = bound.keys, bound.script
-        calls, built = iter(calls), []  # built: the calls sent (or being sent) so far
-
-        def commands() -> Iterator[tuple[Any, ...]]:
-            for args in calls:
-                built.append(args)
-                yield (*bound.head, *args)
-
-        replies = wire.call_many(self.client, commands())
-        if replies is None:  # every borrowed connection busy, or this one broke: a pipeline
-            built.extend(calls)  # and the rest (one sent twice is harmless: its ids are there)
-            pipe = self.client.pipeline(transaction=False)
-            for args in built:
-                script(keys=keys, args=args, client=pipe)
-            return list(pipe.execute())
-        for i, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):  # loads the script, then calls it again
-                replies[i] = self._run(name, shard, built[i])
-            elif isinstance(reply, ResponseError):
-                raise reply
-        return replies
-
-    def _run_replicated(self, shard: ShardKeys, calls: list[list[Any]]) -> tuple[list[Any], int]:
-        """Enqueue calls then `WAIT` on the same connection (WAIT counts the replicas holding
-        this connection's writes): (the calls' replies, replicas that confirmed). On a cluster
-        the pipeline goes to the node that owns the shard's slot; if that node moved or died
-        (a failover), the slot map is read again and the calls sent once more (an enqueue
-        sent twice with the same ids adds nothing)."""
-        bound = self._script(self.client, "enqueue", shard)
-        keys, script = bound.keys, bound.script
-        cluster = isinstance(self.client, RedisCluster)
-        for attempt in (1, 2):
-            target = self.client
-            if cluster:
-                target = target.get_redis_connection(target.get_node_from_key(keys[0]))
-            pipe = target.pipeline(transaction=False)
-            for args in calls:
-                script(keys=keys, args=args, client=pipe)
-            pipe.execute_command("WAIT", self.options.wait_replicas, WAIT_MS)
-            try:
-                *replies, acked = pipe.execute()
-            except (ValkeyConnectionError, ValkeyTimeoutError, ResponseError) as exc:
-                if not cluster or attempt == 2 or (isinstance(exc, ResponseError)
-                                                   and not str(exc).startswith(("MOVED", "ASK"))):
-                    raise
-                self.client.nodes_manager.initialize()
-                continue
-            return replies, int(acked)
-        raise AssertionError("unreachable")
 
     # -- placement -------------------------------------------------------------------------
 
@@ -186,16 +90,8 @@ class Queue:
         return self.layout().live
 
     def place(self, job_id: str, lane: str, unique_key: str, shards: int | None = None) -> int:
-        """The shard a job belongs to among `shards` (the live count), computed from its
-        identity (never looked up)."""
-        shards = shards or self.shards
-        if shards == 1:
-            return 0
-        if lane:
-            return placement_hash(lane) % shards
-        if unique_key:
-            return placement_hash(unique_key) % shards
-        return ids.hash32(ids.decode(job_id)[1]) % shards
+        """The shard a job belongs to among `shards` (default: the live count)."""
+        return layouts.place(job_id, lane, unique_key, shards or self.shards)
 
     def claim_shards(self) -> int:
         """How many shards workers claim from: the live ones and those still draining."""
@@ -206,19 +102,8 @@ class Queue:
         counters may be, for lookups, counts and the console."""
         return self.layout().widest
 
-    def _register(self, live: int) -> None:
-        """Record the queue (and its widest shard count) in the registry the admin lists."""
-        marker = (id(self.client), self.name, live)
-        if marker in Queue._registered:
-            return
-        seen = self.client.hget(REGISTRY_KEY, self.name)
-        if seen is None or int(seen) < live:
-            self.client.hset(REGISTRY_KEY, self.name, live)
-        Queue._registered.add(marker)
-
     def _candidates(self, job_id: str) -> Iterator[int]:
-        """Shards that may hold a job, likeliest first: its id's shard, then (only if the caller
-        asks for more) every other shard, draining and retired ones included."""
+        """Shards that may hold a job: its id's shard, then (if asked) all others, retired too."""
         first = ids.hash32(ids.decode(job_id)[1]) % self.shards  # the caller validated job_id
         yield first
         yield from (i for i in range(self.all_shards()) if i != first)
@@ -238,56 +123,59 @@ class Queue:
         return self.enqueue_many([JobSpec(payload, **options)])[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[JobRef]:
-        """Add many jobs: validated first (all or none), then one script call per shard chunk."""
+        """Add many jobs: validated first (all or none), then one script call per shard chunk
+        (a lone job goes `enqueue_encoded`'s way)."""
         limit = get_config().max_payload
-        return self.enqueue_prepared([prepare(spec, self.options, limit) for spec in specs])
+        jobs = [prepare(spec, self.options, limit) for spec in specs]
+        if len(jobs) == 1:
+            job = jobs[0]
+            return [self.enqueue_encoded(job, job.job_id, job.payload, job.argv(self.options)[2:])]
+        return self.enqueue_prepared(jobs)
 
-    def enqueue_prepared(self, prepared: list[Prepared]) -> list[JobRef]:
-        """`enqueue_many` for jobs validated already (`spec.prepare`): one job goes the short
-        way (`enqueue_made`), more in one script call per shard chunk (`_enqueue_all`)."""
-        if len(prepared) == 1:
-            job = prepared[0]
-            return [self.enqueue_made(job, job.job_id, job.payload, job.argv(self.options)[2:])]
-        return self._enqueue_all(prepared)
+    def enqueue_encoded(self, template: Prepared, job_id: str, payload: str,
+                        tail: Sequence[Any]) -> JobRef:
+        """One job, encoded: its id, its payload as JSON, and `tail`, the rest of `template`'s
+        script arguments (`Prepared.argv` after id and payload), which a handler works out once
+        for all its calls (`JobFunction.enqueue`): a call makes no `Prepared`. A resize in
+        progress, `wait_replicas`, a shard that turns the job away or a minted id already taken
+        send it `enqueue_prepared`'s way."""
+        now = self.layout()
+        if now.prior or self.options.wait_replicas:
+            return self.enqueue_prepared([template._replace(job_id=job_id, payload=payload)])[0]
+        index = layouts.place(job_id, template.lane, template.unique_key, now.live)
+        listed, found, status = caller.run(self.client, "enqueue", self.shard(index),
+                                           ["", 1, job_id, payload, *tail])
+        if not listed:
+            layouts.list_queue(self.client, self.name, index, now.live)
+        if status in ("moved", "collision"):
+            return self.enqueue_prepared([template._replace(job_id=job_id, payload=payload)],
+                                         refused=True)[0]
+        return _announced([JobRef(found, self.name, created=status == "new")])[0]
 
-    def _enqueue_all(self, prepared: list[Prepared], moved: bool = False) -> list[JobRef]:
-        """`moved`: a shard turned the job away already (its layout is read again first)."""
-        refs: list[JobRef | None] = [None] * len(prepared)
-        todo, not_prior, turned_away = list(range(len(prepared))), set(), 0
+    def enqueue_prepared(self, jobs: list[Prepared], *, refused: bool = False) -> list[JobRef]:
+        """Jobs validated already (`spec.prepare`), in one script call per shard chunk, sent
+        again where a shard turned them away (it is draining: the layout is read again), a lane
+        or key was absent from its prior shard, or a minted id was taken. `refused`: a shard
+        turned the lone job away already."""
+        refs: list[JobRef | None] = [None] * len(jobs)
+        todo, live_only, turned_away = list(range(len(jobs))), set[int](), 0
         replicated = wanted = self.options.wait_replicas
         now = self.layout()
-        self._register(now.live)
         while todo:
-            if moved:
+            if refused:
                 turned_away += 1
-                # A shard that turned jobs away ('moved') is draining: read the layout again. A
-                # resize marks its shards before it writes the layout, so retry a few times.
-                if turned_away > 50:
-                    raise JobQueueError(
-                        f"queue {self.name!r}: its shards keep turning jobs away (a resize that "
-                        f"did not finish?); nothing was enqueued twice")
-                if turned_away > 2:
-                    time.sleep(0.01 * turned_away)
-                now = self.layout(fresh=True)
-            by_shard: dict[tuple[int, str], list[int]] = defaultdict(list)
-            for i in todo:
-                job = prepared[i]
-                home = self.place(job.job_id, job.lane, job.unique_key, now.live)
-                if now.prior and (job.lane or job.unique_key) and i not in not_prior:
-                    before = self.place(job.job_id, job.lane, job.unique_key, now.prior)
-                    if before != home:
-                        by_shard[before, "prior"].append(i)
-                        continue
-                by_shard[home, ""].append(i)
-            todo, moved = [], False
-            for (index, mode), positions in by_shard.items():
-                again, acked = self._enqueue_on_shard(index, mode, prepared, positions, refs)
+                now = layouts.read_again(self.client, self.name, self.configured, turned_away)
+            again: list[int] = []
+            refused = False
+            for (index, mode), positions in layouts.destinations(now, jobs, todo, live_only).items():
+                sent, acked = self._send(index, mode, jobs, positions, refs, now.live)
                 replicated = min(replicated, acked)
                 if mode == "prior":
-                    not_prior.update(again)  # absent there: to the live shard, next turn
+                    live_only.update(sent)  # absent there: to the live shard, next turn
                 else:
-                    moved = moved or bool(again)  # turned away, or an id collision (rare)
-                todo.extend(again)
+                    refused = refused or bool(sent)  # turned away, or an id collision (rare)
+                again.extend(sent)
+            todo = again
         out = [ref for ref in refs if ref is not None]
         if replicated < wanted:
             raise NotReplicated(
@@ -295,60 +183,35 @@ class Queue:
                 f"{replicated} of {wanted} replica(s) confirmed them within {WAIT_MS} ms", out)
         return _announced(out)
 
-    def enqueue_made(self, template: Prepared, job_id: str, payload: str,
-                     tail: Sequence[Any]) -> JobRef:
-        """One job: its id, its payload as JSON, and the rest of its script arguments
-        (`Prepared.argv` after the id and payload; a handler works them out once for all its
-        calls, see `JobFunction.enqueue`, and `template` is the job they come from). It goes to
-        its shard without a `Prepared` of its own; a resize in progress,
-        `wait_replicas`, a shard that turns it away or a minted id already taken send it the
-        batches' way (`_enqueue_all`), which handles each."""
-        now, refused = self.layout(), False
-        if not (now.prior or self.options.wait_replicas):
-            self._register(now.live)
-            index = self.place(job_id, template.lane, template.unique_key, now.live)
-            ref = self._enqueue_one(index, [job_id, payload, *tail])
-            if ref is not None:
-                return _announced([ref])[0]
-            refused = True
-        return self._enqueue_all([template._replace(job_id=job_id, payload=payload)],
-                                 moved=refused)[0]
-
-    def _enqueue_one(self, index: int, argv: list[Any]) -> JobRef | None:
-        """One job sent to its shard without `enqueue_many`'s batching: its ref, or None when
-        the loop must take it (a draining shard turned it away, or its minted id was taken)."""
-        job_id, status = self._run("enqueue", self.shard(index), ["", 1, *argv])
-        if status in ("moved", "collision"):
-            return None
-        return JobRef(job_id, self.name, created=status == "new")
-
-    def _enqueue_on_shard(self, index: int, mode: str, prepared: list[Prepared],
-                          positions: list[int], refs: list[JobRef | None]) -> tuple[list[int], int]:
-        """Send a shard's jobs in chunks. Returns the positions to send again (an id collision,
-        a draining shard, a lane or key absent from its prior shard) and, for a
-        `wait_replicas` queue, how many replicas confirmed the writes."""
+    def _send(self, index: int, mode: str, jobs: list[Prepared], positions: list[int],
+              refs: list[JobRef | None], live: int) -> tuple[list[int], int]:
+        """Send a shard's jobs in chunks, filling `refs`. Returns the positions to send again
+        (an id collision, a draining shard, a lane or key absent from its prior shard) and,
+        for a `wait_replicas` queue, how many replicas confirmed the writes."""
         chunks = [positions[s : s + ENQUEUE_CHUNK] for s in range(0, len(positions), ENQUEUE_CHUNK)]
 
-        def calls() -> Iterator[list[Any]]:  # built one by one: see _run_many
+        def calls() -> Iterator[list[Any]]:  # built one by one: see caller.run_many
             for chunk in chunks:
                 args: list[Any] = [mode, len(chunk)]
                 for i in chunk:
-                    args.extend(prepared[i].argv(self.options))
+                    args.extend(jobs[i].argv(self.options))
                 yield args
 
-        retry: list[int] = []
-        acked = self.options.wait_replicas
+        shard, acked = self.shard(index), self.options.wait_replicas
         if acked:
-            replies, acked = self._run_replicated(self.shard(index), list(calls()))
+            replies, acked = caller.run_replicated(self.client, "enqueue", shard, list(calls()),
+                                                   acked, WAIT_MS)
         else:
-            replies = self._run_many("enqueue", self.shard(index), calls())
+            replies = caller.run_many(self.client, "enqueue", shard, calls())
+        if not all(reply[0] for reply in replies):
+            layouts.list_queue(self.client, self.name, index, live)
+        retry: list[int] = []
         for chunk, reply in zip(chunks, replies, strict=True):
             for n, i in enumerate(chunk):
-                job_id, status = reply[2 * n], reply[2 * n + 1]
+                job_id, status = reply[1 + 2 * n], reply[2 + 2 * n]
                 if status == "collision":  # another process minted the same id: mint anew
-                    prepared[i] = prepared[i]._replace(job_id=ids.new_id())
-                    retry.append(i)
-                elif status in ("moved", "absent"):
+                    jobs[i] = jobs[i]._replace(job_id=ids.new_id())
+                if status in ("collision", "moved", "absent"):
                     retry.append(i)
                 else:
                     refs[i] = JobRef(job_id, self.name, created=status == "new")
@@ -390,20 +253,24 @@ class Queue:
             answers[i] = ok
         out: list[Lease] = []
         waits = []
-        policy = _claim_policy(self.options, self.shards)
+        head = [lease_ms, "1" if override_lease else "0", worker, self._dead_retention_ms(),
+                self._retention_ms(), *_claim_policy(self.options, self.shards)]
         for step in range(1 if only is not None else total):
             if len(out) >= count:
                 break
             index = (start + step) % total
             carried = riding if step == 0 else []
-            args = self._claim_args(count - len(out), lease_ms, override_lease, worker, policy,
-                                    [acks[i] for i in carried])
-            reply = self._run("claim", self.shard(index), args)
+            args = [count - len(out), *head, len(carried)]
+            for held, result in (acks[i] for i in carried):
+                args += [held.job_id, held.token, result]
+            reply = caller.run(self.client, "claim", self.shard(index), args)
             n = int(reply[0])
             for i, ok in zip(carried, reply[1 : 1 + n], strict=True):
                 answers[i] = bool(ok)
             waits.append(int(reply[1 + n]))
-            out.extend(self._leases(index, reply[2 + n :]))
+            rows = reply[2 + n :]
+            out.extend(Lease.from_claim(self.name, index, *rows[r : r + 5])
+                       for r in range(0, len(rows), 5))
         # Rate-limited when every shard asked said so: then the soonest refill is the wait.
         self.rate_wait = min(waits) / 1000 if waits and all(waits) else 0.0
         return answers, out
@@ -412,59 +279,21 @@ class Queue:
         """A claim's default lease in ms: the worker's, else the queue's."""
         return round(validate_lease(lease if lease is not None else self.options.lease) * 1000)
 
-    def _claim_args(self, count: int, lease_ms: int, override_lease: bool, worker: str,
-                    policy: tuple[Any, ...], acks: Sequence[tuple[Lease, str]]) -> list[Any]:
-        args: list[Any] = [count, lease_ms, "1" if override_lease else "0", worker,
-                           self._dead_retention_ms(), self._retention_ms(), *policy, len(acks)]
-        for held, result in acks:
-            args += [held.job_id, held.token, result]
-        return args
-
     def wait_commands(self, index: int, timeout: int, worker: str, *, idle: bool = False,
                       lease: float | None = None,
                       override_lease: bool = False) -> list[tuple[Any, ...]]:
-        """A worker's wait on shard `index`, up to `timeout` s, for a wake token or a job handed
-        to it (`after_wait` reads the last reply). `idle`: the worker first offers itself for
-        hand-offs for that long (on the server clock), so that an enqueue that finds nothing
-        else ready here leases the job to it and pushes it onto its list (see enqueue.lua):
-        the job reaches the worker already leased, with no claim call."""
-        shard = self.shard(index)
-        wait = ("BLPOP", shard.hand(worker), shard.key("wake"), timeout)
-        if not idle:
-            return [wait]
-        offer = f"{self._lease_ms(lease)}:{int(override_lease)}"
-        return [("HSETEX", shard.key("idle"), "PX", timeout * 1000, "FIELDS", 1, worker, offer),
-                wait]
+        """A worker's wait on shard `index` (`handoff.wait_commands`); `idle` offers the worker
+        for hand-offs with its lease."""
+        offer = f"{self._lease_ms(lease)}:{int(override_lease)}" if idle else None
+        return handoff.wait_commands(self.shard(index), timeout, worker, offer)
 
     def after_wait(self, index: int, replies: list[Any]) -> list[Lease] | bool:
-        """What a wait brought: the lease of a job handed over; True for a wake token (the
-        caller claims); False when it timed out or was unblocked."""
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                raise reply
-        reply = replies[-1]
-        if reply is None:
-            return False
-        if "|" not in reply[1]:  # a wake token ('1'); a job handed over is '<id>|<lease>|<payload>'
-            return True
-        return [self._handed(index, reply[1])]
-
-    def _handed(self, index: int, value: str) -> Lease:
-        job_id, lease_ms, payload = value.split("|", 2)
-        return Lease.from_claim(self.name, index, job_id, "1", payload, "", lease_ms)
+        """What a wait on shard `index` brought (`handoff.after_wait`)."""
+        return handoff.after_wait(self.shard(index), replies)
 
     def withdraw(self, index: int, worker: str) -> list[Lease]:
-        """A stopping worker's offer withdrawn from shard `index`; returns the jobs handed to
-        it that it did not take (the caller releases them)."""
-        shard = self.shard(index)
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.hdel(shard.key("idle"), worker)
-            pipe.lpop(shard.hand(worker), 1000)
-            _, handed = pipe.execute()
-        return [self._handed(index, value) for value in handed or ()]
-
-    def _leases(self, index: int, reply: list[Any]) -> list[Lease]:
-        return [Lease.from_claim(self.name, index, *reply[n : n + 5]) for n in range(0, len(reply), 5)]
+        """A stopping worker's offer withdrawn from shard `index` (`handoff.withdraw`)."""
+        return handoff.withdraw(self.client, self.shard(index), worker)
 
     def ack(self, lease: Lease, result: Any = None) -> bool:
         """Record success; False when the lease is stale (the job was re-claimed)."""
@@ -478,32 +307,16 @@ class Queue:
         """`ack_many` for results already encoded as JSON (the worker encodes them once)."""
         if not items:
             return []
-        replies = self._per_shard("ack", [self._retention_ms()], [lease for lease, _ in items],
-                                  [[encoded] for _, encoded in items])
-        return [bool(ok) for ok in replies]
-
-    def _per_shard(self, script: str, head: list[Any], leases: Sequence[Lease],
-                   extras: Sequence[list[Any]] | None = None) -> list[Any]:
-        """Run a batch script once per shard: ARGV = head, n, then id, token and the lease's
-        extras for each lease. Replies come back in the leases' order."""
-        groups: dict[int, list[tuple[int, Lease, list[Any]]]] = defaultdict(list)
-        for pos, lease in enumerate(leases):
-            groups[lease.shard].append((pos, lease, extras[pos] if extras else []))
-        answers: dict[int, Any] = {}
-        for index, group in groups.items():  # one round trip per shard
-            args: list[Any] = [*head, len(group)]
-            for _, lease, extra in group:
-                args.extend([lease.job_id, lease.token, *extra])
-            reply = self._run(script, self.shard(index), args)
-            answers.update(zip((pos for pos, _, _ in group), reply, strict=True))
-        return [answers[i] for i in range(len(leases))]
+        return [bool(ok) for ok in caller.run_by_shard(
+            self.client, "ack", self.name, [self._retention_ms()],
+            [(lease.shard, [lease.job_id, lease.token, encoded]) for lease, encoded in items])]
 
     def nack(self, lease: Lease, error: str = "", retry_in: float | None = None,
              *, fatal: bool = False) -> str | None:
         """Record a failure: the job's new state, or None when the lease is stale."""
         retry_ms = -1 if retry_in is None else round(
             _seconds(retry_in, "retry_in", low=0, high=MAX_DELAY) * 1000)
-        state = self._run("nack", self.shard(lease.shard), [
+        state = caller.run(self.client, "nack", self.shard(lease.shard), [
             lease.job_id, lease.token, str(error)[:65_536], retry_ms, "1" if fatal else "0",
             self._retention_ms(), self._dead_retention_ms(), self.options.max_attempts,
             round(self.options.backoff * 1000),
@@ -518,7 +331,9 @@ class Queue:
         """Renew many leases, one call per shard: 1 renewed, 2 renewed but cancel requested, 3 not
         renewed because that attempt has already finished (acked meanwhile), 0 stale."""
         ms = round(validate_lease(seconds) * 1000)
-        return [int(code) for code in self._per_shard("extend", [], leases, [[ms]] * len(leases))]
+        return [int(code) for code in caller.run_by_shard(
+            self.client, "extend", self.name, [],
+            [(lease.shard, [lease.job_id, lease.token, ms]) for lease in leases])]
 
     def cancel_requested(self, lease: Lease) -> bool:
         """Whether an operator asked to cancel the attempt `lease` holds (a plain read)."""
@@ -529,26 +344,25 @@ class Queue:
     def checkpoint(self, lease: Lease, data: Any, extend: float | None = None) -> bool:
         """Store a running job's progress on its row; a re-run sees it. False when stale."""
         ms = 0 if extend is None else round(validate_lease(extend) * 1000)
-        return bool(self._run("checkpoint", self.shard(lease.shard),
-                              [lease.job_id, lease.token, dumps(data, "checkpoint"), ms]))
+        return bool(caller.run(self.client, "checkpoint", self.shard(lease.shard),
+                               [lease.job_id, lease.token, dumps(data, "checkpoint"), ms]))
 
     def release(self, lease: Lease) -> bool:
         """Hand a claimed job back without charging its retry budget; its token stays spent."""
         return self.release_many([lease])[0]
 
     def release_many(self, leases: Sequence[Lease]) -> list[bool]:
-        return [bool(ok) for ok in self._per_shard("release", [self._retention_ms()], leases)]
+        return [bool(ok) for ok in caller.run_by_shard(
+            self.client, "release", self.name, [self._retention_ms()],
+            [(lease.shard, [lease.job_id, lease.token]) for lease in leases])]
 
     # -- maintenance -----------------------------------------------------------------------
 
     def reap(self, limit: int = 1000, shards: int | None = None) -> int:
         """Expired leases go back to waiting (or dead when spent); returns how many."""
-        return sum(
-            int(self._run("reap", self.shard(i),
-                          [limit, self._retention_ms(), self._dead_retention_ms(),
-                           self.options.max_attempts]))
-            for i in range(shards or self.claim_shards())
-        )
+        args = [limit, self._retention_ms(), self._dead_retention_ms(), self.options.max_attempts]
+        return sum(int(caller.run(self.client, "reap", self.shard(i), args))
+                   for i in range(shards or self.claim_shards()))
 
     def promote(self, limit: int = 1000, shards: int | None = None) -> int:
         """Due scheduled jobs move to their lanes; returns how many."""
@@ -556,7 +370,7 @@ class Queue:
 
     def promote_shard(self, index: int, limit: int = 1000) -> tuple[int, float | None]:
         """Promote one shard: (moved, seconds until its next scheduled job or None)."""
-        moved, wait_ms = self._run("promote", self.shard(index), [limit])
+        moved, wait_ms = caller.run(self.client, "promote", self.shard(index), [limit])
         return int(moved), (None if int(wait_ms) < 0 else int(wait_ms) / 1000)
 
     # -- operator side ---------------------------------------------------------------------
@@ -567,7 +381,7 @@ class Queue:
         durable queue's row reopens in the same step (durable.py), so `restore` finds the job."""
         index = self.locate(job_id)
         if index is not None:
-            self._reopen(index)
+            layouts.reopen(self.client, self.name, self.configured, index)
         if not self.options.durable:
             return self._operator("retry", job_id, [job_id])
         with durable.reopened(job_id):
@@ -583,7 +397,8 @@ class Queue:
 
     def _operator(self, name: str, job_id: str, args: list[Any]) -> str:
         index = self.locate(job_id)
-        answer = "missing" if index is None else text(self._run(name, self.shard(index), args))[0]
+        answer = "missing" if index is None else text(
+            caller.run(self.client, name, self.shard(index), args))[0]
         if answer == "missing":
             raise JobNotFound(f"no live job {job_id} in queue {self.name!r}")
         if answer.startswith("state:"):
@@ -601,133 +416,26 @@ class Queue:
         for i in range(self.all_shards()):
             self.client.hdel(self.shard(i).key("meta"), "paused")
 
-    # -- live resize ---------------------------------------------------------------------------
-
     def resize(self, count: int, by: str = "") -> layouts.Layout:
-        """Set the queue's live shard count (see `layout`): growing spreads new jobs over
-        `count` shards at once; shrinking stops new jobs landing on shards ≥ `count`, which
-        workers drain and then retire. `by` says who, in the resize history. Returns the new
-        layout."""
-        before = self.layout(fresh=True)
-        after = layouts.plan(before, count)
-        if after == before:
-            return before
-        self._index_unique_keys(before.widest)
-        self._mark(after)  # first, so that no producer strands a job on a shard being retired
-        if not layouts.write(self.client, self.name, before, after):
-            self._mark(self.layout(fresh=True))
-            raise JobQueueError(f"queue {self.name!r} was resized by someone else meanwhile; "
-                                f"look at its layout and try again")
-        layouts.record(self.client, self.name, before.live, after.live, by)
-        return after
-
-    def _mark(self, layout: layouts.Layout) -> None:
-        """Flag the shards beyond the live count as draining (their enqueue turns jobs away)
-        and clear the flag on live ones; a paused queue's new shards start paused."""
-        paused = self.is_paused()
-        for i in range(layout.widest):
-            meta = self.shard(i).key("meta")
-            if i < layout.live:
-                self.client.hdel(meta, "draining")
-            else:
-                self.client.hset(meta, "draining", "1")
-            if paused:
-                self.client.hset(meta, "paused", "1")
-
-    def _index_unique_keys(self, shards: int) -> None:
-        """Once per queue, before its first resize: add to each shard's `uniqs` set the live
-        unique jobs written before the scripts kept it (one SCAN of the keyspace for all the
-        queue's shards). From then on the scripts keep the sets, and a settling resize reads
-        them, not the keyspace."""
-        marker = self.shard(0).key("meta")
-        if self.client.hget(marker, "uniqs_indexed") == "1":
-            return
-        bases = {self.shard(i).base: self.shard(i) for i in range(shards)}
-        # Queue names hold no glob characters; `emq:{name*` also matches other queues whose
-        # names start with this one: their keys' bases are not among ours and are skipped.
-        for key in self.client.scan_iter(match=f"emq:{{{self.name}*:uniq:*", count=1000):
-            base, _, unique = key.partition(":uniq:")
-            shard = bases.get(base)
-            job_id = self.client.get(key) if shard else None
-            if shard and job_id and self.client.hget(shard.job(job_id), "state") in LIVE_STATES:
-                self.client.sadd(shard.key("uniqs"), unique)
-        self.client.hset(marker, "uniqs_indexed", "1")
-
-    def _reopen(self, index: int) -> None:
-        """Claim from shard `index` again (a retry put work on a retired shard)."""
-        while (now := self.layout(fresh=True)).span <= index:
-            grown = layouts.Layout(now.live, now.prior, index + 1, max(now.widest, index + 1))
-            if layouts.write(self.client, self.name, now, grown):
-                return
+        """Set the live shard count (see `layouts.resize`); `by` says who, in its history."""
+        return layouts.resize(self.client, self.name, self.configured, count, by)
 
     def settle(self) -> layouts.Layout | None:
-        """Finish a resize once it has been worked off: no draining shard holds waiting or
-        running jobs, and no lane with ready jobs or live unique key sits on a shard other than
-        its live one. Returns the settled layout, or None (not yet, or nothing to settle)."""
-        now = self.layout(fresh=True)
-        if not now.settling:
-            return None
-        done = layouts.settled(now, lambda index: self._settled_shard(index, now))
-        if done is not None and layouts.write(self.client, self.name, now, done):
-            return done
-        return None
+        """Finish a resize once it has been worked off (see `layouts.settle`)."""
+        return layouts.settle(self.client, self.name, self.configured)
 
-    def _settled_shard(self, index: int, now: layouts.Layout) -> bool:
-        if index >= now.live:
-            counts = self.shard_counts(index)
-            return not any(counts[state] for state in LIVE_STATES)
-        if not now.prior:
-            return True
-        shard = self.shard(index)
-        if any(lane and placement_hash(lane) % now.live != index
-               for lane in self.client.lrange(shard.key("ring"), 0, -1)):
-            return False
-        for unique in self.client.sscan_iter(shard.key("uniqs"), count=1000):
-            job_id = self.client.get(shard.key(f"uniq:{unique}"))
-            state, lane = self.client.hmget(shard.job(job_id), "state", "lane") if job_id else (None, None)
-            if state in LIVE_STATES and self.place(job_id, lane or "", unique, now.live) != index:
-                return False  # a live job whose lane or key now belongs on another shard
-        return True
+    # -- reads -----------------------------------------------------------------------------
 
     def is_paused(self) -> bool:
         return self.client.hget(self.shard(0).key("meta"), "paused") == "1"
 
     def counts(self) -> dict[str, int]:
         """Jobs by state over all shards (succeeded/cancelled: totals since the queue began)."""
-        totals = dict.fromkeys(COUNT_FIELDS, 0)
-        for i in range(self.all_shards()):
-            for name, value in self.shard_counts(i).items():
-                totals[name] += value
-        return totals
-
-    def heads(self, index: int, lanes: int = 1000, bands: int = 10) -> list[tuple[str, str, int]]:
-        """(lane, job id, ms it became ready) of the first job of each priority band of the
-        shard's lanes (the first `lanes` of its ring): where its longest waits are."""
-        reply = self._run("heads", self.shard(index), [lanes, bands])
-        return [(reply[n], reply[n + 1], int(reply[n + 2]) or ids.minted_ms(reply[n + 1]) or 0)
-                for n in range(0, len(reply), 3)]
-
-    def oldest_wait(self, now: int | None = None, lanes: int = 1000) -> float | None:
-        """Seconds the longest-waiting ready job has waited (server clock, `now` in ms if the
-        caller has it), among the first `lanes` lanes of each shard; None when none waits."""
-        if now is None:
-            seconds, micros = self.client.time()
-            now = int(seconds) * 1000 + int(micros) // 1000
-        oldest = min((ready for i in range(self.claim_shards()) for _, _, ready in self.heads(i, lanes)),
-                     default=None)
-        return None if oldest is None else max(now - oldest, 0) / 1000
-
-    def sample_backlog(self, waiting: int, oldest_wait: float | None) -> None:
-        """Note this minute's backlog and oldest wait for the dashboard's charts (workers call it
-        at each summary; the last sample of a minute stands)."""
-        seconds, _ = self.client.time()
-        key = self.shard(0).key(f"m:{int(seconds) // 60}")
-        self.client.hset(key, mapping={"backlog": waiting,
-                                       "oldest_ms": round((oldest_wait or 0.0) * 1000)})
-        self.client.expire(key, 7200)
+        shards = [self.shard_counts(i) for i in range(self.all_shards())]
+        return {name: sum(counts.get(name, 0) for counts in shards) for name in COUNT_FIELDS}
 
     def shard_counts(self, index: int) -> dict[str, int]:
-        reply = self._run("counts", self.shard(index), [])
+        reply = caller.run(self.client, "counts", self.shard(index), [])
         return {name: int(value) for name, value in zip(COUNT_FIELDS, reply, strict=False)}
 
     def get(self, job_id: str) -> JobInfo | None:
@@ -744,10 +452,3 @@ class Queue:
 
     def _dead_retention_ms(self) -> int:
         return round(get_config().dead_retention * 1000)
-
-
-def known_queues(client: Any = None) -> list[str]:
-    """Every queue named in settings or that ever held a job (the registry in Valkey)."""
-    client = client if client is not None else get_client()
-    names = set(get_config().queues) | set(client.hkeys(REGISTRY_KEY))
-    return sorted(names)

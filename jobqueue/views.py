@@ -24,8 +24,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 
-from . import actions, ids, readmodels, schedule
-from . import layout as layouts
+from . import actions, ids, layouts, readmodels, schedule
 from .api import lookup
 from .conf import get_client, get_config
 from .exceptions import InvalidJobId, JobQueueError, UnknownHandler
@@ -299,7 +298,7 @@ class Console:
         raw = request.POST.get("count", "").strip()
         try:
             count = layouts.validate_count(int(raw) if raw.isdigit() else raw)
-            before = queue.layout(fresh=True)
+            before = layouts.before_resize(queue.client, name, queue.configured, count)
             layouts.plan(before, count)
         except JobQueueError as exc:
             messages.error(request, f"Resize {name}: {exc}")

@@ -41,7 +41,6 @@ def _jobqueue_isolated(settings: Any, valkey_server: ValkeyProcess) -> Iterator[
     """Every test starts on an empty standalone Valkey, with jobqueue pointed at it."""
     settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}}}
     redis.Redis.from_url(valkey_server.url).flushall()
-    Queue._registered.clear()
     yield
     conf.reset()
 

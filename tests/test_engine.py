@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from jobqueue import conf, keys, scripts, wire
+from jobqueue import backlog, conf, keys, scripts, wire
 from jobqueue.exceptions import (
     InvalidJobId,
     InvalidName,
@@ -24,14 +24,28 @@ from jobqueue.exceptions import (
     InvalidTransition,
     JobNotFound,
 )
+from jobqueue.scripts import caller
 from jobqueue.spec import prepare
 from jobqueue.store import JobSpec, Queue
 
-from .workers import ROOT
+from .workers import ROOT, wait_for
 
 
 def claim_all(queue: Queue, n: int = 1000, **kw: Any) -> list:
     return queue.dequeue(count=n, lease=30, worker="t", **kw)
+
+
+def server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def wait_past(client: Any, *zsets: str) -> None:
+    """Until the server clock passes the last score in the sorted sets (lease deadlines, due
+    times): the scripts read that clock."""
+    last = max((score for key in zsets for _, score in client.zrange(key, 0, -1, withscores=True)),
+               default=0)
+    wait_for(lambda: server_ms(client) > last, every=0.01)
 
 
 # -- the scripts themselves ----------------------------------------------------------------
@@ -59,7 +73,10 @@ def test_a_script_carries_only_the_helpers_it_uses() -> None:
 def test_every_key_a_wrapper_passes_is_in_the_queues_slot(name: str) -> None:
     for index in (0, 3):
         shard = Queue("emails").shard(index)
-        passed = scripts.source(name).keys_for(shard)
+        head = caller.head(name, shard)  # what every call of the script sends before its ARGV
+        passed = list(head[3:])
+        assert head[:3] == ("EVALSHA", scripts.source(name).sha, len(passed))
+        assert passed == scripts.source(name).keys_for(shard)  # exactly the header's KEYS
         assert len({keys.slot(k) for k in passed}) == 1
         assert all(k.startswith(shard.base) for k in passed)
 
@@ -207,7 +224,7 @@ def test_reap_returns_expired_leases_and_kills_spent_ones(queue: Queue) -> None:
     a = queue.enqueue("a", max_attempts=2)
     b = queue.enqueue("b", max_attempts=1)
     queue.dequeue(count=2, lease=0.05, worker="gone")
-    time.sleep(0.1)
+    wait_past(queue.client, queue.shard(0).key("active"))
     assert queue.reap() == 2
     assert queue.get(a.id).state == "pending"  # type: ignore[union-attr]
     dead = queue.get(b.id)
@@ -231,7 +248,8 @@ def test_promote_moves_due_jobs_and_reports_the_next(queue: Queue) -> None:
     queue.enqueue("later", delay=60)
     assert claim_all(queue) == []
     assert queue.counts()["scheduled"] == 2
-    time.sleep(0.08)
+    soon = queue.client.zrange(queue.shard(0).key("schedule"), 0, 0, withscores=True)[0][1]
+    wait_for(lambda: server_ms(queue.client) > soon, every=0.01)
     moved, wait = queue.promote_shard(0)
     assert moved == 1 and wait is not None and 55 < wait <= 60
     assert [lease.payload for lease in claim_all(queue)] == ["soon"]
@@ -281,9 +299,11 @@ def test_a_rate_limit_admits_at_most_its_bucket_then_the_refill(settings: Any, v
     queue.enqueue_many([JobSpec(i) for i in range(20)])
     assert len(queue.dequeue(count=20)) == 5 and 0 < queue.rate_wait <= 0.2  # a full bucket
     assert queue.dequeue(count=20) == [] and 0 < queue.rate_wait <= 0.2
-    time.sleep(0.45)
-    assert len(queue.dequeue(count=20)) in (2, 3)  # 5 a second, refilled on the server clock
-    assert queue.counts()["pending"] >= 12
+    start, taken = server_ms(valkey), []
+    wait_for(lambda: taken.extend(queue.dequeue(count=20)) or len(taken) >= 2)
+    elapsed = (server_ms(valkey) - start) / 1000
+    assert len(taken) <= 5 * elapsed + 1  # 5 a second, refilled on the server clock
+    assert queue.counts()["pending"] == 15 - len(taken)
 
 
 def test_a_batch_claim_takes_successive_turns_across_lanes(queue: Queue) -> None:
@@ -423,7 +443,8 @@ def test_an_idle_worker_gets_a_lone_new_job_handed_over_already_leased(valkey: A
         assert queue.after_wait(0, wire.call_on(conn, wait, 5)) is False  # timed out: nothing
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(wire.call_on, conn, queue.wait_commands(0, 5, "w", idle=True), 10)
-            time.sleep(0.2)  # (blocked, its offer made)
+            wait_for(lambda: valkey.hexists(shard.key("idle"), "w")  # (its offer made, and
+                     and valkey.info("clients")["blocked_clients"] >= 1)  # blocked)
             ref = queue.enqueue({"to": "a"}, lease=7)
             (lease,) = queue.after_wait(0, waiting.result(timeout=5))
         assert (lease.job_id, lease.token, lease.payload, lease.lease) == (ref.id, 1, {"to": "a"}, 7.0)
@@ -478,9 +499,10 @@ def test_a_handed_job_a_worker_never_took_goes_back_or_waits_for_its_lease(valke
     (lease,) = claim_all(queue)
     assert lease.job_id == ref.id and lease.token == 2  # (a new token fences the old)
     _offer(queue, "late", seconds=1)
-    time.sleep(1.1)  # an offer lasts as long as its wait
-    queue.enqueue("y")
-    assert valkey.hlen(shard.key("idle")) == 0 and queue.counts()["pending"] == 1
+    wait_for(lambda: not valkey.hexists(shard.key("idle"), "late"))  # it lasts as its wait does
+    queue.enqueue("y")  # (expired, even while the server has yet to reclaim the field)
+    assert queue.counts()["pending"] == 1
+    wait_for(lambda: valkey.hlen(shard.key("idle")) == 0)
 
 
 def test_growing_shards_moves_no_job(valkey: Any) -> None:
@@ -527,7 +549,7 @@ def test_script_calls_borrow_a_bounded_share_of_the_pool_and_survive_a_dropped_c
 def test_calls_go_on_after_valkey_forgets_its_scripts(queue: Queue, valkey: Any) -> None:
     queue.enqueue("loaded")
     valkey.script_flush()  # on a cluster: every primary
-    assert not any(valkey.script_exists(scripts.script(valkey, "enqueue").sha))
+    assert not any(valkey.script_exists(scripts.source("enqueue").sha))
     refs = queue.enqueue_many([JobSpec(i) for i in range(1200)])  # chunks sent together
     assert len({r.id for r in refs}) == 1200 and queue.counts()["pending"] == 1201
     valkey.script_flush()
@@ -553,13 +575,14 @@ def test_a_bulk_enqueue_whose_connection_drops_mid_stream_writes_each_job_once(
                 args.extend(job.argv(queue.options))
             yield args
 
-    replies = queue._run_many("enqueue", queue.shard(0), calls())
+    replies = caller.run_many(queue.client, "enqueue", queue.shard(0), calls())
     # Sent again another way: the chunks that had arrived answer 'exists' (the same ids and
-    # payloads), the last 'new'; every job is there once.
-    assert [reply[1::2] for reply in replies] in (
+    # payloads), the last 'new'; every job is there once. (Each reply opens with the shard's
+    # 'listed' flag.)
+    assert [reply[2::2] for reply in replies] in (
         [["new"] * 500] * 3, [["exists"] * 500] * 2 + [["new"] * 500],
         [["exists"] * 500] * 3)
-    assert [reply[0::2] for reply in replies] == [[j.job_id for j in jobs[s:s + 500]]
+    assert [reply[1::2] for reply in replies] == [[j.job_id for j in jobs[s:s + 500]]
                                                  for s in range(0, 1500, 500)]
     assert queue.counts()["pending"] == 1501
 
@@ -646,7 +669,7 @@ def test_a_claim_that_fails_midway_puts_back_what_it_popped(queue: Queue) -> Non
     refs = queue.enqueue_many([JobSpec(i, lane="l") for i in range(3)])
     broken = [3, "not-a-number", "0", "w", 1000, 1000, 0, 0, 0, 0]  # a bad default lease
     with pytest.raises(Exception, match="arithmetic"):
-        queue._run("claim", queue.shard(0), broken)
+        caller.run(queue.client, "claim", queue.shard(0), broken)
     assert queue.counts()["pending"] == 3  # nothing stranded: still on the lane and the ring
     assert [lease.job_id for lease in claim_all(queue)] == [r.id for r in refs]
 
@@ -657,15 +680,15 @@ def test_heads_are_the_first_job_of_each_priority_band_of_each_lane(queue: Queue
     b = queue.enqueue("b", lane="l1")
     low = queue.enqueue("low", lane="l1", priority=-5)
     queue.enqueue("c", delay=60)
-    heads = queue.heads(0)
+    heads = backlog.heads(queue, 0)
     assert {(lane, job_id) for lane, job_id, _ in heads} == {("", a.id), ("l1", b.id), ("l1", low.id)}
     assert all(ready > 0 for _, _, ready in heads)
-    wait = queue.oldest_wait()
+    wait = backlog.oldest_wait(queue)
     assert wait is not None and 0 <= wait < 5
     queue.cancel(b.id)
     queue.cancel(low.id)
     claim_all(queue)
-    assert queue.heads(0) == [] and queue.oldest_wait() is None
+    assert backlog.heads(queue, 0) == [] and backlog.oldest_wait(queue) is None
 
 
 def test_outcomes_are_counted_per_minute(queue: Queue, valkey: Any) -> None:
@@ -700,6 +723,6 @@ def test_after_a_shrink_jobs_on_retired_shards_stay_reachable(valkey: Any) -> No
     narrow = Queue("shrunk", client=valkey, shards=1)
     assert narrow.get(far.id) is not None  # get_job, retry, cancel find it on shard 3
     assert narrow.cancel(far.id) == "cancelled"
-    time.sleep(0.08)
+    wait_past(valkey, *(wide.shard(i).key("schedule") for i in range(4)))
     assert narrow.promote() == 20  # maintenance covers the retired shards too
     assert len(narrow.dequeue(count=100)) == 39

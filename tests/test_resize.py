@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jobqueue import layout as layouts
+from jobqueue import layouts
 from jobqueue.exceptions import InvalidOption
 from jobqueue.keys import placement_hash
 from jobqueue.store import JobSpec, Queue
@@ -246,11 +246,12 @@ def test_resizing_under_load_loses_nothing_and_runs_nothing_twice(
     try:
         producer = threading.Thread(target=produce)
         producer.start()
-        time.sleep(0.3)
+        wait_for(lambda: len(enqueued) >= 120)  # a few rounds before the grow
         queue.resize(4)
         wait_for(lambda: not queue.layout(fresh=True).settling, timeout=60, every=0.1)
         queue.resize(2)
-        time.sleep(1.0)  # still producing while shards 2 and 3 drain
+        shrunk_at = len(enqueued)
+        wait_for(lambda: len(enqueued) >= shrunk_at + 400)  # still producing while 2 and 3 drain
         stop.set()
         producer.join()
         total = len(enqueued)

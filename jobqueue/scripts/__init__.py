@@ -1,18 +1,18 @@
 """Loads the transition scripts: one Lua file per transition, the helpers it uses from
-`_common.lua` prepended.
+`_common.lua` prepended. `caller` sends them.
 
-Each file's header declares its KEYS (`KEYS[n] name TYPE …`); `keys_for` builds exactly that list
-for a shard, so a wrapper can never pass a key its script does not declare.
+Each file's header declares its KEYS (`KEYS[n] name TYPE …`); `ScriptSource.keys_for` builds
+exactly that list for a shard, and the caller passes only that list, so a wrapper can never pass
+a key its script does not declare.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-import weakref
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
 
 from ..keys import ShardKeys
 
@@ -51,6 +51,11 @@ class ScriptSource:
     def keys_for(self, shard: ShardKeys) -> list[str]:
         return [shard.base if k == "base" else shard.key(k) for k in self.key_names]
 
+    @cached_property
+    def sha(self) -> str:
+        """What EVALSHA names it by: the SHA-1 of its text, as the server computes it."""
+        return hashlib.sha1(self.text.encode()).hexdigest()
+
 
 @cache
 def source(name: str) -> ScriptSource:
@@ -77,22 +82,3 @@ def _helpers_for(body: str) -> str:
             wanted.add(used)
             todo.append(defined[used])
     return "".join(piece for name, piece in defined.items() if name in wanted)
-
-
-@cache
-def keys_for(name: str, shard: ShardKeys) -> tuple[str, ...]:
-    """The KEYS a transition takes on a shard (cached: the hot path builds none per call)."""
-    return tuple(source(name).keys_for(shard))
-
-
-_registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-
-
-def script(client: Any, name: str) -> Any:
-    """The redis-py Script for `name` on `client`: called by SHA, loaded again on NOSCRIPT."""
-    per_client = _registered.get(client)  # (setdefault would make a weak reference per call)
-    if per_client is None:
-        per_client = _registered.setdefault(client, {})
-    if name not in per_client:
-        per_client[name] = client.register_script(source(name).text)
-    return per_client[name]

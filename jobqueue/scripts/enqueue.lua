@@ -4,7 +4,8 @@ KEYS[2] ring      LIST    lanes with ready work
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] wake      LIST    wake tokens for blocked workers
 KEYS[5] meta      HASH    'draining' set: the shard takes no new jobs (a resize shrank the queue);
-                          'paused'
+                          'paused'; 'listed': the producer recorded the queue in the registry
+                          (gone with the rest after Valkey lost its data: then listed again)
 KEYS[6] active    ZSET    id -> lease deadline ms (a job handed to an idle worker is leased here)
 KEYS[7] idle      HASH    idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>',
                           each field expiring when its worker's wait does
@@ -25,7 +26,7 @@ waits here: the script leases it as claim.lua would (attempts 1, the worker's le
 '<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring with the lease:
 a worker that died before it took the job leaves it to the reaper), which the worker's BLPOP
 returns. The worker needs no claim call; no wake token is pushed. Each idle entry takes one job.
-Returns: per job two entries: id, status — 'new'; 'exists' (unique_key or caller's id already
+Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries: id, status — 'new'; 'exists' (unique_key or caller's id already
         live: id is the existing job's); 'collision' (a minted id already taken: mint again);
         'moved' (mode '': the shard is draining; re-read the layout); 'absent' (mode 'prior':
         neither the lane nor the key is here; place it on its live shard)
@@ -38,9 +39,9 @@ local function at()
   now = now or now_ms()
   return now
 end
-local out, ready = {}, 0
+local flags = redis.call('HMGET', meta, 'draining', 'paused', 'listed')
+local out, ready = {flags[3] and 1 or 0}, 0
 local filled = {}  -- lanes this call already put on the ring (or found there)
-local flags = redis.call('HMGET', meta, 'draining', 'paused')
 if not prior and flags[1] then
   for i = 0, n - 1 do out[#out + 1] = ARGV[3 + i * 10]; out[#out + 1] = 'moved' end
   return out

@@ -38,8 +38,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 
-from .. import autoscale, outbox, schedule, signals, spec, wire
-from .. import layout as layouts
+from .. import autoscale, backlog, layouts, outbox, schedule, signals, spec, wire
 from ..conf import get_client, get_config
 from ..exceptions import ConfigurationError
 from ..records import Lease
@@ -731,8 +730,8 @@ class Worker:
         self._summarised = done
         pending, lag = 0, 0.0
         for queue in self.queues:
-            counts, wait = queue.counts(), queue.oldest_wait()
-            queue.sample_backlog(counts["pending"] + counts["scheduled"], wait)
+            counts, wait = queue.counts(), backlog.oldest_wait(queue)
+            backlog.sample(queue, counts["pending"] + counts["scheduled"], wait)
             pending += counts["pending"]
             lag = max(lag, wait or 0.0)
         log.info("summary: %.1f jobs/s, processed=%d failed=%d in_flight=%d pending=%d lag=%.1fs",

@@ -13,7 +13,7 @@ from jobqueue import actions, outbox
 from jobqueue.conf import get_config
 from jobqueue.exceptions import JobQueueError
 from jobqueue.keys import queue_list, validate_queue
-from jobqueue.layout import MAX_SHARDS
+from jobqueue.layouts import MAX_SHARDS
 from jobqueue.store import Queue, known_queues
 
 

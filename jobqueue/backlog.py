@@ -1,0 +1,43 @@
+"""How long ready work has waited: a read model for the console, the metrics and the worker's
+summary line, over the shards' lane heads (`heads.lua`).
+
+`sample` writes the dashboard's per-minute samples (`m:<minute>` hashes of shard 0, kept two
+hours) that the console's charts read; everything else here only reads.
+"""
+
+from __future__ import annotations
+
+from .ids import minted_ms
+from .scripts import caller
+from .store import Queue
+
+SAMPLE_TTL = 7200
+"""Seconds a minute's sample is kept (the charts show the last two hours)."""
+
+
+def heads(queue: Queue, index: int, lanes: int = 1000, bands: int = 10) -> list[tuple[str, str, int]]:
+    """(lane, job id, ms it became ready) of the first job of each priority band of shard
+    `index`'s lanes (the first `lanes` of its ring): where its longest waits are."""
+    reply = caller.run(queue.client, "heads", queue.shard(index), [lanes, bands])
+    return [(reply[n], reply[n + 1], int(reply[n + 2]) or minted_ms(reply[n + 1]) or 0)
+            for n in range(0, len(reply), 3)]
+
+
+def oldest_wait(queue: Queue, now: int | None = None, lanes: int = 1000) -> float | None:
+    """Seconds the longest-waiting ready job has waited (server clock, `now` in ms if the caller
+    has it), among the first `lanes` lanes of each shard; None when none waits."""
+    if now is None:
+        seconds, micros = queue.client.time()
+        now = int(seconds) * 1000 + int(micros) // 1000
+    oldest = min((ready for i in range(queue.claim_shards()) for _, _, ready in heads(queue, i, lanes)),
+                 default=None)
+    return None if oldest is None else max(now - oldest, 0) / 1000
+
+
+def sample(queue: Queue, waiting: int, oldest: float | None) -> None:
+    """Note this minute's backlog and oldest wait for the dashboard's charts (workers call it at
+    each summary; the last sample of a minute stands)."""
+    seconds, _ = queue.client.time()
+    key = queue.shard(0).key(f"m:{int(seconds) // 60}")
+    queue.client.hset(key, mapping={"backlog": waiting, "oldest_ms": round((oldest or 0.0) * 1000)})
+    queue.client.expire(key, SAMPLE_TTL)

@@ -1,0 +1,63 @@
+"""The queue registry (`{emq}:queues`, read by `known_queues`): a producer lists its queue there,
+and lists it again after Valkey lost its data (a flush, a restore onto a fresh server), without
+a round trip of its own on a normal enqueue."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from redis.cluster import RedisCluster
+
+from jobqueue import conf, layouts
+from jobqueue.store import JobSpec, Queue, known_queues
+
+
+def lose_everything(client: Any) -> None:
+    if isinstance(client, RedisCluster):
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        client.flushall()
+
+
+def test_a_producer_lists_its_queue_again_after_valkey_lost_its_data(valkey: Any) -> None:
+    one, many = Queue("reports", client=valkey), Queue("exports", client=valkey, shards=2)
+    one.enqueue("x")
+    many.enqueue_many([JobSpec(i) for i in range(10)])
+    assert {"reports", "exports"} <= set(known_queues(valkey))
+    lose_everything(valkey)
+    assert not {"reports", "exports"} & set(known_queues(valkey))
+    one.enqueue("y")  # the same process, the same client, the same Queue objects
+    many.enqueue_many([JobSpec(i) for i in range(10)])
+    assert {"reports", "exports"} <= set(known_queues(valkey))
+    assert int(valkey.hget("{emq}:queues", "exports")) == 2
+
+
+def test_a_handlers_enqueue_lists_its_queue_again_after_valkey_lost_its_data(settings: Any) -> None:
+    from tests.jobapp import jobs
+
+    reports = jobs.add.using(queue="reports")
+    reports.enqueue(1, 2)
+    assert "reports" in known_queues()
+    lose_everything(conf.get_client())
+    reports.enqueue(3, 4)
+    assert "reports" in known_queues()
+
+
+def test_a_normal_enqueue_is_one_round_trip(valkey_server: Any) -> None:
+    client = conf.client_for_url(valkey_server.url)
+    queue = Queue("reports", client=client)
+    queue.enqueue("warm")  # listed, its script loaded
+    live = queue.layout()  # kept for a minute: this test counts the enqueue's own commands
+    layouts._cache[client][("reports", queue.configured)] = (time.monotonic() + 60, live)
+    with conf.client_for_url(valkey_server.url).monitor() as monitor:
+        queue.enqueue("x")
+        queue.enqueue_many([JobSpec(i) for i in range(3)])
+        client.echo("counted")
+        sent = []
+        while (command := monitor.next_command())["command"] != "ECHO counted":
+            name = command["command"].split()[0]
+            # (the commands a script runs are listed too; a new connection says hello)
+            if command["client_type"] != "lua" and name not in ("CLIENT", "HELLO", "PING"):
+                sent.append(name)
+    assert sent == ["EVALSHA", "EVALSHA"]
