@@ -189,8 +189,9 @@ def run(work: Path) -> dict[str, object]:
         row = project.sh("python manage.py shell -v 0 -c \"from jobqueue.models import Job; "
                          f"j = Job.objects.get(pk='{job_id}'); print(j.state, j.result)\"")
         where = project.sh("python -c 'import jobqueue; print(jobqueue.__file__)'")
-        return {"wheel": wheel, "job_id": job_id, "row": row.strip(), "where": where.strip(),
-                "pages": project.console(job_id), "times": project.times}
+        django = project.sh("python -m django --version").strip()
+        return {"wheel": wheel, "django": django, "job_id": job_id, "row": row.strip(),
+                "where": where.strip(), "pages": project.console(job_id), "times": project.times}
     finally:
         project.cleanup()
 
@@ -201,8 +202,8 @@ def main() -> int:
         found = run(Path(work))
         for step, seconds in found["times"].items():  # type: ignore[union-attr]
             print(f"{seconds:6.1f}s  {step}")
-        print(f"job {found['job_id']}: {found['row']}; jobqueue from {found['where']}; "
-              f"{time.monotonic() - started:.0f}s in all")
+        print(f"Django {found['django']}: job {found['job_id']}: {found['row']}; "
+              f"jobqueue from {found['where']}; {time.monotonic() - started:.0f}s in all")
         ok = (found["row"] == "succeeded receipt 991 sent" and "/venv/" in str(found["where"])
               and found["job_id"] in found["pages"]["job"])  # type: ignore[index]
         print("install check: " + ("passed" if ok else "FAILED"))
