@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Developer entry point: `./dev.sh demo` or `./dev.sh test` (see README.md).
+# Developer entry point: `./dev.sh demo` or `./dev.sh test` (see README.md). DEMO_PORT=8001
+# ./dev.sh demo serves the demo on another port than 8000.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -27,14 +28,36 @@ setup() {
   fi
 }
 
-# Ctrl-C stops everything the demo started: the worker, and the embedded valkey-server (a
-# daemon, outside this process group) unless it was already running before the demo.
+# Ctrl-C stops everything the demo started, within seconds: the server, the worker, the players
+# and the embedded valkey-server (a daemon in a session of its own) unless it was already
+# running before the demo. Each of the three runs as a job in its own process group (set -m), so
+# that stopping one stops its children too (runserver's autoreloader serves from a child process).
+demo_stop() {  # demo_stop SIGNAL: signal each job's process group; true when all are gone
+  local alive=0 pid
+  for pid in "${jobs_started[@]}"; do
+    if kill -0 -- "-$pid" 2>/dev/null; then alive=1; [ "$1" = 0 ] || kill "-$1" -- "-$pid" 2>/dev/null || true; fi
+  done
+  [ "$alive" = 0 ]
+}
+
+demo_wait_gone() {  # demo_wait_gone SECONDS CHECK...: poll CHECK until it succeeds or time runs out
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do [ "$SECONDS" -ge "$deadline" ] && return 1; sleep 0.1; done
+}
+
+valkey_gone() { ! kill -0 "$valkey_pid" 2>/dev/null; }
+
 demo_cleanup() {
-  kill -TERM "$players" 2>/dev/null || true
-  kill -TERM "$worker" 2>/dev/null || true
-  wait "$worker" 2>/dev/null || true
-  if [ "$started_valkey" = 1 ] && [ -f "$pidfile" ]; then
-    kill -TERM "$(cat "$pidfile")" 2>/dev/null || true
+  trap '' INT TERM  # a second Ctrl-C does not cut the cleanup short (it takes seconds at most)
+  # The worker drains on the first TERM and stops on the second; KILL is for anything left.
+  demo_stop TERM || demo_wait_gone 4 demo_stop 0 \
+    || { demo_stop TERM || demo_wait_gone 2 demo_stop 0; } || demo_stop KILL || true
+  wait 2>/dev/null || true
+  valkey_pid=$(cat "$pidfile" 2>/dev/null || true)
+  if [ "$started_valkey" = 1 ] && [ -n "$valkey_pid" ] && grep -qs valkey-server "/proc/$valkey_pid/cmdline"; then
+    kill -TERM "$valkey_pid" 2>/dev/null || true
+    demo_wait_gone 5 valkey_gone || kill -KILL "$valkey_pid" 2>/dev/null || true
   fi
 }
 
@@ -42,19 +65,25 @@ demo() {
   setup
   export DJANGO_SETTINGS_MODULE=project.settings
   unset VALKEY_URL DATABASE_URL
-  pidfile=var/valkey/valkey.pid started_valkey=1  # globals: the EXIT trap runs after demo() returns
+  local port=${DEMO_PORT:-8000}
+  pidfile=var/valkey/valkey.pid started_valkey=1 jobs_started=()  # globals: for the EXIT trap
   if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then started_valkey=0; fi
+  trap demo_cleanup EXIT  # from here: migrate may be the one that starts the embedded Valkey
+  trap 'exit 130' INT TERM  # so that Ctrl-C runs the EXIT trap
   "$VENV/bin/python" manage.py migrate --noinput
   "$VENV/bin/python" manage.py demo_setup
-  "$VENV/bin/python" manage.py runworker --concurrency 4 &
-  worker=$!
-  "$VENV/bin/python" manage.py codemojex_players &
-  players=$!
-  trap demo_cleanup EXIT
-  trap 'exit 130' INT TERM  # so that Ctrl-C runs the EXIT trap
-  echo "==> admin: http://127.0.0.1:8000/admin/jobqueue/job/live/  (user admin, password admin)"
-  echo "==> codemojex, fair lanes at work: http://127.0.0.1:8000/codemojex/"
-  "$VENV/bin/python" manage.py runserver 127.0.0.1:8000
+  set -m
+  "$VENV/bin/python" manage.py runworker --concurrency 4 </dev/null &
+  jobs_started+=($!)
+  "$VENV/bin/python" manage.py codemojex_players </dev/null &
+  jobs_started+=($!)
+  "$VENV/bin/python" manage.py runserver "127.0.0.1:$port" </dev/null &
+  jobs_started+=($!)
+  set +m
+  echo "==> admin: http://127.0.0.1:$port/admin/jobqueue/job/live/  (user admin, password admin)"
+  echo "==> codemojex, fair lanes at work: http://127.0.0.1:$port/codemojex/"
+  echo "==> Ctrl-C stops the demo"
+  wait "${jobs_started[2]}"  # (returns at once on Ctrl-C: the trap then runs)
 }
 
 test_suite() {

@@ -105,3 +105,51 @@ def register() -> None:
     checks.register(check_settings, "jobqueue")
     checks.register(check_tasks, "jobqueue")
     checks.register(check_valkey, "jobqueue", deploy=True)
+
+
+EVICTION_HINT = ("Set `maxmemory-policy noeviction` in valkey.conf (or your provider's parameter "
+                 "group): Valkey then refuses writes when full, and enqueue raises, instead of "
+                 "dropping keys. See docs/operating.md.")
+AOF_HINT = ("Set `appendonly yes` (with `appendfsync everysec` or `always`) in valkey.conf, or "
+            "make the queues that must survive a restart durable (`\"durable\": True`: the "
+            "database row first). See docs/operating.md.")
+
+
+@checks.register("jobqueue", deploy=True)
+def check_valkey_keeps_jobs(**_: Any) -> list[checks.CheckMessage]:
+    """Deploy check: Valkey must keep what it holds. A `maxmemory-policy` other than
+    `noeviction` may evict a job's row (a lost job, or a queue's index pointing at nothing), and
+    with AOF off a restart loses every job of a non-durable queue since the last snapshot."""
+    from redis.exceptions import RedisError
+
+    from . import conf
+    from .exceptions import JobQueueError
+
+    try:
+        config = conf.get_config()
+        client = conf.get_client()
+        memory, persistence = _each_server(client.info("memory")), _each_server(client.info("persistence"))
+    except (RedisError, JobQueueError, OSError):
+        return []  # jobqueue.E005 already says that Valkey does not answer
+    found: list[checks.CheckMessage] = []
+    policies = sorted({str(info.get("maxmemory_policy", "noeviction")) for info in memory} - {"noeviction"})
+    if policies:
+        found.append(checks.Warning(
+            f"Valkey's maxmemory-policy is {', '.join(policies)}: when it reaches maxmemory it "
+            "evicts keys, and an evicted job row is a lost job",
+            hint=EVICTION_HINT, id="jobqueue.W010"))
+    plain = sorted(name for name, options in (config.queues or {"default": config.defaults}).items()
+                   if not options.durable)
+    if plain and not all(str(info.get("aof_enabled", "0")) == "1" for info in persistence):
+        found.append(checks.Warning(
+            f"Valkey's append-only file (AOF) is off, and queue(s) {', '.join(plain)} are not "
+            "durable: a Valkey restart loses their jobs written since the last snapshot",
+            hint=AOF_HINT, id="jobqueue.W011"))
+    return found
+
+
+def _each_server(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """INFO of each server: a cluster client answers with one dict per node."""
+    if reply and all(isinstance(value, dict) for value in reply.values()):
+        return list(reply.values())
+    return [reply]

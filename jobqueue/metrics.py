@@ -37,7 +37,7 @@ class ValkeyCollector:
     """Collects every known queue's figures from Valkey at scrape time."""
 
     def collect(self) -> Iterator[Any]:
-        from .console import bucket_level, server_ms
+        from .readmodels import bucket_level, server_ms
 
         jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs by state now", labels=["queue", "state"])
         oldest = GaugeMetricFamily("jobqueue_oldest_wait_seconds",

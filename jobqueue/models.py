@@ -1,7 +1,9 @@
-"""The durable floor in MySQL: a mirror of finished jobs, and the shards of each queue."""
+"""The durable floor in the database (MySQL/MariaDB, PostgreSQL or SQLite): a mirror of finished
+jobs, and the shards of each queue."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Iterable
 from functools import cache, lru_cache
 from typing import Any
@@ -146,6 +148,9 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
 
     adapters: dict[type, Callable[[Any], Any]] = {models.DateTimeField: adapt_datetime,
                                                   models.JSONField: adapt_json}
+    if db.vendor == "postgresql":  # it stores no NUL character, in text or in jsonb
+        adapters.update({models.CharField: _text_without_nul, models.TextField: _text_without_nul,
+                         models.JSONField: _json_without_nul})
     columns = [(f.attname, adapters.get(type(f))) for f in Job._meta.concrete_fields]
     values = [[adapt(row[name]) if adapt else row[name] for name, adapt in columns] for row in rows]
     sql = _insert_sql(db.vendor, tuple(sorted(update)))
@@ -156,6 +161,32 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
         with transaction.atomic(savepoint=False), db.cursor() as cursor:
             cursor.executemany(sql, values)
     return len(values)
+
+
+def _text_without_nul(value: Any) -> Any:
+    """Text PostgreSQL accepts: a NUL character (which MySQL and SQLite keep) becomes U+FFFD, so
+    that a handler's error holding one cannot fail its batch, and the mirror, for ever."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+
+
+def _json_without_nul(value: Any) -> Any:
+    """JSON text PostgreSQL's jsonb accepts: a `\\u0000` in any string becomes U+FFFD."""
+    if value is None:
+        return None
+    text = value if isinstance(value, EncodedJSON) else json.dumps(value)
+    if "\\u0000" not in text:
+        return text
+    return json.dumps(_strings_without_nul(json.loads(text)))
+
+
+def _strings_without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return _text_without_nul(value)
+    if isinstance(value, list):
+        return [_strings_without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {_text_without_nul(key): _strings_without_nul(item) for key, item in value.items()}
+    return value
 
 
 @cache

@@ -1,5 +1,7 @@
 """`django.tasks` on jobqueue: `TASKS = {"default": {"BACKEND": "jobqueue.tasks.ValkeyBackend"}}`.
 
+On Django 5.2 the same backend runs the tasks of the `django-tasks` backport (`django_tasks`).
+
 A task is enqueued as a job whose handler is `django.tasks:<module.function>`; `runworker` runs it
 with the task's own function. Result ids are job ids. Statuses map onto Django's four:
 pending/scheduled → READY, active → RUNNING, succeeded → SUCCESSFUL, dead/cancelled → FAILED.
@@ -10,11 +12,17 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskContext, TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.utils.module_loading import import_string
+
+try:  # Django 6.0 and later ship django.tasks
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+except ImportError:  # Django 5.2: the django-tasks backport (`pip install jobqueue[tasks]`)
+    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
+    from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus  # type: ignore[no-redef]
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
+    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
 
 from .api import JobFunction, JobOptions, submit
 from .exceptions import JobQueueError, UnknownHandler

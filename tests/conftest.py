@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,8 @@ from .servers import ValkeyCluster, ValkeyProcess
 
 def pytest_report_header(config: pytest.Config) -> str:
     engine = django_settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
-    note = "" if engine == "mysql" else "  (no MySQL server answered on 127.0.0.1:3306)"
+    chosen = "DATABASE_URL" in os.environ or engine == "mysql"
+    note = "" if chosen else "  (no MySQL server answered on 127.0.0.1:3306)"
     return f"jobqueue tests: database = {engine}{note}"
 
 

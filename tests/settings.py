@@ -1,12 +1,16 @@
-"""Test settings: the project's, on MariaDB when one answers on 127.0.0.1:3306, else SQLite.
+"""Test settings: the project's, on the database DATABASE_URL names (MariaDB/MySQL, PostgreSQL
+or SQLite), else on MariaDB when one answers on 127.0.0.1:3306, else SQLite.
 
-CI always has MariaDB (.ci/run starts it); a laptop without one still runs the suite and
-says so at the top of the run. Valkey servers are started by fixtures (tests/conftest.py).
+`DATABASE_URL=postgres://postgres@127.0.0.1:5432/jobqueue` runs the tests on PostgreSQL (the test
+database is `test_` + that name). CI always has MariaDB and PostgreSQL (.ci/run starts them); a
+laptop without either still runs the suite and says so at the top of the run. Valkey servers are
+started by fixtures (tests/conftest.py).
 """
 
 import json
 import os
 import socket
+from pathlib import Path
 
 from project.settings import *  # noqa: F403
 from project.settings import BASE_DIR, env
@@ -31,6 +35,10 @@ else:
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
                              "NAME": str(BASE_DIR / "var" / "test.sqlite3"),
                              "TEST": {"NAME": str(BASE_DIR / "var" / "test.sqlite3")}}}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and "TEST" not in DATABASES["default"]:
+    # A file, not Django's in-memory test database: worker subprocesses open the same one.
+    _name = Path(DATABASES["default"]["NAME"])
+    DATABASES["default"]["TEST"] = {"NAME": str(_name.with_name("test_" + _name.name))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
     DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4"}

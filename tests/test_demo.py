@@ -3,16 +3,22 @@ others are served, and the page shows it."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 
 from jobqueue import Queue
+from jobqueue.embedded import free_port
 from project.demo import codemojex
 
 from .servers import ValkeyProcess
-from .workers import run_burst
+from .workers import ROOT, run_burst, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,3 +43,62 @@ def test_a_flooding_player_waits_in_their_lane_and_the_page_shows_it(
     assert run_burst(valkey_server.url, "--queues", "cm", "--lease", "5") == 0
     rows = {row["player"]: row for row in codemojex.board()}
     assert rows["ada"]["solved"] and rows["masher"]["waiting"] == 0
+
+
+def _session_pids(sid: int) -> set[int]:
+    """The processes of session `sid` (everything `./dev.sh demo` started but daemons)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_demo_stops_every_process_it_started() -> None:
+    """SIGINT to the demo's process group, as a terminal's Ctrl-C sends it, while it serves: the
+    server (and runserver's serving child), the worker, the players and the embedded
+    valkey-server are all gone within seconds."""
+    pidfile = ROOT / "var" / "valkey" / "valkey.pid"
+    if pidfile.exists() and _alive(int(pidfile.read_text())):
+        pytest.skip("a demo's valkey-server already runs in var/valkey: the demo would keep it")
+    port = free_port()
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "VALKEY_URL")}
+    demo = subprocess.Popen(["./dev.sh", "demo"], cwd=ROOT, env={**env, "DEMO_PORT": str(port)},
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    valkey = None
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/admin/login/"), timeout=180, every=0.2)
+        started = _session_pids(demo.pid)
+        valkey = int(pidfile.read_text())
+        assert len(started) >= 5 and _alive(valkey)  # dev.sh, worker, players, runserver ×2
+        os.killpg(demo.pid, signal.SIGINT)
+        assert demo.wait(15) == 130
+        wait_for(lambda: not any(_alive(pid) for pid in started) and not _alive(valkey), timeout=5)
+        assert not _session_pids(demo.pid)
+    finally:
+        for pid in _session_pids(demo.pid) | ({valkey} if valkey and _alive(valkey) else set()):
+            os.kill(pid, signal.SIGKILL)  # a failed test leaves nothing behind
+        demo.wait(10)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.db import transaction
-from django.tasks import TaskResultStatus, task_backends
+
+try:
+    from django.tasks import TaskResultStatus, task_backends
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import TaskResultStatus, task_backends  # type: ignore[no-redef]
 
 from jobqueue import Queue, enqueue, get_job
 from jobqueue.exceptions import InvalidOption, InvalidPriority, UnknownHandler

@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def database_url() -> str:
     """The URL of the test database this test process uses, for a subprocess to share."""
     s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
+    if connection.vendor == "sqlite":
         return f"sqlite:///{s['NAME']}"
+    scheme, port = {"mysql": ("mysql", 3306), "postgresql": ("postgres", 5432)}[connection.vendor]
     password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
-    return f"mysql://{s['USER']}{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 3306}/{s['NAME']}"
+    return f"{scheme}://{s['USER']}{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or port}/{s['NAME']}"
 
 
 def start_worker(valkey_url: str, *args: str, db_url: str | None = None,

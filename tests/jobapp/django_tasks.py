@@ -1,6 +1,9 @@
 """django.tasks functions the integration tests enqueue through jobqueue.tasks.ValkeyBackend."""
 
-from django.tasks import TaskContext, task
+try:
+    from django.tasks import TaskContext, task
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import TaskContext, task  # type: ignore[no-redef]
 
 
 @task

@@ -1,0 +1,79 @@
+"""The history's bulk upsert on each database (MariaDB/MySQL, PostgreSQL, SQLite: the run's
+DATABASE_URL picks it, see tests/settings.py): ids that differ only in case, replays, the outbox
+columns of a durable row, and text a database refuses as it is (NUL characters)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from jobqueue import Queue
+from jobqueue.mirror import Mirror, upsert
+from jobqueue.models import Job, insert_jobs
+from tests.jobapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def event(job_id: str, state: str = "succeeded", **fields: str) -> dict[str, str]:
+    """A terminal event as the scripts write it to a shard's `done` stream."""
+    now = str(int(datetime.now(UTC).timestamp() * 1000))
+    return {"id": job_id, "state": state, "attempts": "1", "payload": '{"handler": "h"}',
+            "enqueued_at": now, "started_at": now, "finished_at": now, **fields}
+
+
+def test_ids_that_differ_only_in_case_are_two_rows_and_a_replay_rewrites_one() -> None:
+    lower, upper = "JOB0000000000a", "JOB0000000000A"
+    assert upsert([event(lower, result='"first"'), event(upper, result='"other"')], "default") == 2
+    upsert([event(lower, "dead", last_error="boom"), event(lower, result='"again"')], "default")
+    rows = {row.id: row for row in Job.objects.all()}
+    assert set(rows) == {lower, upper}
+    assert rows[lower].result == "again" and rows[lower].state == "succeeded"
+    assert rows[upper].result == "other"
+    assert Job.objects.filter(pk=lower).count() == 1 and not Job.objects.filter(pk="job0000000000a")
+
+
+def test_the_mirror_keeps_a_durable_rows_outbox_columns(settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {}, "durable": {"durable": True}}}
+    ref = jobs.add.using(queue="durable").enqueue(1, 2)
+    before = Job.objects.get(pk=ref.id)
+    upsert([event(ref.id, result="3")], "durable")
+    row = Job.objects.get(pk=ref.id)
+    assert row.state == "succeeded" and row.result == 3
+    assert row.durable and row.run_after == before.run_after and row.enqueued_at is not None
+
+
+def test_text_with_nul_characters_and_any_unicode_is_mirrored() -> None:
+    """PostgreSQL refuses NUL in text and `\\u0000` in jsonb, which MySQL and SQLite store: a
+    handler's error or result holding one must not stop the mirror (its batch would fail for
+    ever), so those characters are replaced there and everything else is kept."""
+    queue = Queue("default")
+    ref = jobs.add.using(lane="tenant-7").enqueue("a\x00b", "ü")
+    [lease] = queue.dequeue(count=1, worker="w")
+    queue.nack(lease, "Traceback: bad\x00byte 🚀", fatal=True)
+    other = jobs.add.enqueue(1, 1)
+    [lease] = queue.dequeue(count=1, worker="w")
+    queue.ack(lease, {"text": "nul\x00here", "emoji": "🎉"})
+    assert Mirror([queue], consumer="t").step() == 2
+    dead, done = Job.objects.get(pk=ref.id), Job.objects.get(pk=other.id)
+    nul = "\ufffd" if connection.vendor == "postgresql" else "\x00"
+    assert dead.state == "dead" and dead.last_error == f"Traceback: bad{nul}byte 🚀"
+    assert dead.lane == "tenant-7" and dead.payload["args"] == [f"a{nul}b", "ü"]
+    assert done.result == {"text": f"nul{nul}here", "emoji": "🎉"}
+    assert Mirror([queue], consumer="t").backlog() == 0
+
+
+def test_a_batch_inside_the_callers_transaction_rolls_back_with_it() -> None:
+    rows = [{**{f.attname: None for f in Job._meta.concrete_fields}, "id": f"JOB0000000000{i}",
+             "queue": "default", "shard": 0, "lane": "", "state": "pending", "priority": 0,
+             "attempts": 0, "max_attempts": 0, "last_error": "", "unique_key": "", "worker": "",
+             "mirrored_at": datetime.now(UTC), "durable": True, "relayed": False}
+            for i in range(3)]
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert insert_jobs(rows) == 3
+        assert Job.objects.count() == 3
+        raise RuntimeError("rollback")
+    assert not Job.objects.exists()
