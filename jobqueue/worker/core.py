@@ -161,7 +161,8 @@ class Worker:
         self._lock = threading.Lock()
         self._claim_lock = threading.Lock()
         self._finished: SimpleQueue[tuple[Lease, Outcome]] = SimpleQueue()
-        self._unrecorded: list[tuple[Lease, Outcome]] = []
+        """Outcomes to record: the one hand-off between the threads that finish, carry or fail to
+        record them and the main loop, the only thread that takes them out."""
         self._acks_waiting: list[tuple[Lease, Outcome]] = []
         """Successes waiting (ACK_WAIT at most) for a claim to carry them."""
         self._acks_since = 0.0
@@ -306,7 +307,7 @@ class Worker:
             try:
                 return self._claim_locked(successes, since, woken)
             except VALKEY_DOWN:
-                self._unrecorded = successes + self._unrecorded  # acked once Valkey is back
+                self._give_back(successes)  # acked once Valkey is back
                 raise
 
     def _claim_locked(self, successes: list[tuple[Lease, Outcome]], since: float,
@@ -384,14 +385,14 @@ class Worker:
         """Turn finished runs into transitions: failures one by one, successes in one ack call
         per queue, or, with `defer_acks`, handed back for the next claim to carry. The jobs are
         forgotten either way: their slots are free for that claim."""
+        pending: list[tuple[Lease, Outcome]] = []
         while True:
             try:
-                self._unrecorded.append(self._finished.get_nowait())
+                pending.append(self._finished.get_nowait())
             except Empty:
                 break
-        if not self._unrecorded:
+        if not pending:
             return []
-        pending, self._unrecorded = self._unrecorded, []
         successes = [(lease, out) for lease, out in pending if out.ok]
         recorded: set[str] = set()
         try:
@@ -411,14 +412,18 @@ class Worker:
                     recorded.update(lease.job_id for lease, _ in items)
                 return []
         except VALKEY_DOWN:  # what was not recorded yet is, once Valkey is back
-            self._unrecorded = [item for item in pending
-                                if item[0].job_id not in recorded] + self._unrecorded
+            self._give_back([item for item in pending if item[0].job_id not in recorded])
             raise
         with self._lock:
             for lease, _ in successes:
                 self._forget(lease)
             self._room.set()
         return successes
+
+    def _give_back(self, items: list[tuple[Lease, Outcome]]) -> None:
+        """Outcomes a failed call did not record, queued again for the main loop."""
+        for item in items:
+            self._finished.put(item)
 
     def _ack(self, queue: Queue, items: list[tuple[Lease, Outcome]]) -> None:
         self._acked(items, queue.ack_encoded([(lease, out.result) for lease, out in items]))
@@ -754,7 +759,7 @@ class Worker:
     def _burst_done(self) -> bool:
         """Nothing running here, no durable job left to relay, and no pending (unless paused),
         scheduled or active job left."""
-        if self._running or self._unrecorded or self._acks_waiting or not self._finished.empty():
+        if self._running or self._acks_waiting or not self._finished.empty():
             return False
         if any(q.options.durable for q in self.queues):
             try:
