@@ -1,9 +1,11 @@
-"""What finished reaches Valkey exactly once: outcomes held while Valkey is down are recorded
-once it is back, whatever thread's call failed (in-process, against a real server stopped)."""
+"""What finished reaches Valkey exactly once: successes ride the next claim but never wait long
+for one, and outcomes held while Valkey is down are recorded once it is back, whatever thread's
+call failed (in-process, against a real server stopped)."""
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -17,18 +19,18 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import jobqueue.worker
-from jobqueue import Queue, conf
+from jobqueue import Queue, conf, get_job
+from jobqueue.exceptions import VALKEY_DOWN
 from jobqueue.records import Lease
 from jobqueue.worker import Worker, WorkerConfig
 from jobqueue.worker.executor import Outcome
-from jobqueue.worker.heartbeat import Held
-from jobqueue.worker.mirror_thread import VALKEY_DOWN
 from jobqueue.worker.runners import Runners
 from tests.jobapp import jobs
 
 from .servers import ValkeyProcess
+from .workers import start_worker, wait_for
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 WORKER_CODE = str(Path(jobqueue.worker.__file__).parent)
 LOCK = type(threading.Lock())
 
@@ -36,12 +38,11 @@ LOCK = type(threading.Lock())
 def _holding(queue: Queue, leases: list[Lease], **options: Any) -> Worker:
     """A worker that holds `leases` as if its runners ran them, with no maintenance due."""
     worker = Worker(WorkerConfig(queues=(queue.name,), mirror=False, name="w-1", **options))
-    worker.queues, worker.shard_totals = [queue], {queue.name: 1}
-    worker._runners = Runners(1, worker._finished_one)
-    worker._next_maintenance = worker._next_fire = worker._next_summary = float("inf")
-    for lease in leases:
-        worker._running[lease.job_id] = Held(lease)
-        worker._held[queue.name] += 1
+    worker.served.add(queue, 1)
+    worker._runners = Runners(1, worker.outcomes.finished)
+    later = worker.maintenance
+    later._next_turn = later._next_fire = later._next_summary = float("inf")
+    worker.held.add(leases)
     return worker
 
 
@@ -136,8 +137,8 @@ def test_outcomes_finished_while_a_waiters_claim_fails_are_each_recorded_once_va
             failures = [lease for lease in leases if lease.payload["handler"].endswith("fails")]
             successes = [lease for lease in leases if lease not in failures]
             for failure, success in zip(failures, successes, strict=True):
-                worker._finished_one(failure, Outcome(False, error="boom"))
-                worker._finished_one(success, Outcome(True, result="2"))
+                worker.outcomes.finished(failure, Outcome(False, error="boom"))
+                worker.outcomes.finished(success, Outcome(True, result="2"))
                 interleaved.run(main_loops_turn)
         finally:
             interleaved.close()
@@ -149,6 +150,47 @@ def test_outcomes_finished_while_a_waiters_claim_fails_are_each_recorded_once_va
         counts = queue.counts()
         assert (counts["dead"], counts["succeeded"], counts["active"]) == (count, count, 0)
         assert (worker.failed, worker.processed) == (count, count)
-        assert not worker._running  # (every slot free again)
+        assert not worker.held.jobs  # (every slot free again)
     finally:
         server.cleanup()
+
+
+def test_a_success_that_no_claim_carries_is_recorded_at_once(valkey_server: ValkeyProcess) -> None:
+    # Successes wait a few ms for the next claim to carry their acks. With every slot held by
+    # long jobs no claim comes: the short job must be recorded anyway, not when the others end.
+    quick = jobs.add.using(priority=10).enqueue(1, 1)
+    jobs.sleep.enqueue_many([(3,)] * 7)
+    worker = start_worker(valkey_server.url, "--concurrency", "4")  # holds 8: 4 run, 4 wait
+    try:
+        wait_for(lambda: (get_job(quick.id) or quick).state == "succeeded", timeout=2)  # type: ignore[union-attr]
+        assert Queue("default").counts()["active"] == 7  # the long ones still hold their slots
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    counts = Queue("default").counts()
+    # The quick job's runner took a waiting one: 4 long jobs finished, 3 were handed back.
+    assert counts["succeeded"] == 5 and counts["pending"] == 3 and counts["active"] == 0
+
+
+def test_outcomes_held_while_valkey_is_down_are_each_recorded_once_it_is_back(
+        valkey_server: ValkeyProcess) -> None:
+    # In-process, step by step: a success whose claim failed (Valkey down), then a failure
+    # whose nack failed too. Neither may be forgotten: both are recorded once Valkey is back.
+    good, bad = jobs.add.enqueue(1, 1), jobs.always_fails.using(max_attempts=1).enqueue("x")
+    queue = Queue("default")
+    leases = {lease.job_id: lease for lease in queue.dequeue(count=2, worker="w-1")}
+    worker = _holding(queue, list(leases.values()))
+    valkey_server.stop()
+    try:
+        worker.outcomes.finished(leases[good.id], Outcome(True, result="2"))
+        with pytest.raises(VALKEY_DOWN):
+            worker._cycle()  # its ack was to ride in a claim, which failed
+        worker.outcomes.finished(leases[bad.id], Outcome(False, error="boom"))
+        with pytest.raises(VALKEY_DOWN):
+            worker._cycle()  # the nack failed as well
+    finally:
+        valkey_server.start()
+    worker._cycle()
+    worker._runners.stop(wait=True)
+    assert (queue.get(good.id).state, queue.get(bad.id).state) == ("succeeded", "dead")  # type: ignore[union-attr]
+    assert (worker.processed, worker.failed) == (1, 1) and not worker.held.jobs
