@@ -14,7 +14,7 @@ from jobqueue.models import Job
 from tests.jobapp import jobs
 
 from .servers import ValkeyProcess
-from .workers import run_burst, start_worker, wait_for
+from .workers import run_burst, start_worker, stop_twice, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -107,8 +107,6 @@ def test_a_stopping_worker_lets_async_jobs_finish_or_cancels_and_releases_them(
     log = tmp_path / "worker.log"
     worker = start_worker(valkey_server.url, log=log)
     wait_for(lambda: (get_job(long.id) or long).state == "active")  # type: ignore[union-attr]
-    worker.send_signal(signal.SIGTERM)
-    wait_for(lambda: "stop requested" in log.read_text())  # (the first signal was taken)
-    worker.send_signal(signal.SIGTERM)  # the second: release now; the task is cancelled
+    stop_twice(worker, log)  # the second: release now; the task is cancelled
     assert worker.wait(10) == 0
     assert (info := get_job(long.id)) and info.state == "pending" and info.attempts == 1

@@ -21,7 +21,7 @@ from jobqueue.models import Job
 from tests.jobapp import jobs
 
 from .servers import MariaDBProcess, ValkeyProcess
-from .workers import ROOT, database_url, run_burst, start_worker, wait_for
+from .workers import ROOT, database_url, run_burst, start_worker, stop_twice, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -119,9 +119,7 @@ def test_second_signal_releases_without_charging_the_budget(valkey_server: Valke
     log = tmp_path / "worker.log"
     worker = start_worker(valkey_server.url, log=log)
     wait_for(lambda: (get_job(ref.id) or ref).state == "active")  # type: ignore[union-attr]
-    worker.send_signal(signal.SIGTERM)
-    wait_for(lambda: "stop requested" in log.read_text())  # (the first signal was taken)
-    worker.send_signal(signal.SIGTERM)
+    stop_twice(worker, log)
     assert worker.wait(10) == 0
     info = get_job(ref.id)
     assert info and info.state == "pending" and info.attempts == 1  # back, budget intact
