@@ -83,7 +83,8 @@ class Interleaved:
         elif event == "opcode" and not any(lock.locked() for lock in self.locks):
             self._done.clear()
             self._go.set()
-            self._done.wait()
+            if not self._done.wait(30):  # (it waits for a lock this thread holds)
+                raise AssertionError(f"the step never ended at {frame.f_code.co_qualname}")
             self.steps += 1
         return self._trace
 

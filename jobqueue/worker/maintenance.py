@@ -5,7 +5,8 @@ the schedules' ticks, and the summary line.
 Owns those timers, when the next scheduled job is due, and the rate the console shows. It may
 change what the worker serves (`Served`: a queue created since it started, a shard count that
 changed), reads the held jobs and the counts of recorded outcomes, and calls the queues'
-maintenance transitions, `schedule`, `autoscale` and `presence`. It claims and records nothing.
+maintenance transitions, `schedule`, `autoscale`, `presence` and (to end a burst) `outbox`. It
+claims and records nothing.
 """
 
 from __future__ import annotations

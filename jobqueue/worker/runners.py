@@ -13,6 +13,10 @@ without a thread each; the worker's concurrency bounds them all the same. A loop
 job lets the handler keep async clients (redis.asyncio, httpx, asyncpg pools) between jobs. A
 watchdog thread logs the call a handler is in when it holds the loop (a blocking call in an
 async handler stalls every async job).
+
+The interpreter settings that suit these threads live here too: the cyclic collector's
+(`settle_gc`, once the handlers are loaded) and the GIL's switch interval (with the first
+`async def` handler).
 """
 
 from __future__ import annotations

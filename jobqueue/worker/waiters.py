@@ -14,9 +14,11 @@ holds the shard, found again after an error (a failover moves the shard); a burs
 plain way (1 s BLPOPs on the client). On a kept connection a wait lasts up to IDLE_WAIT.
 
 Owns the waits' connections, the offers and the list of waits in progress (so that another
-thread can end them with CLIENT UNBLOCK). A wait says what ended it (`Woke`); a job handed over
-goes to the `take` it was given, on the thread that received it. It reads the held jobs (is the
-worker idle?) and the event loop; it claims and records nothing itself.
+thread can end them with CLIENT UNBLOCK). A wait says what ended it (`Woke`). A job handed over
+goes to the `take` it was given, on the thread that received it; after a token the waiter calls
+the `claim` it was given (both the worker's). It reads the held jobs (is the worker idle?) and
+the event loop, and calls the queues' `wait_commands`, `after_wait` and `withdraw`; it records
+nothing.
 """
 
 from __future__ import annotations
