@@ -1,4 +1,5 @@
-"""Typed errors of jobqueue: every one is a `JobQueueError`.
+"""Typed errors of jobqueue: every one is a `JobQueueError` (and `VALKEY_DOWN`, the errors of
+an unreachable Valkey that callers wait through).
 
 A stale lease is not an error: `Queue.ack`/`nack`/`extend` answer False/None for it.
 """
@@ -6,6 +7,13 @@ A stale lease is not an error: `Queue.ack`/`nack`/`extend` answer False/None for
 from __future__ import annotations
 
 from typing import Any
+
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
+
+VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
+"""What a call raises when Valkey did not answer (down, restarting, unreachable): not an error of
+jobqueue's but a moment to wait through; a worker retries once Valkey answers."""
 
 
 class JobQueueError(Exception):

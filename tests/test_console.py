@@ -273,13 +273,11 @@ def test_the_workers_page_shows_what_each_worker_runs_its_rate_and_heartbeat(
 
     ref = jobs.add.enqueue(1, 2)
     worker = Worker(WorkerConfig(queues=("default",), mirror=False, name="w-1"))
-    worker.queues = [Queue("default")]
+    worker.served.add(Queue("default"))
     [lease] = Queue("default").dequeue(count=1, worker="w-1")
-    from jobqueue.worker.heartbeat import Held
-
-    worker._running[lease.job_id] = Held(lease)  # held, as while its handler runs
-    worker.processed = 12
-    worker._advertise()
+    worker.held.add([lease])  # held, as while its handler runs
+    worker.outcomes.processed = 12
+    worker.maintenance.advertise()
     page = admin_client.get("/admin/jobqueue/job/live/workers/").content.decode()
     assert 'data-worker="w-1"' in page and f"/admin/jobqueue/job/live/jobs/default/{ref.id}/" in page
     assert "jobs/s" in page and "1/4" in page and "s ago" in page

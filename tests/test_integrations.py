@@ -233,9 +233,9 @@ def test_worker_summary_reports_rate_and_lag(valkey_server: ValkeyProcess, caplo
 
     jobs.add.enqueue(1, 1)
     worker = Worker(WorkerConfig(queues=("default",), summary_every=1.0, mirror=False))
-    worker.queues = [Queue("default")]
+    worker.served.add(Queue("default"))
     with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
-        worker._summary()
+        worker.maintenance.summary()
     [line] = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
     assert "jobs/s" in line and "pending=1" in line and "lag=" in line
     from jobqueue import readmodels
@@ -254,8 +254,8 @@ def test_workers_silent_for_ten_minutes_are_forgotten(valkey_server: ValkeyProce
     client.hset("{emq}:workers", "ghost", json.dumps({"name": "ghost", "heartbeat": time.time() - 3600}))
     client.hset("{emq}:workers", "alive", json.dumps({"name": "alive", "heartbeat": time.time()}))
     worker = Worker(WorkerConfig(queues=("default",), mirror=False))
-    worker.queues = [Queue("default")]
-    worker._summary()
+    worker.served.add(Queue("default"))
+    worker.maintenance.summary()
     assert client.hkeys("{emq}:workers") == ["alive"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +55,14 @@ def wait_for(condition: Callable[[], object], timeout: float = 30, every: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {condition}")
         time.sleep(every)
+
+
+def stop_twice(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM (drain), then, once the worker's log shows it took that one, SIGTERM again
+    (release now)."""
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "stop requested" in log.read_text())
+    proc.send_signal(signal.SIGTERM)
 
 
 def dead_job(payload_arg: object, error: str) -> str:

@@ -1,6 +1,7 @@
 """The worker that `manage.py runworker` runs."""
 
 from ..handler import JobCancelled, JobContext, RetryLater  # the handler's API, also in jobqueue
-from .core import Worker, WorkerConfig
+from .core import Worker
+from .serving import WorkerConfig
 
 __all__ = ["JobCancelled", "JobContext", "RetryLater", "Worker", "WorkerConfig"]

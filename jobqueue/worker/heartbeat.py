@@ -1,5 +1,7 @@
 """Lease renewal: while a handler runs, its lease is renewed at a third of its length, so a
-job may run for days on a 30 s lease and a dead worker's jobs still come back within one."""
+job may run for days on a 30 s lease and a dead worker's jobs still come back within one.
+
+Reads the held jobs (`serving.HeldJobs`) and flags a lease found stale; calls only `extend_many`."""
 
 from __future__ import annotations
 
@@ -7,31 +9,21 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from ..records import Lease
 from ..store import Queue
+from .serving import Held, HeldJobs
 
 log = logging.getLogger("jobqueue.worker")
 
 
-@dataclass
-class Held:
-    """A claimed job a worker holds: prefetched (not started) or running."""
-
-    lease: Lease
-    lost: bool = False
-    """Its lease was found stale: the job may run again elsewhere."""
-
-
 class Heartbeat:
-    """Renews the leases of the jobs in `held` (read under `lock`) until `stop` is set."""
+    """Renews the leases of the jobs in `held` until `stop` is set."""
 
-    def __init__(self, held: dict[str, Held], lock: threading.Lock, queue: Callable[[str], Queue],
-                 stop: threading.Event, default_lease: float) -> None:
-        self.held, self.lock, self.queue, self.stop = held, lock, queue, stop
+    def __init__(self, held: HeldJobs, queue: Callable[[str], Queue], stop: threading.Event,
+                 default_lease: float) -> None:
+        self.held, self.lock, self.queue, self.stop = held.jobs, held.lock, queue, stop
         self.default_lease = default_lease
 
     def run(self) -> None:

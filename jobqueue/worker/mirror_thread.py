@@ -11,16 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError
-from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from .. import outbox
+from ..exceptions import VALKEY_DOWN
 from ..mirror import Mirror, record_shards
 from ..store import Queue
 
 log = logging.getLogger("jobqueue.worker")
-VALKEY_DOWN = (ValkeyConnectionError, ValkeyTimeoutError, ConnectionRefusedError)
 RELAY_EVERY = 2.0
 SHARDS_EVERY = 10.0
 RECYCLE_EVERY = 60.0

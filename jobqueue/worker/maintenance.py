@@ -1,0 +1,178 @@
+"""The worker's turns besides claiming, each on its own timer, run by the main loop: maintenance
+(new queues, settling resizes, automatic shard counts, promote and reap, the worker's presence),
+the schedules' ticks, and the summary line.
+
+Owns those timers, when the next scheduled job is due, and the rate the console shows. It may
+change what the worker serves (`Served`: a queue created since it started, a shard count that
+changed), reads the held jobs and the counts of recorded outcomes, and calls the queues'
+maintenance transitions, `schedule`, `autoscale`, `presence` and (to end a burst) `outbox`. It
+claims and records nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from datetime import UTC, datetime
+
+from django.db import DatabaseError
+
+from .. import autoscale, backlog, layouts, outbox, schedule
+from ..conf import get_client, get_config
+from ..store import Queue, known_queues
+from . import presence
+from .mirror_thread import close_db
+from .outcomes import Outcomes
+from .serving import HeldJobs, Served, WorkerConfig
+
+log = logging.getLogger("jobqueue.worker")
+SETTLE_EVERY = 2.0
+"""Seconds between checks of a settling resize (one worker per queue does it)."""
+
+
+class Maintenance:
+    """Maintenance, schedules and summary of one worker (see the module's docstring)."""
+
+    def __init__(self, config: WorkerConfig, served: Served, held: HeldJobs,
+                 outcomes: Outcomes) -> None:
+        self._config, self._served, self._held, self._outcomes = config, served, held, outcomes
+        self._next_turn = 0.0
+        self._next_fire = 0.0
+        self._next_summary = time.monotonic() + config.summary_every
+        self._summarised = 0
+        self.next_due: float | None = None
+        """When the next scheduled job is due (monotonic clock), as of the last turn."""
+        self._advertised = (time.monotonic(), 0)
+        """(when, jobs done) at the last advertisement: the rate the console shows."""
+
+    def run_due(self) -> bool:
+        """Whatever is due now; True when a maintenance turn ran (the served queues may have
+        changed)."""
+        now = time.monotonic()
+        turned = now >= self._next_turn
+        if turned:
+            self.turn()
+            self._next_turn = now + self._config.maintenance_every
+        if now >= self._next_fire:
+            self.fire_schedule()
+        if now >= self._next_summary:
+            self.summary()
+            self._next_summary = now + self._config.summary_every
+        return turned
+
+    def next_wake(self) -> float:
+        """Seconds until the next maintenance turn, scheduled job or schedule tick."""
+        now = time.monotonic()
+        wait = min(self._config.maintenance_every, max(self._next_fire - now, 0.001))
+        if self.next_due is not None:
+            wait = min(wait, max(self.next_due - now, 0.001))
+        return wait
+
+    def turn(self) -> None:
+        """promote + reap on every shard (idempotent, cheap), and advertise this worker."""
+        self._serve_new_queues()
+        next_due: float | None = None
+        for queue in self._served.queues:
+            self._settle(queue)
+            if queue.options.auto_shards and not self._config.burst:
+                resized = autoscale.check(queue, get_config().auto_shards)
+                if resized:
+                    log.info("queue %s: %d → %d shards (automatic)", queue.name, *resized)
+            shards = self._served.shards[queue.name] = queue.claim_shards()
+            for index in range(shards):
+                _, wait = queue.promote_shard(index)
+                if wait is not None:
+                    next_due = wait if next_due is None else min(next_due, wait)
+            queue.reap(shards=shards)
+        self.next_due = None if next_due is None else time.monotonic() + next_due
+        self.advertise()
+
+    def _serve_new_queues(self) -> None:
+        """Serving every known queue: pick up queues created since."""
+        if self._config.queues:
+            return
+        served = self._served
+        for name in known_queues(served.queues[0].client if served.queues else None):
+            if name not in served.shards:
+                served.add(Queue(name))
+                log.info("serving new queue %s", name)
+
+    def fire_schedule(self) -> None:
+        """Enqueue the schedules' due ticks, and wake again just after the next one: an
+        every-second entry must not lose a tick to a maintenance turn that ran late."""
+        entries = get_config().schedule
+        if not entries or self._config.burst:  # a --burst run drains; it does not start work
+            self._next_fire = float("inf")
+            return
+        schedule.fire_due(entries, get_client())
+        now = datetime.now(UTC)
+        ticks = [tick for entry in entries.values() if (tick := entry.next_tick(now)) is not None]
+        until = min(((tick - now).total_seconds() + 0.002 for tick in ticks),
+                    default=self._config.maintenance_every)
+        self._next_fire = time.monotonic() + min(until, self._config.maintenance_every)
+
+    def _settle(self, queue: Queue) -> None:
+        """While a resize settles, one worker every few seconds checks whether it is done."""
+        layout = queue.layout()
+        if not layout.settling or not layouts.one_turn(queue.client, layouts.SETTLE_TURN + queue.name,
+                                                        SETTLE_EVERY):
+            return
+        done = queue.settle()
+        if done is not None:
+            retired = range(done.live, layout.span)
+            log.info("queue %s: resize settled at %d shard(s)%s", queue.name, done.live,
+                     f"; retired shard(s) {', '.join(map(str, retired))}" if retired else "")
+
+    def advertise(self) -> None:
+        """Write this worker's presence entry (what the console's workers page lists)."""
+        if not self._served.queues:
+            return
+        held = [[lease.queue, lease.job_id] for lease in self._held.leases(most=20)]
+        now = time.monotonic()
+        processed, failed = self._outcomes.processed, self._outcomes.failed
+        last_at, last_done = self._advertised
+        rate = (processed + failed - last_done) / (now - last_at) if now > last_at else 0.0
+        self._advertised = (now, processed + failed)
+        presence.advertise(self._served.queues[0].client, self._config.name, {
+            "pid": os.getpid(), "host": socket.gethostname(),
+            "queues": [q.name for q in self._served.queues],
+            "running": len(self._held.jobs), "concurrency": self._config.concurrency,
+            "processed": processed, "failed": failed, "rate": round(rate, 1), "jobs": held})
+
+    def summary(self) -> None:
+        """One line per period: throughput, jobs held, backlog and lag (the oldest wait)."""
+        queues = self._served.queues
+        if queues:
+            presence.forget_silent(queues[0].client)  # workers that died without a word
+        processed, failed = self._outcomes.processed, self._outcomes.failed
+        rate = (processed + failed - self._summarised) / self._config.summary_every
+        self._summarised = processed + failed
+        pending, lag = 0, 0.0
+        for queue in queues:
+            counts, wait = queue.counts(), backlog.oldest_wait(queue)
+            backlog.sample(queue, counts["pending"] + counts["scheduled"], wait)
+            pending += counts["pending"]
+            lag = max(lag, wait or 0.0)
+        log.info("summary: %.1f jobs/s, processed=%d failed=%d in_flight=%d pending=%d lag=%.1fs",
+                 rate, processed, failed, len(self._held.jobs), pending, lag)
+
+    def nothing_left(self) -> bool:
+        """No durable job left to relay, and no pending (unless paused), scheduled or active
+        job left in the served queues: a burst run is done."""
+        queues = self._served.queues
+        if any(q.options.durable for q in queues):
+            try:
+                if outbox.relay(queues, grace=0):
+                    return False
+            except DatabaseError as exc:
+                log.warning("relay: %s; retrying", exc)
+                close_db()
+                return False
+        for queue in queues:
+            counts = queue.counts()
+            waiting = counts["scheduled"] + (0 if queue.is_paused() else counts["pending"])
+            if waiting + counts["active"]:
+                return False
+        return True

@@ -1,0 +1,200 @@
+"""What finished, on its way to Valkey: the hand-off from the runners, successes riding the next
+claim, and the transitions that record them.
+
+Owns the one hand-off (`Outcomes.finished` puts, and only the main loop's `record` takes out),
+the successes that wait for a claim to carry them (ACK_WAIT at most), and the counts of what was
+recorded. A call that fails while Valkey is down puts what it did not record back on the
+hand-off, whichever thread made it, so an outcome is never dropped nor held in two places. It
+touches the held jobs (forgetting what was recorded), the queues' ack and nack, and the
+`job_finished` signal; it claims nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from queue import Empty, SimpleQueue
+
+from .. import signals
+from ..exceptions import VALKEY_DOWN
+from ..records import Lease
+from ..states import State
+from ..store import Queue
+from .executor import Outcome
+from .serving import HeldJobs, Served
+
+log = logging.getLogger("jobqueue.worker")
+ACK_WAIT = 0.005
+"""Seconds finished jobs may wait for the next claim to carry their acks: a busy worker whose
+jobs finish one by one then records them in batches, not a script call each."""
+Finished = tuple[Lease, Outcome]
+
+
+class Carried:
+    """The successes one claim carries, by queue, and since when the oldest has waited; a queue's
+    are dropped from it once recorded (what is left when a call fails goes back)."""
+
+    __slots__ = ("by_queue", "items", "since")
+
+    def __init__(self, items: list[Finished], since: float) -> None:
+        self.items, self.since = items, since
+        self.by_queue = by_queue(items)
+
+    def of(self, name: str) -> list[Finished]:
+        return self.by_queue.get(name, [])
+
+    def left(self) -> list[Finished]:
+        """What no call recorded yet."""
+        return [item for items in self.by_queue.values() for item in items]
+
+
+class Outcomes:
+    """Outcomes from the runners to Valkey (see the module's docstring)."""
+
+    def __init__(self, held: HeldJobs, served: Served, batch: int, wake: threading.Event) -> None:
+        self.processed = 0
+        self.failed = 0
+        self._held, self._served, self._batch, self._wake = held, served, batch, wake
+        self._finished: SimpleQueue[Finished] = SimpleQueue()
+        self._lock = threading.Lock()
+        """Guards the successes waiting for a claim and the counts."""
+        self._waiting: list[Finished] = []
+        self._since = 0.0
+
+    # -- from the runners ------------------------------------------------------------------
+
+    def finished(self, lease: Lease, outcome: Outcome) -> None:
+        """Called by a runner thread: queue the outcome for the main loop to record. The loop
+        is woken for a failure, for the first success (its ACK_WAIT starts) and for a batch's
+        worth, not for every job: between those it would only wait again."""
+        self._finished.put((lease, outcome))
+        waiting = self._finished.qsize() + len(self._waiting)
+        if (not outcome.ok or waiting <= 1 or waiting >= self._batch) and not self._wake.is_set():
+            self._wake.set()  # (set already: the loop has yet to clear it, and will look then)
+
+    def empty(self) -> bool:
+        """Whether nothing waits to be taken by `record`."""
+        return self._finished.empty()
+
+    def unrecorded(self) -> bool:
+        """Whether any outcome waits to be recorded (queued or held for a claim)."""
+        return bool(self._waiting) or not self._finished.empty()
+
+    def ack_due(self) -> float | None:
+        """When the successes held for a claim must be acked without one (monotonic clock)."""
+        return self._since + ACK_WAIT if self._waiting else None
+
+    # -- on the main loop --------------------------------------------------------------------
+
+    def record(self, defer_acks: bool = False) -> list[Finished]:
+        """Turn finished runs into transitions: failures one by one, successes in one ack call
+        per queue, or, with `defer_acks`, handed back for the next claim to carry. The jobs are
+        forgotten either way: their slots are free for that claim. Only the main loop calls it."""
+        pending: list[Finished] = []
+        while True:
+            try:
+                pending.append(self._finished.get_nowait())
+            except Empty:
+                break
+        if not pending:
+            return []
+        successes = [(lease, out) for lease, out in pending if out.ok]
+        recorded: set[str] = set()
+        try:
+            for lease, out in pending:
+                if not out.ok:
+                    self._nack(lease, out)
+                    recorded.add(lease.job_id)
+            if not defer_acks:
+                for name, items in by_queue(successes).items():
+                    self.ack(self._served.queue(name), items)
+                    recorded.update(lease.job_id for lease, _ in items)
+                return []
+        except VALKEY_DOWN:  # what was not recorded yet is, once Valkey is back
+            self.give_back([item for item in pending if item[0].job_id not in recorded])
+            raise
+        self._held.forget(lease for lease, _ in successes)
+        return successes
+
+    def _nack(self, lease: Lease, out: Outcome) -> None:
+        state = self._served.queue(lease.queue).nack(lease, out.error, out.retry_in,
+                                                     fatal=out.fatal)
+        _log(lease, out, state or "stale")
+        self._held.forget((lease,))
+        with self._lock:
+            self.failed += 1
+
+    # -- on a claim --------------------------------------------------------------------------
+
+    def carry(self, successes: list[Finished]) -> Carried:
+        """What a claim carries: the successes held for it, and `successes`."""
+        with self._lock:
+            since = self._since if self._waiting else time.monotonic()
+            items = self._waiting + successes if self._waiting else successes
+            self._waiting = []
+        return Carried(items, since)
+
+    def hold_or_ack(self, carried: Carried, stopping: bool) -> None:
+        """No claim goes out: the successes wait a moment for the next one (ACK_WAIT), unless
+        they make a batch of their own or the worker stops; else they are acked now."""
+        items = carried.items
+        if (items and len(items) < self._batch and not stopping
+                and time.monotonic() - carried.since < ACK_WAIT):
+            with self._lock:  # (claims take turns: none held others meanwhile, but be sure)
+                self._since = min(self._since, carried.since) if self._waiting else carried.since
+                self._waiting = items + self._waiting
+            carried.by_queue.clear()
+            return
+        self.ack_left(carried)
+
+    def ack_left(self, carried: Carried) -> None:
+        """Ack what `carried` still holds (of queues no claim was sent to), one call per queue."""
+        for name in list(carried.by_queue):
+            self.ack(self._served.queue(name), carried.by_queue[name])
+            del carried.by_queue[name]
+
+    def give_back(self, items: list[Finished]) -> None:
+        """Outcomes a failed call did not record, queued again for the main loop."""
+        for item in items:
+            self._finished.put(item)
+
+    # -- recording successes -----------------------------------------------------------------
+
+    def ack(self, queue: Queue, items: list[Finished]) -> None:
+        self.acked(items, queue.ack_encoded([(lease, out.result) for lease, out in items]))
+
+    def acked(self, items: list[Finished], answers: list[bool]) -> None:
+        """Log recorded successes and forget their jobs."""
+        for (lease, out), recorded in zip(items, answers, strict=True):
+            _log(lease, out, State.SUCCEEDED if recorded else "stale")
+        # (most were forgotten already: their slots went to the claim)
+        self._held.forget(lease for lease, _ in items)
+        if items:
+            with self._lock:
+                self.processed += len(items)
+
+
+def by_queue(items: list[Finished]) -> dict[str, list[Finished]]:
+    grouped: dict[str, list[Finished]] = defaultdict(list)
+    for item in items:
+        grouped[item[0].queue].append(item)
+    return grouped
+
+
+def _log(lease: Lease, outcome: Outcome, state: str) -> None:
+    """Log and signal a recorded outcome."""
+    signals.send(signals.job_finished, Queue, lease=lease, state=str(state),
+                 duration=outcome.duration)
+    # A line per success would cost more than a short job: successes are logged at DEBUG
+    # (the summary line counts them), failures always.
+    if outcome.ok:
+        level = logging.DEBUG
+    else:
+        level = logging.INFO if state in (State.SCHEDULED, State.PENDING) else logging.WARNING
+    if log.isEnabledFor(level):
+        reason = "" if outcome.ok else " error=" + json.dumps(outcome.error.strip().splitlines()[-1:])
+        log.log(level, "queue=%s job=%s attempt=%d duration=%.3fs outcome=%s%s", lease.queue,
+                lease.job_id, lease.token, outcome.duration, state, reason)

@@ -1,0 +1,152 @@
+"""What every room of the worker reads: how it runs (`WorkerConfig`), the queues it serves
+(`Served`, found at start by `find_queues`) and the jobs it holds (`HeldJobs`).
+
+No thread of its own, and no call to Valkey but reading which queues there are and their shard
+counts. `Served` changes on the main loop only (its start and maintenance turns); `HeldJobs`
+changes under its lock, from any thread that claims, takes a hand-off, records or releases.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import ssl
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from redis.exceptions import AuthenticationError
+
+from .. import spec
+from ..exceptions import VALKEY_DOWN, ConfigurationError
+from ..records import Lease
+from ..store import Queue, known_queues
+
+log = logging.getLogger("jobqueue.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How one worker runs; `manage.py runworker` builds it from its options."""
+
+    queues: tuple[str, ...] = ()
+    """Queues to serve; empty: every known queue."""
+    concurrency: int = 4
+    prefetch: int | None = None
+    """Jobs claimed beyond those running (default: as many as `concurrency`); they wait in the
+    pool's queue with their leases renewed, so claims and acks travel in batches."""
+    burst: bool = False
+    lease: float | None = None
+    """Overrides the job's and the queue's lease when set."""
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    processes: bool = False
+    grace: float = 30.0
+    maintenance_every: float = 1.0
+    summary_every: float = 30.0
+    mirror: bool = True
+
+    def __post_init__(self) -> None:
+        spec.whole_number(self.concurrency, "concurrency", 1)
+        if self.prefetch is not None:
+            spec.whole_number(self.prefetch, "prefetch", 0)
+        if self.lease is not None:
+            spec.validate_lease(self.lease)
+        spec.seconds(self.grace, "grace", low=0, high=86_400)
+
+    @property
+    def capacity(self) -> int:
+        """How many claimed jobs the worker holds at most (running plus prefetched)."""
+        return self.concurrency + (self.concurrency if self.prefetch is None else self.prefetch)
+
+    @property
+    def batch(self) -> int:
+        """Room a claim waits for (one claim serves many jobs), and successes that make an ack
+        call of their own."""
+        return max(1, self.capacity // 4)
+
+
+class Served:
+    """The queues a worker claims from, in the order it serves them, and how many shards of
+    each it claims from (a resize changes that: each maintenance turn reads it again)."""
+
+    def __init__(self) -> None:
+        self.queues: list[Queue] = []
+        self.shards: dict[str, int] = {}
+        self._by_name: dict[str, Queue] = {}
+
+    def add(self, queue: Queue, shards: int | None = None) -> None:
+        """Serve `queue` too (`shards`: its claimable shard count, read from Valkey if None)."""
+        self.shards[queue.name] = queue.claim_shards() if shards is None else shards
+        self._by_name[queue.name] = queue
+        self.queues.append(queue)
+
+    def queue(self, name: str) -> Queue:
+        return self._by_name[name]
+
+
+def find_queues(config: WorkerConfig, stop: threading.Event) -> list[tuple[Queue, int]] | None:
+    """The configured (or every known) queues and their claimable shard counts. A worker may
+    start before Valkey does: wait for it, as after a restart (None: stopped meanwhile)."""
+    delay = 0.1
+    while True:
+        try:
+            names = config.queues or tuple(known_queues())
+            return [(queue, queue.claim_shards()) for queue in map(Queue, names)]
+        except AuthenticationError as exc:  # waiting would not help: say so and stop
+            raise ConfigurationError(f"Valkey refused the credentials in the URL: {exc}") from None
+        except VALKEY_DOWN as exc:
+            if isinstance(exc.__context__, ssl.SSLCertVerificationError):
+                raise ConfigurationError(
+                    f"Valkey's TLS certificate is not trusted (name the CA file in the URL: "
+                    f"?ssl_ca_certs=/path/ca.pem): {exc}") from None
+            log.warning("Valkey unreachable at start (%s); retrying", exc)
+            if stop.wait(delay):
+                return None
+            delay = min(delay * 2, 5.0)
+
+
+@dataclass
+class Held:
+    """A claimed job a worker holds: prefetched (not started) or running."""
+
+    lease: Lease
+    lost: bool = False
+    """Its lease was found stale: the job may run again elsewhere."""
+
+
+class HeldJobs:
+    """The jobs a worker holds, from their claim (or hand-off) until their outcome is recorded
+    or they are released: what its capacity and each queue's `concurrency` count, what the
+    heartbeat renews and what presence lists."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.jobs: dict[str, Held] = {}
+        """By job id; read freely, changed under `lock`."""
+        self.per_queue: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        self.room = threading.Event()
+        """Set while the worker may hold more (the waiters wait for it); set at start."""
+
+    def add(self, leases: list[Lease]) -> None:
+        with self.lock:
+            for lease in leases:
+                self.jobs[lease.job_id] = Held(lease)
+                self.per_queue[lease.queue] += 1
+            if len(self.jobs) >= self.capacity:
+                self.room.clear()
+
+    def forget(self, leases: Iterable[Lease]) -> None:
+        """Drop jobs the worker no longer holds (recorded or released); their slots are free."""
+        with self.lock:
+            for lease in leases:
+                if self.jobs.pop(lease.job_id, None) is not None:
+                    self.per_queue[lease.queue] -= 1
+            self.room.set()
+
+    def leases(self, most: int | None = None) -> list[Lease]:
+        """The leases held (the first `most` of them)."""
+        with self.lock:
+            return [held.lease for held in list(self.jobs.values())[:most]]

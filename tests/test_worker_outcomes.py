@@ -1,0 +1,197 @@
+"""What finished reaches Valkey exactly once: successes ride the next claim but never wait long
+for one, and outcomes held while Valkey is down are recorded once it is back, whatever thread's
+call failed (in-process, against a real server stopped)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import jobqueue.worker
+from jobqueue import Queue, conf, get_job
+from jobqueue.exceptions import VALKEY_DOWN
+from jobqueue.records import Lease
+from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.worker.executor import Outcome
+from jobqueue.worker.runners import Runners
+from tests.jobapp import jobs
+
+from .servers import ValkeyProcess
+from .workers import start_worker, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+WORKER_CODE = str(Path(jobqueue.worker.__file__).parent)
+LOCK = type(threading.Lock())
+
+
+def _holding(queue: Queue, leases: list[Lease], **options: Any) -> Worker:
+    """A worker that holds `leases` as if its runners ran them, with no maintenance due."""
+    worker = Worker(WorkerConfig(queues=(queue.name,), mirror=False, name="w-1", **options))
+    worker.served.add(queue, 1)
+    worker._runners = Runners(1, worker.outcomes.finished)
+    later = worker.maintenance
+    later._next_turn = later._next_fire = later._next_summary = float("inf")
+    worker.held.add(leases)
+    return worker
+
+
+def _locks(worker: Worker) -> list[Any]:
+    """The locks of the worker and of the parts it holds."""
+    parts = [worker, *vars(worker).values()]
+    return [value for part in parts for value in getattr(part, "__dict__", {}).values()
+            if isinstance(value, LOCK)]
+
+
+class Interleaved:
+    """Runs `step` to its end on a thread of its own at each bytecode of the worker's code that
+    the tracing thread reaches while it holds none of `locks`: every point at which the other
+    thread's step could come between (the step taken as one unit). Deterministic, where
+    threads left to the interpreter's switches meet at such a point once in thousands of runs."""
+
+    def __init__(self, step: Callable[[], object], locks: list[Any]) -> None:
+        self.step, self.locks, self.steps = step, locks, 0
+        self.errors: list[BaseException] = []
+        self._go, self._done, self._over = threading.Event(), threading.Event(), False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while self._go.wait() and not self._over:
+            self._go.clear()
+            try:
+                self.step()
+            except BaseException as exc:  # noqa: BLE001 (raised again by the tracing thread)
+                self.errors.append(exc)
+            self._done.set()
+
+    def _trace(self, frame: FrameType, event: str, arg: object) -> Any:
+        if event == "call":
+            if not frame.f_code.co_filename.startswith(WORKER_CODE):
+                return None
+            frame.f_trace_opcodes = True
+        elif event == "opcode" and not any(lock.locked() for lock in self.locks):
+            self._done.clear()
+            self._go.set()
+            if not self._done.wait(30):  # (it waits for a lock this thread holds)
+                raise AssertionError(f"the step never ended at {frame.f_code.co_qualname}")
+            self.steps += 1
+        return self._trace
+
+    def run(self, call: Callable[[], object]) -> None:
+        """`call` on this thread, traced."""
+        sys.settrace(self._trace)
+        try:
+            call()
+        finally:
+            sys.settrace(None)
+        if self.errors:
+            raise self.errors[0]
+
+    def close(self) -> None:
+        self._over = True
+        self._go.set()
+        self._thread.join()
+
+
+def test_outcomes_finished_while_a_waiters_claim_fails_are_each_recorded_once_valkey_is_back(
+        settings: Any) -> None:
+    # While Valkey is down, the main loop records what finished and a waiter claims after a
+    # wake token: both calls fail, and the waiter's claim comes between the main loop's steps
+    # at every point it can. Each outcome must still be recorded once Valkey is back: a failure
+    # forgotten on the way would keep its slot (and its lease, renewed) for the worker's whole
+    # life; a success forgotten would run again.
+    server = ValkeyProcess().start()
+    try:
+        settings.JOBQUEUE = {"URL": server.url, "QUEUES": {"default": {}}}
+        count = 3
+        jobs.always_fails.using(max_attempts=1).enqueue_many([("x",)] * count)
+        jobs.add.enqueue_many([(1, 1)] * count)
+        # (no retries: a call to the stopped server fails at once)
+        client = redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0), **conf.CLIENT_OPTIONS)
+        queue = Queue("default", client=client)
+        leases = queue.dequeue(count=2 * count, lease=300, worker="w-1")
+        assert len(leases) == 2 * count
+        worker = _holding(queue, leases, prefetch=100)  # (room: the waiter's claims are sent)
+
+        def waiters_claim() -> None:
+            with contextlib.suppress(*VALKEY_DOWN):
+                worker._claim(woken=(queue, 0))
+
+        def main_loops_turn() -> None:
+            with contextlib.suppress(*VALKEY_DOWN):
+                worker._cycle()
+
+        server.stop()
+        interleaved = Interleaved(waiters_claim, _locks(worker))
+        try:
+            failures = [lease for lease in leases if lease.payload["handler"].endswith("fails")]
+            successes = [lease for lease in leases if lease not in failures]
+            for failure, success in zip(failures, successes, strict=True):
+                worker.outcomes.finished(failure, Outcome(False, error="boom"))
+                worker.outcomes.finished(success, Outcome(True, result="2"))
+                interleaved.run(main_loops_turn)
+        finally:
+            interleaved.close()
+        assert interleaved.steps > 100  # (the claim came between the loop's steps)
+        server.start()
+        for _ in range(3):
+            worker._cycle()
+        worker._runners.stop(wait=True)
+        counts = queue.counts()
+        assert (counts["dead"], counts["succeeded"], counts["active"]) == (count, count, 0)
+        assert (worker.failed, worker.processed) == (count, count)
+        assert not worker.held.jobs  # (every slot free again)
+    finally:
+        server.cleanup()
+
+
+def test_a_success_that_no_claim_carries_is_recorded_at_once(valkey_server: ValkeyProcess) -> None:
+    # Successes wait a few ms for the next claim to carry their acks. With every slot held by
+    # long jobs no claim comes: the short job must be recorded anyway, not when the others end.
+    quick = jobs.add.using(priority=10).enqueue(1, 1)
+    jobs.sleep.enqueue_many([(3,)] * 7)
+    worker = start_worker(valkey_server.url, "--concurrency", "4")  # holds 8: 4 run, 4 wait
+    try:
+        wait_for(lambda: (get_job(quick.id) or quick).state == "succeeded", timeout=2)  # type: ignore[union-attr]
+        assert Queue("default").counts()["active"] == 7  # the long ones still hold their slots
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    counts = Queue("default").counts()
+    # The quick job's runner took a waiting one: 4 long jobs finished, 3 were handed back.
+    assert counts["succeeded"] == 5 and counts["pending"] == 3 and counts["active"] == 0
+
+
+def test_outcomes_held_while_valkey_is_down_are_each_recorded_once_it_is_back(
+        valkey_server: ValkeyProcess) -> None:
+    # In-process, step by step: a success whose claim failed (Valkey down), then a failure
+    # whose nack failed too. Neither may be forgotten: both are recorded once Valkey is back.
+    good, bad = jobs.add.enqueue(1, 1), jobs.always_fails.using(max_attempts=1).enqueue("x")
+    queue = Queue("default")
+    leases = {lease.job_id: lease for lease in queue.dequeue(count=2, worker="w-1")}
+    worker = _holding(queue, list(leases.values()))
+    valkey_server.stop()
+    try:
+        worker.outcomes.finished(leases[good.id], Outcome(True, result="2"))
+        with pytest.raises(VALKEY_DOWN):
+            worker._cycle()  # its ack was to ride in a claim, which failed
+        worker.outcomes.finished(leases[bad.id], Outcome(False, error="boom"))
+        with pytest.raises(VALKEY_DOWN):
+            worker._cycle()  # the nack failed as well
+    finally:
+        valkey_server.start()
+    worker._cycle()
+    worker._runners.stop(wait=True)
+    assert (queue.get(good.id).state, queue.get(bad.id).state) == ("succeeded", "dead")  # type: ignore[union-attr]
+    assert (worker.processed, worker.failed) == (1, 1) and not worker.held.jobs
