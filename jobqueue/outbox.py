@@ -40,14 +40,14 @@ RELAY_GRACE = 5.0
 
 def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
     """Insert the rows of durable jobs (one multi-row INSERT), in the current transaction."""
-    from .layouts import last_read
+    from .layouts import last_read, place
     from .models import EncodedJSON, insert_jobs
 
     now = datetime.now(UTC)
     shards = last_read(queue.client, queue.name, queue.configured)  # Valkey may be down: a guess
     insert_jobs({
         "id": job.job_id, "queue": queue.name,
-        "shard": queue.place(job.job_id, job.lane, job.unique_key, shards), "lane": job.lane,
+        "shard": place(job.job_id, job.lane, job.unique_key, shards), "lane": job.lane,
         "state": State.SCHEDULED if job.delay_ms else State.PENDING, "priority": job.priority,
         "attempts": 0, "max_attempts": job.max_attempts, "payload": EncodedJSON(job.payload),
         "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",

@@ -4,9 +4,9 @@ The `@job` API, the worker, the mirror, the admin and the `django.tasks` backend
 state only through these methods, and read a job and its counts through them; `scripts.caller`
 sends the scripts. Other modules touch Valkey keys for what their docstrings say: `layouts`
 (shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
-lists), `backlog` (lane heads, minute samples), `console` (the console's read models), `metrics`,
-`mirror` (the `done` streams), `autoscale`, `schedule`, and the worker's waits and presence
-(`worker/core.py`, `worker/waitline.py`, `worker/presence.py`).
+lists), `backlog` (lane heads, minute samples), `readmodels` (the console's read models),
+`metrics`, `mirror` (the `done` streams), `autoscale`, `schedule`, and the worker's waits and
+presence (`worker/waiters.py`, `worker/waitline.py`, `worker/presence.py`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
 from typing import Any
 
-from . import durable, handoff, ids, layouts, signals
+from . import durable, handoff, ids, layouts, sending, signals
 from .conf import QueueOptions, get_client, get_config
-from .exceptions import InvalidOption, InvalidTransition, JobNotFound, NotReplicated
+from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
@@ -29,9 +29,6 @@ from .spec import seconds as _seconds
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
-ENQUEUE_CHUNK = 500
-WAIT_MS = 1000
-"""How long an enqueue of a `wait_replicas` queue waits for its replicas."""
 READ_SLACK = 5.0
 """Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
 
@@ -43,6 +40,29 @@ def _announced(refs: list[JobRef]) -> list[JobRef]:
             if ref.created:
                 signals.send(signals.job_enqueued, Queue, ref=ref)
     return refs
+
+
+def _retention_ms() -> int:
+    """How long a finished job's row stays in Valkey, in ms."""
+    return round(get_config().retention * 1000)
+
+
+def _dead_retention_ms() -> int:
+    """How long a dead job's row stays in Valkey, in ms."""
+    return round(get_config().dead_retention * 1000)
+
+
+def _read_claim(name: str, index: int, reply: list[Any], carried: list[int],
+                answers: list[bool]) -> tuple[int, list[Lease]]:
+    """A claim's reply on shard `index`: the answers of the acks it carried (set in
+    `answers`), then (ms until the rate limit admits another job, 0 when not limited; the
+    leases)."""
+    n = int(reply[0])
+    for i, ok in zip(carried, reply[1 : 1 + n], strict=True):
+        answers[i] = bool(ok)
+    rows = reply[2 + n :]
+    return int(reply[1 + n]), [Lease.from_claim(name, index, *rows[r : r + 5])
+                               for r in range(0, len(rows), 5)]
 
 
 @cache
@@ -89,10 +109,6 @@ class Queue:
         """Shards that take new jobs now."""
         return self.layout().live
 
-    def place(self, job_id: str, lane: str, unique_key: str, shards: int | None = None) -> int:
-        """The shard a job belongs to among `shards` (default: the live count)."""
-        return layouts.place(job_id, lane, unique_key, shards or self.shards)
-
     def claim_shards(self) -> int:
         """How many shards workers claim from: the live ones and those still draining."""
         return self.layout().span
@@ -135,87 +151,16 @@ class Queue:
     def enqueue_encoded(self, template: Prepared, job_id: str, payload: str,
                         tail: Sequence[Any]) -> JobRef:
         """One job, encoded: its id, its payload as JSON, and `tail`, the rest of `template`'s
-        script arguments (`Prepared.argv` after id and payload), which a handler works out once
-        for all its calls (`JobFunction.enqueue`): a call makes no `Prepared`. A resize in
-        progress, `wait_replicas`, a shard that turns the job away or a minted id already taken
-        send it `enqueue_prepared`'s way."""
-        now = self.layout()
-        if now.prior or self.options.wait_replicas:
-            return self.enqueue_prepared([template._replace(job_id=job_id, payload=payload)])[0]
-        index = layouts.place(job_id, template.lane, template.unique_key, now.live)
-        listed, found, status = caller.run(self.client, "enqueue", self.shard(index),
-                                           ["", 1, job_id, payload, *tail])
-        if not listed:
-            layouts.list_queue(self.client, self.name, index, now.live)
-        if status in ("moved", "collision"):
-            return self.enqueue_prepared([template._replace(job_id=job_id, payload=payload)],
-                                         refused=True)[0]
-        return _announced([JobRef(found, self.name, created=status == "new")])[0]
+        script arguments, which a handler works out once for all its calls
+        (`JobFunction.enqueue`): a call makes no `Prepared` (see `sending.send_one`)."""
+        return _announced([sending.send_one(self.client, self.name, self.options, self.configured,
+                                            template, job_id, payload, tail)])[0]
 
-    def enqueue_prepared(self, jobs: list[Prepared], *, refused: bool = False) -> list[JobRef]:
-        """Jobs validated already (`spec.prepare`), in one script call per shard chunk, sent
-        again where a shard turned them away (it is draining: the layout is read again), a lane
-        or key was absent from its prior shard, or a minted id was taken. `refused`: a shard
-        turned the lone job away already."""
-        refs: list[JobRef | None] = [None] * len(jobs)
-        todo, live_only, turned_away = list(range(len(jobs))), set[int](), 0
-        replicated = wanted = self.options.wait_replicas
-        now = self.layout()
-        while todo:
-            if refused:
-                turned_away += 1
-                now = layouts.read_again(self.client, self.name, self.configured, turned_away)
-            again: list[int] = []
-            refused = False
-            for (index, mode), positions in layouts.destinations(now, jobs, todo, live_only).items():
-                sent, acked = self._send(index, mode, jobs, positions, refs, now.live)
-                replicated = min(replicated, acked)
-                if mode == "prior":
-                    live_only.update(sent)  # absent there: to the live shard, next turn
-                else:
-                    refused = refused or bool(sent)  # turned away, or an id collision (rare)
-                again.extend(sent)
-            todo = again
-        out = [ref for ref in refs if ref is not None]
-        if replicated < wanted:
-            raise NotReplicated(
-                f"queue {self.name!r}: {len(out)} job(s) written on the primary, but only "
-                f"{replicated} of {wanted} replica(s) confirmed them within {WAIT_MS} ms", out)
-        return _announced(out)
-
-    def _send(self, index: int, mode: str, jobs: list[Prepared], positions: list[int],
-              refs: list[JobRef | None], live: int) -> tuple[list[int], int]:
-        """Send a shard's jobs in chunks, filling `refs`. Returns the positions to send again
-        (an id collision, a draining shard, a lane or key absent from its prior shard) and,
-        for a `wait_replicas` queue, how many replicas confirmed the writes."""
-        chunks = [positions[s : s + ENQUEUE_CHUNK] for s in range(0, len(positions), ENQUEUE_CHUNK)]
-
-        def calls() -> Iterator[list[Any]]:  # built one by one: see caller.run_many
-            for chunk in chunks:
-                args: list[Any] = [mode, len(chunk)]
-                for i in chunk:
-                    args.extend(jobs[i].argv(self.options))
-                yield args
-
-        shard, acked = self.shard(index), self.options.wait_replicas
-        if acked:
-            replies, acked = caller.run_replicated(self.client, "enqueue", shard, list(calls()),
-                                                   acked, WAIT_MS)
-        else:
-            replies = caller.run_many(self.client, "enqueue", shard, calls())
-        if not all(reply[0] for reply in replies):
-            layouts.list_queue(self.client, self.name, index, live)
-        retry: list[int] = []
-        for chunk, reply in zip(chunks, replies, strict=True):
-            for n, i in enumerate(chunk):
-                job_id, status = reply[1 + 2 * n], reply[2 + 2 * n]
-                if status == "collision":  # another process minted the same id: mint anew
-                    jobs[i] = jobs[i]._replace(job_id=ids.new_id())
-                if status in ("collision", "moved", "absent"):
-                    retry.append(i)
-                else:
-                    refs[i] = JobRef(job_id, self.name, created=status == "new")
-        return retry, acked
+    def enqueue_prepared(self, jobs: list[Prepared]) -> list[JobRef]:
+        """Jobs validated already (`spec.prepare`), in one script call per shard chunk (see
+        `sending.send`)."""
+        return _announced(sending.send(self.client, self.name, self.options, self.configured,
+                                       jobs))
 
     # -- worker side -----------------------------------------------------------------------
 
@@ -253,8 +198,8 @@ class Queue:
             answers[i] = ok
         out: list[Lease] = []
         waits = []
-        head = [lease_ms, "1" if override_lease else "0", worker, self._dead_retention_ms(),
-                self._retention_ms(), *_claim_policy(self.options, self.shards)]
+        head = [lease_ms, "1" if override_lease else "0", worker, _dead_retention_ms(),
+                _retention_ms(), *_claim_policy(self.options, self.shards)]
         for step in range(1 if only is not None else total):
             if len(out) >= count:
                 break
@@ -264,13 +209,9 @@ class Queue:
             for held, result in (acks[i] for i in carried):
                 args += [held.job_id, held.token, result]
             reply = caller.run(self.client, "claim", self.shard(index), args)
-            n = int(reply[0])
-            for i, ok in zip(carried, reply[1 : 1 + n], strict=True):
-                answers[i] = bool(ok)
-            waits.append(int(reply[1 + n]))
-            rows = reply[2 + n :]
-            out.extend(Lease.from_claim(self.name, index, *rows[r : r + 5])
-                       for r in range(0, len(rows), 5))
+            wait, leases = _read_claim(self.name, index, reply, carried, answers)
+            waits.append(wait)
+            out.extend(leases)
         # Rate-limited when every shard asked said so: then the soonest refill is the wait.
         self.rate_wait = min(waits) / 1000 if waits and all(waits) else 0.0
         return answers, out
@@ -287,14 +228,6 @@ class Queue:
         offer = f"{self._lease_ms(lease)}:{int(override_lease)}" if idle else None
         return handoff.wait_commands(self.shard(index), timeout, worker, offer)
 
-    def after_wait(self, index: int, replies: list[Any]) -> list[Lease] | bool:
-        """What a wait on shard `index` brought (`handoff.after_wait`)."""
-        return handoff.after_wait(self.shard(index), replies)
-
-    def withdraw(self, index: int, worker: str) -> list[Lease]:
-        """A stopping worker's offer withdrawn from shard `index` (`handoff.withdraw`)."""
-        return handoff.withdraw(self.client, self.shard(index), worker)
-
     def ack(self, lease: Lease, result: Any = None) -> bool:
         """Record success; False when the lease is stale (the job was re-claimed)."""
         return self.ack_many([(lease, result)])[0]
@@ -308,7 +241,7 @@ class Queue:
         if not items:
             return []
         return [bool(ok) for ok in caller.run_by_shard(
-            self.client, "ack", self.name, [self._retention_ms()],
+            self.client, "ack", self.name, [_retention_ms()],
             [(lease.shard, [lease.job_id, lease.token, encoded]) for lease, encoded in items])]
 
     def nack(self, lease: Lease, error: str = "", retry_in: float | None = None,
@@ -318,7 +251,7 @@ class Queue:
             _seconds(retry_in, "retry_in", low=0, high=MAX_DELAY) * 1000)
         state = caller.run(self.client, "nack", self.shard(lease.shard), [
             lease.job_id, lease.token, str(error)[:65_536], retry_ms, "1" if fatal else "0",
-            self._retention_ms(), self._dead_retention_ms(), self.options.max_attempts,
+            _retention_ms(), _dead_retention_ms(), self.options.max_attempts,
             round(self.options.backoff * 1000),
         ])
         return state or None
@@ -353,14 +286,14 @@ class Queue:
 
     def release_many(self, leases: Sequence[Lease]) -> list[bool]:
         return [bool(ok) for ok in caller.run_by_shard(
-            self.client, "release", self.name, [self._retention_ms()],
+            self.client, "release", self.name, [_retention_ms()],
             [(lease.shard, [lease.job_id, lease.token]) for lease in leases])]
 
     # -- maintenance -----------------------------------------------------------------------
 
     def reap(self, limit: int = 1000, shards: int | None = None) -> int:
         """Expired leases go back to waiting (or dead when spent); returns how many."""
-        args = [limit, self._retention_ms(), self._dead_retention_ms(), self.options.max_attempts]
+        args = [limit, _retention_ms(), _dead_retention_ms(), self.options.max_attempts]
         return sum(int(caller.run(self.client, "reap", self.shard(i), args))
                    for i in range(shards or self.claim_shards()))
 
@@ -393,7 +326,7 @@ class Queue:
 
     def cancel(self, job_id: str) -> str:
         """Cancel a waiting job now; flag an active one so its outcome is recorded as cancelled."""
-        return self._operator("cancel", job_id, [job_id, self._retention_ms()])
+        return self._operator("cancel", job_id, [job_id, _retention_ms()])
 
     def _operator(self, name: str, job_id: str, args: list[Any]) -> str:
         index = self.locate(job_id)
@@ -420,10 +353,6 @@ class Queue:
         """Set the live shard count (see `layouts.resize`); `by` says who, in its history."""
         return layouts.resize(self.client, self.name, self.configured, count, by)
 
-    def settle(self) -> layouts.Layout | None:
-        """Finish a resize once it has been worked off (see `layouts.settle`)."""
-        return layouts.settle(self.client, self.name, self.configured)
-
     # -- reads -----------------------------------------------------------------------------
 
     def is_paused(self) -> bool:
@@ -446,9 +375,3 @@ class Queue:
             if row:
                 return JobInfo.from_row(job_id, self.name, row, index, self.options.max_attempts)
         return None
-
-    def _retention_ms(self) -> int:
-        return round(get_config().retention * 1000)
-
-    def _dead_retention_ms(self) -> int:
-        return round(get_config().dead_retention * 1000)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from jobqueue import backlog, conf, keys, scripts, wire
+from jobqueue import backlog, conf, handoff, keys, layouts, scripts, wire
 from jobqueue.exceptions import (
     InvalidJobId,
     InvalidName,
@@ -399,7 +399,7 @@ def test_corrupt_payload_is_reported_on_the_lease(queue: Queue, valkey: Any) -> 
 def test_sharded_queue_spreads_jobs_and_claims_them_all(valkey: Any) -> None:
     queue = Queue("emails", client=valkey, shards=4)
     refs = queue.enqueue_many([JobSpec(i) for i in range(200)])
-    per_shard = Counter(queue.place(r.id, "", "") for r in refs)
+    per_shard = Counter(layouts.place(r.id, "", "", queue.shards) for r in refs)
     assert len(per_shard) == 4 and min(per_shard.values()) > 20
     laned = queue.enqueue_many([JobSpec(i, lane="player-7") for i in range(10)])
     assert len({queue.locate(r.id) for r in laned}) == 1
@@ -440,13 +440,13 @@ def test_an_idle_worker_gets_a_lone_new_job_handed_over_already_leased(valkey: A
     conn = valkey.connection_pool.get_connection()
     try:
         wait = queue.wait_commands(0, 1, "w", idle=True)
-        assert queue.after_wait(0, wire.call_on(conn, wait, 5)) is False  # timed out: nothing
+        assert handoff.after_wait(queue.shard(0), wire.call_on(conn, wait, 5)) is False  # timed out: nothing
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(wire.call_on, conn, queue.wait_commands(0, 5, "w", idle=True), 10)
             wait_for(lambda: valkey.hexists(shard.key("idle"), "w")  # (its offer made, and
                      and valkey.info("clients")["blocked_clients"] >= 1)  # blocked)
             ref = queue.enqueue({"to": "a"}, lease=7)
-            (lease,) = queue.after_wait(0, waiting.result(timeout=5))
+            (lease,) = handoff.after_wait(queue.shard(0), waiting.result(timeout=5))
         assert (lease.job_id, lease.token, lease.payload, lease.lease) == (ref.id, 1, {"to": "a"}, 7.0)
         row = valkey.hgetall(shard.job(ref.id))
         assert (row["state"], row["attempts"], row["worker"]) == ("active", "1", "w")
@@ -482,7 +482,7 @@ def test_a_job_is_handed_over_only_when_nothing_else_could_come_first(valkey: An
     claim_all(queue)
     _offer(queue, lease=3, override_lease=True)
     queue.enqueue("f", lease=60)
-    (handed,) = queue.withdraw(0, "w")
+    (handed,) = handoff.withdraw(queue.client, queue.shard(0), "w")
     assert (handed.payload, handed.lease) == ("f", 3.0)  # (the worker's --lease overrides)
     assert queue.get(first.id).state == "scheduled"
 
@@ -494,7 +494,7 @@ def test_a_handed_job_a_worker_never_took_goes_back_or_waits_for_its_lease(valke
     ref = queue.enqueue("x")
     hand = shard.hand("gone")
     assert 0 < valkey.pttl(hand) <= 2000  # (a dead worker's list goes with its lease)
-    assert queue.release_many(queue.withdraw(0, "gone")) == [True]  # a stopping worker's
+    assert queue.release_many(handoff.withdraw(valkey, shard, "gone")) == [True]  # a stopping worker's
     assert valkey.exists(hand) == 0 and queue.counts()["pending"] == 1
     (lease,) = claim_all(queue)
     assert lease.job_id == ref.id and lease.token == 2  # (a new token fences the old)
@@ -719,7 +719,8 @@ def test_after_a_shrink_jobs_on_retired_shards_stay_reachable(valkey: Any) -> No
     # Fixed ids (random ones left shard 3 without a pending job once in a few hundred runs).
     refs = wide.enqueue_many([JobSpec(i, job_id=f"JOB{i + 1:011d}", delay=0.05 if i % 2 else None)
                               for i in range(40)])
-    far = next(r for r in refs if wide.place(r.id, "", "") == 3 and wide.get(r.id).state == "pending")  # type: ignore[union-attr]
+    far = next(r for r in refs if layouts.place(r.id, "", "", wide.shards) == 3
+               and wide.get(r.id).state == "pending")  # type: ignore[union-attr]
     narrow = Queue("shrunk", client=valkey, shards=1)
     assert narrow.get(far.id) is not None  # get_job, retry, cancel find it on shard 3
     assert narrow.cancel(far.id) == "cancelled"

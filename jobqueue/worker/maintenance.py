@@ -119,7 +119,7 @@ class Maintenance:
         if not layout.settling or not layouts.one_turn(queue.client, layouts.SETTLE_TURN + queue.name,
                                                         SETTLE_EVERY):
             return
-        done = queue.settle()
+        done = layouts.settle(queue.client, queue.name, queue.configured)
         if done is not None:
             retired = range(done.live, layout.span)
             log.info("queue %s: resize settled at %d shard(s)%s", queue.name, done.live,

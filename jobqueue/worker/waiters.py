@@ -17,7 +17,7 @@ Owns the waits' connections, the offers and the list of waits in progress (so th
 thread can end them with CLIENT UNBLOCK). A wait says what ended it (`Woke`). A job handed over
 goes to the `take` it was given, on the thread that received it; after a token the waiter calls
 the `claim` it was given (both the worker's). It reads the held jobs (is the worker idle?) and
-the event loop, and calls the queues' `wait_commands`, `after_wait` and `withdraw`; it records
+the event loop, and calls `Queue.wait_commands` and `handoff`'s `after_wait` and `withdraw`; it records
 nothing.
 """
 
@@ -36,7 +36,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from .. import wire
+from .. import handoff, wire
 from ..records import Lease
 from ..store import READ_SLACK, Queue
 from .runners import EventLoop
@@ -185,10 +185,10 @@ class Waiters:
             return await line.call(commands, took, IDLE_WAIT + READ_SLACK)
 
     def _arrived(self, lines: Lines, replies: list[Any], *, offered: bool) -> Woke:
-        """What a wait's replies brought (`Queue.after_wait`); a job handed over is taken here.
+        """What a wait's replies brought (`handoff.after_wait`); a job handed over is taken here.
         `offered`: the wait began with an offer, whose reply comes first."""
-        got = lines.queue.after_wait(lines.index, self._past_offer(lines, replies) if offered
-                                     else replies)
+        got = handoff.after_wait(lines.queue.shard(lines.index),
+                                 self._past_offer(lines, replies) if offered else replies)
         if isinstance(got, list):
             self._take(lines.queue, got)
             return Woke.HANDED
@@ -226,7 +226,9 @@ class Waiters:
         if not lines.offered:
             return
         try:
-            self._take(lines.queue, lines.queue.withdraw(lines.index, self._config.name))
+            queue = lines.queue
+            self._take(queue, handoff.withdraw(queue.client, queue.shard(lines.index),
+                                               self._config.name))
         except RedisError:
             log.warning("could not withdraw the idle offer on %s: a job handed over meanwhile "
                         "waits for its lease to expire", lines.queue.name)
