@@ -16,6 +16,11 @@ from jobqueue.keys import placement_hash
 from jobqueue.store import JobSpec, Queue
 
 
+def settle(queue: Queue) -> layouts.Layout | None:
+    """What a worker's maintenance does while a resize settles (`layouts.settle`)."""
+    return layouts.settle(queue.client, queue.name, queue.configured)
+
+
 def drain(queue: Queue, batch: int = 7, limit: int = 10**9) -> list[tuple[str, str, int]]:
     """Claim and ack (up to `limit`), in claim order: (lane, job id, shard) per job; a laned
     job's payload is its lane."""
@@ -46,7 +51,7 @@ def test_growing_spreads_new_jobs_over_every_shard_at_once(valkey: Any) -> None:
     new = queue.enqueue_many([JobSpec(i) for i in range(200)])
     assert all(n > 20 for n in list(per_shard(queue).values())[1:])
     assert Counter(job_id for _, job_id, _ in drain(queue)) == Counter(r.id for r in old + new)
-    assert queue.settle() is not None and not queue.layout(fresh=True).settling
+    assert settle(queue) is not None and not queue.layout(fresh=True).settling
 
 
 def test_shrinking_drains_then_retires_shards_and_new_jobs_avoid_them(valkey: Any) -> None:
@@ -57,10 +62,10 @@ def test_shrinking_drains_then_retires_shards_and_new_jobs_avoid_them(valkey: An
     layout = queue.layout(fresh=True)
     assert (layout.live, layout.span) == (2, 4) and layout.status(3) == "draining"
     assert sum(per_shard(queue)[i] for i in (2, 3)) == sum(1 for r in old if queue.locate(r.id) >= 2)
-    assert queue.settle() is None  # shards 2 and 3 still hold jobs
+    assert settle(queue) is None  # shards 2 and 3 still hold jobs
     ran = drain(queue)
     assert Counter(job_id for _, job_id, _ in ran) == Counter(r.id for r in old + new)
-    settled = queue.settle()
+    settled = settle(queue)
     assert settled is not None and (settled.live, settled.span, settled.prior) == (2, 2, 0)
     assert settled.status(3) == "retired" and queue.claim_shards() == 2 and queue.all_shards() == 4
     assert queue.counts()["succeeded"] == 200  # counters of retired shards still count
@@ -100,7 +105,7 @@ def test_a_lane_keeps_its_order_across_a_resize(valkey: Any, before: int, after:
     queue.enqueue_many([JobSpec(lane, lane=lane) for _ in range(10) for lane in lanes])
     ran = first + drain(queue, batch=3)
     queue.enqueue_many([JobSpec(lane, lane=lane) for _ in range(5) for lane in lanes])
-    assert queue.settle() is not None  # every moved lane drained from its prior shard
+    assert settle(queue) is not None  # every moved lane drained from its prior shard
     ran += drain(queue, batch=3)
     for lane in lanes:
         order = [job_id for name, job_id, _ in ran if name == lane]
@@ -118,9 +123,9 @@ def test_a_unique_key_keeps_its_single_live_job_across_a_resize(valkey: Any) -> 
     queue.resize(5)
     again = queue.enqueue("y", unique_key=key)
     assert again.id == first.id and not again.created
-    assert queue.settle() is None  # the key's live job is still on its prior shard
+    assert settle(queue) is None  # the key's live job is still on its prior shard
     drain(queue)
-    assert queue.settle() is not None
+    assert settle(queue) is not None
 
 
 def test_the_scripts_keep_each_shards_set_of_live_unique_keys(valkey: Any) -> None:
@@ -157,9 +162,9 @@ def test_a_live_unique_job_from_before_the_index_still_holds_a_resize_open(valke
     valkey.hdel(queue.shard(0).key("meta"), "uniqs_indexed")
     queue.resize(5)
     assert queue.enqueue("y", unique_key=key).id == first.id
-    assert queue.settle() is None  # the key's live job is still on its prior shard
+    assert settle(queue) is None  # the key's live job is still on its prior shard
     drain(queue)
-    assert queue.settle() is not None
+    assert settle(queue) is not None
 
 
 def test_a_resize_while_the_last_one_settles_is_refused_but_undo_is_allowed(valkey: Any) -> None:
@@ -185,7 +190,7 @@ def test_retrying_a_dead_job_on_a_retired_shard_claims_from_it_again(valkey: Any
         else:
             queue.ack(lease)
     queue.resize(1)
-    assert queue.settle() is not None and queue.claim_shards() == 1
+    assert settle(queue) is not None and queue.claim_shards() == 1
     queue.retry(victim.id)
     assert queue.claim_shards() == 3
     assert [job_id for _, job_id, _ in drain(queue)] == [victim.id]
@@ -197,7 +202,7 @@ def test_a_lowered_setting_drains_its_old_shards_for_good_without_a_resize(valke
     Queue("legacy", client=valkey, shards=4).enqueue_many([JobSpec(i) for i in range(20)])
     lowered = Queue("legacy", client=valkey, shards=2)
     assert len(drain(lowered)) == 20
-    assert lowered.settle() is None and lowered.claim_shards() == 4
+    assert settle(lowered) is None and lowered.claim_shards() == 4
     assert lowered.layout().status(3) == "draining"
 
 

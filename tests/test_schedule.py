@@ -77,7 +77,7 @@ def test_a_bad_entry_is_refused_naming_it(spec: dict[str, Any], message: str) ->
 def test_manage_py_check_names_a_bad_expression_and_an_unknown_job(settings: Any) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULE": {"e": {"job": "a.b", "cron": "x"}}}
     [error] = [e for e in run_checks(tags=["jobqueue"]) if e.id.startswith("jobqueue.")]
-    assert error.id == "jobqueue.E002" and "five fields" in error.msg and "Periodic jobs" in error.hint
+    assert error.id == "jobqueue.E002" and "five fields" in error.msg and "periodic jobs" in error.hint
     settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULE": {"e": {"job": "nope.jobs.gone", "every": 5}}}
     [error] = [e for e in run_checks(tags=["jobqueue"]) if e.id.startswith("jobqueue.")]
     assert error.id == "jobqueue.E003" and "'nope.jobs.gone'" in error.msg and error.hint
