@@ -13,18 +13,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from functools import cache
 from typing import Any
 
-from . import durable, handoff, ids, layouts, signals
+from . import durable, handoff, ids, lanes, layouts, signals
 from .conf import QueueOptions, get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound, NotReplicated
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
 from .scripts import caller
-from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
-from .spec import rate as spec_rate
+from .spec import (MAX_DELAY, JobSpec, Prepared, claim_policy, dumps, prepare, validate_lease,
+                   validate_priority)
 from .spec import seconds as _seconds
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
@@ -45,16 +44,6 @@ def _announced(refs: list[JobRef]) -> list[JobRef]:
     return refs
 
 
-@cache
-def _claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
-    """The claim script's rate limit (each shard's share of N, the period) and lane weights (how
-    many, then lane and weight for each), for a queue's options (a Queue is made per enqueue)."""
-    weighted = [(lane, w) for lane, w in options.lane_weights if w > 1]
-    limit = spec_rate(options.rate)
-    return (*((limit[0] / shards, limit[1]) if limit else (0, 0)),
-            len(weighted), *(x for pair in weighted for x in pair))
-
-
 class Queue:
     """A named queue over N Valkey shards; one method per job-state transition."""
 
@@ -66,7 +55,8 @@ class Queue:
         self._client = client
         self._next_shard = 0
         self.rate_wait: float = 0.0
-        """After a claim: seconds until the rate limit admits another job (0: not limited)."""
+        """After a claim: seconds until the rate limit (or, when it came back short, a lane's
+        rate) admits another job (0: not limited)."""
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -254,7 +244,7 @@ class Queue:
         out: list[Lease] = []
         waits = []
         head = [lease_ms, "1" if override_lease else "0", worker, self._dead_retention_ms(),
-                self._retention_ms(), *_claim_policy(self.options, self.shards)]
+                self._retention_ms(), *claim_policy(self.options, self.shards)]
         for step in range(1 if only is not None else total):
             if len(out) >= count:
                 break
@@ -271,8 +261,10 @@ class Queue:
             rows = reply[2 + n :]
             out.extend(Lease.from_claim(self.name, index, *rows[r : r + 5])
                        for r in range(0, len(rows), 5))
-        # Rate-limited when every shard asked said so: then the soonest refill is the wait.
-        self.rate_wait = min(waits) / 1000 if waits and all(waits) else 0.0
+        # Rate-limited when every shard asked said so, or when the claim came back short and a
+        # shard's limits hold work back (a lane's rate too): then the soonest refill is the wait.
+        held = [w for w in waits if w] if len(out) < count else waits
+        self.rate_wait = min(held) / 1000 if held and all(held) else 0.0
         return answers, out
 
     def _lease_ms(self, lease: float | None) -> int:
@@ -415,6 +407,11 @@ class Queue:
     def resume(self) -> None:
         for i in range(self.all_shards()):
             self.client.hdel(self.shard(i).key("meta"), "paused")
+
+    def set_lane_concurrency(self, lane: str, cap: int | None) -> None:
+        """Set one lane's cap live ("*": every named lane's; None: back to the settings'), on
+        every shard, kept in Valkey (see `lanes.set_cap`)."""
+        lanes.set_cap(self, lane, cap)
 
     def resize(self, count: int, by: str = "") -> layouts.Layout:
         """Set the live shard count (see `layouts.resize`); `by` says who, in its history."""

@@ -667,7 +667,7 @@ def test_malformed_ids_are_refused_by_operator_calls(queue: Queue) -> None:
 
 def test_a_claim_that_fails_midway_puts_back_what_it_popped(queue: Queue) -> None:
     refs = queue.enqueue_many([JobSpec(i, lane="l") for i in range(3)])
-    broken = [3, "not-a-number", "0", "w", 1000, 1000, 0, 0, 0, 0]  # a bad default lease
+    broken = [3, "not-a-number", "0", "w", 1000, 1000, 0, 0, 0, 0, 0, 0, 0]  # a bad default lease
     with pytest.raises(Exception, match="arithmetic"):
         caller.run(queue.client, "claim", queue.shard(0), broken)
     assert queue.counts()["pending"] == 3  # nothing stranded: still on the lane and the ring

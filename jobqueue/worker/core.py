@@ -571,7 +571,7 @@ class Worker:
         (1 s BLPOPs on the client). On a kept connection a wait lasts up to IDLE_WAIT: a token,
         a hand-off, a stop or the worker falling idle ends it sooner (`_unblock_waiters`)."""
         options = queue.options
-        lines = _Lines(self.config.burst, hand_off=not (options.concurrency or options.rate))
+        lines = _Lines(self.config.burst, hand_off=not options.claim_only)
         try:
             while not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
                 if not self._room.wait(0.5):
