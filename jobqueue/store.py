@@ -411,7 +411,7 @@ class Queue:
     def set_lane_concurrency(self, lane: str, cap: int | None) -> None:
         """Set one lane's cap live ("*": every named lane's; None: back to the settings'), on
         every shard, kept in Valkey (see `lanes.set_cap`)."""
-        lanes.set_cap(self, lane, cap)
+        lanes.set_cap(self.client, self.name, self.all_shards(), lane, cap)
 
     def resize(self, count: int, by: str = "") -> layouts.Layout:
         """Set the live shard count (see `layouts.resize`); `by` says who, in its history."""
