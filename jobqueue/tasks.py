@@ -2,7 +2,8 @@
 
 A task is enqueued as a job whose handler is `django.tasks:<module.function>`; `runworker` runs it
 with the task's own function. Result ids are job ids. Statuses map onto Django's four:
-pending/scheduled → READY, active → RUNNING, succeeded → SUCCESSFUL, dead/cancelled → FAILED.
+pending/scheduled → READY, active → RUNNING, succeeded → SUCCESSFUL, dead/cancelled/expired →
+FAILED.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ STATUS: dict[str, TaskResultStatus] = {
     State.PENDING: TaskResultStatus.READY, State.SCHEDULED: TaskResultStatus.READY,
     State.ACTIVE: TaskResultStatus.RUNNING, State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     State.DEAD: TaskResultStatus.FAILED, State.CANCELLED: TaskResultStatus.FAILED,
+    State.EXPIRED: TaskResultStatus.FAILED,
 }
 
 
@@ -69,7 +71,7 @@ class ValkeyBackend(BaseTaskBackend):
 
     def _result(self, task: Task, info: JobInfo) -> TaskResult:
         payload = info.payload if isinstance(info.payload, dict) else {}
-        failed = info.state in (State.DEAD, State.CANCELLED)
+        failed = info.state in (State.DEAD, State.CANCELLED, State.EXPIRED)
         result: TaskResult = TaskResult(
             task=task, id=info.id, status=STATUS.get(info.state, TaskResultStatus.FAILED),
             enqueued_at=info.enqueued_at, started_at=info.started_at,
