@@ -15,15 +15,14 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from . import durable, handoff, ids, lanes, layouts, signals
-from .conf import QueueOptions, get_client, get_config
+from . import durable, handoff, ids, lanes, layouts, signals, spec
+from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound, NotReplicated
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
 from .scripts import caller
-from .spec import (MAX_DELAY, JobSpec, Prepared, claim_policy, dumps, prepare, validate_lease,
-                   validate_priority)
+from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
 from .spec import seconds as _seconds
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
@@ -116,7 +115,7 @@ class Queue:
         """Add many jobs: validated first (all or none), then one script call per shard chunk
         (a lone job goes `enqueue_encoded`'s way)."""
         limit = get_config().max_payload
-        jobs = [prepare(spec, self.options, limit) for spec in specs]
+        jobs = [prepare(job, self.options, limit) for job in specs]
         if len(jobs) == 1:
             job = jobs[0]
             return [self.enqueue_encoded(job, job.job_id, job.payload, job.argv(self.options)[2:])]
@@ -244,7 +243,7 @@ class Queue:
         out: list[Lease] = []
         waits = []
         head = [lease_ms, "1" if override_lease else "0", worker, self._dead_retention_ms(),
-                self._retention_ms(), *claim_policy(self.options, self.shards)]
+                self._retention_ms(), *spec.claim_policy(self.options, self.shards)]
         for step in range(1 if only is not None else total):
             if len(out) >= count:
                 break
@@ -263,8 +262,8 @@ class Queue:
                        for r in range(0, len(rows), 5))
         # Rate-limited when every shard asked said so, or when the claim came back short and a
         # shard's limits hold work back (a lane's rate too): then the soonest refill is the wait.
-        held = [w for w in waits if w] if len(out) < count else waits
-        self.rate_wait = min(held) / 1000 if held and all(held) else 0.0
+        limited = [w for w in waits if w] if len(out) < count else waits
+        self.rate_wait = min(limited) / 1000 if limited and all(limited) else 0.0
         return answers, out
 
     def _lease_ms(self, lease: float | None) -> int:
@@ -409,8 +408,8 @@ class Queue:
             self.client.hdel(self.shard(i).key("meta"), "paused")
 
     def set_lane_concurrency(self, lane: str, cap: int | None) -> None:
-        """Set one lane's cap live ("*": every named lane's; None: back to the settings'), on
-        every shard, kept in Valkey (see `lanes.set_cap`)."""
+        """Set one lane's cap live, kept in Valkey ("*": every named lane's; None: back to the
+        settings' cap): `lanes.set_cap`."""
         lanes.set_cap(self.client, self.name, self.all_shards(), lane, cap)
 
     def resize(self, count: int, by: str = "") -> layouts.Layout:
