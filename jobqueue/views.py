@@ -290,10 +290,7 @@ class Console:
             raise PermissionDenied(f"unknown action {action!r}")
         if not self.has_pause_permission(request):
             raise PermissionDenied
-        message = actions.pause_queue(self._queue(name), action == "pause")
-        shard, _ = Shard.objects.get_or_create(queue=name, index=0)
-        actions.log_action(request.user, shard, message)
-        messages.success(request, message)
+        self._logged(request, name, actions.pause_queue(self._queue(name), action == "pause"))
         return self._back(request, console_reverse(request, "jobqueue_dashboard"))
 
     def _resize(self, request: HttpRequest, name: str) -> HttpResponse:
@@ -318,10 +315,7 @@ class Console:
         except JobQueueError as exc:
             messages.error(request, f"Resize {name}: {exc}")
             return HttpResponseRedirect(back)
-        message = f"Queue {name} resized from {before.live} to {count} shard(s)."
-        shard, _ = Shard.objects.get_or_create(queue=name, index=0)
-        actions.log_action(request.user, shard, message)
-        messages.success(request, message)
+        self._logged(request, name, f"Queue {name} resized from {before.live} to {count} shard(s).")
         return HttpResponseRedirect(back)
 
     def _set_lane_concurrency(self, request: HttpRequest, name: str) -> HttpResponse:
@@ -338,11 +332,16 @@ class Console:
             message = actions.set_lane_concurrency(queue, lane, request.POST.get("cap", ""))
         except JobQueueError as exc:
             messages.error(request, f"Lane cap on {name}: {exc}")
-            return HttpResponseRedirect(back)
+        else:
+            self._logged(request, name, message)
+        return HttpResponseRedirect(back)
+
+    @staticmethod
+    def _logged(request: HttpRequest, name: str, message: str) -> None:
+        """A queue action done: logged on the queue's shard 0 row, and told to the operator."""
         shard, _ = Shard.objects.get_or_create(queue=name, index=0)
         actions.log_action(request.user, shard, message)
         messages.success(request, message)
-        return HttpResponseRedirect(back)
 
     # -- helpers -----------------------------------------------------------------------------
 
