@@ -114,6 +114,19 @@ def test_a_dict_of_caps_names_lanes_and_every_other_named_lane(make: Make) -> No
     assert lanes_of(claim(queue)) == {"vip": 3, "x": 1, "y": 1, "": 5}
 
 
+def test_caps_hold_with_weighted_lanes_and_the_ring_stays_exact(make: Make) -> None:
+    queue = make(lane_concurrency=2, lane_weights={"vip": 3})
+    fill(queue, {"vip": 6, "x": 6, "y": 1})
+    taken = []
+    while batch := claim(queue, 1):  # single claims, as a --concurrency 1 worker does
+        taken += batch
+    assert lanes_of(taken) == {"vip": 2, "x": 2, "y": 1}
+    assert ring(queue) == [] and queue.client.smembers(queue.shard(0).key("capped")) == {"vip", "x"}
+    queue.ack_many([(lease, None) for lease in taken])
+    assert sorted(ring(queue)) == ["vip", "x"]  # each once: back with work, held no more
+    assert lanes_of(claim(queue)) == {"vip": 2, "x": 2}
+
+
 def test_claims_skip_capped_lanes_without_looking_at_them(make: Make) -> None:
     queue = make(lane_concurrency=1)
     fill(queue, {f"t{i}": 2 for i in range(1000)})
