@@ -11,22 +11,24 @@ from typing import Any
 from . import layouts, outbox, schedule
 from .conf import get_client
 from .cron import Entry
-from .exceptions import InvalidPriority, InvalidTransition, JobNotFound
+from .exceptions import InvalidOption, InvalidPriority, InvalidTransition, JobNotFound
+from .spec import EVERY_LANE
 from .states import State
 from .store import Queue
 
 PERMISSIONS = {"retry": "jobqueue.retry_job", "reprioritize": "jobqueue.reprioritize_job",
                "cancel": "jobqueue.cancel_job", "pause": "jobqueue.pause_queue",
-               "resize": "jobqueue.resize_queue", "run_schedule": "jobqueue.run_schedule"}
+               "resize": "jobqueue.resize_queue", "run_schedule": "jobqueue.run_schedule",
+               "set_lane_concurrency": "jobqueue.set_lane_concurrency"}
 """The Django permission each action needs (the admin's `has_<action>_permission` asks it)."""
 WAITING_OR_RUNNING = frozenset({State.PENDING, State.SCHEDULED, State.ACTIVE})
-JOB_STATES = {"retry": frozenset({State.DEAD, State.CANCELLED}),
+JOB_STATES = {"retry": frozenset({State.DEAD, State.CANCELLED, State.EXPIRED}),
               "reprioritize": WAITING_OR_RUNNING, "cancel": WAITING_OR_RUNNING}
 """The states in which each action on one job is offered."""
 
 
 def retry_job(queue: Queue, job_id: str) -> State:
-    """Retry a dead or cancelled job: in place while Valkey has its row, else created again from
+    """Retry a dead, cancelled or expired job: in place while Valkey has its row, else created again from
     its mirror row under the same id, with every option the row keeps (its attempts start
     again). A durable job's row reopens in the same step (see durable.py)."""
     if queue.locate(job_id) is not None:
@@ -69,6 +71,19 @@ def pause_queue(queue: Queue, paused: bool) -> str:
     else:
         queue.resume()
     return f"Queue {queue.name} {'paused' if paused else 'resumed'}."
+
+
+def set_lane_concurrency(queue: Queue, lane: str, raw: str) -> str:
+    """Set a lane's cap live from what an operator typed (blank: back to the settings' cap)."""
+    text = raw.strip()
+    if text and not text.isdigit():
+        raise InvalidOption(f"a lane's cap must be a whole number ≥ 1 (or blank), got {raw!r}")
+    cap = int(text) if text else None
+    queue.set_lane_concurrency(lane, cap)
+    shown = "every named lane" if lane == EVERY_LANE else f"lane {lane or '(default)'}"
+    if cap is None:
+        return f"Queue {queue.name}: {shown} has its settings' cap again."
+    return f"Queue {queue.name}: {shown} now runs at most {cap} job(s) at once."
 
 
 def resize_queue(queue: Queue, count: int, by: str) -> tuple[layouts.Layout, layouts.Layout]:

@@ -28,7 +28,7 @@ Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any
 """One call of a handler: a tuple of args, a dict of kwargs, or (args, kwargs)."""
 
 SPEC_OPTIONS = ("lane", "priority", "delay", "run_after", "max_attempts", "backoff", "lease",
-                "unique_key", "job_id")
+                "unique_key", "job_id", "debounce", "expires")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class JobFunction:
 
     def using(self, *, queue: str | None = None, immediate: bool | None = None,
               **spec: Any) -> JobFunction:
-        """A copy with per-call options (lane, priority, delay, run_after, max_attempts, …)."""
+        """A copy with per-call options (lane, priority, delay, run_after, max_attempts,
+        unique_key, debounce, expires, …)."""
         _check_spec_options(spec)
         options = replace(
             self.options,
@@ -113,7 +114,8 @@ class JobFunction:
             queue = Queue(self.options.queue,
                           client=None if config.url == "embedded" else get_client())
             spec = JobSpec({}, **self.options.spec)
-            simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None)
+            simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None
+                          or isinstance(spec.expires, datetime))  # (an instant: its ms vary)
             ready = prepare(spec, queue.options) if simple else None
             tail = tuple(ready.argv(queue.options)[2:]) if ready is not None else ()
             route = self._route = _Route(config, queue, ready, tail,

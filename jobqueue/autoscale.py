@@ -29,7 +29,7 @@ def check(queue: Queue, limits: AutoShards) -> tuple[int, int] | None:
         return None
     layout = queue.layout(fresh=True)
     counts = queue.counts()
-    finished = sum(counts[state] for state in ("succeeded", "dead", "cancelled"))
+    finished = sum(counts[state] for state in ("succeeded", "dead", "cancelled", "expired"))
     backlog = counts["pending"] + counts["scheduled"]
     state = _state(client.hget(STATE_KEY, queue.name))
     now = time.time()

@@ -5,7 +5,7 @@ when its wait would end) and blocks on its own hand-off list and the shard's `wa
 enqueue that finds nothing else ready there leases the job to it and pushes it onto its list
 (see enqueue.lua): the job reaches the worker already leased, with no claim call. These
 functions build the wait's commands and read its replies; the worker's waiters send them on
-connections of their own (`Queue.wait_commands`, `after_wait` and `withdraw` call them).
+connections of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ from redis.exceptions import ResponseError
 
 from .keys import ShardKeys
 from .records import Lease
+
+
+def offer(lease_ms: int, override: bool) -> str:
+    """An idle worker's offer: the lease a job handed to it gets, and whether that lease
+    overrides the job's own (`runworker --lease`)."""
+    return f"{lease_ms}:{int(override)}"
 
 
 def wait_commands(shard: ShardKeys, timeout: int, worker: str,

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import ids
+from . import ids, lanes
 from .conf import get_client, get_config
 from .exceptions import InvalidOption, JobQueueError
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash
@@ -262,7 +262,9 @@ def before_resize(client: Any, name: str, configured: int, count: int) -> Layout
 
 def _mark(client: Any, name: str, layout: Layout) -> None:
     """Flag the shards beyond the live count as draining (their enqueue turns jobs away) and
-    clear the flag on live ones; a paused queue's new shards start paused."""
+    clear the flag on live ones; a paused queue's new shards start paused, and with the lane
+    caps set live."""
+    lanes.copy_caps(client, name, layout.widest)
     paused = client.hget(ShardKeys(name, 0).key("meta"), "paused") == "1"
     for i in range(layout.widest):
         meta = ShardKeys(name, i).key("meta")

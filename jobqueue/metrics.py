@@ -7,9 +7,11 @@ reports the whole fleet.
 - `jobqueue_jobs{queue,state}` — jobs by state now (gauge; `Queue.counts()`);
 - `jobqueue_oldest_wait_seconds{queue}` — the longest wait among ready jobs (gauge);
 - `jobqueue_jobs_finished_total{queue,outcome}` — runs recorded: `succeeded`, `failed` (to be
-  retried), `dead`, `cancelled` (counter);
+  retried), `dead`, `cancelled`, and jobs that `expired` before they started (counter);
 - `jobqueue_job_duration_seconds{queue}` — run time of recorded runs (histogram);
-- `jobqueue_rate_limit_tokens{queue}` — jobs a rate-limited queue would admit now (gauge).
+- `jobqueue_rate_limit_tokens{queue}` — jobs a rate-limited queue would admit now (gauge);
+- `jobqueue_lane_active{queue,lane}` — running jobs that hold a slot of their lane's cap, for
+  the LANE_TOP busiest lanes of each queue only (gauge; bounded cardinality).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import backlog, layouts
+from . import backlog, lanes, layouts
 from .conf import get_client, get_config
 from .states import State
 from .store import Queue, known_queues
 
-OUTCOMES = ("succeeded", "failed", "dead", "cancelled")
+OUTCOMES = ("succeeded", "failed", "dead", "cancelled", "expired")
+LANE_TOP = 10
+"""Lanes per queue that `jobqueue_lane_active` reports (the busiest): one series per tenant of a
+large fleet would swamp Prometheus."""
 BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
 """The histogram's upper bounds in ms: the same list as DURATION_BUCKETS in _common.lua."""
 
@@ -48,6 +53,9 @@ class ValkeyCollector:
                                          "Run time of recorded runs", labels=["queue"])
         tokens = GaugeMetricFamily("jobqueue_rate_limit_tokens",
                                    "Jobs a rate-limited queue would admit now", labels=["queue"])
+        lane_active = GaugeMetricFamily("jobqueue_lane_active",
+                                        "Running jobs holding a slot of their lane's cap "
+                                        "(the busiest lanes)", labels=["queue", "lane"])
         shards = GaugeMetricFamily("jobqueue_shards", "Shards of a queue by status",
                                    labels=["queue", "status"])
         resizes = CounterMetricFamily("jobqueue_shard_resizes",
@@ -91,7 +99,9 @@ class ValkeyCollector:
             level = bucket_level(queue, server_ms(queue))
             if level is not None:
                 tokens.add_metric([name], level)
-        yield from (jobs, oldest, finished, duration, tokens, shards, resizes)
+            for lane, active in lanes.busiest(queue.client, name, queue.all_shards(), LANE_TOP):
+                lane_active.add_metric([name, lane], active)
+        yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes)
 
 
 def view(request: HttpRequest) -> HttpResponse:

@@ -83,6 +83,7 @@ class Job(models.Model):
             ("pause_queue", "Can pause and resume queues"),
             ("run_schedule", "Can run, pause and resume periodic jobs"),
             ("resize_queue", "Can change a queue's live shard count"),
+            ("set_lane_concurrency", "Can change a lane's concurrency cap"),
         ]
 
     def __str__(self) -> str:

@@ -107,11 +107,14 @@ def bucket_level(queue: Queue, now: int) -> float | None:
 
 
 def deepest_lanes(queue: Queue, limit: int = 20) -> list[tuple[str, int]]:
-    """The lanes with the most ready jobs (among the first MAX_LANES of each shard's ring)."""
+    """The lanes with the most ready jobs (among the first MAX_LANES of each shard's ring, and
+    as many held back by their cap or rate)."""
     depths: list[tuple[str, int]] = []
     for index in range(queue.all_shards()):
         shard = queue.shard(index)
         names = queue.client.lrange(shard.key("ring"), 0, MAX_LANES - 1)
+        names += queue.client.srandmember(shard.key("capped"), MAX_LANES)
+        names += queue.client.zrange(shard.key("rated"), 0, MAX_LANES - 1)
         pipe = queue.client.pipeline(transaction=False)
         for lane in names:
             pipe.zcard(shard.lane(lane))

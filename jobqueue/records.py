@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 from . import ids
 from .states import State
 
-COUNT_FIELDS: tuple[str, ...] = (State.PENDING, State.SCHEDULED, State.ACTIVE, State.DEAD, State.SUCCEEDED,
-                State.CANCELLED)
+COUNT_FIELDS: tuple[str, ...] = (State.PENDING, State.SCHEDULED, State.ACTIVE, State.DEAD,
+                                 State.SUCCEEDED, State.CANCELLED, State.EXPIRED)
 """The states `Queue.counts()` reports, in the order the counts script answers."""
 
 
@@ -145,6 +145,8 @@ class JobInfo:
     started_at: datetime | None = None
     lease_until: datetime | None = None
     finished_at: datetime | None = None
+    expires_at: datetime | None = None
+    """When it expires unless started by then (None: never)."""
     cancel_requested: bool = False
     history: tuple[Any, ...] = ()
     """Earlier attempts that failed (the last ten): attempt, worker, started, ended (ms), error."""
@@ -170,7 +172,8 @@ class JobInfo:
             shard=shard, enqueued_at=(enqueued := fields.time("enqueued_at", job_id)),
             run_after=fields.time("run_after") or enqueued, started_at=fields.time("started_at"),
             lease_until=fields.time("lease_until"), finished_at=fields.time("finished_at"),
-            cancel_requested=row.get("cancel") == "1", history=attempt_history(fields.json("history")),
+            expires_at=fields.time("expires_at"), cancel_requested=row.get("cancel") == "1",
+            history=attempt_history(fields.json("history")),
             corrupt=tuple(fields.corrupt),
         )
 

@@ -86,15 +86,40 @@ MAX_WEIGHT = 100
 RATE_PERIODS = {"s": 1000, "m": 60_000, "h": 3_600_000}
 
 
-def rate(value: object) -> tuple[int, int] | None:
-    """The `rate` option, "N/s", "N/m" or "N/h" (N 1…1,000,000), as (N, period in ms)."""
+def rate(value: object, what: str = "rate") -> tuple[int, int] | None:
+    """The `rate` option (and `lane_rate`), "N/s", "N/m" or "N/h" (N 1…1,000,000), as (N,
+    period in ms)."""
     if value is None:
         return None
     if isinstance(value, str) and value.count("/") == 1:
         count, unit = value.split("/")
         if count.isdigit() and unit in RATE_PERIODS and 1 <= int(count) <= 1_000_000:
             return int(count), RATE_PERIODS[unit]
-    raise InvalidOption(f'rate must be "N/s", "N/m" or "N/h" with N in 1…1000000, got {value!r}')
+    raise InvalidOption(f'{what} must be "N/s", "N/m" or "N/h" with N in 1…1000000, got {value!r}')
+
+
+MAX_LANE_CAP = 1_000_000
+EVERY_LANE = "*"
+"""In `lane_concurrency`: the cap of every named lane the dict does not name."""
+
+
+def lane_cap(value: object, what: str = "lane_concurrency") -> int:
+    """One lane's cap: at most this many of its jobs active at once (1…1,000,000)."""
+    return whole_number(value, what, 1, MAX_LANE_CAP)
+
+
+def lane_concurrency(value: object) -> tuple[tuple[str, int], ...]:
+    """The `lane_concurrency` option: an int (every named lane's cap) or a dict of lane name
+    ('' is the default lane, "*" every named lane it does not name) to a cap, kept as sorted
+    pairs (an int n is (("*", n),))."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return ((EVERY_LANE, lane_cap(value)),)
+    if not isinstance(value, dict) or not value or len(value) > 1000:
+        raise InvalidOption(f"lane_concurrency must be an integer or a dict of at most 1000 "
+                            f"lanes (\"*\": every other lane) to caps, got {value!r}")
+    return tuple(sorted((lane if lane in ("", EVERY_LANE) else validate_lane(lane),
+                         lane_cap(cap, f"lane_concurrency[{lane!r}]"))
+                        for lane, cap in value.items()))
 
 
 def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
@@ -109,7 +134,8 @@ def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
 
 
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
-                      "priority", "durable", "lane_weights", "rate", "wait_replicas")
+                      "priority", "durable", "lane_weights", "rate", "wait_replicas",
+                      "lane_concurrency", "lane_rate")
 
 
 @dataclass(frozen=True)
@@ -138,6 +164,31 @@ class QueueOptions:
     lane_weights: tuple[tuple[str, int], ...] = ()
     """(lane, w): the lane gets w turns per round of the ring; unnamed lanes weigh 1. Settings
     give a dict; it is kept as sorted pairs so the options stay hashable."""
+    lane_concurrency: tuple[tuple[str, int], ...] = ()
+    """(lane, n): at most n jobs of the lane active at once, across every worker ("*": every
+    named lane not listed). Settings give an int or a dict (`lane_concurrency`); a cap set
+    live (`Queue.set_lane_concurrency`) wins over these."""
+    lane_rate: str | None = None
+    """"N/s", "N/m" or "N/h": at most N jobs of each named lane start per period."""
+
+    @property
+    def claim_only(self) -> bool:
+        """Whether only the claim script can enforce this queue's limits (a `concurrency` cap,
+        a rate, lane caps or lane rates): then its idle workers take no hand-offs."""
+        return bool(self.concurrency or self.rate or self.lane_concurrency or self.lane_rate)
+
+
+@functools.cache
+def claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
+    """The claim script's arguments for a queue's limits (claim.lua, ARGV[7] on): the rate limit
+    (each shard's share of N, the period), the lane rate (N, the period: a lane lives on one
+    shard), lane caps and lane weights (how many, then lane and value for each). Cached: a
+    Queue is made per enqueue, and a worker claims many times a second."""
+    weighted = [(lane, w) for lane, w in options.lane_weights if w > 1]
+    limit, lane_limit = rate(options.rate), rate(options.lane_rate, "lane_rate")
+    return (*((limit[0] / shards, limit[1]) if limit else (0, 0)), *(lane_limit or (0, 0)),
+            len(options.lane_concurrency), *(x for pair in options.lane_concurrency for x in pair),
+            len(weighted), *(x for pair in weighted for x in pair))
 
 
 def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -> QueueOptions:
@@ -154,11 +205,15 @@ def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -
         values["auto_shards"] = False
     if "lane_weights" in values:
         values["lane_weights"] = lane_weights(values["lane_weights"])
+    if "lane_concurrency" in values:  # (None: no caps, overriding DEFAULTS' own)
+        raw_caps = values["lane_concurrency"]
+        values["lane_concurrency"] = () if raw_caps is None else lane_concurrency(raw_caps)
     options = replace(base, **values)
     durable = options.durable
     if not isinstance(durable, bool):
         raise InvalidOption(f"durable must be True or False, got {durable!r}")
     rate(options.rate)
+    rate(options.lane_rate, "lane_rate")
     concurrency = options.concurrency
     return replace(
         options,
@@ -188,6 +243,11 @@ class JobSpec(NamedTuple):
     backoff: float | None = None
     lease: float | None = None
     unique_key: str | None = None
+    debounce: float | timedelta | None = None
+    """Seconds: while the unique key's job still waits, an enqueue replaces its payload and
+    moves its start to now + debounce (the same id comes back); the first one starts then too."""
+    expires: float | timedelta | datetime | None = None
+    """Seconds from now (or an aware datetime): a job not started by then ends `expired`."""
 
 
 class Prepared(NamedTuple):
@@ -203,6 +263,9 @@ class Prepared(NamedTuple):
     lease_ms: int
     delay_ms: int
     unique_key: str
+    debounce_ms: int = 0
+    expires_ms: int = 0
+    """Until the job expires, from the enqueue (0: never); the script adds its own clock."""
 
     def argv(self, options: QueueOptions) -> list[Any]:
         """The enqueue script's arguments; a retry policy equal to the queue's is left out of
@@ -210,13 +273,22 @@ class Prepared(NamedTuple):
         return [self.job_id, self.payload, self.priority, self.lane,
                 "" if self.max_attempts == options.max_attempts else self.max_attempts,
                 "" if self.backoff_ms == round(options.backoff * 1000) else self.backoff_ms,
-                self.lease_ms, self.delay_ms, self.unique_key, "1" if self.minted else "0"]
+                self.lease_ms, self.delay_ms, self.unique_key, "1" if self.minted else "0",
+                self.debounce_ms, self.expires_ms]
 
 
 def _delay(spec: JobSpec) -> float:
-    """Seconds until the job may run, from `delay` or `run_after` (never both)."""
+    """Seconds until the job may run, from `delay`, `run_after` or `debounce` (one of them)."""
     if spec.delay is not None and spec.run_after is not None:
         raise InvalidOption("give delay or run_after, not both")
+    if spec.debounce is not None:
+        if spec.delay is not None or spec.run_after is not None:
+            raise InvalidOption("give debounce or delay/run_after, not both: a debounced job "
+                                "starts `debounce` seconds after its last enqueue")
+        if spec.unique_key is None:
+            raise InvalidOption("debounce needs a unique_key: the key names the job that later "
+                                "enqueues replace")
+        return seconds(spec.debounce, "debounce", low=0.001, high=MAX_DELAY)
     if spec.delay is not None:
         return seconds(spec.delay, "delay", low=0, high=MAX_DELAY)
     if spec.run_after is not None:
@@ -237,6 +309,23 @@ def _options(options: QueueOptions, priority: Any, lane: Any, max_attempts: Any,
         round(validate_backoff(options.backoff if backoff is None else backoff) * 1000),
         0 if lease is None else round(validate_lease(lease) * 1000),
     )
+
+
+def _expires_ms(value: object) -> int:
+    """Milliseconds from now until the job expires (0: it never does), from seconds, a
+    timedelta or an aware datetime that is still ahead."""
+    if value is None:
+        return 0
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidOption(f"expires must be a number of seconds or a timezone-aware "
+                                f"datetime, got the naive {value!r}")
+        left = (value - datetime.now(UTC)).total_seconds()
+        if left <= 0:
+            raise InvalidOption(f"expires is in the past ({value.isoformat()}): the job could "
+                                f"never run")
+        value = left
+    return max(1, math.ceil(seconds(value, "expires", low=0.001, high=MAX_DELAY) * 1000))
 
 
 # typed: True and 1 are different keys, so a bool priority is still refused.
@@ -261,9 +350,13 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
         priority, lane, max_attempts, backoff_ms, lease_ms = _options(*shared)
     unique = _unique_key(spec.unique_key)
     job_id = ids.validate_job_id(spec.job_id) if spec.job_id is not None else ids.new_id()
+    delay_ms, expires_ms = math.ceil(delay * 1000), _expires_ms(spec.expires)
+    if expires_ms and expires_ms <= delay_ms:
+        raise InvalidOption(f"expires ({expires_ms / 1000:g} s from now) comes before the job's "
+                            f"start ({delay_ms / 1000:g} s from now): it could never run")
     return Prepared(job_id, spec.job_id is None, encode_payload(spec.payload, max_payload),
-                    priority, lane, max_attempts, backoff_ms, lease_ms, math.ceil(delay * 1000),
-                    unique)
+                    priority, lane, max_attempts, backoff_ms, lease_ms, delay_ms, unique,
+                    delay_ms if spec.debounce is not None else 0, expires_ms)
 
 
 def encode_payload(payload: Any, max_payload: int) -> str:

@@ -6,7 +6,7 @@ from django.db import models
 
 
 class State(models.TextChoices):
-    """Where a job is in its life. Terminal: succeeded, dead, cancelled."""
+    """Where a job is in its life. Terminal: succeeded, dead, cancelled, expired."""
 
     PENDING = "pending", "Pending"
     """Ready on its lane, waiting for a worker."""
@@ -20,3 +20,5 @@ class State(models.TextChoices):
     """Its retry budget is spent, or it can never run; last_error says why."""
     CANCELLED = "cancelled", "Cancelled"
     """An operator cancelled it."""
+    EXPIRED = "expired", "Expired"
+    """It was not started before its `expires` time, so it never ran (or never ran again)."""

@@ -4,27 +4,26 @@ The `@job` API, the worker, the mirror, the admin and the `django.tasks` backend
 state only through these methods, and read a job and its counts through them; `scripts.caller`
 sends the scripts. Other modules touch Valkey keys for what their docstrings say: `layouts`
 (shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
-lists), `backlog` (lane heads, minute samples), `readmodels` (the console's read models),
-`metrics`, `mirror` (the `done` streams), `autoscale`, `schedule`, and the worker's waits and
-presence (`worker/waiters.py`, `worker/waitline.py`, `worker/presence.py`).
+lists), `backlog` (lane heads, minute samples), `lanes` (lane caps set live, slots in use),
+`readmodels` (the console's read models), `metrics`, `mirror` (the `done` streams), `autoscale`,
+`schedule`, and the worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`,
+`worker/presence.py`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from functools import cache
 from typing import Any
 
-from . import durable, handoff, ids, layouts, sending, signals
-from .conf import QueueOptions, get_client, get_config
+from . import durable, ids, lanes, layouts, sending, signals, spec
+from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
 from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
 from .scripts import caller
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
-from .spec import rate as spec_rate
 from .spec import seconds as _seconds
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
@@ -65,16 +64,6 @@ def _read_claim(name: str, index: int, reply: list[Any], carried: list[int],
                                for r in range(0, len(rows), 5)]
 
 
-@cache
-def _claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
-    """The claim script's rate limit (each shard's share of N, the period) and lane weights (how
-    many, then lane and weight for each), for a queue's options (a Queue is made per enqueue)."""
-    weighted = [(lane, w) for lane, w in options.lane_weights if w > 1]
-    limit = spec_rate(options.rate)
-    return (*((limit[0] / shards, limit[1]) if limit else (0, 0)),
-            len(weighted), *(x for pair in weighted for x in pair))
-
-
 class Queue:
     """A named queue over N Valkey shards; one method per job-state transition."""
 
@@ -86,7 +75,8 @@ class Queue:
         self._client = client
         self._next_shard = 0
         self.rate_wait: float = 0.0
-        """After a claim: seconds until the rate limit admits another job (0: not limited)."""
+        """After a claim: seconds until the rate limit (or, when it came back short, a lane's
+        rate) admits another job (0: not limited)."""
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -142,7 +132,7 @@ class Queue:
         """Add many jobs: validated first (all or none), then one script call per shard chunk
         (a lone job goes `enqueue_encoded`'s way)."""
         limit = get_config().max_payload
-        jobs = [prepare(spec, self.options, limit) for spec in specs]
+        jobs = [prepare(job, self.options, limit) for job in specs]
         if len(jobs) == 1:
             job = jobs[0]
             return [self.enqueue_encoded(job, job.job_id, job.payload, job.argv(self.options)[2:])]
@@ -183,7 +173,7 @@ class Queue:
         leases)."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
-        lease_ms = self._lease_ms(lease)
+        lease_ms = self.lease_ms(lease)
         total = shards or self.claim_shards()
         if only is not None:
             start = only % total
@@ -199,7 +189,7 @@ class Queue:
         out: list[Lease] = []
         waits = []
         head = [lease_ms, "1" if override_lease else "0", worker, _dead_retention_ms(),
-                _retention_ms(), *_claim_policy(self.options, self.shards)]
+                _retention_ms(), *spec.claim_policy(self.options, self.shards)]
         for step in range(1 if only is not None else total):
             if len(out) >= count:
                 break
@@ -212,21 +202,15 @@ class Queue:
             wait, leases = _read_claim(self.name, index, reply, carried, answers)
             waits.append(wait)
             out.extend(leases)
-        # Rate-limited when every shard asked said so: then the soonest refill is the wait.
-        self.rate_wait = min(waits) / 1000 if waits and all(waits) else 0.0
+        # Rate-limited when every shard asked said so, or when the claim came back short and a
+        # shard's limits hold work back (a lane's rate too): then the soonest refill is the wait.
+        limited = [w for w in waits if w] if len(out) < count else waits
+        self.rate_wait = min(limited) / 1000 if limited and all(limited) else 0.0
         return answers, out
 
-    def _lease_ms(self, lease: float | None) -> int:
+    def lease_ms(self, lease: float | None = None) -> int:
         """A claim's default lease in ms: the worker's, else the queue's."""
         return round(validate_lease(lease if lease is not None else self.options.lease) * 1000)
-
-    def wait_commands(self, index: int, timeout: int, worker: str, *, idle: bool = False,
-                      lease: float | None = None,
-                      override_lease: bool = False) -> list[tuple[Any, ...]]:
-        """A worker's wait on shard `index` (`handoff.wait_commands`); `idle` offers the worker
-        for hand-offs with its lease."""
-        offer = f"{self._lease_ms(lease)}:{int(override_lease)}" if idle else None
-        return handoff.wait_commands(self.shard(index), timeout, worker, offer)
 
     def ack(self, lease: Lease, result: Any = None) -> bool:
         """Record success; False when the lease is stale (the job was re-claimed)."""
@@ -348,6 +332,11 @@ class Queue:
     def resume(self) -> None:
         for i in range(self.all_shards()):
             self.client.hdel(self.shard(i).key("meta"), "paused")
+
+    def set_lane_concurrency(self, lane: str, cap: int | None) -> None:
+        """Set one lane's cap live, kept in Valkey ("*": every named lane's; None: back to the
+        settings' cap): `lanes.set_cap`."""
+        lanes.set_cap(self.client, self.name, self.all_shards(), lane, cap)
 
     def resize(self, count: int, by: str = "") -> layouts.Layout:
         """Set the live shard count (see `layouts.resize`); `by` says who, in its history."""

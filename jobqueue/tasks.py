@@ -4,7 +4,8 @@ On Django 5.2 the same backend runs the tasks of the `django-tasks` backport (`d
 
 A task is enqueued as a job whose handler is `django.tasks:<module.function>`; `runworker` runs it
 with the task's own function. Result ids are job ids. Statuses map onto Django's four:
-pending/scheduled → READY, active → RUNNING, succeeded → SUCCESSFUL, dead/cancelled → FAILED.
+pending/scheduled → READY, active → RUNNING, succeeded → SUCCESSFUL, dead/cancelled/expired →
+FAILED.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ STATUS: dict[str, TaskResultStatus] = {
     State.PENDING: TaskResultStatus.READY, State.SCHEDULED: TaskResultStatus.READY,
     State.ACTIVE: TaskResultStatus.RUNNING, State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     State.DEAD: TaskResultStatus.FAILED, State.CANCELLED: TaskResultStatus.FAILED,
+    State.EXPIRED: TaskResultStatus.FAILED,
 }
 
 
@@ -77,7 +79,7 @@ class ValkeyBackend(BaseTaskBackend):
 
     def _result(self, task: Task, info: JobInfo) -> TaskResult:
         payload = info.payload if isinstance(info.payload, dict) else {}
-        failed = info.state in (State.DEAD, State.CANCELLED)
+        failed = info.state in (State.DEAD, State.CANCELLED, State.EXPIRED)
         result: TaskResult = TaskResult(
             task=task, id=info.id, status=STATUS.get(info.state, TaskResultStatus.FAILED),
             enqueued_at=info.enqueued_at, started_at=info.started_at,

@@ -24,10 +24,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 
-from . import actions, ids, layouts, readmodels, schedule
+from . import actions, ids, lanes, layouts, readmodels, schedule
 from .api import lookup
 from .conf import get_client, get_config
-from .exceptions import InvalidJobId, JobQueueError, UnknownHandler
+from .exceptions import InvalidJobId, InvalidName, JobQueueError, UnknownHandler
 from .keys import validate_lane, validate_queue
 from .models import Job, Shard
 from .states import State
@@ -102,6 +102,9 @@ class Console:
     def has_run_schedule_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(actions.PERMISSIONS["run_schedule"])
 
+    def has_set_lane_concurrency_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(actions.PERMISSIONS["set_lane_concurrency"])
+
     def _permitted(self, request: HttpRequest, action: str) -> bool:
         check: Callable[[HttpRequest], bool] = getattr(self, f"has_{action}_permission")
         return check(request)
@@ -138,8 +141,8 @@ class Console:
             lane = ""
         jobs, total = readmodels.page(queue, state, shard, number, lane=lane)
         in_flight = readmodels.lanes_in_flight(queue, shard)
-        lanes = [(lane, depth, in_flight.get(lane, 0))
-                 for lane, depth in readmodels.deepest_lanes(queue, 50)]
+        ready_lanes = [(lane, depth, in_flight.get(lane, 0))
+                       for lane, depth in readmodels.deepest_lanes(queue, 50)]
         last = max((total + 49) // 50, 1)
         layout = queue.layout(fresh=True)
         shard_rows = [(i, layout.status(i), queue.shard_counts(i)) for i in range(shards)]
@@ -152,7 +155,9 @@ class Console:
             resizes=[{**e, "at": datetime.fromtimestamp(e["at"], UTC)}
                      for e in layouts.history(queue.client, name, 10)],
             can_resize=self.has_resize_permission(request),
-            page=number, last_page=last, lanes=lanes,
+            lane_caps=lanes.states(queue.client, name, shards, queue.options),
+            can_cap=self.has_set_lane_concurrency_permission(request),
+            page=number, last_page=last, lanes=ready_lanes,
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,
         )
@@ -279,14 +284,13 @@ class Console:
     def queue_action(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
         if action == "resize":
             return self._resize(request, name)
+        if action == "set_lane_concurrency":
+            return self._set_lane_concurrency(request, name)
         if action not in ("pause", "resume"):
             raise PermissionDenied(f"unknown action {action!r}")
         if not self.has_pause_permission(request):
             raise PermissionDenied
-        message = actions.pause_queue(self._queue(name), action == "pause")
-        shard, _ = Shard.objects.get_or_create(queue=name, index=0)
-        actions.log_action(request.user, shard, message)
-        messages.success(request, message)
+        self._logged(request, name, actions.pause_queue(self._queue(name), action == "pause"))
         return self._back(request, console_reverse(request, "jobqueue_dashboard"))
 
     def _resize(self, request: HttpRequest, name: str) -> HttpResponse:
@@ -311,11 +315,33 @@ class Console:
         except JobQueueError as exc:
             messages.error(request, f"Resize {name}: {exc}")
             return HttpResponseRedirect(back)
-        message = f"Queue {name} resized from {before.live} to {count} shard(s)."
+        self._logged(request, name, f"Queue {name} resized from {before.live} to {count} shard(s).")
+        return HttpResponseRedirect(back)
+
+    def _set_lane_concurrency(self, request: HttpRequest, name: str) -> HttpResponse:
+        """Set (or, with a blank cap, drop) a lane's cap live, and log it."""
+        if not self.has_set_lane_concurrency_permission(request):
+            raise PermissionDenied
+        queue = self._queue(name)
+        back = console_reverse(request, "jobqueue_queue", name)
+        lane = request.POST.get("lane", "").strip()
+        try:
+            if not lane:
+                raise InvalidName(f"name a lane, {readmodels.DEFAULT_LANE} or * (every named lane)")
+            lane = "" if lane == readmodels.DEFAULT_LANE else lane
+            message = actions.set_lane_concurrency(queue, lane, request.POST.get("cap", ""))
+        except JobQueueError as exc:
+            messages.error(request, f"Lane cap on {name}: {exc}")
+        else:
+            self._logged(request, name, message)
+        return HttpResponseRedirect(back)
+
+    @staticmethod
+    def _logged(request: HttpRequest, name: str, message: str) -> None:
+        """A queue action done: logged on the queue's shard 0 row, and told to the operator."""
         shard, _ = Shard.objects.get_or_create(queue=name, index=0)
         actions.log_action(request.user, shard, message)
         messages.success(request, message)
-        return HttpResponseRedirect(back)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -55,6 +55,8 @@ if "JOBQUEUE_TEST_AUTO_SHARDS" in os.environ:  # the adaptive shards test's thre
     JOBQUEUE["AUTO_SHARDS"] = json.loads(os.environ["JOBQUEUE_TEST_AUTO_SHARDS"])
 if "JOBQUEUE_TEST_SCHEDULE" in os.environ:  # the schedule tests' workers (JSON of SCHEDULE)
     JOBQUEUE["SCHEDULE"] = json.loads(os.environ["JOBQUEUE_TEST_SCHEDULE"])
+if "JOBQUEUE_TEST_QUEUES" in os.environ:  # more queues for a test's workers (JSON of QUEUES)
+    JOBQUEUE["QUEUES"].update(json.loads(os.environ["JOBQUEUE_TEST_QUEUES"]))
 if "JOBQUEUE_TEST_EVENT_LOOP" in os.environ:
     JOBQUEUE["EVENT_LOOP"] = os.environ["JOBQUEUE_TEST_EVENT_LOOP"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -354,3 +354,44 @@ def test_the_queue_page_resizes_live_after_confirming_with_its_own_permission(
     operator = staff(client, "pause_queue")
     assert operator.post(url, {"count": "2", "confirm": "yes"}).status_code == 403
     assert 'name="count"' not in operator.get("/admin/jobqueue/job/live/queues/default/").content.decode()
+
+
+def test_the_queue_page_shows_lane_caps_and_sets_one_live_with_its_own_permission(
+        admin_client: Client, client: Client, settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"lane_concurrency": 2}}}
+    conf.reset()
+    jobs.add.using(lane="acme").enqueue_many([(i, i) for i in range(5)])
+    Queue("default").dequeue(count=10)
+    url = "/admin/jobqueue/job/live/queues/default/"
+    page = admin_client.get(url).content.decode()
+    assert "Caps from the settings: * 2" in page
+    assert "<td>acme</td><td>2</td><td>2</td>" in page and "at its cap" in page
+    done = admin_client.post(url + "set_lane_concurrency/", {"lane": "acme", "cap": "4"})
+    assert done.status_code == 302 and Queue("default").dequeue(count=10)  # raised: 2 more
+    assert LogEntry.objects.filter(change_message__contains="lane acme now runs at most 4").exists()
+    page = admin_client.get(url).content.decode()
+    assert "<td>acme</td><td>4</td><td>4</td>" in page and "set live" in page
+    for bad in ({"lane": "acme", "cap": "0"}, {"lane": "a b", "cap": "3"}, {"lane": "", "cap": "3"},
+                {"lane": "acme", "cap": "lots"}):
+        shown = admin_client.post(url + "set_lane_concurrency/", bad, follow=True).content.decode()
+        assert "Lane cap on default:" in shown
+    admin_client.post(url + "set_lane_concurrency/", {"lane": "acme", "cap": ""})
+    assert "set live" not in admin_client.get(url).content.decode()
+    operator = staff(client, "pause_queue")
+    assert operator.post(url + "set_lane_concurrency/", {"lane": "acme", "cap": "9"}).status_code == 403
+    assert 'value="Set lane cap"' not in operator.get(url).content.decode()
+
+
+def test_expired_jobs_are_counted_shown_and_retryable(admin_client: Client) -> None:
+    from .test_engine import server_ms
+
+    queue = Queue("default")
+    ref = jobs.add.using(expires=0.05).enqueue(1, 1)
+    expires = int(queue.client.hget(queue.shard(0).job(ref.id), "expires_at"))
+    workers.wait_for(lambda: server_ms(queue.client) > expires)
+    assert queue.dequeue(count=1) == []
+    assert "<th>expired</th>" in admin_client.get("/admin/jobqueue/job/live/").content.decode()
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/default/{ref.id}/").content.decode()
+    assert "expired" in page and 'value="Retry"' in page
+    admin_client.post(f"/admin/jobqueue/job/live/jobs/default/{ref.id}/retry/")
+    assert get_job(ref.id).state == "pending"  # type: ignore[union-attr]

@@ -427,9 +427,16 @@ def test_a_claim_told_which_shard_woke_it_asks_only_that_shard(valkey: Any) -> N
     assert {lease.job_id for lease in leases} == {i for i, shard in where.items() if shard == 2}
 
 
+def _idle_wait(queue: Queue, seconds: int, worker: str = "w", lease: float | None = None,
+               override_lease: bool = False) -> list[tuple[Any, ...]]:
+    """An idle worker's wait on shard 0, as the worker's waiters build it: an offer, then BLPOP."""
+    offer = handoff.offer(queue.lease_ms(lease), override_lease)
+    return handoff.wait_commands(queue.shard(0), seconds, worker, offer)
+
+
 def _offer(queue: Queue, worker: str = "w", seconds: int = 5, **kw: Any) -> None:
     """An idle worker's offer alone (the first of its wait's commands), without the wait."""
-    queue.client.execute_command(*queue.wait_commands(0, seconds, worker, idle=True, **kw)[0])
+    queue.client.execute_command(*_idle_wait(queue, seconds, worker, **kw)[0])
 
 
 def test_an_idle_worker_gets_a_lone_new_job_handed_over_already_leased(valkey: Any) -> None:
@@ -439,10 +446,10 @@ def test_an_idle_worker_gets_a_lone_new_job_handed_over_already_leased(valkey: A
     shard = queue.shard(0)
     conn = valkey.connection_pool.get_connection()
     try:
-        wait = queue.wait_commands(0, 1, "w", idle=True)
+        wait = _idle_wait(queue, 1)
         assert handoff.after_wait(queue.shard(0), wire.call_on(conn, wait, 5)) is False  # timed out: nothing
         with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(wire.call_on, conn, queue.wait_commands(0, 5, "w", idle=True), 10)
+            waiting = pool.submit(wire.call_on, conn, _idle_wait(queue, 5), 10)
             wait_for(lambda: valkey.hexists(shard.key("idle"), "w")  # (its offer made, and
                      and valkey.info("clients")["blocked_clients"] >= 1)  # blocked)
             ref = queue.enqueue({"to": "a"}, lease=7)
@@ -667,7 +674,7 @@ def test_malformed_ids_are_refused_by_operator_calls(queue: Queue) -> None:
 
 def test_a_claim_that_fails_midway_puts_back_what_it_popped(queue: Queue) -> None:
     refs = queue.enqueue_many([JobSpec(i, lane="l") for i in range(3)])
-    broken = [3, "not-a-number", "0", "w", 1000, 1000, 0, 0, 0, 0]  # a bad default lease
+    broken = [3, "not-a-number", "0", "w", 1000, 1000, 0, 0, 0, 0, 0, 0, 0]  # a bad default lease
     with pytest.raises(Exception, match="arithmetic"):
         caller.run(queue.client, "claim", queue.shard(0), broken)
     assert queue.counts()["pending"] == 3  # nothing stranded: still on the lane and the ring

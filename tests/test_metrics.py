@@ -14,6 +14,8 @@ from jobqueue.store import JobSpec
 from jobqueue.worker import Worker, WorkerConfig
 from tests.jobapp import jobs
 
+from .workers import wait_for
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -41,6 +43,27 @@ def test_metrics_count_states_outcomes_and_durations_from_valkey(client: Client)
     assert sample(text, "jobqueue_job_duration_seconds_count", queue="default") == 3
     assert sample(text, "jobqueue_job_duration_seconds_bucket", queue="default", le="+Inf") == 3
     assert 0 <= sample(text, "jobqueue_oldest_wait_seconds", queue="default") < 60
+
+
+def test_metrics_show_expired_jobs_and_the_busiest_capped_lanes_only(client: Client,
+                                                                   settings: Any) -> None:
+    from .test_engine import server_ms
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"lane_concurrency": 3}}}
+    conf.reset()
+    queue = Queue("default")
+    queue.enqueue_many([JobSpec(i, lane=f"tenant-{i % 12}") for i in range(12 * 4)])
+    late = queue.enqueue("late", expires=0.05)
+    expires = int(queue.client.hget(queue.shard(0).job(late.id), "expires_at"))
+    wait_for(lambda: server_ms(queue.client) > expires)
+    leases = queue.dequeue(count=100)
+    queue.ack_many([(lease, None) for lease in leases if lease.payload % 12 < 2])  # 2 lanes: 0 left
+    text = client.get("/metrics").content.decode()
+    assert sample(text, "jobqueue_jobs_finished_total", queue="default", outcome="expired") == 1
+    assert sample(text, "jobqueue_jobs", queue="default", state="expired") == 1
+    reported = re.findall(r'jobqueue_lane_active\{lane="([^"]+)",queue="default"\} (\S+)', text)
+    assert len(reported) == 10 and all(float(n) == 3 for _, n in reported)  # the top 10, at cap
+    assert not {"tenant-0", "tenant-1"} & {lane for lane, _ in reported}
 
 
 def test_metrics_want_the_token_when_one_is_set(client: Client, settings: Any) -> None:

@@ -15,7 +15,7 @@ import redis
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from jobqueue import Queue, schedule, wire
+from jobqueue import Queue, lanes, schedule, wire
 from jobqueue.conf import get_client, loop_factory
 from jobqueue.models import Job
 from jobqueue.scripts import TRANSITIONS, source
@@ -58,6 +58,8 @@ ACTIONS = [  # (permission, how to reach the action for a job id)
     ("pause_queue", lambda job_id: "/admin/jobqueue/job/live/queues/default/pause/"),
     ("run_schedule", lambda job_id: "/admin/jobqueue/job/live/schedules/beat/pause/"),
     ("resize_queue", lambda job_id: "/admin/jobqueue/job/live/queues/default/resize/"),
+    ("set_lane_concurrency",
+     lambda job_id: "/admin/jobqueue/job/live/queues/default/set_lane_concurrency/"),
 ]
 
 
@@ -67,7 +69,8 @@ TOKEN = "t" * 32
 def _post(client: Client, path: str, *, csrf: bool) -> int:
     client.cookies["csrftoken"] = TOKEN
     headers = {"HTTP_X_CSRFTOKEN": TOKEN} if csrf else {}
-    data = {"priority": "5", "count": "2", "confirm": "yes"}  # cancel asks to confirm first
+    data = {"priority": "5", "count": "2", "confirm": "yes",  # cancel asks to confirm first
+            "lane": "acme", "cap": "3"}
     return client.post(path, data, **headers).status_code  # type: ignore[arg-type]
 
 
@@ -95,7 +98,8 @@ def test_each_action_needs_its_permission_post_and_csrf(permission: str, url: ob
              "cancel_job": after and after.state == "cancelled",
              "pause_queue": Queue("default").is_paused(),
              "run_schedule": schedule.state(get_client()).get("beat", {}).get("paused"),
-             "resize_queue": Queue("default").layout(fresh=True).live == 2}
+             "resize_queue": Queue("default").layout(fresh=True).live == 2,
+             "set_lane_concurrency": lanes.live_caps(get_client(), "default") == {"acme": 3}}
     assert acted[permission]
 
 

@@ -67,6 +67,16 @@ def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_ser
     ({"QUEUES": {"emails": {"rate": "ten/s"}}}, 'rate must be "N/s", "N/m" or "N/h"'),
     ({"QUEUES": {"emails": {"rate": "5/d"}}}, 'rate must be "N/s", "N/m" or "N/h"'),
     ({"EVENT_LOOP": "trio"}, "EVENT_LOOP'] must be one of ('auto', 'uvloop', 'asyncio')"),
+    ({"QUEUES": {"emails": {"lane_concurrency": 0}}},
+     "['emails']: lane_concurrency must be an integer in 1…1000000, got 0"),
+    ({"QUEUES": {"emails": {"lane_concurrency": -2}}}, "lane_concurrency must be an integer"),
+    ({"QUEUES": {"emails": {"lane_concurrency": {"vip": 0}}}},
+     "lane_concurrency['vip'] must be an integer in 1…1000000"),
+    ({"QUEUES": {"emails": {"lane_concurrency": {"*": 2.5}}}}, "lane_concurrency['*'] must be"),
+    ({"QUEUES": {"emails": {"lane_concurrency": {"bad lane": 2}}}}, "invalid lane name"),
+    ({"QUEUES": {"emails": {"lane_concurrency": "2"}}}, "lane_concurrency must be an integer or a dict"),
+    ({"QUEUES": {"emails": {"lane_rate": "5/d"}}}, 'lane_rate must be "N/s", "N/m" or "N/h"'),
+    ({"DEFAULTS": {"lane_rate": 5}}, "JOBQUEUE['DEFAULTS']: lane_rate must be"),
 ])
 def test_manage_py_check_explains_a_bad_jobqueue_setting(
     settings: Any, jobqueue: dict, fragment: str
@@ -100,6 +110,9 @@ def test_runworker_refuses_bad_options_clearly(args: list[str], code: int, messa
     {"max_attempts": 1000, "backoff": 86_400, "lease": 86_400, "priority": -100},
     {"max_attempts": 1, "backoff": 0, "lease": 0.001, "priority": 100,
      "lane_weights": {"vip": 100, "": 1}, "rate": "1000000/h"},
+    {"max_attempts": 3, "priority": 0, "lane_concurrency": {"vip": 1_000_000, "": 1, "*": 2},
+     "lane_rate": "1/h"},
+    {"max_attempts": 3, "priority": 0, "lane_concurrency": 1, "lane_rate": "1000000/s"},
 ])
 def test_every_queue_setting_that_check_accepts_can_enqueue(settings: Any, options: dict) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"edge": options}}

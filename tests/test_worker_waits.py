@@ -140,7 +140,7 @@ class _Monitor:
 
 
 def _offers(commands: list[str]) -> bool:
-    """Whether a waiter offered itself for hand-offs (see `Queue.wait_commands`)."""
+    """Whether a waiter offered itself for hand-offs (see `handoff.wait_commands`)."""
     return any(command.startswith("HSETEX") for command in commands)
 
 

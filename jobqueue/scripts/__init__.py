@@ -32,6 +32,7 @@ TRANSITIONS = {
     "cancel": "cancel.lua",
     "counts": "counts.lua",
     "heads": "heads.lua",
+    "set_lane_concurrency": "set_lane_concurrency.lua",
 }
 _KEY_LINE = re.compile(r"^KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)
 _DEFINITION = re.compile(r"^(?:--[^\n]*\n)*local (?:function )?(\w+)", re.MULTILINE)

@@ -11,7 +11,17 @@ in the shard's slot:
   base:bucket       HASH  a rate-limited queue's token bucket (tokens, at ms)
   base:hist         HASH  run durations for the metrics: count per bucket (ms upper bound or
                           +Inf), sum_ms
-  base:m:<minute>   HASH  outcomes per minute (succeeded, dead, cancelled, failed), kept 2 hours
+  base:m:<minute>   HASH  outcomes per minute (succeeded, dead, cancelled, expired, failed), kept
+                          2 hours
+Tenant controls (claim.lua takes lanes off the ring; whatever frees a slot or a token puts them
+back, so the ring holds exactly the lanes with ready work that are not held back):
+  base:slots        HASH  lane -> its jobs active now that hold a slot of its cap (the claim marks
+                          such a job's row `slot` = 1; the transition that ends the attempt frees
+                          the slot once: the row's state and token fence it)
+  base:capped       SET   lanes taken off the ring at their cap, with ready work
+  base:rated        ZSET  lanes taken off the ring by their rate: lane -> ms their next token is due
+  base:caps         HASH  lane ('*': every named lane) -> its cap, set live (set_lane_concurrency)
+  base:lbucket:<l>  HASH  a rate-limited lane's token bucket (tokens, at ms), expiring when full
 ]]
 
 -- Milliseconds on the server clock: leases and schedules never trust a worker's clock.
@@ -24,7 +34,7 @@ end
 -- on through these checks and bury a row that fails them, instead of raising mid-script (a
 -- script error keeps its earlier writes, so it could strand jobs it had already popped).
 local STATES = {pending = true, scheduled = true, active = true, succeeded = true, dead = true,
-  cancelled = true}
+  cancelled = true, expired = true}
 
 -- A non-negative integer field (at most 15 digits: exact as a Lua number), or nil.
 local function count_field(v)
@@ -53,12 +63,50 @@ local function lane_key(base, lane)
   return base .. ':lane:' .. lane
 end
 
+-- Whether a lane is held off the ring: at its cap (base:capped) or out of tokens (base:rated).
+local function held(base, lane)
+  return redis.call('SISMEMBER', base .. ':capped', lane) == 1
+    or redis.call('ZSCORE', base .. ':rated', lane) ~= false
+end
+
 -- Put a job on its lane (score -priority: ZPOPMIN serves the highest priority, then the lowest
--- id, i.e. mint order) and keep the ring = exactly the lanes that have ready work.
+-- id, i.e. mint order) and keep the ring = exactly the lanes that have ready work and are not
+-- held back by their cap or rate (a held lane always has ready work: `unready` lets go of one
+-- it empties, so a lane that gets its first job here is never held).
 local function lane_push(base, ring, id, lane, priority)
   local lk = lane_key(base, lane)
   if redis.call('ZADD', lk, -priority, id) == 1 and redis.call('ZCARD', lk) == 1 then
     redis.call('RPUSH', ring, lane)
+  end
+end
+
+-- A lane no longer held back goes back on the ring if it has ready work (and is not held for
+-- the other reason). Returns 1 when it did: the caller wakes a worker for it.
+local function lane_back(base, ring, lane)
+  if redis.call('ZCARD', lane_key(base, lane)) == 0 or held(base, lane) then return 0 end
+  redis.call('RPUSH', ring, lane)
+  return 1
+end
+
+-- Wake up to `n` blocked workers; the list is capped so idle queues do not accumulate tokens.
+local function wake_workers(wake, n)
+  if n <= 0 then return end
+  local tokens = {}
+  for i = 1, math.min(n, 16) do tokens[i] = '1' end
+  if redis.call('RPUSH', wake, unpack(tokens)) > 16 then redis.call('LTRIM', wake, -16, -1) end
+end
+
+-- An attempt ends: if the claim counted it against its lane's cap (`slot` on the row), its slot
+-- is freed, once (the caller acts only for the attempt's own token while the row is active, and
+-- the field goes with it), and a lane held at its cap comes back on the ring.
+local function free_slot(base, ring, wake, jk, slot, lane)
+  if slot ~= '1' then return end
+  lane = lane or ''
+  redis.call('HDEL', jk, 'slot')
+  local slots = base .. ':slots'
+  if redis.call('HINCRBY', slots, lane, -1) <= 0 then redis.call('HDEL', slots, lane) end
+  if redis.call('SREM', base .. ':capped', lane) == 1 then
+    wake_workers(wake, lane_back(base, ring, lane))
   end
 end
 
@@ -97,22 +145,16 @@ local function make_ready(base, ring, jk, id, now)
   lane_push(base, ring, id, lane, priority)
 end
 
--- Take a waiting job off its lane; an emptied lane leaves the ring.
+-- Take a waiting job off its lane; an emptied lane leaves the ring, or stops being held back.
 local function unready(base, ring, jk, id)
   local lane = redis.call('HGET', jk, 'lane') or ''
   local lk = lane_key(base, lane)
   if redis.call('ZREM', lk, id) == 1 and redis.call('ZCARD', lk) == 0 then
     redis.call('LREM', ring, 0, lane)
     redis.call('HDEL', base .. ':turns', lane)
+    redis.call('SREM', base .. ':capped', lane)
+    redis.call('ZREM', base .. ':rated', lane)
   end
-end
-
--- Wake up to `n` blocked workers; the list is capped so idle queues do not accumulate tokens.
-local function wake_workers(wake, n)
-  if n <= 0 then return end
-  local tokens = {}
-  for i = 1, math.min(n, 16) do tokens[i] = '1' end
-  if redis.call('RPUSH', wake, unpack(tokens)) > 16 then redis.call('LTRIM', wake, -16, -1) end
 end
 
 -- An attempt that failed and will run again joins the row's `history` (the last ten): the job
@@ -164,14 +206,14 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   tally(meta, 'n_' .. state, 1)
   observe(base, f[EVENT_AT.started_at], now)
   count_minute(base, now, state)
+  -- (a debounced key may name a newer job already: then the key is that job's, not ours)
   local unique = f[EVENT_AT.unique_key]
-  if unique and unique ~= '' then redis.call('SREM', uniqs_key(base), unique) end
+  local uk = unique and unique ~= '' and uniq_key(base, unique)
+  local owner = uk and redis.call('GET', uk)
+  if uk and (owner == id or not owner) then redis.call('SREM', uniqs_key(base), unique) end
   if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)
-    if unique and unique ~= '' then
-      local uk = uniq_key(base, unique)
-      if redis.call('GET', uk) == id then redis.call('PEXPIRE', uk, retention_ms) end
-    end
+    if owner == id then redis.call('PEXPIRE', uk, retention_ms) end
   end
 end
 
@@ -187,7 +229,7 @@ end
 -- per job. Answers per job: 1 recorded (succeeded, or cancelled when an operator flagged it; also
 -- when this attempt already succeeded: a retry after a lost reply) or 0 (stale: the lease was
 -- lost and the job may have run again elsewhere).
-local function ack_jobs(base, active, done, meta, retention, at)
+local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
   if tonumber(ARGV[at]) == 0 then return {} end  -- (an idle worker's claim brings none)
   local now = now_ms()
   local out = {}
@@ -195,9 +237,10 @@ local function ack_jobs(base, active, done, meta, retention, at)
   for i = 0, tonumber(ARGV[at]) - 1 do
     local id, token, result = ARGV[at + 1 + i * 3], ARGV[at + 2 + i * 3], ARGV[at + 3 + i * 3]
     local jk = job_key(base, id)
-    local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel')
+    local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'slot', 'lane')
     if row[1] == 'active' and row[2] == token then
       redis.call('ZREM', active, id)
+      free_slot(base, ring, wake, jk, row[4], row[5])
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
         retention, result)
       out[#out + 1] = 1

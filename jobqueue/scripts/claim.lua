@@ -5,54 +5,85 @@ moveToFinished fetches the next job.
 KEYS[1] base    prefix  emq:{q}
 KEYS[2] ring    LIST    lanes with ready work; rotated one step per turn with LMOVE
 KEYS[3] active  ZSET    id -> lease deadline ms (server clock)
-KEYS[4] meta    HASH    paused
+KEYS[4] meta    HASH    paused; caps = '1' while base:caps holds a cap set live
 KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
 KEYS[6] done    STREAM  terminal events
 KEYS[7] idle    HASH    idle workers (see enqueue.lua): a worker that claims a job is idle no more
+KEYS[8] wake    LIST    wake tokens (for a lane a success brings back from its cap)
+KEYS[9] slots   HASH    lane -> its active jobs that hold a slot of its cap
+KEYS[10] capped SET     lanes held off the ring at their cap
+KEYS[11] rated  ZSET    lanes held off the ring by their rate: lane -> ms their next token is due
+KEYS[12] caps   HASH    lane ('*': every named lane) -> a cap set live (wins over ARGV's)
 ARGV[1] count, ARGV[2] default lease ms, ARGV[3] '1' = ARGV[2] overrides each job's lease,
 ARGV[4] worker name, ARGV[5] dead retention ms, ARGV[6] retention ms of a finished row,
 ARGV[7] the shard's rate limit: jobs per period (its share of the queue's N; 0 = no limit),
-ARGV[8] the period ms, ARGV[9] w = number of weighted lanes, then 2 per lane: name, weight
+ARGV[8] the period ms, ARGV[9] each named lane's rate limit: jobs per period (0 = none),
+ARGV[10] its period ms, ARGV[11] c = number of lane caps, then 2 per cap: lane ('*': every
+named lane not listed), cap; then w = number of weighted lanes, then 2 per lane: name, weight
 (2…100; others weigh 1), then n successes to record, then 3 per job: id, token, result (JSON)
 Turns a weighted lane has had in the current round are kept in base:turns (HASH lane -> n); a
-rate limit's token bucket in base:bucket (HASH tokens, at ms), refilled on the server clock.
+rate limit's token bucket in base:bucket (HASH tokens, at ms), a lane's in base:lbucket:<lane>,
+refilled on the server clock.
+A lane at its cap (a live cap, else ARGV's for the lane, else the '*' one) or out of tokens
+leaves the ring (base:capped, base:rated) and is not looked at again until a transition frees a
+slot (_common.lua's free_slot) or its next token is due (moved back here or by promote.lua), so
+a claim's cost does not grow with the lanes held back. A job past its `expires_at` is not run:
+it ends `expired` in this call.
 Returns: n, the n answers of the successes (1 recorded, 0 stale), the ms until the rate limit
-        admits another job (0: not limited now), then 5 entries per claimed job: id, token (the
-        new `attempts`: the fencing token), payload, checkpoint ('' = none), lease ms. No job is
-        claimed when the queue is paused or nothing is ready.
-        A popped row with a corrupt state, count, priority or lane is buried (dead, with the
-        field named in last_error) and not returned; payload and checkpoint are checked by
-        the caller, which decodes them anyway.
+        admits another job (0: not limited now; when the claim came back short, also the ms
+        until a lane held by its rate has a token), then 5 entries per claimed job: id, token
+        (the new `attempts`: the fencing token), payload, checkpoint ('' = none), lease ms. No
+        job is claimed when the queue is paused or nothing is ready.
+        A popped row with a corrupt state, count, priority, lane or expires_at is buried (dead,
+        with the field named in last_error) and not returned; payload and checkpoint are
+        checked by the caller, which decodes them anyway.
 ]]
 local base, ring, active, meta, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local wake, slots, capped, rated, caps = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local count, default_lease, force, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local dead_retention = tonumber(ARGV[5])
+local dead_retention, retention = tonumber(ARGV[5]), tonumber(ARGV[6])
 local rate, period = tonumber(ARGV[7]), tonumber(ARGV[8])
-local weights, nweights = {}, tonumber(ARGV[9])
-for i = 0, nweights - 1 do weights[ARGV[10 + i * 2]] = tonumber(ARGV[11 + i * 2]) end
+local lane_rate, lane_period = tonumber(ARGV[9]), tonumber(ARGV[10])
+local given_caps, ncaps = {}, tonumber(ARGV[11])
+for i = 0, ncaps - 1 do given_caps[ARGV[12 + i * 2]] = tonumber(ARGV[13 + i * 2]) end
+local at = 12 + ncaps * 2
+local weights, nweights = {}, tonumber(ARGV[at])
+for i = 0, nweights - 1 do weights[ARGV[at + 1 + i * 2]] = tonumber(ARGV[at + 2 + i * 2]) end
 local turns_key = base .. ':turns'
-local out = ack_jobs(base, active, done, meta, tonumber(ARGV[6]), 10 + nweights * 2)
+local out = ack_jobs(base, active, done, meta, ring, wake, retention, at + 1 + nweights * 2)
 table.insert(out, 1, #out)
 out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
 local waited_at = #out
-if redis.call('HGET', meta, 'paused') == '1' then return out end
+local flags = redis.call('HMGET', meta, 'paused', 'caps')
+if flags[1] == '1' then return out end
 local now = now_ms()
+local live_caps = flags[2] == '1'
+local lanes_limited = live_caps or ncaps > 0 or lane_rate > 0
 
--- The token bucket: refilled continuously at `rate` per `period`, holding at most `rate` (at
--- least one: a shard's share of a small limit may be a fraction of a job per period).
+-- A token bucket on the server clock: refilled continuously at `n` per `ms`, holding at most n
+-- (at least one: a shard's share of a small limit may be a fraction of a job per period).
+local function bucket_level(key, n, ms)
+  local b = redis.call('HMGET', key, 'tokens', 'at')
+  local capacity = math.max(n, 1)
+  local level = tonumber(b[1]) or capacity
+  return math.min(capacity, level + math.max(now - (tonumber(b[2]) or now), 0) * n / ms)
+end
+
 local bucket, tokens = base .. ':bucket', 0
 if rate > 0 then
-  local b = redis.call('HMGET', bucket, 'tokens', 'at')
-  local capacity = math.max(rate, 1)
-  tokens = tonumber(b[1]) or capacity
-  local elapsed = math.max(now - (tonumber(b[2]) or now), 0)
-  tokens = math.min(capacity, tokens + elapsed * rate / period)
+  tokens = bucket_level(bucket, rate, period)
   if tokens < 1 then
     out[waited_at] = math.ceil((1 - tokens) * period / rate)
     redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
     return out
   end
   count = math.min(count, math.floor(tokens))
+end
+if lane_rate > 0 then  -- lanes whose next token is due come back (promote.lua does it too)
+  for _, lane in ipairs(redis.call('ZRANGEBYSCORE', rated, '-inf', now, 'LIMIT', 0, 100)) do
+    redis.call('ZREM', rated, lane)
+    lane_back(base, ring, lane)
+  end
 end
 local claimed, turns = 0, 0
 
@@ -66,69 +97,142 @@ local function corrupt_field(r)
   if r[6] and not count_field(r[6]) then return 'backoff_ms' end
   if r[7] and not valid_priority(r[7]) then return 'priority' end
   if not valid_lane(r[8] or '') then return 'lane' end
+  if r[11] and not count_field(r[11]) then return 'expires_at' end
   return nil
 end
 
--- Lease one popped id. A lane entry whose row is gone (expired) or no longer pending is a
--- stale index entry and is dropped; a corrupt row is buried. A missing attempts, max_attempts
--- or priority is its default (the enqueue writes only what differs from one).
-local function lease_job(id)
+-- Lease one popped id (`slot`: it takes a slot of its lane's cap). A lane entry whose row is
+-- gone (expired) or no longer pending is a stale index entry and is dropped; a corrupt row is
+-- buried; one past its expiry ends `expired`. A missing attempts, max_attempts or priority is
+-- its default (the enqueue writes only what differs from one).
+local function lease_job(id, lane, slot)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
-    'lease_ms', 'backoff_ms', 'priority', 'lane', 'payload', 'checkpoint')
+    'lease_ms', 'backoff_ms', 'priority', 'lane', 'payload', 'checkpoint', 'expires_at')
   if row[1] ~= 'pending' and (not row[1] or STATES[row[1]]) then return end
   local bad = corrupt_field(row)
   if bad then return bury(base, dead, done, meta, jk, id, bad, now, dead_retention) end
+  if row[11] and now >= tonumber(row[11]) then
+    redis.call('HSET', jk, 'last_error', 'expired before it started')
+    return finish(base, done, meta, jk, id, 'expired', now, retention)
+  end
   local token = (tonumber(row[2]) or 0) + 1
   local lease = tonumber(row[5]) or 0
   if force == '1' or lease <= 0 then lease = default_lease end
   redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
     'lease_until', now + lease, 'worker', worker)
+  if slot then
+    redis.call('HSET', jk, 'slot', '1')
+    redis.call('HINCRBY', slots, lane, 1)
+  end
   redis.call('ZADD', active, now + lease, id)
   out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[9] or ''
   out[#out + 1] = row[10] or ''; out[#out + 1] = lease
   claimed = claimed + 1
 end
 
+-- A lane leaves the ring: it was moved to the tail this turn, or kept the head (a weighted
+-- lane's turns), so LREM finds it at once from that end.
+local function leave_ring(lane, at_tail)
+  redis.call('LREM', ring, at_tail and -1 or 1, lane)
+  if nweights > 0 then redis.call('HDEL', turns_key, lane) end
+end
+
+-- A lane's cap: a live one for it, else the settings' for it, else (a named lane) the '*' ones.
+local function cap_of(lane)
+  local live = live_caps and redis.call('HMGET', caps, lane, '*') or {}
+  local cap = live[1] or given_caps[lane]
+  if not cap and lane ~= '' then cap = live[2] or given_caps['*'] end
+  return tonumber(cap)
+end
+
+-- What a lane's limits let this turn start: (room, cap, tokens), room nil when unlimited. A
+-- lane with no room leaves the ring, held (at its cap, or until its next token is due).
+local function lane_room(lane, at_tail)
+  local cap = cap_of(lane)
+  local room = cap and cap - (tonumber(redis.call('HGET', slots, lane)) or 0)
+  if room and room <= 0 then
+    leave_ring(lane, at_tail)
+    redis.call('SADD', capped, lane)
+    return 0
+  end
+  if lane_rate <= 0 or lane == '' then return room, cap end
+  local level = bucket_level(base .. ':lbucket:' .. lane, lane_rate, lane_period)
+  if level < 1 then
+    leave_ring(lane, at_tail)
+    redis.call('ZADD', rated, now + math.ceil((1 - level) * lane_period / lane_rate), lane)
+    return 0
+  end
+  return math.min(room or level, math.floor(level)), cap, level
+end
+
+-- After a turn took `n` jobs of a limited lane: spend its tokens, and hold it back now if it
+-- has work left but no room (so no later turn looks at it in vain).
+local function lane_took(lane, at_tail, n, room, level, emptied)
+  if level then
+    level = level - n
+    local lb = base .. ':lbucket:' .. lane
+    redis.call('HSET', lb, 'tokens', tostring(level), 'at', now)
+    redis.call('PEXPIRE', lb, lane_period)  -- (full again by then: as good as no bucket)
+  end
+  if emptied or n < room then return end
+  leave_ring(lane, at_tail)
+  if level and level < 1 then
+    redis.call('ZADD', rated, now + math.ceil((1 - level) * lane_period / lane_rate), lane)
+  else
+    redis.call('SADD', capped, lane)
+  end
+end
+
 while claimed < count and turns < count * 4 do
   turns = turns + 1
   -- One lane with work: round-robin is moot, so take the rest of the batch from it at once.
   local single = count - claimed > 1 and redis.call('LLEN', ring) == 1
-  local lane
+  local lane, at_tail = nil, true
   if nweights == 0 then
     lane = redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
   else  -- a lane keeps the head until its turns this round are over
     lane = redis.call('LINDEX', ring, 0)
     local weight = lane and weights[lane] or 1
+    at_tail = false
     if lane and (weight == 1 or redis.call('HINCRBY', turns_key, lane, 1) >= weight) then
       if weight > 1 then redis.call('HDEL', turns_key, lane) end
       redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+      at_tail = true
     end
   end
   if not lane then break end
-  local lk = lane_key(base, lane)
-  local popped = redis.call('ZPOPMIN', lk, single and (count - claimed) or 1)
-  if redis.call('ZCARD', lk) == 0 then
-    redis.call('LREM', ring, 0, lane)
-    -- (turns are counted for weighted lanes only; one left from weights since removed costs
-    -- its lane at most one short round, should they come back)
-    if nweights > 0 then redis.call('HDEL', turns_key, lane) end
-  end
-  for i = 1, #popped, 2 do
-    local ok, err = pcall(lease_job, popped[i])
-    if not ok then
-      -- A failure here (a bug, a bad argument) must not strand what this call popped: the jobs
-      -- not leased go back on their lane, and the lane on the ring, before the error is told.
-      for j = i, #popped, 2 do redis.call('ZADD', lk, popped[j + 1], popped[j]) end
-      if not redis.call('LPOS', ring, lane) then redis.call('RPUSH', ring, lane) end
-      error(err)
+  local want = single and (count - claimed) or 1
+  local room, cap, level = nil, nil, nil
+  if lanes_limited then room, cap, level = lane_room(lane, at_tail) end
+  if room then want = math.min(want, room) end
+  if want > 0 then
+    local lk = lane_key(base, lane)
+    local popped = redis.call('ZPOPMIN', lk, want)
+    local emptied = redis.call('ZCARD', lk) == 0
+    if emptied then leave_ring(lane, at_tail) end
+    local before = claimed
+    for i = 1, #popped, 2 do
+      local ok, err = pcall(lease_job, popped[i], lane, cap ~= nil)
+      if not ok then
+        -- A failure here (a bug, a bad argument) must not strand what this call popped: the jobs
+        -- not leased go back on their lane, and the lane on the ring, before the error is told.
+        for j = i, #popped, 2 do redis.call('ZADD', lk, popped[j + 1], popped[j]) end
+        if not redis.call('LPOS', ring, lane) then redis.call('RPUSH', ring, lane) end
+        error(err)
+      end
     end
+    if room then lane_took(lane, at_tail, claimed - before, room, level, emptied) end
   end
 end
 if rate > 0 then
   tokens = tokens - claimed
   redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
   if tokens < 1 then out[waited_at] = math.ceil((1 - tokens) * period / rate) end
+end
+if out[waited_at] == 0 and claimed < count and lane_rate > 0 then
+  local nxt = redis.call('ZRANGE', rated, 0, 0, 'WITHSCORES')
+  if nxt[2] then out[waited_at] = math.max(tonumber(nxt[2]) - now, 1) end
 end
 -- (a claim that finds nothing, an idle worker's maintenance turn, leaves its offer standing)
 if claimed > 0 and worker ~= '' then redis.call('HDEL', KEYS[7], worker) end

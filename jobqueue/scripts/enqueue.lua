@@ -5,17 +5,24 @@ KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] wake      LIST    wake tokens for blocked workers
 KEYS[5] meta      HASH    'draining' set: the shard takes no new jobs (a resize shrank the queue);
                           'paused'; 'listed': the producer recorded the queue in the registry
-                          (gone with the rest after Valkey lost its data: then listed again)
+                          (gone with the rest after Valkey lost its data: then listed again);
+                          'caps': a lane cap was set live (then no job is handed over)
 KEYS[6] active    ZSET    id -> lease deadline ms (a job handed to an idle worker is leased here)
 KEYS[7] idle      HASH    idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>',
                           each field expiring when its worker's wait does
 ARGV[1] mode: '' = place here; 'prior' = the shard the job's lane or unique key had before a
         resize, which takes it only while that lane holds ready jobs here (its order holds) and
         returns the live job of its unique key (one live job per key)
-ARGV[2] n = number of jobs, then 10 per job:
+ARGV[2] n = number of jobs, then 12 per job:
         id, payload (JSON), priority, lane ('' = default), max_attempts and backoff_ms ('' = the
         queue's, read from settings when the job fails), lease_ms (0 = worker default), delay_ms
-        (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the id)
+        (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the
+        id), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
+        row's expires_at = now + it, which the claim checks)
+Debounce: while the unique key's job still waits (pending or scheduled), a debounced enqueue
+replaces its payload (and expiry, if given) and moves it to scheduled at now + debounce_ms,
+answering its id; once that job started (or finished), the enqueue makes a new job and the key
+names it from then on.
 The row holds only what differs from a default (a waiting job's bytes are RAM): no attempts,
 uncharged or priority while 0, no lane, unique_key or policy field while default, no run_after
 unless delayed, no enqueued_at for an id minted by the caller's enqueue (its mint time says it).
@@ -26,8 +33,13 @@ waits here: the script leases it as claim.lua would (attempts 1, the worker's le
 '<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring with the lease:
 a worker that died before it took the job leaves it to the reaper), which the worker's BLPOP
 returns. The worker needs no claim call; no wake token is pushed. Each idle entry takes one job.
-Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries: id, status — 'new'; 'exists' (unique_key or caller's id already
-        live: id is the existing job's); 'collision' (a minted id already taken: mint again);
+A job handed over is new and ready now, so it cannot have expired (expires_ms > 0); a queue with
+lane caps or lane rates has no idle entries (its workers never offer), and a cap set live stops
+hand-offs here ('caps' in meta), since only the claim counts slots.
+Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries: id, status —
+        'new'; 'exists' (unique_key or caller's id already live: id is the existing job's);
+        'debounced' (id is the waiting job whose payload and start this call replaced);
+        'collision' (a minted id already taken: mint again);
         'moved' (mode '': the shard is draining; re-read the layout); 'absent' (mode 'prior':
         neither the lane nor the key is here; place it on its live shard)
 ]]
@@ -39,17 +51,17 @@ local function at()
   now = now or now_ms()
   return now
 end
-local flags = redis.call('HMGET', meta, 'draining', 'paused', 'listed')
+local flags = redis.call('HMGET', meta, 'draining', 'paused', 'listed', 'caps')
 local out, ready = {flags[3] and 1 or 0}, 0
 local filled = {}  -- lanes this call already put on the ring (or found there)
 if not prior and flags[1] then
-  for i = 0, n - 1 do out[#out + 1] = ARGV[3 + i * 10]; out[#out + 1] = 'moved' end
+  for i = 0, n - 1 do out[#out + 1] = ARGV[3 + i * 12]; out[#out + 1] = 'moved' end
   return out
 end
 
 -- An idle worker to hand a lone ready job to (see above): {name, lease ms, overrides}, or nil.
 local function idle_worker()
-  if n ~= 1 or prior or flags[2] == '1' then return nil end
+  if n ~= 1 or prior or flags[2] == '1' or flags[4] == '1' then return nil end
   local pick = redis.call('HRANDFIELD', idle, 1, 'WITHVALUES')
   if not pick[1] or redis.call('LLEN', ring) > 0 then return nil end
   redis.call('HDEL', idle, pick[1])
@@ -63,8 +75,22 @@ local function put(row, name, value, default)
   if value ~= default then row[#row + 1] = name; row[#row + 1] = value end
 end
 
+-- A debounced enqueue meets the key's job: replace its payload and start while it waits (true),
+-- or leave it be once it started (false: the enqueue makes a new job).
+local function debounced(other, o)
+  local ok = job_key(base, other)
+  local state = redis.call('HGET', ok, 'state')
+  if state ~= 'pending' and state ~= 'scheduled' then return false end
+  if state == 'pending' then unready(base, ring, ok, other) end
+  local due = at() + tonumber(ARGV[o + 10])
+  redis.call('HSET', ok, 'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due)
+  if ARGV[o + 11] ~= '0' then redis.call('HSET', ok, 'expires_at', at() + tonumber(ARGV[o + 11])) end
+  redis.call('ZADD', schedule, due, other)
+  return true
+end
+
 for i = 0, n - 1 do
-  local o = 3 + i * 10
+  local o = 3 + i * 12
   local id, unique = ARGV[o], ARGV[o + 8]
   local jk = job_key(base, id)
   local other = nil
@@ -72,7 +98,10 @@ for i = 0, n - 1 do
     other = redis.call('GET', uniq_key(base, unique))
     if other and redis.call('EXISTS', job_key(base, other)) == 0 then other = nil end
   end
-  if other then
+  local debounce = ARGV[o + 10] ~= '0'
+  if other and debounce and debounced(other, o) then
+    out[#out + 1] = other; out[#out + 1] = 'debounced'
+  elseif other and not debounce then
     out[#out + 1] = other; out[#out + 1] = 'exists'
   elseif prior and (ARGV[o + 3] == '' or redis.call('EXISTS', lane_key(base, ARGV[o + 3])) == 0) then
     out[#out + 1] = id; out[#out + 1] = 'absent'
@@ -93,6 +122,7 @@ for i = 0, n - 1 do
     put(row, 'max_attempts', ARGV[o + 4], ''); put(row, 'backoff_ms', ARGV[o + 5], '')
     put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')
     if delay > 0 then put(row, 'run_after', at() + delay, nil) end
+    if ARGV[o + 11] ~= '0' then put(row, 'expires_at', at() + tonumber(ARGV[o + 11]), nil) end
     local lease = tonumber(ARGV[o + 6])
     if taker then  -- leased as claim.lua leases a job (attempts 1: the fencing token)
       if taker[3] or lease <= 0 then lease = taker[2] end

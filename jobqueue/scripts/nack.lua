@@ -17,10 +17,11 @@ local done, ring, wake, meta = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local id, token, err, retry_in, fatal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
-  'backoff_ms', 'cancel', 'started_at')
+  'backoff_ms', 'cancel', 'started_at', 'slot', 'lane')
 if row[1] ~= 'active' or row[2] ~= token then return '' end
 local now = now_ms()
 redis.call('ZREM', active, id)
+free_slot(base, ring, wake, jk, row[8], row[9])
 redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
 if row[6] == '1' then
   finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]))

@@ -1,15 +1,17 @@
---[[ promote: scheduled jobs that are due move to their lane. Idempotent; any worker runs it.
+--[[ promote: scheduled jobs that are due move to their lane, and lanes whose next token is due
+(held back by their rate: claim.lua) go back on the ring. Idempotent; any worker runs it.
 KEYS[1] base      prefix  emq:{q}
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] ring      LIST    lanes with ready work
 KEYS[4] wake      LIST    wake tokens
+KEYS[5] rated     ZSET    lanes held back by their rate: lane -> ms their next token is due
 ARGV[1] limit
-Returns: {promoted, ms until the next due job (-1 = none scheduled)}
+Returns: {promoted, ms until the next due job or lane token (-1 = none)}
 ]]
-local base, schedule, ring, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local base, schedule, ring, wake, rated = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', schedule, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local moved = 0
+local moved, back = 0, 0
 for _, id in ipairs(due) do
   redis.call('ZREM', schedule, id)
   local jk = job_key(base, id)
@@ -22,8 +24,18 @@ for _, id in ipairs(due) do
     moved = moved + 1
   end
 end
-wake_workers(wake, moved)
-local nxt = redis.call('ZRANGE', schedule, 0, 0, 'WITHSCORES')
+for _, lane in ipairs(redis.call('ZRANGEBYSCORE', rated, '-inf', now, 'LIMIT', 0,
+    tonumber(ARGV[1]))) do
+  redis.call('ZREM', rated, lane)
+  back = back + lane_back(base, ring, lane)
+end
+wake_workers(wake, moved + back)
 local wait = -1
-if nxt[2] then wait = math.max(tonumber(nxt[2]) - now, 0) end
+for _, key in ipairs({schedule, rated}) do
+  local nxt = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if nxt[2] then
+    local ms = math.max(tonumber(nxt[2]) - now, 0)
+    if wait < 0 or ms < wait then wait = ms end
+  end
+end
 return {moved, wait}

@@ -1,5 +1,6 @@
 --[[ reap: jobs whose lease expired (their worker died or stalled) go back to waiting, or to
-dead when their budget is spent; also forgets dead entries older than their retention.
+dead when their budget is spent, freeing the slot of their lane's cap they held; also forgets
+dead entries older than their retention.
 KEYS[1] base    prefix  emq:{q}
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] dead    ZSET    id -> finished ms
@@ -21,8 +22,10 @@ local ready = 0
 for _, id in ipairs(expired) do
   redis.call('ZREM', active, id)
   local jk = job_key(base, id)
-  local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel')
+  local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel',
+    'slot', 'lane')
   if row[1] == 'active' then
+    free_slot(base, ring, wake, jk, row[6], row[7])
     local attempts = count_field(row[2])
     if not attempts then
       bury(base, dead, done, meta, jk, id, 'attempts', now, dead_retention)

@@ -16,9 +16,10 @@ local out, ready = {}, 0
 for i = 0, n - 1 do
   local id, token = ARGV[3 + i * 2], ARGV[4 + i * 2]
   local jk = job_key(base, id)
-  local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'uncharged')
+  local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'uncharged', 'slot', 'lane')
   if row[1] == 'active' and row[2] == token then
     redis.call('ZREM', active, id)
+    free_slot(base, ring, wake, jk, row[5], row[6])
     redis.call('HSET', jk, 'uncharged', (count_field(row[4]) or 0) + 1, 'lease_until', '',
       'worker', '')
     if row[3] == '1' then

@@ -1,4 +1,5 @@
---[[ retry (operator): a dead or cancelled job goes back to pending with a fresh retry budget.
+--[[ retry (operator): a dead, cancelled or expired job goes back to pending with a fresh retry
+budget (an expired one without its expiry).
 `attempts` keeps counting (the fencing token never goes back); `uncharged` absorbs the old runs.
 KEYS[1] base    prefix  emq:{q}
 KEYS[2] dead    ZSET    id -> finished ms
@@ -13,7 +14,9 @@ local id = ARGV[1]
 local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'attempts', 'unique_key')
 if not row[1] then return 'missing' end
-if row[1] ~= 'dead' and row[1] ~= 'cancelled' then return 'state:' .. row[1] end
+if row[1] ~= 'dead' and row[1] ~= 'cancelled' and row[1] ~= 'expired' then
+  return 'state:' .. row[1]
+end
 -- The fencing token must never go back, so a job whose count is unreadable cannot run again.
 if row[2] and not count_field(row[2]) then return 'corrupt:attempts' end
 redis.call('ZREM', dead, id)
@@ -24,6 +27,7 @@ if row[3] and row[3] ~= '' and redis.call('GET', uniq_key(base, row[3])) == id t
 end
 local now = now_ms()
 redis.call('HSET', jk, 'uncharged', row[2] or 0, 'cancel', '0', 'finished_at', '', 'run_after', now)
+redis.call('HDEL', jk, 'expires_at')
 make_ready(base, ring, jk, id, now)
 wake_workers(wake, 1)
 return 'ok:pending'

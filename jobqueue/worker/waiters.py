@@ -2,7 +2,7 @@
 
 One waiter thread per shard (started by `core.py`) blocks on the shard's `wake` list while the
 worker has room, so an idle worker sleeps in BLPOP instead of polling. An idle worker first
-offers itself for hand-offs (`Queue.wait_commands`): an enqueue that finds nothing else ready on
+offers itself for hand-offs (`handoff.wait_commands`): an enqueue that finds nothing else ready on
 the shard leases the job to it and pushes it onto the worker's own list, which the same BLPOP
 watches, so the job arrives leased, with no claim call between. Once the worker has an event
 loop (it ran an `async def` handler), that wait runs on the loop (`waitline.py`), so an async
@@ -17,7 +17,7 @@ Owns the waits' connections, the offers and the list of waits in progress (so th
 thread can end them with CLIENT UNBLOCK). A wait says what ended it (`Woke`). A job handed over
 goes to the `take` it was given, on the thread that received it; after a token the waiter calls
 the `claim` it was given (both the worker's). It reads the held jobs (is the worker idle?) and
-the event loop, and calls `Queue.wait_commands` and `handoff`'s `after_wait` and `withdraw`; it records
+the event loop, and calls `handoff`'s `wait_commands`, `after_wait` and `withdraw`; it records
 nothing.
 """
 
@@ -124,7 +124,7 @@ class Waiters:
         when the worker stops, withdraw the offer (the jobs handed over meanwhile go to `take`,
         which hands them back)."""
         lines = Lines(queue, index, self._config.burst,
-                      hand_off=not (queue.options.concurrency or queue.options.rate))
+                      hand_off=not queue.options.claim_only)
         try:
             while not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
                 if not self._held.room.wait(0.5):
@@ -157,9 +157,9 @@ class Waiters:
         if lines.conn_id is None:
             lines.conn_id = wire.call_on(lines.conn, [("CLIENT", "ID")])[0]
         idle = lines.hand_off and not self._held.jobs
-        commands = queue.wait_commands(index, IDLE_WAIT, self._config.name, idle=idle,
-                                       lease=self._config.lease,
-                                       override_lease=self._config.lease is not None)
+        lease = self._config.lease
+        offer = handoff.offer(queue.lease_ms(lease), lease is not None) if idle else None
+        commands = handoff.wait_commands(queue.shard(index), IDLE_WAIT, self._config.name, offer)
         lines.offered = lines.offered or idle
         loop = self._loop()
         if idle and loop is not None and lines.line is None:

@@ -1,0 +1,115 @@
+"""Lane caps: what a claim costs when most lanes are held at their cap, and what caps cost a
+real worker.
+
+1. Claim + ack of single jobs on a queue of 1,000 lanes: no cap; `lane_concurrency: 1` with no
+   lane held; and the same with 900 lanes held at their cap (each with a running job that is
+   never acked). A held lane is off the claim's ring, so the last two rates should be alike:
+   claims stay O(1) in capped lanes (the first two differ by what counting slots costs).
+2. No-op jobs through real `runworker --burst` processes, the same jobs over `--lanes` lanes, on
+   a queue without caps and on one with `lane_concurrency` (the mirror off: the claim path only).
+
+    .venv/bin/python bench/lanes.py [--jobs 20000] [--claims 20000] [--workers 2] [--cap 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from _common import ROOT, table, valkey
+
+HELD_LANES = 900
+FREE_LANES = 100
+
+
+def claims_per_second(queue: Any, claims: int, batch: int) -> float:
+    """Claim `batch` jobs, ack them, again, until `claims` jobs were claimed: jobs per second."""
+    done = 0
+    started = time.perf_counter()
+    while done < claims:
+        leases = queue.dequeue(count=batch, worker="bench")
+        if not leases:
+            raise SystemExit(f"{queue.name}: ran dry after {done} claims (raise the backlog)")
+        queue.ack_many([(lease, None) for lease in leases])
+        done += len(leases)
+    return done / (time.perf_counter() - started)
+
+
+def claim_rows(claims: int, batch: int) -> list[tuple[str, float]]:
+    from jobqueue.store import JobSpec, Queue
+
+    rows = []
+    for name in ("open", "capped-free", "capped"):
+        queue = Queue(name)
+        lanes = HELD_LANES + FREE_LANES
+        serving = FREE_LANES if name == "capped" else lanes  # the lanes that serve the claims
+        for lane in range(lanes):
+            count = claims // serving + 2 if lane >= lanes - serving else 2
+            for start in range(0, count, 1000):
+                queue.enqueue_many([JobSpec(lane, lane=f"tenant-{lane}")
+                                    for _ in range(min(1000, count - start))])
+        label = f"{lanes:,} lanes, no cap" if name == "open" else f"{lanes:,} lanes, cap 1, none held"
+        if name == "capped":  # hold 900 lanes at their cap: one running job each, never acked
+            leases = queue.dequeue(count=lanes, worker="holder")  # one job of every lane
+            queue.ack_many([(lease, None) for lease in leases if lease.payload >= HELD_LANES])
+            ring = queue.client.llen(queue.shard(0).key("ring"))
+            label = f"{lanes:,} lanes, {HELD_LANES} held at their cap (ring: {ring} lanes)"
+        rows.append((f"{label}, claim {batch} + ack", claims_per_second(queue, claims, batch)))
+    return rows
+
+
+def burst(jobs: int, workers: int, queue: str, lanes: int, settings: dict[str, Any]) -> float:
+    """Enqueue `jobs` no-op jobs over `lanes` lanes, run them with `workers` burst workers:
+    jobs per second from the workers' start to the last one's exit."""
+    from tests.jobapp import jobs as handlers
+
+    per_lane = jobs // lanes
+    for lane in range(lanes):
+        for start in range(0, per_lane, 1000):
+            handlers.noop.using(queue=queue, lane=f"tenant-{lane}").enqueue_many(
+                [()] * min(1000, per_lane - start))
+    env = dict(os.environ, JOBQUEUE_TEST_QUEUES=json.dumps(settings))
+    started = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "manage.py", "runworker", "--burst", "--workers", "1",
+                               "--queues", queue, "--concurrency", "8", "--no-mirror",
+                               "--log-level", "WARNING"], cwd=ROOT, env=env)
+             for _ in range(workers)]
+    for proc in procs:
+        assert proc.wait(600) == 0
+    return per_lane * lanes / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--claims", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--lanes", type=int, default=50)
+    parser.add_argument("--cap", type=int, default=2)
+    args = parser.parse_args()
+    queues = {"open": {}, "capped": {"lane_concurrency": 1}, "capped-free": {"lane_concurrency": 1},
+              "w-open": {}, "w-capped": {"lane_concurrency": args.cap}}
+    with valkey() as url:
+        os.environ.update(VALKEY_URL=url, DJANGO_SETTINGS_MODULE="tests.settings",
+                          JOBQUEUE_TEST_QUEUES=json.dumps(queues),
+                          DATABASE_URL=os.environ.get("DATABASE_URL", "sqlite:///:memory:"))
+        import django
+
+        django.setup()
+        table(f"claims of single jobs (batches of {args.batch}), {args.claims:,} claims",
+              claim_rows(args.claims, args.batch))
+        rows = [(f"{args.workers} runworker × 8, {args.lanes} lanes, no cap",
+                 burst(args.jobs, args.workers, "w-open", args.lanes, queues)),
+                (f"{args.workers} runworker × 8, {args.lanes} lanes, lane_concurrency {args.cap}",
+                 burst(args.jobs, args.workers, "w-capped", args.lanes, queues))]
+        table(f"no-op jobs through runworker --burst (mirror off), {args.jobs:,} jobs", rows)
+
+
+if __name__ == "__main__":
+    main()

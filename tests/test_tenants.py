@@ -1,0 +1,307 @@
+"""Tenant controls, script by script, on Valkey and Valkey Cluster: lane caps (a slot per running
+job of a capped lane, freed once by whatever ends the attempt), lane rates, debounce and expiry.
+The runs with real workers are in test_tenant_workers.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from jobqueue import conf, handoff, lanes
+from jobqueue.exceptions import InvalidName, InvalidOption, InvalidTransition
+from jobqueue.records import Lease
+from jobqueue.store import JobSpec, Queue
+
+from .test_engine import server_ms, wait_past
+from .workers import wait_for
+
+Make = Callable[..., Queue]
+
+
+@pytest.fixture
+def make(settings: Any, valkey: Any) -> Make:
+    """A queue `t` with the given options, on the test's Valkey (standalone or cluster)."""
+    def made(**options: Any) -> Queue:
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {}, "t": options}}
+        conf.reset()
+        return Queue("t", client=valkey)
+    return made
+
+
+def claim(queue: Queue, n: int = 100, lease: float = 30) -> list[Lease]:
+    return queue.dequeue(count=n, lease=lease, worker="w")
+
+
+def lanes_of(leases: list[Lease]) -> Counter[str]:
+    return Counter(lease.payload[0] for lease in leases)
+
+
+def fill(queue: Queue, counts: dict[str, int]) -> None:
+    queue.enqueue_many([JobSpec([lane, i], lane=lane) for lane, n in counts.items()
+                        for i in range(n)])
+
+
+def slots(queue: Queue) -> dict[str, int]:
+    return {k: int(v) for k, v in queue.client.hgetall(queue.shard(0).key("slots")).items()}
+
+
+def ring(queue: Queue) -> list[str]:
+    return queue.client.lrange(queue.shard(0).key("ring"), 0, -1)
+
+
+# -- lane caps --------------------------------------------------------------------------------
+
+def test_a_lane_at_its_cap_leaves_the_ring_and_a_success_brings_it_back(make: Make) -> None:
+    queue = make(lane_concurrency=2)
+    fill(queue, {"a": 5, "b": 3})
+    first = claim(queue)
+    assert lanes_of(first) == {"a": 2, "b": 2} and slots(queue) == {"a": 2, "b": 2}
+    assert ring(queue) == []  # both held at their cap (with work left): claims skip them
+    assert queue.client.smembers(queue.shard(0).key("capped")) == {"a", "b"}
+    assert claim(queue) == [] and queue.counts()["pending"] == 4  # held lanes still count
+    done = next(lease for lease in first if lease.payload[0] == "a")
+    assert queue.ack(done)
+    assert ring(queue) == ["a"] and slots(queue) == {"a": 1, "b": 2}
+    assert lanes_of(claim(queue)) == {"a": 1}
+
+
+def test_a_replayed_ack_frees_no_second_slot(make: Make) -> None:
+    queue = make(lane_concurrency=2)
+    fill(queue, {"a": 4})
+    one, two = claim(queue)
+    assert queue.ack(one) and queue.ack(one)  # the second is the same success, sent again
+    assert slots(queue) == {"a": 1}
+    answers, leases = queue.ack_and_dequeue([(one, "null")], count=10, worker="w")
+    assert answers == [True] and len(leases) == 1 and slots(queue) == {"a": 2}  # one slot, one job
+    assert queue.nack(one, "late") is None and queue.release(one) is False
+    assert slots(queue) == {"a": 2}
+    assert queue.ack(two) and slots(queue) == {"a": 1}
+
+
+@pytest.mark.parametrize("how", ["nack", "release", "cancel", "reap", "fatal"])
+def test_every_end_of_an_attempt_frees_its_slot_once(make: Make, how: str) -> None:
+    queue = make(lane_concurrency=1, lease=0.2)
+    fill(queue, {"a": 2})
+    [lease] = claim(queue, lease=0.2 if how == "reap" else 30)
+    assert claim(queue) == [] and slots(queue) == {"a": 1}
+    if how == "nack":
+        assert queue.nack(lease, "boom", retry_in=0) == "pending"
+    elif how == "fatal":
+        assert queue.nack(lease, "boom", fatal=True) == "dead"
+    elif how == "release":
+        assert queue.release(lease)
+    elif how == "cancel":
+        assert queue.cancel(lease.job_id) == "active"
+        assert slots(queue) == {"a": 1}  # flagged: the slot is freed by the run's outcome
+        assert queue.ack(lease)
+        assert queue.get(lease.job_id).state == "cancelled"  # type: ignore[union-attr]
+    else:
+        wait_past(queue.client, queue.shard(0).key("active"))
+        assert queue.reap() == 1
+    assert slots(queue) == {}
+    assert len(claim(queue)) == 1 and slots(queue) == {"a": 1}  # the lane goes on
+    assert queue.ack(lease) is False and slots(queue) == {"a": 1}  # the old token frees nothing
+
+
+def test_a_dict_of_caps_names_lanes_and_every_other_named_lane(make: Make) -> None:
+    queue = make(lane_concurrency={"vip": 3, "*": 1})
+    fill(queue, {"vip": 5, "x": 5, "y": 5})
+    queue.enqueue_many([JobSpec(["", i]) for i in range(5)])  # the default lane: uncapped here
+    assert lanes_of(claim(queue)) == {"vip": 3, "x": 1, "y": 1, "": 5}
+
+
+def test_caps_hold_with_weighted_lanes_and_the_ring_stays_exact(make: Make) -> None:
+    queue = make(lane_concurrency=2, lane_weights={"vip": 3})
+    fill(queue, {"vip": 6, "x": 6, "y": 1})
+    taken = []
+    while batch := claim(queue, 1):  # single claims, as a --concurrency 1 worker does
+        taken += batch
+    assert lanes_of(taken) == {"vip": 2, "x": 2, "y": 1}
+    assert ring(queue) == [] and queue.client.smembers(queue.shard(0).key("capped")) == {"vip", "x"}
+    queue.ack_many([(lease, None) for lease in taken])
+    assert sorted(ring(queue)) == ["vip", "x"]  # each once: back with work, held no more
+    assert lanes_of(claim(queue)) == {"vip": 2, "x": 2}
+
+
+def test_claims_skip_capped_lanes_without_looking_at_them(make: Make) -> None:
+    queue = make(lane_concurrency=1)
+    fill(queue, {f"t{i}": 2 for i in range(1000)})
+    assert len(claim(queue, 900)) == 900  # 900 lanes at their cap, each with a job waiting
+    assert len(ring(queue)) == 100 and queue.client.scard(queue.shard(0).key("capped")) == 900
+    batch = claim(queue, 50)  # a claim meets only lanes with room
+    assert len(batch) == 50 and len(ring(queue)) == 50 and claim(queue, 100)
+
+
+def test_a_cap_set_live_wins_outlives_the_queue_object_and_can_be_dropped(make: Make) -> None:
+    queue = make()
+    fill(queue, {"a": 6})
+    queue.set_lane_concurrency("a", 1)
+    assert len(claim(queue)) == 1
+    again = Queue("t", client=queue.client)  # (a restart reads the same caps)
+    assert claim(again) == [] and lanes.live_caps(queue.client, "t") == {"a": 1}
+    again.set_lane_concurrency("a", 3)  # raised: the held lane comes back at once
+    assert len(claim(again)) == 2
+    again.set_lane_concurrency("a", None)
+    assert len(claim(again)) == 3 and slots(queue) == {"a": 3}  # uncapped: slots still freed
+    assert lanes.live_caps(queue.client, "t") == {}
+
+
+def test_a_live_star_cap_and_the_settings_caps_combine(make: Make) -> None:
+    queue = make(lane_concurrency={"vip": 2})
+    queue.set_lane_concurrency("*", 1)
+    fill(queue, {"vip": 5, "x": 5})
+    assert lanes_of(claim(queue)) == {"vip": 2, "x": 1}
+    states = {s.lane: s for s in lanes.states(queue.client, "t", 1, queue.options)}
+    assert (states["vip"].cap, states["vip"].live, states["vip"].active) == (2, False, 2)
+    assert (states["x"].cap, states["x"].live, states["x"].held) == (1, True, "cap")
+
+
+@pytest.mark.parametrize(("lane", "cap", "error"), [
+    ("a", 0, InvalidOption), ("a", -1, InvalidOption), ("a", 1.5, InvalidOption),
+    ("a b", 2, InvalidName),
+])
+def test_a_bad_live_cap_is_refused_and_changes_nothing(make: Make, lane: str, cap: Any,
+                                                      error: type) -> None:
+    queue = make()
+    with pytest.raises(error):
+        queue.set_lane_concurrency(lane, cap)
+    assert lanes.live_caps(queue.client, "t") == {}
+
+
+def test_a_live_cap_stops_hand_offs(make: Make) -> None:
+    queue = make()
+    queue.client.hset(queue.shard(0).key("idle"), "idle-worker", "30000:0")  # an idle offer
+    queue.set_lane_concurrency("a", 1)
+    ref = queue.enqueue("x", lane="a")
+    assert queue.get(ref.id).state == "pending"  # type: ignore[union-attr]
+    queue.set_lane_concurrency("a", None)
+    assert len(claim(queue)) == 1  # (nothing else ready, so the next job may be handed over)
+    handed = queue.enqueue("y", lane="b")
+    assert queue.get(handed.id).state == "active"  # type: ignore[union-attr]
+
+
+def test_queues_with_lane_limits_never_offer_hand_offs(make: Make) -> None:
+    assert not make().options.claim_only
+    assert make(lane_concurrency=2).options.claim_only and make(lane_rate="5/s").options.claim_only
+
+
+# -- lane rates -------------------------------------------------------------------------------
+
+def test_a_lane_out_of_tokens_leaves_the_ring_until_its_next_token(make: Make) -> None:
+    queue = make(lane_rate="2/s")
+    fill(queue, {"a": 6, "b": 6})
+    queue.enqueue_many([JobSpec(["", i]) for i in range(3)])  # the default lane has no lane rate
+    assert lanes_of(claim(queue)) == {"a": 2, "b": 2, "": 3}
+    assert ring(queue) == [] and 0 < queue.rate_wait <= 0.5  # the worker sleeps until then
+    rated = queue.client.zrange(queue.shard(0).key("rated"), 0, -1)
+    assert sorted(rated) == ["a", "b"] and queue.counts()["pending"] == 8
+    start, taken = server_ms(queue.client), []
+    wait_for(lambda: taken.extend(claim(queue)) or len(taken) >= 2)
+    elapsed = (server_ms(queue.client) - start) / 1000
+    assert len(taken) <= 2 * (2 * elapsed + 1)  # each lane: 2 a second on the server clock
+
+
+def test_promote_brings_a_rated_lane_back_and_says_when_the_next_is_due(make: Make) -> None:
+    queue = make(lane_rate="1/s")
+    fill(queue, {"a": 3})
+    assert len(claim(queue)) == 1
+    _, wait = queue.promote_shard(0)
+    assert wait is not None and 0 < wait <= 1.0
+    wait_past(queue.client, queue.shard(0).key("rated"))
+    assert queue.promote_shard(0)[1] is None and ring(queue) == ["a"]
+
+
+# -- debounce ---------------------------------------------------------------------------------
+
+def test_debounce_replaces_the_waiting_job_and_moves_its_start(queue: Queue) -> None:
+    first = queue.enqueue({"v": 1}, unique_key="k", debounce=60)
+    again = queue.enqueue({"v": 2}, unique_key="k", debounce=60)
+    assert again.id == first.id and first.created and not again.created
+    info = queue.get(first.id)
+    assert info and info.state == "scheduled" and info.payload == {"v": 2}
+    assert queue.counts()["scheduled"] == 1
+
+
+def test_a_debounced_job_once_started_leaves_the_key_to_a_new_job(queue: Queue, valkey: Any) -> None:
+    first = queue.enqueue({"v": 1}, unique_key="k", debounce=0.05)
+    wait_past(valkey, queue.shard(0).key("schedule"))
+    queue.promote()
+    [lease] = claim(queue)
+    second = queue.enqueue({"v": 2}, unique_key="k", debounce=60)
+    assert second.id != first.id and second.created
+    assert queue.ack(lease)  # the first finishes: the key (and its index) stay the second's
+    assert valkey.get(queue.shard(0).key("uniq:k")) == second.id
+    assert valkey.sismember(queue.shard(0).key("uniqs"), "k")
+    assert queue.enqueue({"v": 3}, unique_key="k", debounce=60).id == second.id
+
+
+def test_a_pending_job_debounced_again_leaves_its_lane(queue: Queue, valkey: Any) -> None:
+    first = queue.enqueue("a", unique_key="k", lane="l", debounce=0.05)
+    wait_past(valkey, queue.shard(0).key("schedule"))
+    queue.promote()
+    assert ring(queue) == ["l"]
+    assert queue.enqueue("b", unique_key="k", lane="l", debounce=60).id == first.id
+    assert ring(queue) == [] and queue.counts()["pending"] == 0 and claim(queue) == []
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"debounce": 5}, "debounce needs a unique_key"),
+    ({"debounce": 5, "unique_key": "k", "delay": 1}, "debounce or delay/run_after"),
+    ({"debounce": 0, "unique_key": "k"}, "debounce must be within"),
+    ({"expires": -1}, "expires must be within"),
+    ({"expires": datetime(2020, 1, 1, tzinfo=UTC)}, "expires is in the past"),
+    ({"expires": datetime(2999, 1, 1)}, "timezone-aware"),
+    ({"expires": 5, "delay": 10}, "could never run"),
+    ({"expires": "soon"}, "expires must be a number of seconds"),
+])
+def test_bad_debounce_and_expiry_are_refused(queue: Queue, options: dict, message: str) -> None:
+    with pytest.raises(InvalidOption, match=message):
+        queue.enqueue("p", **options)
+    assert queue.counts() == dict.fromkeys(queue.counts(), 0)
+
+
+# -- expiry -----------------------------------------------------------------------------------
+
+def test_a_job_past_its_expiry_ends_expired_in_the_claim(queue: Queue, valkey: Any) -> None:
+    late = queue.enqueue("late", expires=0.05)
+    ok = queue.enqueue("ok", expires=timedelta(hours=1))
+    wait_for(lambda: server_ms(valkey) > int(valkey.hget(queue.shard(0).job(late.id), "expires_at")))
+    assert [lease.job_id for lease in claim(queue)] == [ok.id]
+    info = queue.get(late.id)
+    assert info and info.state == "expired" and info.started_at is None
+    assert queue.counts()["expired"] == 1 and queue.counts()["pending"] == 0
+    event = valkey.xrange(queue.shard(0).key("done"))[-1][1]
+    assert event["state"] == "expired"
+    assert queue.retry(late.id) == "pending"  # an operator may still run it: without an expiry
+    assert [lease.job_id for lease in claim(queue)] == [late.id]
+
+
+def test_a_paused_queue_never_runs_its_expired_jobs(queue: Queue, valkey: Any) -> None:
+    queue.pause()
+    ref = queue.enqueue("x", expires=0.05, lane="l")
+    wait_for(lambda: server_ms(valkey) > int(valkey.hget(queue.shard(0).job(ref.id), "expires_at")))
+    queue.resume()
+    assert claim(queue) == [] and queue.get(ref.id).state == "expired"  # type: ignore[union-attr]
+
+
+def test_a_job_handed_over_keeps_its_expiry(queue: Queue, valkey: Any) -> None:
+    shard = queue.shard(0)
+    valkey.hset(shard.key("idle"), "w1", "30000:0")
+    ref = queue.enqueue("x", expires=0.3)
+    assert queue.get(ref.id).state == "active"  # type: ignore[union-attr]
+    [handed] = handoff.withdraw(valkey, shard, "w1")  # the worker stopped before taking it: released
+    assert queue.release(handed)
+    wait_for(lambda: server_ms(valkey) > int(valkey.hget(shard.job(ref.id), "expires_at")))
+    assert claim(queue) == [] and queue.get(ref.id).state == "expired"  # type: ignore[union-attr]
+
+
+def test_an_expired_job_cannot_be_cancelled(queue: Queue, valkey: Any) -> None:
+    ref = queue.enqueue("x", expires=0.05)
+    wait_for(lambda: server_ms(valkey) > int(valkey.hget(queue.shard(0).job(ref.id), "expires_at")))
+    claim(queue)
+    with pytest.raises(InvalidTransition, match="expired"):
+        queue.cancel(ref.id)
