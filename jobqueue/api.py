@@ -1,7 +1,8 @@
 """The producer API: `@job`, `enqueue` by dotted path, `get_job`.
 
-A job's payload is `{"handler": "<dotted name>", "args": [...], "kwargs": {...}}`. Handlers are
-registered when their module is imported; the worker imports every installed app's `jobs`.
+A job's payload is `{"handler": "<dotted name>", "args": [...], "kwargs": {...}}` (and "trace"
+when the enqueue is traced: tracing.py). Handlers are registered when their module is imported;
+the worker imports every installed app's `jobs`.
 """
 
 from __future__ import annotations
