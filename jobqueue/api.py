@@ -1,7 +1,8 @@
 """The producer API: `@job`, `enqueue` by dotted path, `get_job`.
 
-A job's payload is `{"handler": "<dotted name>", "args": [...], "kwargs": {...}}`. Handlers are
-registered when their module is imported; the worker imports every installed app's `jobs`.
+A job's payload is `{"handler": "<dotted name>", "args": [...], "kwargs": {...}}` (and "trace"
+when the enqueue is traced: tracing.py). Handlers are registered when their module is imported;
+the worker imports every installed app's `jobs`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, NamedTuple, overload
 
 from django.db import transaction
 
-from . import ids, outbox
+from . import ids, outbox, tracing
 from ._compat import in_transaction
 from .conf import Config, get_client, get_config
 from .exceptions import InvalidOption, UnknownHandler
@@ -50,7 +51,7 @@ class _Route(NamedTuple):
     ready: Prepared | None
     """The handler's options validated, as a job of its own that each call gives a payload and
     an id (`Queue.enqueue_encoded`); None when calls need `submit`'s whole way (a durable queue,
-    or options that differ per call: a job_id, a run_after time)."""
+    options that differ per call: a job_id, a run_after time; or spans to make: tracing.py)."""
     tail: tuple[Any, ...]
     """`ready`'s enqueue script arguments after its id and payload (every call's own)."""
     now: bool
@@ -115,7 +116,8 @@ class JobFunction:
                           client=None if config.url == "embedded" else get_client())
             spec = JobSpec({}, **self.options.spec)
             simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None
-                          or isinstance(spec.expires, datetime))  # (an instant: its ms vary)
+                          or isinstance(spec.expires, datetime)  # (an instant: its ms vary)
+                          or tracing.tracer() is not None)
             ready = prepare(spec, queue.options) if simple else None
             tail = tuple(ready.argv(queue.options)[2:]) if ready is not None else ()
             route = self._route = _Route(config, queue, ready, tail,
@@ -155,8 +157,17 @@ def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
 
     The ids are minted now so the caller gets them at once; validation also happens now. A
     durable queue's jobs are first written to the database (in the transaction, if any) and
-    always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py.
+    always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py. With
+    tracing on, inside a producer span whose context each job carries (tracing.py).
     """
+    traced = tracing.tracer()
+    if traced is not None:
+        return tracing.publish(traced, queue.name, specs,
+                               lambda carrying: _submit(queue, carrying, immediate))
+    return _submit(queue, specs, immediate)
+
+
+def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
     durable = queue.options.durable
     if not durable and (immediate or not get_config().on_commit or not in_transaction()):
         return queue.enqueue_many(specs)

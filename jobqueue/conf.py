@@ -67,6 +67,10 @@ class Config:
     event_loop: str = "auto"
     """The worker's event loop for `async def` handlers: "uvloop", "asyncio", or "auto" (uvloop
     when it is installed)."""
+    tracing: bool | str = True
+    """OpenTelemetry spans (tracing.py): True traces when a tracer provider is configured, False
+    never; a string is the dotted path of the tracer provider to use (or of a function that
+    returns one) instead of the global one."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
@@ -126,7 +130,7 @@ def parse(raw: Any) -> Config:
             raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
     known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD",
-             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP"}
+             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP", "TRACING"}
     if set(raw) - known:
         unknown = set(raw) - known
         raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, unknown))}"
@@ -155,7 +159,20 @@ def parse(raw: Any) -> Config:
         metrics_token=raw.get("METRICS_TOKEN") or None,
         auto_shards=_auto_shards(raw.get("AUTO_SHARDS", {})),
         event_loop=event_loop,
+        tracing=_tracing(raw.get("TRACING", True)),
     )
+
+
+def _tracing(value: Any) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, str) or "." not in value:
+        raise ConfigurationError(f"JOBQUEUE['TRACING'] must be True, False or the dotted path of a "
+                                 f"tracer provider, got {value!r}")
+    if importlib.util.find_spec("opentelemetry") is None:
+        raise ConfigurationError("JOBQUEUE['TRACING'] names a tracer provider but OpenTelemetry is "
+                                 "not installed (pip install 'jobqueue[otel]')")
+    return value
 
 
 def _auto_shards(raw: Any) -> AutoShards:

@@ -59,5 +59,7 @@ if "JOBQUEUE_TEST_QUEUES" in os.environ:  # more queues for a test's workers (JS
     JOBQUEUE["QUEUES"].update(json.loads(os.environ["JOBQUEUE_TEST_QUEUES"]))
 if "JOBQUEUE_TEST_EVENT_LOOP" in os.environ:
     JOBQUEUE["EVENT_LOOP"] = os.environ["JOBQUEUE_TEST_EVENT_LOOP"]
+if "JOBQUEUE_TEST_SPANS" in os.environ:  # the tracing tests' workers write their spans there
+    JOBQUEUE["TRACING"] = "tests.otel.to_file"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}

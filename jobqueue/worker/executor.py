@@ -13,6 +13,7 @@ import time
 import traceback
 from typing import Any, NamedTuple, TypeGuard
 
+from .. import tracing
 from ..api import JobFunction, handler_for
 from ..conf import loop_factory
 from ..exceptions import JobQueueError, UnknownHandler
@@ -106,6 +107,7 @@ async def execute_async(lease: Lease, prepared: Prepared) -> Outcome:
 
 def _failed(exc: Exception, started: float) -> Outcome:
     took = time.monotonic() - started
+    tracing.failed(exc)
     if isinstance(exc, RetryLater):
         return Outcome(False, error=str(exc), retry_in=exc.retry_in, duration=took)
     if isinstance(exc, JobCancelled):  # the row's cancel flag makes the nack record it cancelled

@@ -32,12 +32,13 @@ import traceback
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from queue import Empty, SimpleQueue
 from typing import Any, TypeVar
 
 from django.db import close_old_connections
 
-from .. import signals
+from .. import signals, tracing
 from ..conf import loop_factory
 from ..records import Lease
 from ..store import Queue
@@ -88,6 +89,7 @@ class Runners:
         self._pool: ProcessPoolExecutor | None = _process_pool(count) if processes else None
         self._pool_lock = threading.Lock()
         self._loop: EventLoop | None = None
+        self._tracer = tracing.worker_tracer()
         self._threads = [threading.Thread(target=self._loop_thread, name=f"jobqueue-job-{i}",
                                           daemon=True) for i in range(count)]
         for thread in self._threads:
@@ -141,7 +143,8 @@ class Runners:
         while (job := self._inbox.get()) is not None:
             lease, prepared = job
             signals.send(signals.job_started, Queue, lease=lease)
-            outcome = self._run(lease, prepared)
+            outcome = (self._run(lease, prepared) if self._tracer is None
+                       else tracing.run(self._tracer, lease, partial(self._run, lease, prepared)))
             # A job ends like a request: its thread's database connection is closed unless
             # CONN_MAX_AGE keeps it, and a kept one is health-checked (CONN_HEALTH_CHECKS) by
             # the next job's first query, so one the server dropped meanwhile is replaced.
@@ -178,6 +181,7 @@ class EventLoop:
         if sys.getswitchinterval() == DEFAULT_SWITCH:  # (an application's own setting stays)
             sys.setswitchinterval(SWITCH)
         self._loop = loop_factory()()
+        self._tracer = tracing.worker_tracer()
         self._tasks: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jobqueue-asyncio",
                                         daemon=True)
@@ -216,7 +220,11 @@ class EventLoop:
     async def _run(self, lease: Lease, prepared: Prepared) -> None:
         if signals.job_started.receivers:  # (looked at here: per job, and most workers have none)
             signals.send(signals.job_started, Queue, lease=lease)
-        self._done(lease, await execute_async(lease, prepared))
+        if self._tracer is None:
+            self._done(lease, await execute_async(lease, prepared))
+        else:
+            self._done(lease, await tracing.run_async(self._tracer, lease,
+                                                      partial(execute_async, lease, prepared)))
 
     def _watch(self) -> None:
         """Once a second, ask the loop to answer. When it does not within BLOCKED seconds, a

@@ -171,3 +171,14 @@ def chaos_step(ctx: Any, effects_url: str, sleep: float, roll: float) -> str:
         client.incr("effects:replayed")  # a re-run after a crash: the effect is already there
     client.close()
     return "done"
+
+
+@job(takes_context=True, backoff=0)
+def fails_once(ctx: JobContext) -> str:
+    """Fails its first attempt, then returns the id of the span current while it runs (the
+    tracing tests: its attempt's span, when the worker traces)."""
+    from opentelemetry import trace
+
+    if ctx.attempt == 1:
+        raise ConnectionError("the first attempt fails")
+    return f"0x{trace.get_current_span().get_span_context().span_id:016x}"
