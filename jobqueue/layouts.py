@@ -32,7 +32,7 @@ import json
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,6 +217,15 @@ def settled(layout: Layout, shard_is_clear: Callable[[int], bool]) -> Layout | N
     if not all(shard_is_clear(index) for index in range(layout.span)):
         return None
     return Layout(layout.live, 0, layout.live, layout.widest, layout.raw)
+
+
+def candidates(client: Any, name: str, configured: int, job_id: str) -> Iterator[int]:
+    """Shards that may hold a job (`job_id` validated by the caller): its id's shard among the
+    live ones, then every other the queue ever had, retired ones too."""
+    now = read(client, name, configured)
+    first = ids.hash32(ids.decode(job_id)[1]) % now.live
+    yield first
+    yield from (i for i in range(now.widest) if i != first)
 
 
 def place(job_id: str, lane: str, unique_key: str, shards: int) -> int:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .durable import reopened
-from .records import JobRef
+from .refs import JobRef
 from .spec import JobSpec, Prepared
 from .states import State
 

@@ -32,6 +32,9 @@ TRANSITIONS = {
     "cancel": "cancel.lua",
     "counts": "counts.lua",
     "heads": "heads.lua",
+    "flow": "flow.lua",
+    "watch": "watch.lua",
+    "progress": "progress.lua",
 }
 _KEY_LINE = re.compile(r"^KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)
 _DEFINITION = re.compile(r"^(?:--[^\n]*\n)*local (?:function )?(\w+)", re.MULTILINE)

@@ -171,3 +171,40 @@ def chaos_step(ctx: Any, effects_url: str, sleep: float, roll: float) -> str:
         client.incr("effects:replayed")  # a re-run after a crash: the effect is already there
     client.close()
     return "done"
+
+
+@job(max_attempts=1)
+def mul(x: float, y: float) -> float:
+    return x * y
+
+
+@job(max_attempts=1)
+def total(values: list[Any]) -> Any:
+    """A chord's callback: the sum of its members' results (the list itself when they are not
+    all numbers, e.g. an error object in a slot)."""
+    if all(isinstance(v, (int, float)) for v in values):
+        return sum(values)
+    return values
+
+
+@job(max_attempts=1)
+def fails_with(reason: str) -> None:
+    raise ValueError(reason)
+
+
+@job(takes_context=True)
+def counts_up(ctx: JobContext, to: int) -> int:
+    """Reports its progress at every step of a tight loop (the worker coalesces the writes)."""
+    for i in range(1, to + 1):
+        ctx.progress({"done": i, "of": to})
+    return to
+
+
+@job(takes_context=True)
+def waits_for_file(ctx: JobContext, path: str) -> str:
+    """Reports progress, then works until `path` exists (a test holds it mid-run)."""
+    ctx.progress("started")
+    while not Path(path).exists():
+        time.sleep(0.02)
+    ctx.progress("finishing")
+    return "finished"
