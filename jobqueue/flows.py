@@ -180,9 +180,10 @@ def waits_for(info: JobInfo) -> list[str]:
 
 def cancel(flow_id: str, queue: str = "default") -> int:
     """Cancel every job of a flow that has not started (a running one is flagged: it sees
-    `ctx.cancelled`); how many were cancelled or flagged."""
+    `ctx.cancelled`); how many were cancelled or flagged. The last jobs go first, so a job
+    waiting for others ends cancelled by the operator, not by a member's failure policy."""
     target, done = Queue(queue), 0
-    for info in members(flow_id, queue):
+    for info in reversed(members(flow_id, queue)):
         try:
             target.cancel(info.id)
             done += 1

@@ -12,7 +12,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from jobqueue import Queue, conf, get_job
+from jobqueue import Queue, get_job
 from jobqueue.exceptions import JobFailed, JobNotFound
 from jobqueue.mirror import Mirror
 from jobqueue.models import Job
@@ -21,20 +21,6 @@ from tests.jobapp import celery_tasks, jobs
 
 from .servers import ValkeyProcess
 from .workers import run_burst, start_worker, wait_for
-
-
-@pytest.fixture(params=["standalone", "cluster"])
-def url(request: pytest.FixtureRequest, settings: Any, valkey_server: ValkeyProcess) -> str:
-    """jobqueue pointed at an empty standalone Valkey or Valkey Cluster."""
-    address = valkey_server.url
-    if request.param == "cluster":
-        address = request.getfixturevalue("valkey_cluster").url
-        client = RedisCluster.from_url(address.split("?")[0])
-        client.flushall(target_nodes=RedisCluster.PRIMARIES)
-        client.close()
-    settings.JOBQUEUE = {"URL": address, "QUEUES": {"default": {}, "wide": {"shards": 3}}}
-    conf.reset()
-    return address
 
 
 def finish_later(queue: Queue, fail: bool = False, cancel: str | None = None) -> threading.Thread:
@@ -72,7 +58,7 @@ def _keys(client: Any, pattern: str) -> list[str]:
 
 
 @pytest.mark.parametrize("queue_name", ["default", "wide"])
-def test_result_wakes_when_the_job_finishes(url: str, queue_name: str) -> None:
+def test_result_wakes_when_the_job_finishes(valkey_url: str, queue_name: str) -> None:
     ref = jobs.add.using(queue=queue_name).enqueue(1, 2)
     thread = finish_later(Queue(queue_name))
     assert ref.result(timeout=20) == {"answer": 42}
@@ -80,7 +66,7 @@ def test_result_wakes_when_the_job_finishes(url: str, queue_name: str) -> None:
     assert ref.result(timeout=0) == {"answer": 42}  # finished: answered at once, no wait
 
 
-def test_result_raises_job_failed_for_dead_and_cancelled_jobs(url: str) -> None:
+def test_result_raises_job_failed_for_dead_and_cancelled_jobs(valkey_url: str) -> None:
     dead = jobs.add.enqueue(1, 2)
     thread = finish_later(Queue("default"), fail=True)
     with pytest.raises(JobFailed) as failed:
@@ -95,7 +81,7 @@ def test_result_raises_job_failed_for_dead_and_cancelled_jobs(url: str) -> None:
     assert failed.value.state == "cancelled"
 
 
-def test_result_times_out_and_leaves_nothing_behind(url: str) -> None:
+def test_result_times_out_and_leaves_nothing_behind(valkey_url: str) -> None:
     ref = jobs.add.enqueue(1, 2)
     started = time.monotonic()
     with pytest.raises(TimeoutError):
@@ -107,7 +93,7 @@ def test_result_times_out_and_leaves_nothing_behind(url: str) -> None:
     assert ref.result(timeout=5) == 3
 
 
-def test_aresult_waits_on_the_event_loop(url: str) -> None:
+def test_aresult_waits_on_the_event_loop(valkey_url: str) -> None:
     ref = jobs.add.enqueue(1, 2)
 
     async def main() -> tuple[Any, int]:

@@ -208,3 +208,23 @@ def waits_for_file(ctx: JobContext, path: str) -> str:
         time.sleep(0.02)
     ctx.progress("finishing")
     return "finished"
+
+
+@job(max_attempts=20, backoff=0)
+def square_slowly(i: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return i * i
+
+
+@job(max_attempts=20, backoff=0)
+def record_chord(results: list[Any], effects_url: str) -> int:
+    """A chord's callback that counts its runs and keeps the results it got (the tests check it
+    ran once, with every result in order)."""
+    import json
+
+    import redis
+
+    client = redis.Redis.from_url(effects_url)
+    client.rpush("chord:runs", json.dumps(results))
+    client.close()
+    return len(results)
