@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from jobqueue import Queue, chain, chord, flows, group
-from jobqueue.exceptions import InvalidFlow, InvalidJobId, JobFailed, UnknownHandler
 from jobqueue.api import JobFunction, JobOptions
+from jobqueue.exceptions import InvalidFlow, InvalidJobId, JobFailed, UnknownHandler
 from jobqueue.records import Lease
 from jobqueue.worker.executor import execute
 from tests.jobapp import jobs
@@ -184,3 +186,61 @@ def test_bad_flows_are_refused_with_one_clear_error(valkey_url: str) -> None:
     with pytest.raises(InvalidFlow, match="signatures"):
         chord([jobs.add], jobs.total.s())  # type: ignore[list-item]
     assert queue.counts()["pending"] == 0 and queue.counts()["waiting"] == 0  # nothing written
+
+
+@st.composite
+def dags(draw: Any) -> list[tuple[list[int], bool, str]]:
+    """Random DAGs: per job, the earlier jobs it depends on, whether it fails, its policy."""
+    n = draw(st.integers(2, 9))
+    return [(sorted(draw(st.sets(st.integers(0, i - 1), max_size=3))) if i else [],
+             draw(st.booleans()), draw(st.sampled_from(["fail", "ignore", "continue"])))
+            for i in range(n)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(graph=dags(), order=st.randoms(use_true_random=False))
+def test_random_dags_run_as_their_policies_say(valkey_server: Any, graph: Any, order: Any) -> None:
+    """Against a model: a job runs iff its policy says so (fail: every dependency succeeded;
+    ignore, continue: always, once they end, or at the first failure for continue), at most
+    once, and never before its dependencies (continue: before the others, once one failed)."""
+    import redis as redis_py
+
+    redis_py.Redis.from_url(valkey_server.url).flushall()
+    queue = Queue("default")
+    refs: list[str] = []
+    for deps, fails, policy in graph:
+        handler = jobs.fails_with if fails else jobs.noop
+        args = ("planned",) if fails else ()
+        if deps:
+            handler = handler.using(depends_on=[refs[d] for d in deps], on_failure=policy)
+        refs.append(handler.enqueue(*args).id)
+    index = {job_id: i for i, job_id in enumerate(refs)}
+    ended: dict[int, str] = {}  # job -> its end, in the order jobs ran or were released
+    runs: list[int] = []
+
+    def shuffle(leases: list[Lease]) -> None:
+        order.shuffle(leases)
+
+    for lease in run_all(queue, shuffle=shuffle):
+        i = index[lease.job_id]
+        deps, _, policy = graph[i]
+        before = [ended.get(d) for d in deps]
+        if policy == "continue" and "failed" in before:
+            pass  # released at the first failure
+        else:
+            assert all(before), f"job {i} ran before its dependencies {deps}: {before}"
+        runs.append(i)
+        state = queue.get(lease.job_id).state  # type: ignore[union-attr]
+        ended[i] = "ok" if state == "succeeded" else "failed"
+        for j, job_id in enumerate(refs):  # jobs cancelled by this one's end
+            info = queue.get(job_id)
+            if j not in ended and info is not None and info.state == "cancelled":
+                ended[j] = "failed"
+    succeeded: dict[int, bool] = {}
+    for i, (deps, fails, policy) in enumerate(graph):
+        runs_now = policy != "fail" or all(succeeded[d] for d in deps)
+        succeeded[i] = runs_now and not fails
+        assert runs.count(i) == (1 if runs_now else 0), (i, graph, runs)
+        expected = "succeeded" if succeeded[i] else ("dead" if runs_now else "cancelled")
+        assert queue.get(refs[i]).state == expected, (i, graph)  # type: ignore[union-attr]
+    assert queue.counts()["waiting"] == 0
