@@ -223,8 +223,12 @@ def record_chord(results: list[Any], effects_url: str) -> int:
     import json
 
     import redis
+    from redis.cluster import RedisCluster
 
-    client = redis.Redis.from_url(effects_url)
+    if "cluster=true" in effects_url:
+        client: Any = RedisCluster.from_url(effects_url.split("?")[0])
+    else:
+        client = redis.Redis.from_url(effects_url)
     client.rpush("chord:runs", json.dumps(results))
     client.close()
     return len(results)
