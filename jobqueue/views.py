@@ -24,7 +24,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 
-from . import actions, ids, layouts, readmodels, schedule
+from . import actions, flows, ids, layouts, readmodels, schedule
 from .api import lookup
 from .conf import get_client, get_config
 from .exceptions import InvalidJobId, JobQueueError, UnknownHandler
@@ -244,9 +244,26 @@ class Console:
         return self._render(
             request, "job.html", f"Job {job_id}", job=info, actions=allowed, timeline=timeline,
             payload=_pretty(info.payload), result=_pretty(info.result),
-            checkpoint=_pretty(info.checkpoint),
+            checkpoint=_pretty(info.checkpoint), progress=_pretty(info.progress),
+            waits_for=flows.waits_for(info),
             mirror_url=reverse(f"{self.site.name}:jobqueue_job_changelist") + f"?q={job_id}",
         )
+
+    def flow_page(self, request: HttpRequest, queue: str, flow_id: str) -> HttpResponse:
+        """A flow's jobs in order: each one's state, what it still waits for, its progress."""
+        try:
+            members = flows.members(flow_id, validate_queue(queue))
+        except JobQueueError as exc:
+            raise Http404(str(exc)) from None
+        if not members:
+            raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
+        by_state: dict[str, int] = {}
+        for info in members:
+            by_state[info.state] = by_state.get(info.state, 0) + 1
+        rows = [(info, flows.waits_for(info)) for info in members]
+        last = members[-1] if members[-1].id == flow_id else None
+        return self._render(request, "flow.html", f"Flow {flow_id}", queue=queue, rows=rows,
+                            by_state=by_state, callback=last)
 
     # -- actions -----------------------------------------------------------------------------
 

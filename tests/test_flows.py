@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from jobqueue import Queue, chain, chord, flows, group
 from jobqueue.api import JobFunction, JobOptions
 from jobqueue.exceptions import InvalidFlow, InvalidJobId, JobFailed, UnknownHandler
+from jobqueue.handler import write_progress
 from jobqueue.records import Lease
 from jobqueue.worker.executor import execute
 from tests.jobapp import jobs
@@ -244,3 +245,29 @@ def test_random_dags_run_as_their_policies_say(valkey_server: Any, graph: Any, o
         expected = "succeeded" if succeeded[i] else ("dead" if runs_now else "cancelled")
         assert queue.get(refs[i]).state == expected, (i, graph)  # type: ignore[union-attr]
     assert queue.counts()["waiting"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_console_shows_a_flow_and_links_it_from_each_job(client: Any) -> None:
+    from django.contrib.auth.models import User
+
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    queue = Queue("default")
+    ref = chord([jobs.add.s(1, 1), jobs.add.s(2, 2)], jobs.total.s()).enqueue()
+    [lease, running] = queue.dequeue(count=2)
+    assert queue.ack(lease, 2)
+    assert write_progress([(running, '{"pct":50}')]) == [True]
+    base = "/admin/jobqueue/job/live"
+    page = client.get(f"{base}/flows/default/{ref.id}/").content.decode()
+    assert "succeeded: <b>1</b>" in page and "active: <b>1</b>" in page and "waiting: <b>1</b>" in page
+    assert f'id="flow-callback">{ref.id}' in page and "tests.jobapp.jobs.total" in page
+    member = client.get(f"{base}/jobs/default/{lease.job_id}/").content.decode()
+    assert f"/flows/default/{ref.id}/" in member
+    callback = client.get(f"{base}/jobs/default/{ref.id}/").content.decode()
+    assert "waits for" in callback and lease.job_id not in callback.split("waits for")[1][:200]
+    shown = client.get(f"{base}/jobs/default/{running.job_id}/").content.decode()
+    assert 'id="job-progress"' in shown and "pct" in shown
+    assert "pct" in client.get(f"{base}/queues/default/?state=active").content.decode()
+    assert client.get(f"{base}/flows/default/JOB0000000000a/").status_code == 404
+    assert client.get(f"{base}/flows/default/nope/").status_code == 404
