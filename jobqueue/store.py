@@ -4,9 +4,9 @@ The `@job` API, the worker, the mirror, the admin and the `django.tasks` backend
 state only through these methods, and read a job and its counts through them; `scripts.caller`
 sends the scripts. Other modules touch Valkey keys for what their docstrings say: `layouts`
 (shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
-lists), `backlog` (lane heads, minute samples), `console` (the console's read models), `metrics`,
-`mirror` (the `done` streams), `autoscale`, `schedule`, and the worker's waits and presence
-(`worker/core.py`, `worker/waitline.py`, `worker/presence.py`).
+lists), `backlog` (lane heads, minute samples), `readmodels`, `metrics`, `mirror` (`done`),
+`autoscale`, `schedule`, `refs` (awaiting results), `dag` and `flows` (flows), `handler`
+(progress), and the worker's waits and presence (`worker/`: core, waitline, presence).
 """
 
 from __future__ import annotations
