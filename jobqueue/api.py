@@ -106,7 +106,7 @@ class JobFunction:
     def enqueue(self, *args: Any, **kwargs: Any) -> JobRef:
         payload = _payload(self.name, args, kwargs)
         if self.options.after:
-            return self._enqueue_after(payload)
+            return self._enqueue_after([payload])[0]
         route = self._routed()
         if route.ready is not None and (route.now or not in_transaction()):
             return route.queue.enqueue_encoded(route.ready, ids.new_id(),
@@ -114,17 +114,19 @@ class JobFunction:
                                                route.tail)
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
-    def _enqueue_after(self, payload: dict[str, Any]) -> JobRef:
-        """One job waiting for `options.after` (one script call on their shard: dag.py)."""
+    def _enqueue_after(self, payloads: list[dict[str, Any]]) -> list[JobRef]:
+        """Jobs waiting for `options.after` (one script call on their shard: dag.py)."""
         policy = self.options.on_failure or "f"
-        job = JobSpec(payload, **self.options.spec)._replace(job_id=self.options.spec.get("job_id")
-                                                              or ids.new_id())
-        node = dag.Node(job, members=tuple((member, slot, policy)
-                                           for slot, member in enumerate(self.options.after)))
-        return dag.submit(Queue(self.options.queue), [node], "", self.options.immediate)[-1]
+        members = tuple((member, slot, policy) for slot, member in enumerate(self.options.after))
+        nodes = [dag.Node(JobSpec(payload, **self.options.spec)._replace(
+            job_id=self.options.spec.get("job_id") or ids.new_id()), members)
+            for payload in payloads]
+        return dag.submit(Queue(self.options.queue), nodes, "", self.options.immediate)
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
         """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""
+        if self.options.after:
+            return self._enqueue_after([_payload(self.name, *_split(call)) for call in calls])
         specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
         return submit(self._routed().queue, specs, self.options.immediate)
 

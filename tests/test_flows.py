@@ -83,6 +83,11 @@ def test_depends_on_waits_for_refs_or_ids(valkey_url: str) -> None:
     assert d.result(timeout=5) == 10
     late = jobs.add.using(depends_on=[a]).enqueue(1, 1)  # a finished already: released at once
     assert queue.get(late.id).state == "pending"  # type: ignore[union-attr]
+    c = jobs.add.enqueue(1, 1)
+    many = jobs.add.using(depends_on=[c]).enqueue_many([(1, 2), (3, 4)])
+    assert {queue.get(ref.id).state for ref in many} == {"waiting"}  # type: ignore[union-attr]
+    run_all(queue)
+    assert [ref.result(timeout=5) for ref in many] == [3, 7]
 
 
 def test_a_failed_member_cancels_the_rest_of_the_flow_naming_it(valkey_url: str) -> None:
