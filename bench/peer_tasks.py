@@ -51,3 +51,33 @@ elif os.environ.get("PEER") == "dramatiq":
     actor = dramatiq_actor()
 elif os.environ.get("PEER") == "huey":
     huey, huey_tick = huey_app()
+
+
+def flow_member(i: int) -> float:
+    """A chord's member (bench/flows.py): its result is when it finished (the epoch)."""
+    import time
+
+    return time.time()
+
+
+def flow_callback(finished: list[float]) -> dict[str, float]:
+    """A chord's callback (bench/flows.py): how long after the last member it started."""
+    import time
+
+    started = time.time()
+    return {"started": started, "gap_ms": (started - max(finished)) * 1000}
+
+
+def celery_flow_app(url: str = URL):  # type: ignore[no-untyped-def]
+    """Celery with Valkey as broker and result backend (a chord needs one)."""
+    from celery import Celery
+
+    app = Celery("peer_flows", broker=url, backend=url)
+    app.conf.update(worker_prefetch_multiplier=16, broker_connection_retry_on_startup=True)
+    app.task(name="flow_member")(flow_member)
+    app.task(name="flow_callback")(flow_callback)
+    return app
+
+
+if os.environ.get("PEER") == "celery-flows":
+    app = celery_flow_app()

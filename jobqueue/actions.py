@@ -23,7 +23,8 @@ PERMISSIONS = {"retry": "jobqueue.retry_job", "reprioritize": "jobqueue.repriori
 """The Django permission each action needs (the admin's `has_<action>_permission` asks it)."""
 WAITING_OR_RUNNING = frozenset({State.PENDING, State.SCHEDULED, State.ACTIVE})
 JOB_STATES = {"retry": frozenset({State.DEAD, State.CANCELLED, State.EXPIRED}),
-              "reprioritize": WAITING_OR_RUNNING, "cancel": WAITING_OR_RUNNING}
+              "reprioritize": WAITING_OR_RUNNING,
+              "cancel": WAITING_OR_RUNNING | {State.WAITING}}
 """The states in which each action on one job is offered."""
 
 

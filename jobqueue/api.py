@@ -15,12 +15,13 @@ from typing import Any, NamedTuple, overload
 
 from django.db import transaction
 
-from . import ids, outbox, tracing
+from . import dag, ids, outbox, tracing
 from ._compat import in_transaction
 from .conf import Config, get_client, get_config
-from .exceptions import InvalidOption, UnknownHandler
+from .exceptions import InvalidFlow, InvalidOption, UnknownHandler
 from .keys import validate_queue
-from .records import JobInfo, JobRef, Lease
+from .records import JobInfo, Lease
+from .refs import JobRef
 from .spec import JobSpec, Prepared, encode_payload, prepare
 from .store import Queue
 
@@ -41,6 +42,10 @@ class JobOptions:
     immediate: bool = False
     """Enqueue at once even inside `transaction.atomic()` (default: on commit)."""
     spec: Mapping[str, Any] = field(default_factory=dict)
+    after: tuple[str, ...] = ()
+    """Ids of the jobs it waits for (`depends_on`): it runs once they are done."""
+    on_failure: str | None = None
+    """What a failed dependency does to it (`dag.POLICIES`); None: "fail"."""
 
 
 class _Route(NamedTuple):
@@ -78,20 +83,32 @@ class JobFunction:
         return self.func(*args, **kwargs)
 
     def using(self, *, queue: str | None = None, immediate: bool | None = None,
+              depends_on: Iterable[JobRef | str] | None = None, on_failure: str | None = None,
               **spec: Any) -> JobFunction:
         """A copy with per-call options (lane, priority, delay, run_after, max_attempts,
-        unique_key, debounce, expires, …)."""
+        unique_key, debounce, expires, …); `depends_on` (refs or ids of jobs of the same queue)
+        makes its jobs wait for those, `on_failure` says what a failed one does to them
+        ("fail", "ignore", "continue")."""
         _check_spec_options(spec)
         options = replace(
             self.options,
             queue=self.options.queue if queue is None else validate_queue(queue),
             immediate=self.options.immediate if immediate is None else immediate,
             spec={**self.options.spec, **spec},
+            after=self.options.after if depends_on is None else _ids(depends_on),
+            on_failure=self.options.on_failure if on_failure is None else dag.policy(on_failure),
         )
         return JobFunction(self.func, self.name, options)
 
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature: this handler with these arguments, to build a flow from
+        (`jobqueue.chain`, `group`, `chord`) or to enqueue later."""
+        return Signature(self, args, kwargs)
+
     def enqueue(self, *args: Any, **kwargs: Any) -> JobRef:
         payload = _payload(self.name, args, kwargs)
+        if self.options.after:
+            return self._enqueue_after([payload])[0]
         route = self._routed()
         if route.ready is not None and (route.now or not in_transaction()):
             return route.queue.enqueue_encoded(route.ready, ids.new_id(),
@@ -99,8 +116,19 @@ class JobFunction:
                                                route.tail)
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
+    def _enqueue_after(self, payloads: list[dict[str, Any]]) -> list[JobRef]:
+        """Jobs waiting for `options.after` (one script call on their shard: dag.py)."""
+        policy = self.options.on_failure or "f"
+        members = tuple((member, slot, policy) for slot, member in enumerate(self.options.after))
+        nodes = [dag.Node(JobSpec(payload, **self.options.spec)._replace(
+            job_id=self.options.spec.get("job_id") or ids.new_id()), members)
+            for payload in payloads]
+        return dag.submit(Queue(self.options.queue), nodes, "", self.options.immediate)
+
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
         """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""
+        if self.options.after:
+            return self._enqueue_after([_payload(self.name, *_split(call)) for call in calls])
         specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
         return submit(self._routed().queue, specs, self.options.immediate)
 
@@ -123,6 +151,61 @@ class JobFunction:
             route = self._route = _Route(config, queue, ready, tail,
                                          self.options.immediate or not config.on_commit)
         return route
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A handler with its arguments, not yet enqueued (`handler.s(...)`)."""
+
+    handler: JobFunction
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def using(self, **options: Any) -> Signature:
+        """The same call with enqueue options (`JobFunction.using`'s)."""
+        return replace(self, handler=self.handler.using(**options))
+
+    def enqueue(self) -> JobRef:
+        return self.handler.enqueue(*self.args, **self.kwargs)
+
+    def payload(self) -> dict[str, Any]:
+        """The job's payload (the handler's name and arguments)."""
+        return _payload(self.handler.name, self.args, self.kwargs)
+
+    def node(self, members: tuple[tuple[str, int, str], ...] = (), takes: str = "",
+             policy: str | None = None) -> dag.Node:
+        """This call as a job of a flow (a fresh id unless it names one), waiting for
+        `members` (id, slot, policy code); `policy`: the flow's, for those the call leaves
+        open. Refused when no `@job` is registered under its name, or it cannot take what its
+        members' outcomes become (`takes`)."""
+        handler = self.handler
+        if _registry.get(handler.name) is None:
+            raise UnknownHandler(f"no @job handler registered as {handler.name!r}")
+        if takes:
+            _check_takes(handler, self.args, self.kwargs)
+        spec = JobSpec(self.payload(), **handler.options.spec)
+        own = handler.options.on_failure or policy or "f"
+        after = tuple((member, slot, own) for slot, member in enumerate(handler.options.after))
+        return dag.Node(spec._replace(job_id=spec.job_id or ids.new_id()),
+                        (*after, *((m, s + len(after), p) for m, s, p in members)), takes,
+                        len(after) + len(members) if takes == "list" else int(bool(takes)))
+
+
+def _check_takes(handler: JobFunction, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """A flow's step gets what came before as its first argument: its handler must take one."""
+    context = (None,) if handler.options.takes_context else ()
+    try:
+        inspect.signature(handler.func).bind(*context, None, *args, **kwargs)
+    except TypeError as exc:
+        raise InvalidFlow(f"{handler.name} cannot take the previous result as its first "
+                          f"argument: {exc}") from None
+
+
+def _ids(refs: Iterable[JobRef | str]) -> tuple[str, ...]:
+    """The job ids `depends_on` names (refs or ids), checked."""
+    if isinstance(refs, (str, JobRef)):
+        refs = [refs]
+    return tuple(ids.validate_job_id(ref.id if isinstance(ref, JobRef) else ref) for ref in refs)
 
 
 def _split(call: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:

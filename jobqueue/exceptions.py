@@ -64,3 +64,19 @@ class NotReplicated(JobQueueError):
 
 class ConfigurationError(JobQueueError):
     """Settings that cannot work (bad URL, bad queue options)."""
+
+
+class JobFailed(JobQueueError):
+    """A job awaited for its result ended without one: dead (its retry budget spent) or
+    cancelled. `state` is that state, `error` the job's last error."""
+
+    def __init__(self, job_id: str, state: str, error: str = "") -> None:
+        last = error.strip().splitlines()[-1:] if error else []
+        super().__init__(f"job {job_id} ended {state}" + (f": {last[0]}" if last else ""))
+        self.job_id, self.state, self.error = job_id, state, error
+
+
+class InvalidFlow(JobQueueError, ValueError):
+    """A flow or a dependency that cannot be built: a cycle, an unknown or finished-and-gone
+    member, an empty group, a step that cannot take the previous result, members that cannot
+    share one shard."""

@@ -32,7 +32,7 @@ import json
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from . import ids, lanes
 from .conf import get_client, get_config
 from .exceptions import InvalidOption, JobQueueError
 from .keys import REGISTRY_KEY, ShardKeys, placement_hash
-from .records import COUNT_FIELDS
+from .records import COUNTS_REPLY
 from .scripts import caller
 from .spec import Prepared
 
@@ -53,7 +53,7 @@ HISTORY_LENGTH = 200
 SETTLE_TURN = "{emq}:settling:"
 TTL = 1.0
 MAX_SHARDS = 1024
-LIVE_STATES = ("pending", "scheduled", "active")
+LIVE_STATES = ("pending", "scheduled", "active", "waiting")
 
 # Write the layout only if nobody changed it since it was read (compare and set), and raise the
 # registry's widest count to cover it.
@@ -219,6 +219,15 @@ def settled(layout: Layout, shard_is_clear: Callable[[int], bool]) -> Layout | N
     return Layout(layout.live, 0, layout.live, layout.widest, layout.raw)
 
 
+def candidates(client: Any, name: str, configured: int, job_id: str) -> Iterator[int]:
+    """Shards that may hold a job (`job_id` validated by the caller): its id's shard among the
+    live ones, then every other the queue ever had, retired ones too."""
+    now = read(client, name, configured)
+    first = ids.hash32(ids.decode(job_id)[1]) % now.live
+    yield first
+    yield from (i for i in range(now.widest) if i != first)
+
+
 def place(job_id: str, lane: str, unique_key: str, shards: int) -> int:
     """The shard a job belongs to among `shards`, computed from its identity (never looked up):
     its lane's, else its unique key's, else its id's."""
@@ -319,7 +328,7 @@ def settle(client: Any, name: str, configured: int) -> Layout | None:
 
 def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
     if shard.index >= now.live:
-        counts = dict(zip(COUNT_FIELDS, caller.run(client, "counts", shard, []), strict=False))
+        counts = dict(zip(COUNTS_REPLY, caller.run(client, "counts", shard, []), strict=True))
         return not any(int(counts[state]) for state in LIVE_STATES)
     if not now.prior:
         return True

@@ -65,6 +65,8 @@ class Job(models.Model):
     lease_ms = models.PositiveIntegerField(null=True, blank=True)
     history = models.JSONField(null=True, blank=True)
     """Earlier attempts that failed (the last ten), as the job's row had them when it finished."""
+    progress = models.JSONField(null=True, blank=True)
+    """The last value its handler gave `ctx.progress`."""
 
     class Meta:
         ordering = ["-finished_at"]
@@ -97,7 +99,8 @@ class Job(models.Model):
             result=self.result, last_error=self.last_error, max_attempts=self.max_attempts,
             unique_key=self.unique_key or None, worker=self.worker, shard=self.shard,
             enqueued_at=self.enqueued_at, started_at=self.started_at,
-            finished_at=self.finished_at, history=attempt_history(self.history), source="mirror",
+            finished_at=self.finished_at, history=attempt_history(self.history),
+            progress=self.progress, source="mirror",
         )
 
 

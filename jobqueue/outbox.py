@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .durable import reopened
-from .records import JobRef
+from .refs import JobRef
 from .spec import JobSpec, Prepared
 from .states import State
 
@@ -54,6 +54,7 @@ def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
         "enqueued_at": now, "started_at": None, "finished_at": None, "mirrored_at": now,
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
         "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms, "history": None,
+        "progress": None,
     } for job in prepared)
 
 

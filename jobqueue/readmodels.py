@@ -17,7 +17,8 @@ from .states import State
 from .store import JobInfo, Queue
 
 LIST_FIELDS = ("state", "attempts", "priority", "lane", "enqueued_at", "run_after", "started_at",
-               "lease_until", "finished_at", "worker", "last_error", "payload", "max_attempts")
+               "lease_until", "finished_at", "worker", "last_error", "payload", "max_attempts",
+               "progress")
 PAGE_STATES: dict[str, str] = {State.PENDING: "pending", State.SCHEDULED: "schedule",
                                State.ACTIVE: "active", State.DEAD: "dead"}
 """The shard index (sorted set) that lists the jobs of each state a page shows; pending jobs are

@@ -18,8 +18,10 @@ from . import ids
 from .states import State
 
 COUNT_FIELDS: tuple[str, ...] = (State.PENDING, State.SCHEDULED, State.ACTIVE, State.DEAD,
-                                 State.SUCCEEDED, State.CANCELLED, State.EXPIRED)
-"""The states `Queue.counts()` reports, in the order the counts script answers."""
+                                 State.SUCCEEDED, State.CANCELLED, State.EXPIRED, State.WAITING)
+"""The states `Queue.counts()` reports."""
+COUNTS_REPLY: tuple[str, ...] = (*COUNT_FIELDS[:7], "paused", "lanes", State.WAITING)
+"""What the counts script answers, in its order."""
 
 
 def text(raw: str) -> tuple[str, bool]:
@@ -84,16 +86,6 @@ def ms_to_dt(raw: str | None) -> datetime | None:
         return None
 
 
-@dataclass(frozen=True)
-class JobRef:
-    """A handle on an enqueued job."""
-
-    id: str
-    queue: str
-    created: bool = True
-    """False when a unique_key (or the caller's id) matched a live job: `id` is that job's."""
-
-
 class Lease(NamedTuple):
     """A claimed job: whoever holds it may ack, nack, extend or checkpoint it with `token`. A
     named tuple: the worker makes one per claimed job, and a frozen dataclass costs 3× as much."""
@@ -150,6 +142,10 @@ class JobInfo:
     cancel_requested: bool = False
     history: tuple[Any, ...] = ()
     """Earlier attempts that failed (the last ten): attempt, worker, started, ended (ms), error."""
+    progress: Any = None
+    """The last value its handler gave `ctx.progress` (kept after the job ends)."""
+    flow: str | None = None
+    """The flow it belongs to (a chain, group or chord: `jobqueue.flows`), if any."""
     source: str = "valkey"
     corrupt: tuple[str, ...] = ()
     """Fields of the row that could not be read (shown as found, bad bytes replaced)."""
@@ -174,6 +170,7 @@ class JobInfo:
             lease_until=fields.time("lease_until"), finished_at=fields.time("finished_at"),
             expires_at=fields.time("expires_at"), cancel_requested=row.get("cancel") == "1",
             history=attempt_history(fields.json("history")),
+            progress=fields.json("progress"), flow=fields.text("flow") or None,
             corrupt=tuple(fields.corrupt),
         )
 
@@ -248,7 +245,7 @@ def mirror_columns(event: Mapping[str, str], queue: str, shard: int,
         "worker": fields.text("worker")[:200],
         "enqueued_at": fields.time("enqueued_at", str(event["id"])),
         "started_at": fields.time("started_at"), "finished_at": fields.time("finished_at"),
-        "history": fields.json("history"),
+        "history": fields.json("history"), "progress": fields.json("progress"),
     }
     if fields.corrupt:
         note = f"corrupt field(s) in the row: {', '.join(fields.corrupt)}"

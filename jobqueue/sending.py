@@ -16,7 +16,7 @@ from typing import Any
 from . import ids, layouts
 from .exceptions import NotReplicated
 from .keys import ShardKeys
-from .records import JobRef
+from .refs import JobRef
 from .scripts import caller
 from .spec import Prepared, QueueOptions
 

@@ -12,6 +12,9 @@ class State(models.TextChoices):
     """Ready on its lane, waiting for a worker."""
     SCHEDULED = "scheduled", "Scheduled"
     """Waiting for its run_after time (a delay, or a retry's backoff)."""
+    WAITING = "waiting", "Waiting"
+    """Waiting for the jobs it depends on (a flow's later step, a chord's callback, a job
+    enqueued with `depends_on`); released to pending once they are done."""
     ACTIVE = "active", "Active"
     """Leased by a worker until its lease deadline."""
     SUCCEEDED = "succeeded", "Succeeded"

@@ -6,8 +6,8 @@ sends the scripts. Other modules touch Valkey keys for what their docstrings say
 (shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
 lists), `backlog` (lane heads, minute samples), `lanes` (lane caps set live, slots in use),
 `readmodels` (the console's read models), `metrics`, `mirror` (the `done` streams), `autoscale`,
-`schedule`, and the worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`,
-`worker/presence.py`).
+`schedule`, `refs` (awaiting results), `dag` and `flows` (flows), `handler` (progress), and the
+worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`, `worker/presence.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
-from .records import COUNT_FIELDS, JobInfo, JobRef, Lease, text
+from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, text
+from .refs import JobRef
 from .scripts import caller
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
 from .spec import seconds as _seconds
@@ -110,9 +111,7 @@ class Queue:
 
     def _candidates(self, job_id: str) -> Iterator[int]:
         """Shards that may hold a job: its id's shard, then (if asked) all others, retired too."""
-        first = ids.hash32(ids.decode(job_id)[1]) % self.shards  # the caller validated job_id
-        yield first
-        yield from (i for i in range(self.all_shards()) if i != first)
+        return layouts.candidates(self.client, self.name, self.configured, job_id)
 
     def locate(self, job_id: str) -> int | None:
         """The shard holding a live row for `job_id`, or None."""
@@ -353,8 +352,9 @@ class Queue:
         return {name: sum(counts.get(name, 0) for counts in shards) for name in COUNT_FIELDS}
 
     def shard_counts(self, index: int) -> dict[str, int]:
-        reply = caller.run(self.client, "counts", self.shard(index), [])
-        return {name: int(value) for name, value in zip(COUNT_FIELDS, reply, strict=False)}
+        reply = dict(zip(COUNTS_REPLY, caller.run(self.client, "counts", self.shard(index), []),
+                         strict=False))
+        return {name: int(reply.get(name, 0)) for name in COUNT_FIELDS}
 
     def get(self, job_id: str) -> JobInfo | None:
         """The live row of a job, or None when Valkey holds none (expired or unknown)."""

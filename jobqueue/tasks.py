@@ -4,8 +4,8 @@ On Django 5.2 the same backend runs the tasks of the `django-tasks` backport (`d
 
 A task is enqueued as a job whose handler is `django.tasks:<module.function>`; `runworker` runs it
 with the task's own function. Result ids are job ids. Statuses map onto Django's four:
-pending/scheduled → READY, active → RUNNING, succeeded → SUCCESSFUL, dead/cancelled/expired →
-FAILED.
+pending/scheduled/waiting → READY, active → RUNNING, succeeded → SUCCESSFUL,
+dead/cancelled/expired → FAILED.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .store import JobInfo, JobSpec, Lease, Queue
 PREFIX = "django.tasks:"
 STATUS: dict[str, TaskResultStatus] = {
     State.PENDING: TaskResultStatus.READY, State.SCHEDULED: TaskResultStatus.READY,
+    State.WAITING: TaskResultStatus.READY,
     State.ACTIVE: TaskResultStatus.RUNNING, State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     State.DEAD: TaskResultStatus.FAILED, State.CANCELLED: TaskResultStatus.FAILED,
     State.EXPIRED: TaskResultStatus.FAILED,

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import signals
 from .conf import Config, get_config
 from .exceptions import ConfigurationError
-from .records import JobRef, Lease
+from .records import Lease
+from .refs import JobRef
 from .states import State
 
 if TYPE_CHECKING:

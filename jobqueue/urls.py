@@ -38,6 +38,7 @@ def console_urls(site: AdminSite) -> list[Any]:
         path("queues/<str:name>/<str:action>/", wrap(require_POST(views.queue_action)),
              name="jobqueue_queue_action"),
         path("jobs/<str:queue>/<str:job_id>/", wrap(views.job_page), name="jobqueue_job"),
+        path("flows/<str:queue>/<str:flow_id>/", wrap(views.flow_page), name="jobqueue_flow"),
         path("jobs/<str:queue>/<str:job_id>/<str:action>/", wrap(require_POST(views.job_action)),
              name="jobqueue_job_action"),
     ]

@@ -1,46 +1,32 @@
 """The operator console: pages inside the Django admin (same login, look and permissions).
 
-Reads come from `readmodels` (live Valkey) and the `Job` mirror; every action is a POST with
-CSRF, needs staff plus the permission its `has_<action>_permission` asks for (as a `ModelAdmin`
-does), goes through `actions` (one call into `Queue`), reports with the messages framework and
-records an admin LogEntry. urls.py lists the pages; `console_reverse` links within the mount
-that served them.
+Reads come from `readmodels` (live Valkey) and the `Job` mirror; every action is a POST handled
+by `console_actions.ConsoleActions` (permission, `actions`, message, LogEntry), which `Console`
+extends. urls.py lists the pages; `console_reverse` links within the mount that served them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin import AdminSite
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import render
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 
-from . import actions, ids, lanes, layouts, readmodels, schedule
+from . import actions, flows, ids, lanes, layouts, readmodels, schedule
 from .api import lookup
 from .conf import get_client, get_config
-from .exceptions import InvalidJobId, InvalidName, JobQueueError, UnknownHandler
+from .console_actions import ConsoleActions, console_reverse
+from .exceptions import InvalidJobId, JobQueueError, UnknownHandler
 from .keys import validate_lane, validate_queue
-from .models import Job, Shard
+from .models import Job
 from .states import State
-from .store import JobInfo, Queue, known_queues
+from .store import Queue, known_queues
 from .worker import presence
-
-
-def console_reverse(request: HttpRequest, name: str, *args: Any) -> str:
-    """`reverse(name)` in the URL namespace of the console page being served: `admin:` when the
-    admin mounted it, none (or the project's own) when `console_urls` did."""
-    match = getattr(request, "resolver_match", None)
-    namespace = match.namespace if match is not None else ""
-    return reverse(f"{namespace}:{name}" if namespace else name, args=args)
 
 
 def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
@@ -70,44 +56,8 @@ def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
     )
 
 
-class Console:
-    """The console's views, bound to one admin site so they share its login and chrome."""
-
-    def __init__(self, site: AdminSite) -> None:
-        self.site = site
-
-    def _render(self, request: HttpRequest, template: str, title: str, status: int = 200,
-                **context: Any) -> HttpResponse:
-        return render(request, f"admin/jobqueue/{template}", {
-            **self.site.each_context(request), "title": title, "State": State, **context,
-        }, status=status)
-
-    # -- permissions (as ModelAdmin's has_<action>_permission) --------------------------------
-
-    def has_retry_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(actions.PERMISSIONS["retry"])
-
-    def has_reprioritize_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(actions.PERMISSIONS["reprioritize"])
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(actions.PERMISSIONS["cancel"])
-
-    def has_pause_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(actions.PERMISSIONS["pause"])
-
-    def has_resize_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(actions.PERMISSIONS["resize"])
-
-    def has_run_schedule_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(actions.PERMISSIONS["run_schedule"])
-
-    def has_set_lane_concurrency_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(actions.PERMISSIONS["set_lane_concurrency"])
-
-    def _permitted(self, request: HttpRequest, action: str) -> bool:
-        check: Callable[[HttpRequest], bool] = getattr(self, f"has_{action}_permission")
-        return check(request)
+class Console(ConsoleActions):
+    """The console's pages (its POST handlers and plumbing: `ConsoleActions`)."""
 
     # -- pages -------------------------------------------------------------------------------
 
@@ -183,24 +133,6 @@ class Console:
         return self._render(request, "schedules.html", "Periodic jobs", rows=rows,
                             can_run=self.has_run_schedule_permission(request))
 
-    def schedule_action(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
-        if action not in ("run", "pause", "resume"):
-            raise PermissionDenied(f"unknown action {action!r}")
-        if not self.has_run_schedule_permission(request):
-            raise PermissionDenied
-        entry = get_config().schedule.get(name)
-        if entry is None:
-            raise Http404(f"No periodic job {name!r} in JOBQUEUE['SCHEDULE'].")
-        if action == "run" and request.POST.get("confirm") != "yes":
-            return self._render(request, "confirm_schedule.html", f"Run {name} now?", entry=entry)
-        if action == "run":
-            message = actions.run_schedule(entry)
-        else:
-            message = actions.pause_schedule(name, action == "pause")
-        actions.log_action(request.user, name, message)
-        messages.success(request, message)
-        return self._back(request, console_reverse(request, "jobqueue_schedules"))
-
     def stuck(self, request: HttpRequest) -> HttpResponse:
         pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)
         running_over = _int(request.GET.get("running_over"), 600, 1, 10**7)
@@ -249,127 +181,26 @@ class Console:
         return self._render(
             request, "job.html", f"Job {job_id}", job=info, actions=allowed, timeline=timeline,
             payload=_pretty(info.payload), result=_pretty(info.result),
-            checkpoint=_pretty(info.checkpoint),
+            checkpoint=_pretty(info.checkpoint), progress=_pretty(info.progress),
+            waits_for=flows.waits_for(info),
             mirror_url=reverse(f"{self.site.name}:jobqueue_job_changelist") + f"?q={job_id}",
         )
 
-    # -- actions -----------------------------------------------------------------------------
-
-    def job_action(self, request: HttpRequest, queue: str, job_id: str, action: str) -> HttpResponse:
-        if action not in actions.JOB_STATES:
-            raise PermissionDenied(f"unknown action {action!r}")
-        if not self._permitted(request, action):
-            raise PermissionDenied
-        info = self._job(queue, job_id)
-        if action == "cancel" and request.POST.get("confirm") != "yes":
-            return self._render(request, "confirm.html", f"Cancel job {job_id}?", job=info,
-                                action=action)
+    def flow_page(self, request: HttpRequest, queue: str, flow_id: str) -> HttpResponse:
+        """A flow's jobs in order: each one's state, what it still waits for, its progress."""
         try:
-            message = self._do(action, info, request)
-        except JobQueueError as exc:
-            messages.error(request, f"{action} {job_id}: {exc}")
-        else:
-            messages.success(request, message)
-            actions.log_action(request.user, Job(id=job_id, queue=queue, state=info.state), message)
-        return self._back(request, console_reverse(request, "jobqueue_job", queue, job_id))
-
-    def _do(self, action: str, info: JobInfo, request: HttpRequest) -> str:
-        queue = Queue(info.queue)
-        if action == "retry":
-            return actions.retry_message(info.id, actions.retry_job(queue, info.id))
-        if action == "reprioritize":
-            return actions.reprioritize_job(queue, info.id, request.POST.get("priority", ""))
-        return actions.cancel_job(queue, info.id)
-
-    def queue_action(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
-        if action == "resize":
-            return self._resize(request, name)
-        if action == "set_lane_concurrency":
-            return self._set_lane_concurrency(request, name)
-        if action not in ("pause", "resume"):
-            raise PermissionDenied(f"unknown action {action!r}")
-        if not self.has_pause_permission(request):
-            raise PermissionDenied
-        self._logged(request, name, actions.pause_queue(self._queue(name), action == "pause"))
-        return self._back(request, console_reverse(request, "jobqueue_dashboard"))
-
-    def _resize(self, request: HttpRequest, name: str) -> HttpResponse:
-        """Confirm (saying what growing or shrinking does), then resize and log it."""
-        if not self.has_resize_permission(request):
-            raise PermissionDenied
-        queue = self._queue(name)
-        back = console_reverse(request, "jobqueue_queue", name)
-        raw = request.POST.get("count", "").strip()
-        try:
-            count = layouts.validate_count(int(raw) if raw.isdigit() else raw)
-            before = layouts.before_resize(queue.client, name, queue.configured, count)
-            layouts.plan(before, count)
-        except JobQueueError as exc:
-            messages.error(request, f"Resize {name}: {exc}")
-            return HttpResponseRedirect(back)
-        if request.POST.get("confirm") != "yes":
-            return self._render(request, "confirm_resize.html", f"Resize queue {name}?",
-                                queue=queue, before=before, count=count)
-        try:
-            before, _ = actions.resize_queue(queue, count, by=f"console: {request.user}")
-        except JobQueueError as exc:
-            messages.error(request, f"Resize {name}: {exc}")
-            return HttpResponseRedirect(back)
-        self._logged(request, name, f"Queue {name} resized from {before.live} to {count} shard(s).")
-        return HttpResponseRedirect(back)
-
-    def _set_lane_concurrency(self, request: HttpRequest, name: str) -> HttpResponse:
-        """Set (or, with a blank cap, drop) a lane's cap live, and log it."""
-        if not self.has_set_lane_concurrency_permission(request):
-            raise PermissionDenied
-        queue = self._queue(name)
-        back = console_reverse(request, "jobqueue_queue", name)
-        lane = request.POST.get("lane", "").strip()
-        try:
-            if not lane:
-                raise InvalidName(f"name a lane, {readmodels.DEFAULT_LANE} or * (every named lane)")
-            lane = "" if lane == readmodels.DEFAULT_LANE else lane
-            message = actions.set_lane_concurrency(queue, lane, request.POST.get("cap", ""))
-        except JobQueueError as exc:
-            messages.error(request, f"Lane cap on {name}: {exc}")
-        else:
-            self._logged(request, name, message)
-        return HttpResponseRedirect(back)
-
-    @staticmethod
-    def _logged(request: HttpRequest, name: str, message: str) -> None:
-        """A queue action done: logged on the queue's shard 0 row, and told to the operator."""
-        shard, _ = Shard.objects.get_or_create(queue=name, index=0)
-        actions.log_action(request.user, shard, message)
-        messages.success(request, message)
-
-    # -- helpers -----------------------------------------------------------------------------
-
-    def _queue(self, name: str) -> Queue:
-        try:
-            return Queue(validate_queue(name))
-        except JobQueueError as exc:
-            raise PermissionDenied(str(exc)) from None
-
-    def _job(self, queue: str, job_id: str) -> JobInfo:
-        try:
-            ids.validate_job_id(job_id)
-            info = self._queue(queue).get(job_id)
+            members = flows.members(flow_id, validate_queue(queue))
         except JobQueueError as exc:
             raise Http404(str(exc)) from None
-        if info is None:
-            row = Job.objects.filter(pk=job_id).first()
-            if row is None:
-                raise Http404(f"No job {job_id} in queue {queue!r}, live or mirrored.")
-            info = row.info()
-        return info
-
-    def _back(self, request: HttpRequest, default: str) -> HttpResponse:
-        target = request.POST.get("next", "")
-        if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
-            target = default
-        return HttpResponseRedirect(target or default)
-
+        if not members:
+            raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
+        by_state: dict[str, int] = {}
+        for info in members:
+            by_state[info.state] = by_state.get(info.state, 0) + 1
+        rows = [(info, flows.waits_for(info)) for info in members]
+        last = members[-1] if members[-1].id == flow_id else None
+        return self._render(request, "flow.html", f"Flow {flow_id}", queue=queue, rows=rows,
+                            by_state=by_state, callback=last)
 
 def _pretty(value: Any) -> str:
     if value is None:

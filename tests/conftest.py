@@ -63,3 +63,18 @@ def valkey(request: pytest.FixtureRequest, valkey_server: ValkeyProcess) -> Iter
 @pytest.fixture
 def queue(valkey: Any) -> Queue:
     return Queue("default", client=valkey)
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def valkey_url(request: pytest.FixtureRequest, settings: Any, valkey_server: ValkeyProcess) -> str:
+    """jobqueue's settings pointed at an empty standalone Valkey or Valkey Cluster (queues
+    `default`, and `wide` of 3 shards): for tests of the API, which takes its client from them."""
+    address = valkey_server.url
+    if request.param == "cluster":
+        address = request.getfixturevalue("valkey_cluster").url
+        client = RedisCluster.from_url(address.split("?")[0])
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+        client.close()
+    settings.JOBQUEUE = {"URL": address, "QUEUES": {"default": {}, "wide": {"shards": 3}}}
+    conf.reset()
+    return address

@@ -52,3 +52,16 @@ async def astamp(sent: float) -> None:
 @job
 async def anoop() -> None:
     """For profiling the worker alone: an async job that does nothing."""
+
+
+@job
+def flow_member(i: int) -> float:
+    """For bench/flows.py: a chord's member; its result is when it finished (the epoch)."""
+    return time.time()
+
+
+@job
+def flow_callback(finished: list[float]) -> dict[str, float]:
+    """For bench/flows.py: a chord's callback; how long after the last member it started."""
+    started = time.time()
+    return {"started": started, "gap_ms": (started - max(finished)) * 1000}

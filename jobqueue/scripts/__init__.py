@@ -33,6 +33,9 @@ TRANSITIONS = {
     "counts": "counts.lua",
     "heads": "heads.lua",
     "set_lane_concurrency": "set_lane_concurrency.lua",
+    "flow": "flow.lua",
+    "watch": "watch.lua",
+    "progress": "progress.lua",
 }
 _KEY_LINE = re.compile(r"^KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)
 _DEFINITION = re.compile(r"^(?:--[^\n]*\n)*local (?:function )?(\w+)", re.MULTILINE)

@@ -13,6 +13,13 @@ in the shard's slot:
                           +Inf), sum_ms
   base:m:<minute>   HASH  outcomes per minute (succeeded, dead, cancelled, expired, failed), kept
                           2 hours
+  base:notify:<id>  LIST  wake tokens for the callers awaiting a job's result (refs.py), pushed
+                          by finish() only when the row's `notify` counts waiters; expires
+  base:waiting      SET   jobs waiting for their dependencies (state 'waiting')
+  base:deps:<id>    SET   a waiting job's members not yet done
+  base:results:<id> HASH  a waiting job's members' outcomes by slot (JSON: a result, or an
+                          error object for a member that failed under 'ignore' / 'continue')
+  base:flow:<id>    ZSET  a flow's jobs -> their position in it (the console's flow page)
 Tenant controls (claim.lua takes lanes off the ring; whatever frees a slot or a token puts them
 back, so the ring holds exactly the lanes with ready work that are not held back):
   base:slots        HASH  lane -> its jobs active now that hold a slot of its cap (the claim marks
@@ -34,7 +41,7 @@ end
 -- on through these checks and bury a row that fails them, instead of raising mid-script (a
 -- script error keeps its earlier writes, so it could strand jobs it had already popped).
 local STATES = {pending = true, scheduled = true, active = true, succeeded = true, dead = true,
-  cancelled = true, expired = true}
+  cancelled = true, expired = true, waiting = true}
 
 -- A non-negative integer field (at most 15 digits: exact as a Lua number), or nil.
 local function count_field(v)
@@ -184,20 +191,119 @@ local function observe(base, started, now)
   tally(base .. ':hist', 'sum_ms', ms)
 end
 
+-- Wake the callers awaiting a job's result: one token each (`notify` counts them; a caller that
+-- gave up leaves a token nobody takes, gone when the list expires).
+local function notify_waiters(base, jk, id, waiters)
+  local key = base .. ':notify:' .. id
+  local tokens = {}
+  for i = 1, math.min(tonumber(waiters) or 1, 1000) do tokens[i] = '1' end
+  redis.call('RPUSH', key, unpack(tokens))
+  redis.call('PEXPIRE', key, 60000)
+  redis.call('HDEL', jk, 'notify')
+end
+
+-- A flow's index lives at least as long as the rows of the jobs it lists.
+local function keep_flow(base, flow, retention_ms)
+  local key = base .. ':flow:' .. flow
+  if retention_ms and retention_ms > 0 and redis.call('PTTL', key) < retention_ms then
+    redis.call('PEXPIRE', key, retention_ms)
+  end
+end
+
+-- A payload with `arg` (JSON text) as its first argument. The payload is the handler's own
+-- compact JSON, `{"handler":…,"args":[…],…}`: the handler's name is a string (its quotes
+-- escaped), so the first `"args":[` in the text is the top-level one.
+local function with_first_arg(payload, arg)
+  local _, b = string.find(payload, '"args":[', 1, true)
+  if not b then return '{"args":[' .. arg .. '],' .. string.sub(payload, 2) end
+  local rest = string.sub(payload, b + 1)
+  if string.sub(rest, 1, 1) == ']' then return string.sub(payload, 1, b) .. arg .. rest end
+  return string.sub(payload, 1, b) .. arg .. ',' .. rest
+end
+
+-- A waiting job whose dependencies are done becomes pending: its members' outcomes go in as its
+-- first argument ('first': the one slot, a chain's step; 'list': every slot in order, a
+-- chord's callback), and its flow keys go. Also revives a job a failed member had cancelled,
+-- once an operator's retry of that member succeeded.
+local function release_job(base, dep, now)
+  local dk = job_key(base, dep)
+  local row = redis.call('HMGET', dk, 'payload', 'takes', 'slots')
+  local rk = base .. ':results:' .. dep
+  if row[2] == 'first' or row[2] == 'list' then
+    local arg = redis.call('HGET', rk, '0') or 'null'
+    if row[2] == 'list' then
+      local slots = {}
+      for i = 0, (count_field(row[3]) or 0) - 1 do
+        slots[#slots + 1] = redis.call('HGET', rk, tostring(i)) or 'null'
+      end
+      arg = '[' .. table.concat(slots, ',') .. ']'
+    end
+    redis.call('HSET', dk, 'payload', with_first_arg(row[1] or '{}', arg))
+  end
+  redis.call('HDEL', dk, 'takes', 'slots', 'blocked_by', 'finished_at')
+  redis.call('PERSIST', dk)
+  redis.call('DEL', rk, base .. ':deps:' .. dep)
+  redis.call('SREM', base .. ':waiting', dep)
+  make_ready(base, base .. ':ring', dk, dep, now)
+  wake_workers(base .. ':wake', 1)
+end
+
+-- A member of a flow finished: each job waiting on it (`dependents`: '<id>:<slot>:<policy>' …)
+-- takes its outcome into the slot and drops it from its set of pending members (a set: a
+-- replayed finish removes nothing twice); a job whose set empties is released here, in the
+-- member's own script call. A member that failed (dead, cancelled) cancels the job under policy
+-- 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases it at once
+-- under 'c' (continue). Returns the jobs to cancel (finish() does, and so on down the flow).
+local function member_done(base, id, state, result, dependents, now, retention_ms)
+  local doomed, ok = {}, state == 'succeeded'
+  local slot = result or 'null'
+  if not ok then
+    local err = redis.call('HGET', job_key(base, id), 'last_error') or ''
+    slot = cjson.encode({error = string.sub(err, -1000), state = state, job = id})
+  end
+  for dep, index, policy in string.gmatch(dependents, '(%w+):(%d+):(%a)') do
+    local dk, pending = job_key(base, dep), base .. ':deps:' .. dep
+    local row = redis.call('HMGET', dk, 'state', 'blocked_by')
+    local blocked = row[1] == 'cancelled' and row[2] and row[2] ~= ''
+    if row[1] == 'waiting' and not ok and policy == 'f' then
+      redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state, 'blocked_by', id)
+      redis.call('SREM', base .. ':waiting', dep)
+      if retention_ms and retention_ms > 0 then
+        redis.call('PEXPIRE', pending, retention_ms)
+        redis.call('PEXPIRE', base .. ':results:' .. dep, retention_ms)
+      end
+      doomed[#doomed + 1] = dep
+    elseif row[1] == 'waiting' or (ok and blocked) then
+      redis.call('HSET', base .. ':results:' .. dep, index, slot)
+      redis.call('SREM', pending, id)
+      if (not ok and policy == 'c') or redis.call('SCARD', pending) == 0 then
+        release_job(base, dep, now)
+      end
+    end
+  end
+  return doomed
+end
+
 -- A terminal transition: state, timestamps, counters, the `done` event for the MySQL mirror
 -- (in this same script, so a state change can never miss its event) and the row's retention.
 -- The event carries the row's non-empty fields, so the mirror needs nothing else.
 local EVENT_FIELDS = {'attempts', 'priority', 'lane', 'payload', 'result', 'last_error',
-  'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at', 'history'}
+  'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at', 'history', 'progress'}
 local EVENT_AT = {}  -- field name -> its position in EVENT_FIELDS (and in the HMGET reply)
 for i, name in ipairs(EVENT_FIELDS) do EVENT_AT[name] = i end
+-- finish() reads these after the event's fields, in the same HMGET (so a job nobody waits on
+-- costs no command more): how many callers await its result, the jobs that depend on it
+-- ('<id>:<slot>:<policy>' …) and its flow.
+local FOLLOW_AT = #EVENT_FIELDS
+local FINISH_FIELDS = {unpack(EVENT_FIELDS)}
+for _, name in ipairs({'notify', 'dependents', 'flow'}) do FINISH_FIELDS[#FINISH_FIELDS + 1] = name end
 local function finish(base, done, meta, jk, id, state, now, retention_ms, result)
   if result then
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)
   else
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '')
   end
-  local f = redis.call('HMGET', jk, unpack(EVENT_FIELDS))
+  local f = redis.call('HMGET', jk, unpack(FINISH_FIELDS))
   local event = {'id', id, 'state', state, 'finished_at', now}
   for i, name in ipairs(EVENT_FIELDS) do
     if f[i] and f[i] ~= '' then event[#event + 1] = name; event[#event + 1] = f[i] end
@@ -214,6 +320,14 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', jk, retention_ms)
     if owner == id then redis.call('PEXPIRE', uk, retention_ms) end
+  end
+  if f[FOLLOW_AT + 1] then notify_waiters(base, jk, id, f[FOLLOW_AT + 1]) end
+  if f[FOLLOW_AT + 3] then keep_flow(base, f[FOLLOW_AT + 3], retention_ms) end
+  if f[FOLLOW_AT + 2] then
+    local doomed = member_done(base, id, state, result, f[FOLLOW_AT + 2], now, retention_ms)
+    for _, dep in ipairs(doomed) do
+      finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention_ms)
+    end
   end
 end
 

@@ -1,5 +1,6 @@
---[[ cancel (operator): a waiting job becomes cancelled at once; an active one is flagged, and
-its worker's ack, nack or release then records it as cancelled.
+--[[ cancel (operator): a waiting job (pending, scheduled, or waiting for its dependencies)
+becomes cancelled at once; an active one is flagged, and its worker's ack, nack or release then
+records it as cancelled. The jobs that depend on a cancelled one follow their failure policy.
 KEYS[1] base      prefix  emq:{q}
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] ring      LIST    lanes with ready work
@@ -21,6 +22,9 @@ if state == 'pending' then
   unready(base, ring, jk, id)
 elseif state == 'scheduled' then
   redis.call('ZREM', schedule, id)
+elseif state == 'waiting' then
+  redis.call('SREM', base .. ':waiting', id)
+  redis.call('DEL', base .. ':deps:' .. id, base .. ':results:' .. id)
 else
   return 'state:' .. state
 end

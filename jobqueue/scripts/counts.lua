@@ -6,9 +6,10 @@ KEYS[3] schedule  ZSET
 KEYS[4] active    ZSET
 KEYS[5] dead      ZSET
 KEYS[6] meta      HASH    paused, n_succeeded, n_cancelled, n_expired (totals since the queue began)
+KEYS[7] waiting   SET     jobs waiting for their dependencies
 ARGV: none
 Returns: {pending, scheduled, active, dead, succeeded, cancelled, expired, paused (0/1), lanes
-        on the ring}
+        on the ring, waiting}
 ]]
 local base, ring, schedule, active, dead, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local lanes = redis.call('LRANGE', ring, 0, -1)
@@ -27,4 +28,4 @@ add(redis.call('ZRANGE', base .. ':rated', 0, -1))
 local m = redis.call('HMGET', meta, 'n_succeeded', 'n_cancelled', 'n_expired', 'paused')
 return {pending, redis.call('ZCARD', schedule), redis.call('ZCARD', active),
   redis.call('ZCARD', dead), tonumber(m[1]) or 0, tonumber(m[2]) or 0, tonumber(m[3]) or 0,
-  (m[4] == '1') and 1 or 0, #lanes}
+  (m[4] == '1') and 1 or 0, #lanes, redis.call('SCARD', KEYS[7])}

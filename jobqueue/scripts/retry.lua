@@ -1,12 +1,13 @@
 --[[ retry (operator): a dead, cancelled or expired job goes back to pending with a fresh retry
 budget (an expired one without its expiry).
 `attempts` keeps counting (the fencing token never goes back); `uncharged` absorbs the old runs.
+A job a failed dependency cancelled goes back to waiting while members are still not done.
 KEYS[1] base    prefix  emq:{q}
 KEYS[2] dead    ZSET    id -> finished ms
 KEYS[3] ring    LIST    lanes with ready work
 KEYS[4] wake    LIST    wake tokens
 ARGV[1] id
-Returns: 'ok:pending', 'missing', 'state:<current state>' when the state does not allow it, or
+Returns: 'ok:pending', 'ok:waiting', 'missing', 'state:<current state>' when the state does not allow it, or
         'corrupt:attempts' when the row's attempts is unreadable
 ]]
 local base, dead, ring, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -28,6 +29,15 @@ end
 local now = now_ms()
 redis.call('HSET', jk, 'uncharged', row[2] or 0, 'cancel', '0', 'finished_at', '', 'run_after', now)
 redis.call('HDEL', jk, 'expires_at')
+local deps = base .. ':deps:' .. id
+if redis.call('HEXISTS', jk, 'blocked_by') == 1 and redis.call('SCARD', deps) > 0 then
+  redis.call('HSET', jk, 'state', 'waiting')
+  redis.call('HDEL', jk, 'blocked_by')
+  redis.call('PERSIST', deps)
+  redis.call('PERSIST', base .. ':results:' .. id)
+  redis.call('SADD', base .. ':waiting', id)
+  return 'ok:waiting'
+end
 make_ready(base, ring, jk, id, now)
 wake_workers(wake, 1)
 return 'ok:pending'

@@ -8,6 +8,8 @@ Threads, each with one job:
 - `concurrency` runner threads run the claimed jobs, and `async def` ones run on one event loop
   (`runners.py`), each handing its outcome to `outcomes.py`;
 - a heartbeat renews the lease of every held job at a third of its length (`heartbeat.py`);
+- a progress writer writes what handlers gave `ctx.progress`, a few times a second
+  (`handler.ProgressBoard`);
 - one waiter per shard blocks on the shard's `wake` list while the worker has room
   (`waiters.py`: kept connections, idle offers, hand-offs, unblocking; on the event loop, a
   wait goes through `waitline.py`); a token makes the waiter claim at once here (claims take
@@ -30,6 +32,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..exceptions import VALKEY_DOWN
+from ..handler import PROGRESS
 from ..records import Lease
 from ..store import Queue
 from . import presence
@@ -157,6 +160,7 @@ class Worker:
         heartbeat = Heartbeat(self.held, self.served.queue, self._threads_stop,
                               default_lease=self.config.lease or 30.0)
         self._spawn(heartbeat.run, "heartbeat")
+        self._spawn(PROGRESS.run, "progress", self._threads_stop)
         if self.config.mirror:
             self._mirror = MirrorThread(lambda: list(self.served.queues), self.config.name,
                                         self._threads_stop)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 import traceback
 from typing import Any, NamedTuple, TypeGuard
@@ -16,10 +17,12 @@ from typing import Any, NamedTuple, TypeGuard
 from .. import tracing
 from ..api import JobFunction, handler_for
 from ..conf import loop_factory
-from ..exceptions import JobQueueError, UnknownHandler
+from ..exceptions import VALKEY_DOWN, JobQueueError, UnknownHandler
 from ..handler import JobCancelled, JobContext, RetryLater
 from ..records import Lease
 from ..spec import dumps
+
+log = logging.getLogger("jobqueue.worker")
 
 
 class Outcome(NamedTuple):
@@ -78,34 +81,55 @@ def _call_args(prepared: Prepared, lease: Lease) -> tuple[Any, list[Any], dict[s
     return handler.func, args, kwargs
 
 
+def _unwritten(args: list[Any]) -> JobContext | None:
+    """The job's context when it holds progress not yet written (written before the outcome
+    is recorded: a fenced write after the ack would be refused, and the last value lost)."""
+    ctx = args[0] if args and isinstance(args[0], JobContext) else None
+    return ctx if ctx is not None and ctx.progress_unwritten else None
+
+
 def execute(lease: Lease, prepared: Prepared | Outcome | None = None) -> Outcome:
     """resolve → run → encode; exactly one Outcome, whatever happens."""
     started = time.monotonic()
     prepared = prepare(lease) if prepared is None else prepared
     if isinstance(prepared, Outcome):
         return prepared
+    func, args, kwargs = _call_args(prepared, lease)
     try:
-        func, args, kwargs = _call_args(prepared, lease)
         result = func(*args, **kwargs)
         if inspect.iscoroutine(result):  # a coroutine outside the event loop (process mode)
             result = asyncio.run(result, loop_factory=loop_factory())
     except Exception as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
-        return _failed(exc, started)
-    return _succeeded(result, started)
+        return _failed(exc, started, _unwritten(args))
+    return _succeeded(result, started, _unwritten(args))
 
 
 async def execute_async(lease: Lease, prepared: Prepared) -> Outcome:
     """`execute` for an `async def` handler, awaited on the worker's event loop."""
     started = time.monotonic()
+    func, args, kwargs = _call_args(prepared, lease)
+    failed: Exception | None = None
     try:
-        func, args, kwargs = _call_args(prepared, lease)
         result = await func(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
-        return _failed(exc, started)
-    return _succeeded(result, started)
+        failed = exc
+    ctx = _unwritten(args)
+    if ctx is not None:  # (a round trip: off the loop)
+        await asyncio.to_thread(_write_progress, ctx)
+    return _failed(failed, started) if failed is not None else _succeeded(result, started)
 
 
-def _failed(exc: Exception, started: float) -> Outcome:
+def _write_progress(ctx: JobContext | None) -> None:
+    """Write a job's last progress; Valkey away loses it (the outcome still gets recorded)."""
+    if ctx is not None:
+        try:
+            ctx.flush_progress()
+        except VALKEY_DOWN:
+            log.warning("job=%s: its last progress could not be written", ctx.job_id)
+
+
+def _failed(exc: Exception, started: float, ctx: JobContext | None = None) -> Outcome:
+    _write_progress(ctx)
     took = time.monotonic() - started
     tracing.failed(exc)
     if isinstance(exc, RetryLater):
@@ -116,7 +140,8 @@ def _failed(exc: Exception, started: float) -> Outcome:
     return Outcome(False, error=error, duration=took)
 
 
-def _succeeded(result: Any, started: float) -> Outcome:
+def _succeeded(result: Any, started: float, ctx: JobContext | None = None) -> Outcome:
+    _write_progress(ctx)
     try:
         encoded = dumps(result, "result")
     except JobQueueError as exc:

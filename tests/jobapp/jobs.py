@@ -182,3 +182,64 @@ def fails_once(ctx: JobContext) -> str:
     if ctx.attempt == 1:
         raise ConnectionError("the first attempt fails")
     return f"0x{trace.get_current_span().get_span_context().span_id:016x}"
+
+
+@job(max_attempts=1)
+def mul(x: float, y: float) -> float:
+    return x * y
+
+
+@job(max_attempts=1)
+def total(values: list[Any]) -> Any:
+    """A chord's callback: the sum of its members' results (the list itself when they are not
+    all numbers, e.g. an error object in a slot)."""
+    if all(isinstance(v, (int, float)) for v in values):
+        return sum(values)
+    return values
+
+
+@job(max_attempts=1)
+def fails_with(reason: str) -> None:
+    raise ValueError(reason)
+
+
+@job(takes_context=True)
+def counts_up(ctx: JobContext, to: int) -> int:
+    """Reports its progress at every step of a tight loop (the worker coalesces the writes)."""
+    for i in range(1, to + 1):
+        ctx.progress({"done": i, "of": to})
+    return to
+
+
+@job(takes_context=True)
+def waits_for_file(ctx: JobContext, path: str) -> str:
+    """Reports progress, then works until `path` exists (a test holds it mid-run)."""
+    ctx.progress("started")
+    while not Path(path).exists():
+        time.sleep(0.02)
+    ctx.progress("finishing")
+    return "finished"
+
+
+@job(max_attempts=20, backoff=0)
+def square_slowly(i: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return i * i
+
+
+@job(max_attempts=20, backoff=0)
+def record_chord(results: list[Any], effects_url: str) -> int:
+    """A chord's callback that counts its runs and keeps the results it got (the tests check it
+    ran once, with every result in order)."""
+    import json
+
+    import redis
+    from redis.cluster import RedisCluster
+
+    if "cluster=true" in effects_url:
+        client: Any = RedisCluster.from_url(effects_url.split("?")[0])
+    else:
+        client = redis.Redis.from_url(effects_url)
+    client.rpush("chord:runs", json.dumps(results))
+    client.close()
+    return len(results)

@@ -1,0 +1,278 @@
+"""Flows: chain, group, chord and depends_on, on the engine (claim, ack, nack through `Queue`,
+handlers run in this process) on standalone Valkey and a cluster; failure policies, retries,
+cancels, bad input; exactly once under a replayed ack and a lost lease."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobqueue import Queue, chain, chord, flows, group
+from jobqueue.api import JobFunction, JobOptions
+from jobqueue.exceptions import InvalidFlow, InvalidJobId, JobFailed, UnknownHandler
+from jobqueue.handler import write_progress
+from jobqueue.records import Lease
+from jobqueue.worker.executor import execute
+from tests.jobapp import jobs
+
+from .workers import wait_for
+
+
+def run_all(queue: Queue, *, shuffle: Any = None) -> list[Lease]:
+    """Claim and run every job that becomes ready, one at a time, recording each outcome as a
+    worker would; the leases in the order they ran."""
+    ran: list[Lease] = []
+    while True:
+        leases = queue.dequeue(count=100)
+        if not leases:
+            return ran
+        if shuffle is not None:
+            shuffle(leases)
+        for lease in leases:
+            ran.append(lease)
+            outcome = execute(lease)
+            if outcome.ok:
+                queue.ack_encoded([(lease, outcome.result)])
+            else:
+                queue.nack(lease, outcome.error, outcome.retry_in, fatal=outcome.fatal)
+
+
+def test_a_chain_passes_each_result_to_the_next_step(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chain(jobs.add.s(2, 3), jobs.mul.s(4), jobs.mul.s(10)).enqueue()
+    assert queue.counts()["waiting"] == 2 and queue.counts()["pending"] == 1
+    assert queue.get(ref.id).state == "waiting"  # type: ignore[union-attr]
+    run_all(queue)
+    assert ref.result(timeout=5) == 200
+    assert queue.counts()["waiting"] == 0
+
+
+def test_a_group_answers_its_results_in_order(valkey_url: str) -> None:
+    queue = Queue("wide")
+    ref = group([jobs.add.using(queue="wide").s(i, 1) for i in range(20)]).enqueue()
+    assert len({queue.locate(r.id) for r in ref.refs}) == 1  # a flow keeps to one shard
+    run_all(queue, shuffle=lambda leases: leases.reverse())
+    assert ref.result(timeout=5) == list(range(1, 21))
+    assert [info.id for info in flows.members(ref.id, "wide")] == [r.id for r in ref.refs]
+
+
+def test_a_chord_calls_back_once_with_every_result_in_order(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chord([jobs.square_slowly.s(i, 0) for i in range(50)], jobs.total.s()).enqueue()
+    ran = run_all(queue, shuffle=lambda leases: leases.reverse())
+    assert [lease.job_id for lease in ran].count(ref.id) == 1 and ran[-1].job_id == ref.id
+    assert ref.result(timeout=5) == sum(i * i for i in range(50))
+    assert ran[-1].payload["args"][0] == [i * i for i in range(50)]
+
+
+def test_depends_on_waits_for_refs_or_ids(valkey_url: str) -> None:
+    queue = Queue("default")
+    a, b = jobs.add.enqueue(1, 2), jobs.add.enqueue(3, 4)
+    d = jobs.add.using(depends_on=[a, b.id]).enqueue(5, 5)
+    assert queue.get(d.id).state == "waiting"  # type: ignore[union-attr]
+    assert flows.waits_for(queue.get(d.id)) == sorted([a.id, b.id])  # type: ignore[arg-type]
+    [first, second] = queue.dequeue(count=2)
+    queue.ack(first, 3)
+    assert queue.get(d.id).state == "waiting"  # type: ignore[union-attr]
+    queue.ack(second, 7)
+    assert queue.get(d.id).state == "pending"  # type: ignore[union-attr]
+    run_all(queue)
+    assert d.result(timeout=5) == 10
+    late = jobs.add.using(depends_on=[a]).enqueue(1, 1)  # a finished already: released at once
+    assert queue.get(late.id).state == "pending"  # type: ignore[union-attr]
+    c = jobs.add.enqueue(1, 1)
+    many = jobs.add.using(depends_on=[c]).enqueue_many([(1, 2), (3, 4)])
+    assert {queue.get(ref.id).state for ref in many} == {"waiting"}  # type: ignore[union-attr]
+    run_all(queue)
+    assert [ref.result(timeout=5) for ref in many] == [3, 7]
+
+
+def test_a_failed_member_cancels_the_rest_of_the_flow_naming_it(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chain(jobs.fails_with.s("boom"), jobs.mul.s(2), jobs.mul.s(3)).enqueue()
+    [first] = queue.dequeue(count=1)
+    queue.nack(first, "boom", fatal=True)
+    with pytest.raises(JobFailed) as failed:
+        ref.result(timeout=5)
+    assert failed.value.state == "cancelled"
+    [step1, step2, step3] = flows.members(ref.id)
+    assert step1.state == "dead" and step2.state == step3.state == "cancelled"
+    assert first.job_id in step2.last_error and step2.id in step3.last_error
+    assert queue.dequeue(count=5) == []
+
+
+def test_ignore_and_continue_let_the_dependent_run(valkey_url: str) -> None:
+    queue = Queue("default")
+    ignored = chord([jobs.add.s(1, 1), jobs.fails_with.s("boom").using(on_failure="ignore")],
+                    jobs.total.s()).enqueue()
+    run_all(queue)
+    two, error = ignored.result(timeout=5)
+    assert two == 2 and error["state"] == "dead" and "boom" in error["error"]
+    slow = jobs.add.enqueue(1, 1)
+    broken = jobs.fails_with.enqueue("x")
+    at_once = jobs.total.using(depends_on=[slow, broken], on_failure="continue").enqueue()
+    [lease] = [lease for lease in queue.dequeue(count=2) if lease.job_id == broken.id] or [None]
+    assert lease is not None
+    queue.nack(lease, "x", fatal=True)
+    assert queue.get(at_once.id).state == "pending"  # type: ignore[union-attr]  # not waiting for slow
+    with pytest.raises(InvalidFlow, match="on_failure"):
+        jobs.add.using(on_failure="retry")
+
+
+def test_an_operator_retry_of_a_dead_member_lets_the_flow_go_on(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chain(jobs.fails_with.s("once"), jobs.total.s(), jobs.mul.s(10)).enqueue()
+    [first] = queue.dequeue(count=1)
+    queue.nack(first, "broken", fatal=True)
+    assert [info.state for info in flows.members(ref.id)] == ["dead", "cancelled", "cancelled"]
+    assert queue.retry(first.job_id) == "pending"
+    [again] = queue.dequeue(count=1)
+    queue.ack(again, [1, 2])  # this time it worked
+    run_all(queue)
+    assert ref.result(timeout=5) == 30
+    assert [info.state for info in flows.members(ref.id)] == ["succeeded"] * 3
+
+
+def test_cancelling_a_flow_cancels_what_has_not_started(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chord([jobs.add.s(i, i) for i in range(5)], jobs.total.s()).enqueue()
+    [running] = queue.dequeue(count=1)
+    assert flows.cancel(ref.id) == 6
+    states = {info.id: info for info in flows.members(ref.id)}
+    assert states[running.job_id].state == "active" and states[running.job_id].cancel_requested
+    assert all(info.state == "cancelled" for i, info in states.items() if i != running.job_id)
+    assert queue.ack(running, 0)
+    assert queue.get(running.job_id).state == "cancelled"  # type: ignore[union-attr]
+    assert queue.counts()["waiting"] == 0 and queue.dequeue(count=5) == []
+
+
+def test_a_replayed_ack_releases_nothing_twice(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chord([jobs.add.s(1, 1), jobs.add.s(2, 2)], jobs.total.s()).enqueue()
+    [a, b] = queue.dequeue(count=2)
+    assert queue.ack(a, 2) and queue.ack(b, 4)
+    assert queue.ack(b, 4) and queue.ack_many([(a, 2), (b, 4)]) == [True, True]  # lost replies
+    [callback] = queue.dequeue(count=5)
+    assert callback.job_id == ref.id and callback.payload["args"] == [[2, 4]]
+    assert queue.ack(callback, 6) and queue.dequeue(count=5) == []
+
+
+def test_a_lost_lease_and_its_late_ack_release_nothing_twice(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chain(jobs.add.s(1, 1), jobs.total.s()).enqueue()
+    [old] = queue.dequeue(count=1, lease=0.05)
+    wait_for(lambda: queue.reap() == 1)
+    [new] = queue.dequeue(count=1)
+    assert queue.ack(new, [2]) and not queue.ack(old, [2])
+    [step] = queue.dequeue(count=5)
+    assert step.job_id == ref.id and queue.dequeue(count=5) == []
+
+
+def test_bad_flows_are_refused_with_one_clear_error(valkey_url: str) -> None:
+    queue = Queue("default")
+    with pytest.raises(InvalidFlow, match="at least one"):
+        group([]).enqueue()
+    with pytest.raises(InvalidFlow, match="no live job"):
+        jobs.add.using(depends_on=["JOB0000000000a"]).enqueue(1, 2)
+    with pytest.raises(InvalidJobId):
+        jobs.add.using(depends_on=["not-an-id"])
+    own = "JOB0SWpB9z1fMX"
+    with pytest.raises(InvalidFlow, match="cycle"):
+        jobs.add.using(job_id=own, depends_on=[own]).enqueue(1, 2)
+    stranger = JobFunction(lambda x: x, "tests.nowhere", JobOptions())
+    with pytest.raises(UnknownHandler):
+        chain(jobs.add.s(1, 2), stranger.s()).enqueue()
+    with pytest.raises(InvalidFlow, match="cannot take the previous result"):
+        chain(jobs.add.s(1, 2), jobs.add.s(1, 2)).enqueue()
+    with pytest.raises(InvalidFlow, match="one queue"):
+        chain(jobs.add.s(1, 2), jobs.mul.using(queue="wide").s(2)).enqueue()
+    with pytest.raises(InvalidFlow, match="signatures"):
+        chord([jobs.add], jobs.total.s())  # type: ignore[list-item]
+    assert queue.counts()["pending"] == 0 and queue.counts()["waiting"] == 0  # nothing written
+
+
+@st.composite
+def dags(draw: Any) -> list[tuple[list[int], bool, str]]:
+    """Random DAGs: per job, the earlier jobs it depends on, whether it fails, its policy."""
+    n = draw(st.integers(2, 9))
+    return [(sorted(draw(st.sets(st.integers(0, i - 1), max_size=3))) if i else [],
+             draw(st.booleans()), draw(st.sampled_from(["fail", "ignore", "continue"])))
+            for i in range(n)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(graph=dags(), order=st.randoms(use_true_random=False))
+def test_random_dags_run_as_their_policies_say(valkey_server: Any, graph: Any, order: Any) -> None:
+    """Against a model: a job runs iff its policy says so (fail: every dependency succeeded;
+    ignore, continue: always, once they end, or at the first failure for continue), at most
+    once, and never before its dependencies (continue: before the others, once one failed)."""
+    import redis as redis_py
+
+    redis_py.Redis.from_url(valkey_server.url).flushall()
+    queue = Queue("default")
+    refs: list[str] = []
+    for deps, fails, policy in graph:
+        handler = jobs.fails_with if fails else jobs.noop
+        args = ("planned",) if fails else ()
+        if deps:
+            handler = handler.using(depends_on=[refs[d] for d in deps], on_failure=policy)
+        refs.append(handler.enqueue(*args).id)
+    index = {job_id: i for i, job_id in enumerate(refs)}
+    ended: dict[int, str] = {}  # job -> its end, in the order jobs ran or were released
+    runs: list[int] = []
+
+    def shuffle(leases: list[Lease]) -> None:
+        order.shuffle(leases)
+
+    for lease in run_all(queue, shuffle=shuffle):
+        i = index[lease.job_id]
+        deps, _, policy = graph[i]
+        before = [ended.get(d) for d in deps]
+        if policy == "continue" and "failed" in before:
+            pass  # released at the first failure
+        else:
+            assert all(before), f"job {i} ran before its dependencies {deps}: {before}"
+        runs.append(i)
+        state = queue.get(lease.job_id).state  # type: ignore[union-attr]
+        ended[i] = "ok" if state == "succeeded" else "failed"
+        for j, job_id in enumerate(refs):  # jobs cancelled by this one's end
+            info = queue.get(job_id)
+            if j not in ended and info is not None and info.state == "cancelled":
+                ended[j] = "failed"
+    succeeded: dict[int, bool] = {}
+    for i, (deps, fails, policy) in enumerate(graph):
+        runs_now = policy != "fail" or all(succeeded[d] for d in deps)
+        succeeded[i] = runs_now and not fails
+        assert runs.count(i) == (1 if runs_now else 0), (i, graph, runs)
+        expected = "succeeded" if succeeded[i] else ("dead" if runs_now else "cancelled")
+        assert queue.get(refs[i]).state == expected, (i, graph)  # type: ignore[union-attr]
+    assert queue.counts()["waiting"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_console_shows_a_flow_and_links_it_from_each_job(client: Any) -> None:
+    from django.contrib.auth.models import User
+
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    queue = Queue("default")
+    ref = chord([jobs.add.s(1, 1), jobs.add.s(2, 2)], jobs.total.s()).enqueue()
+    [lease, running] = queue.dequeue(count=2)
+    assert queue.ack(lease, 2)
+    assert write_progress([(running, '{"pct":50}')]) == [True]
+    base = "/admin/jobqueue/job/live"
+    page = client.get(f"{base}/flows/default/{ref.id}/").content.decode()
+    assert "succeeded: <b>1</b>" in page and "active: <b>1</b>" in page and "waiting: <b>1</b>" in page
+    assert f'id="flow-callback">{ref.id}' in page and "tests.jobapp.jobs.total" in page
+    member = client.get(f"{base}/jobs/default/{lease.job_id}/").content.decode()
+    assert f"/flows/default/{ref.id}/" in member
+    callback = client.get(f"{base}/jobs/default/{ref.id}/").content.decode()
+    assert "waits for" in callback and lease.job_id not in callback.split("waits for")[1][:200]
+    shown = client.get(f"{base}/jobs/default/{running.job_id}/").content.decode()
+    assert 'id="job-progress"' in shown and "pct" in shown
+    assert "pct" in client.get(f"{base}/queues/default/?state=active").content.decode()
+    assert client.get(f"{base}/flows/default/JOB0000000000a/").status_code == 404
+    assert client.get(f"{base}/flows/default/nope/").status_code == 404

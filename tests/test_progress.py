@@ -1,0 +1,103 @@
+"""`ctx.progress(value)`: fenced by the attempt's token, coalesced, kept after the job ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue import JobContext, Queue, get_job
+from jobqueue.handler import PROGRESS_EVERY, ProgressBoard, write_progress
+from jobqueue.worker.executor import execute
+from tests.jobapp import jobs
+
+from .servers import ValkeyProcess
+from .workers import start_worker, wait_for
+
+
+def _script_calls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_only_the_current_attempts_holder_writes_progress(valkey_url: str) -> None:
+    queue = Queue("default")
+    jobs.noop.enqueue()
+    [old] = queue.dequeue(count=1, lease=0.05)
+    wait_for(lambda: queue.reap() == 1)
+    [new] = queue.dequeue(count=1)
+    assert write_progress([(old, '"stale"'), (new, '"fresh"')]) == [False, True]
+    assert queue.get(new.job_id).progress == "fresh"  # type: ignore[union-attr]
+    assert queue.ack(new, None)
+    assert write_progress([(new, '"late"')]) == [False]
+    assert queue.get(new.job_id).progress == "fresh"  # type: ignore[union-attr]  # kept after the end
+
+
+def test_progress_in_a_tight_loop_is_coalesced(valkey_server: ValkeyProcess) -> None:
+    client = redis.Redis.from_url(valkey_server.url, decode_responses=True)
+    queue = Queue("default")
+    jobs.noop.enqueue()
+    [lease] = queue.dequeue(count=1)
+    board, stop = ProgressBoard(), threading.Event()
+    ctx = JobContext(lease)
+    import jobqueue.handler as handler
+
+    original, handler.PROGRESS = handler.PROGRESS, board  # this test's own board
+    writer = threading.Thread(target=board.run, args=(stop,))
+    writer.start()
+    try:
+        wait_for(lambda: board.attached)
+        before, started = _script_calls(client), time.monotonic()
+        for i in range(20_000):
+            ctx.progress({"step": i})
+        elapsed = time.monotonic() - started
+        wait_for(lambda: queue.get(lease.job_id).progress == {"step": 19_999})  # type: ignore[union-attr]
+        calls = _script_calls(client) - before
+    finally:
+        stop.set()
+        writer.join()
+        handler.PROGRESS = original
+    assert 1 <= calls <= elapsed / PROGRESS_EVERY + 3  # a few a second, not 20,000
+
+
+def test_without_a_worker_the_context_writes_itself_and_the_end_writes_the_last(
+        valkey_url: str) -> None:
+    queue = Queue("default")
+    jobs.counts_up.enqueue(500)
+    [lease] = queue.dequeue(count=1)
+    outcome = execute(lease)
+    assert outcome.ok
+    assert queue.get(lease.job_id).progress == {"done": 500, "of": 500}  # type: ignore[union-attr]
+
+
+def test_progress_must_be_json() -> None:
+    from jobqueue.exceptions import InvalidPayload
+    from jobqueue.records import Lease
+
+    ctx = JobContext(Lease("JOB0000000000a", 1, None, None, 30.0, "default", 0))
+    with pytest.raises(InvalidPayload, match="progress"):
+        ctx.progress(object())
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_running_jobs_progress_is_visible_and_stays_after_it_ends(
+        valkey_server: ValkeyProcess, tmp_path: Path) -> None:
+    proc = start_worker(valkey_server.url, "--concurrency", "2", log=tmp_path / "worker.log")
+    try:
+        gate = tmp_path / "go"
+        held = jobs.waits_for_file.enqueue(str(gate))
+        wait_for(lambda: (info := get_job(held.id)) is not None and info.progress == "started"
+                 and info.state == "active", timeout=60)
+        gate.touch()
+        assert held.result(timeout=60) == "finished"
+        assert get_job(held.id).progress == "finishing"  # type: ignore[union-attr]
+        tight = jobs.counts_up.enqueue(20_000)
+        assert tight.result(timeout=60) == 20_000
+        assert get_job(tight.id).progress == {"done": 20_000, "of": 20_000}  # type: ignore[union-attr]
+    finally:
+        proc.terminate()
+        proc.wait(60)
