@@ -132,8 +132,9 @@ async def await_result(queue: str, job_id: str, timeout: float | None = None) ->
     while True:
         try:
             reply = await client.evalsha(script.sha, len(keys), *keys, job_id)
-        except NoScriptError:
-            reply = await client.eval(script.text, len(keys), *keys, job_id)
+        except NoScriptError:  # (a restarted server: load the text, then call it again)
+            await client.script_load(script.text)
+            reply = await client.evalsha(script.sha, len(keys), *keys, job_id)
         if reply[0] == "missing":
             return await sync_to_async(_from_mirror)(queue, job_id)
         if len(reply) == 3:
