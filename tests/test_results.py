@@ -129,6 +129,17 @@ def test_aresult_waits_on_the_event_loop(valkey_url: str) -> None:
     asyncio.run(failed())
 
 
+def test_aresult_loads_its_script_again_after_the_server_forgot_it(valkey_url: str) -> None:
+    """A restarted (or flushed) server has no scripts: the async waiter loads the watch script
+    and calls it by its SHA again."""
+    ref = jobs.add.enqueue(2, 3)
+    client = Queue("default").client
+    [lease] = Queue("default").dequeue(count=1)
+    Queue("default").ack(lease, 5)
+    client.script_flush()  # (on a cluster: every primary)
+    assert asyncio.run(ref.aresult(timeout=5)) == 5
+
+
 def test_an_ack_nobody_waits_for_pushes_nothing(valkey_server: ValkeyProcess) -> None:
     """A finish pushes a wake token only when a caller is counted on the job: an ack of a job
     nobody awaits runs no command more than before (no RPUSH, no notify list)."""
