@@ -77,7 +77,7 @@ def pause_queue(queue: Queue, paused: bool) -> str:
 def set_lane_concurrency(queue: Queue, lane: str, raw: str) -> str:
     """Set a lane's cap live from what an operator typed (blank: back to the settings' cap)."""
     text = raw.strip()
-    if text and not text.isdigit():
+    if text and not text.isdecimal():
         raise InvalidOption(f"a lane's cap must be a whole number ≥ 1 (or blank), got {raw!r}")
     cap = int(text) if text else None
     queue.set_lane_concurrency(lane, cap)

@@ -240,7 +240,7 @@ def seed_nodes(url: str) -> tuple[str, list[tuple[str, int]]]:
     nodes = []
     for node in others:
         host, _, port = node.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdecimal():
             raise ConfigurationError(f"Valkey URL: {node!r} is not host:port")
         nodes.append((host.strip("[]"), int(port)))
     return urlunsplit(parts._replace(netloc=userinfo + at + first)), nodes

@@ -93,7 +93,7 @@ def rate(value: object, what: str = "rate") -> tuple[int, int] | None:
         return None
     if isinstance(value, str) and value.count("/") == 1:
         count, unit = value.split("/")
-        if count.isdigit() and unit in RATE_PERIODS and 1 <= int(count) <= 1_000_000:
+        if count.isdecimal() and unit in RATE_PERIODS and 1 <= int(count) <= 1_000_000:
             return int(count), RATE_PERIODS[unit]
     raise InvalidOption(f'{what} must be "N/s", "N/m" or "N/h" with N in 1…1000000, got {value!r}')
 
