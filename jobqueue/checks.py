@@ -91,7 +91,7 @@ def check_valkey(**_: Any) -> list[checks.CheckMessage]:
                  "fail until it answers.",
             id="jobqueue.E005")]
     version = str(info.get("valkey_version") or info.get("redis_version") or "0")
-    found = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    found = tuple(int(p) for p in version.split(".")[:2] if p.isdecimal())
     if found < MIN_VALKEY:
         return [checks.Error(
             f"Valkey {version} is older than {'.'.join(map(str, MIN_VALKEY))}, which jobqueue's "

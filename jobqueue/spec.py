@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -93,7 +93,7 @@ def rate(value: object, what: str = "rate") -> tuple[int, int] | None:
         return None
     if isinstance(value, str) and value.count("/") == 1:
         count, unit = value.split("/")
-        if count.isdigit() and unit in RATE_PERIODS and 1 <= int(count) <= 1_000_000:
+        if count.isdecimal() and unit in RATE_PERIODS and 1 <= int(count) <= 1_000_000:
             return int(count), RATE_PERIODS[unit]
     raise InvalidOption(f'{what} must be "N/s", "N/m" or "N/h" with N in 1…1000000, got {value!r}')
 
@@ -191,13 +191,28 @@ def claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
             len(weighted), *(x for pair in weighted for x in pair))
 
 
+def did_you_mean(unknown: Iterable[object], known: Iterable[str]) -> str:
+    """" (did you mean 'X'?)" for the first unknown name close to a known one, else ""."""
+    import difflib
+
+    for name in sorted(map(str, unknown)):
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+        if not close:
+            close = [k for k in known if k.lower() == name.lower()]
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+    return ""
+
+
 def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -> QueueOptions:
     """`base` with a queue's settings (`QUEUE_OPTION_NAMES`) laid over it, each checked by the
     validator a job's own option goes through and kept in the form enqueue and claim use
     (seconds as floats, lane weights as sorted pairs): InvalidOption names the first wrong one."""
-    unknown = sorted(map(str, set(raw) - set(QUEUE_OPTION_NAMES)))
+    unknown = set(raw) - set(QUEUE_OPTION_NAMES)
     if unknown:
-        raise InvalidOption(f"unknown option(s) {unknown}; allowed: {list(QUEUE_OPTION_NAMES)}")
+        raise InvalidOption(f"unknown option(s) {sorted(map(str, unknown))}"
+                            f"{did_you_mean(unknown, QUEUE_OPTION_NAMES)}; "
+                            f"allowed: {list(QUEUE_OPTION_NAMES)}")
     values = dict(raw)
     if values.get("shards") == "auto":
         values.update(shards=1, auto_shards=True)

@@ -292,16 +292,16 @@ class Queue:
     # -- operator side ---------------------------------------------------------------------
 
     def retry(self, job_id: str) -> str:
-        """A dead or cancelled job goes back to pending with a fresh retry budget (on its own
+        """A dead, cancelled or expired job goes back to pending with a fresh retry budget (on its own
         shard: one that a shrink retired is claimed from again until it has drained anew). A
         durable queue's row reopens in the same step (durable.py), so `restore` finds the job."""
         index = self.locate(job_id)
         if index is not None:
             layouts.reopen(self.client, self.name, self.configured, index)
         if not self.options.durable:
-            return self._operator("retry", job_id, [job_id])
+            return self._operator("retry", job_id, [job_id], index)
         with durable.reopened(job_id):
-            return self._operator("retry", job_id, [job_id])
+            return self._operator("retry", job_id, [job_id], index)
 
     def reprioritize(self, job_id: str, priority: int) -> str:
         """Change a waiting (or running) job's priority in place."""
@@ -311,8 +311,9 @@ class Queue:
         """Cancel a waiting job now; flag an active one so its outcome is recorded as cancelled."""
         return self._operator("cancel", job_id, [job_id, _retention_ms()])
 
-    def _operator(self, name: str, job_id: str, args: list[Any]) -> str:
-        index = self.locate(job_id)
+    def _operator(self, name: str, job_id: str, args: list[Any], index: int | None = -1) -> str:
+        """An operator's transition on the job's shard (`index`, when the caller located it)."""
+        index = self.locate(job_id) if index == -1 else index
         answer = "missing" if index is None else text(
             caller.run(self.client, name, self.shard(index), args))[0]
         if answer == "missing":

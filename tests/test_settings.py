@@ -165,3 +165,23 @@ def test_deploy_checks_say_when_valkey_is_unreachable_or_too_old(settings: Any) 
     [error] = check_valkey()
     assert error.id == "jobqueue.E005" and "does not answer" in error.msg and error.hint
     assert "jobqueue.E005" in {e.id for e in run_checks(tags=["jobqueue"], include_deployment_checks=True)}
+
+
+@pytest.mark.parametrize("raw", ["²/s", "٣x/s", "1²/m"])
+def test_a_rate_with_digits_int_refuses_is_a_clear_error(raw: str) -> None:
+    from jobqueue.exceptions import InvalidOption
+    from jobqueue.spec import rate
+
+    with pytest.raises(InvalidOption, match="N/s"):
+        rate(raw)
+
+
+def test_lane_caps_and_cron_fields_typed_with_superscripts_are_clear_errors() -> None:
+    from jobqueue import actions
+    from jobqueue.cron import Cron
+    from jobqueue.exceptions import InvalidOption
+
+    with pytest.raises(InvalidOption, match="whole number"):
+        actions.set_lane_concurrency(Queue("default"), "tenant", "²")
+    with pytest.raises(ConfigurationError, match="not a number"):
+        Cron.parse("² * * * *")

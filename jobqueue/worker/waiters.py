@@ -8,10 +8,11 @@ watches, so the job arrives leased, with no claim call between. Once the worker 
 loop (it ran an `async def` handler), that wait runs on the loop (`waitline.py`), so an async
 job starts on the thread that received it. A busy worker waits without an offer (a job handed
 over then would wait for room); when it falls idle, the main loop ends that wait (`unblock`) so
-the next wait makes the offer. A queue with a `concurrency` cap or a rate limit never offers
-(only the claim script enforces those). On a cluster the kept connection is to the node that
-holds the shard, found again after an error (a failover moves the shard); a burst run waits the
-plain way (1 s BLPOPs on the client). On a kept connection a wait lasts up to IDLE_WAIT.
+the next wait makes the offer. A queue whose limits only the claim script enforces (a
+`concurrency` cap, a rate, lane caps or lane rates: `QueueOptions.claim_only`) never offers.
+On a cluster the kept connection is to the node that holds the shard, found again after an
+error (a failover moves the shard); a burst run waits the plain way (1 s BLPOPs on the client).
+On a kept connection a wait lasts up to IDLE_WAIT.
 
 Owns the waits' connections, the offers and the list of waits in progress (so that another
 thread can end them with CLIENT UNBLOCK). A wait says what ended it (`Woke`). A job handed over
@@ -73,8 +74,8 @@ class Lines:
     plain: bool
     """A burst run: plain BLPOPs on the client, nothing kept."""
     hand_off: bool = True
-    """Whether the worker, idle, offers itself for hand-offs (not for a queue with a
-    `concurrency` cap or a rate limit: only the claim script enforces those)."""
+    """Whether the worker, idle, offers itself for hand-offs (not for a queue whose limits only
+    the claim script enforces: `QueueOptions.claim_only`)."""
     offered: bool = False
     """Whether it ever did (it withdraws the offer when it stops)."""
     node: Any = None

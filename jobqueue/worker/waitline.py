@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
-from .. import wire
+from .. import _compat, wire
 
 T = TypeVar("T")
 _MORE = object()
@@ -61,7 +61,7 @@ class WaitLine(asyncio.Protocol):
         over its transport; None when this redis-py keeps it where this cannot find it."""
         await twin.connect()
         conn_id = (await wire.call_on_async(twin, [("CLIENT", "ID")]))[0]
-        transport = getattr(getattr(twin, "_writer", None), "transport", None)
+        transport = _compat.stream_transport(twin)
         if transport is None:
             await twin.disconnect()
             return None
