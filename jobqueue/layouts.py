@@ -333,7 +333,7 @@ def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
     if not now.prior:
         return True
     if any(lane and placement_hash(lane) % now.live != shard.index
-           for lane in client.lrange(shard.key("ring"), 0, -1)):
+           for lane in _ready_lanes(client, shard)):
         return False
     for unique in client.sscan_iter(shard.key("uniqs"), count=1000):
         job_id = client.get(shard.key(f"uniq:{unique}"))
@@ -341,6 +341,14 @@ def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
         if state in LIVE_STATES and place(job_id, lane or "", unique, now.live) != shard.index:
             return False  # a live job whose lane or key now belongs on another shard
     return True
+
+
+def _ready_lanes(client: Any, shard: ShardKeys) -> Iterator[str]:
+    """The lanes with ready jobs on a shard: those on its ring, and those held off it at their
+    cap (`capped`) or by their rate (`rated`), whose jobs wait there just the same."""
+    yield from client.lrange(shard.key("ring"), 0, -1)
+    yield from client.sscan_iter(shard.key("capped"), count=1000)
+    yield from (lane for lane, _ in client.zscan_iter(shard.key("rated"), count=1000))
 
 
 def destinations(layout: Layout, jobs: Sequence[Prepared], todo: Iterable[int],

@@ -17,6 +17,7 @@ from jobqueue.records import Lease
 from jobqueue.store import JobSpec, Queue
 
 from .test_engine import server_ms, wait_past
+from .test_resize import moved_lane, settle
 from .workers import wait_for
 
 Make = Callable[..., Queue]
@@ -213,6 +214,24 @@ def test_promote_brings_a_rated_lane_back_and_says_when_the_next_is_due(make: Ma
     assert wait is not None and 0 < wait <= 1.0
     wait_past(queue.client, queue.shard(0).key("rated"))
     assert queue.promote_shard(0)[1] is None and ring(queue) == ["a"]
+
+
+# -- resize -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("held", ["cap", "rate"])
+def test_a_resize_does_not_settle_while_a_held_lane_still_waits_on_its_prior_shard(
+        make: Make, held: str) -> None:
+    queue = make(**{"lane_concurrency": 1} if held == "cap" else {"lane_rate": "1/m"})
+    lane = moved_lane(1, 2)
+    waiting = [ref.id for ref in queue.enqueue_many([JobSpec(i, lane=lane) for i in range(3)])]
+    [lease] = claim(queue)
+    assert ring(queue) == [] and queue.counts()["pending"] == 2  # held off the ring, waiting
+    queue.resize(2)
+    assert settle(queue) is None  # its jobs still wait on shard 0, their prior shard
+    for job_id in waiting[1:]:
+        queue.cancel(job_id)
+    assert settle(queue) is not None  # (its running job holds nothing back)
+    assert queue.ack(lease)
 
 
 # -- debounce ---------------------------------------------------------------------------------
