@@ -258,6 +258,36 @@ def test_a_debounced_job_once_started_leaves_the_key_to_a_new_job(queue: Queue, 
     assert queue.enqueue({"v": 3}, unique_key="k", debounce=60).id == second.id
 
 
+@pytest.mark.parametrize("again", ["retry later", "retry now", "release", "reap", "operator"])
+def test_a_debounced_enqueue_never_replaces_a_job_that_started(queue: Queue, valkey: Any,
+                                                              again: str) -> None:
+    first = queue.enqueue({"v": 1}, unique_key="k", debounce=0.05)
+    wait_past(valkey, queue.shard(0).key("schedule"))
+    queue.promote()
+    [lease] = queue.dequeue(count=1, lease=0.05 if again == "reap" else 30, worker="w")
+    if again == "retry later":
+        assert queue.nack(lease, "boom", retry_in=60) == "scheduled"
+    elif again == "retry now":
+        assert queue.nack(lease, "boom", retry_in=0) == "pending"
+    elif again == "release":
+        assert queue.release(lease)
+    elif again == "reap":
+        wait_past(valkey, queue.shard(0).key("active"))
+        assert queue.reap() == 1
+    else:
+        assert queue.nack(lease, "boom", fatal=True) == "dead"
+        assert queue.retry(first.id) == "pending"
+    waiting = queue.get(first.id)
+    second = queue.enqueue({"v": 2}, unique_key="k", debounce=60)
+    assert second.id != first.id and second.created  # a job of its own, with the new arguments
+    assert queue.get(first.id) == waiting  # the started job goes on as it was
+    assert valkey.get(queue.shard(0).key("uniq:k")) == second.id
+    assert queue.enqueue({"v": 3}, unique_key="k", debounce=60).id == second.id  # debounces it
+    assert queue.get(second.id).payload == {"v": 3}  # type: ignore[union-attr]
+    if waiting and waiting.state == "pending":
+        assert [(lease.job_id, lease.payload) for lease in claim(queue)] == [(first.id, {"v": 1})]
+
+
 def test_a_pending_job_debounced_again_leaves_its_lane(queue: Queue, valkey: Any) -> None:
     first = queue.enqueue("a", unique_key="k", lane="l", debounce=0.05)
     wait_past(valkey, queue.shard(0).key("schedule"))

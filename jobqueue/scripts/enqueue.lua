@@ -19,10 +19,11 @@ ARGV[2] n = number of jobs, then 12 per job:
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the
         id), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
         row's expires_at = now + it, which the claim checks)
-Debounce: while the unique key's job still waits (pending or scheduled), a debounced enqueue
-replaces its payload (and expiry, if given) and moves it to scheduled at now + debounce_ms,
-answering its id; once that job started (or finished), the enqueue makes a new job and the key
-names it from then on.
+Debounce: while the unique key's job has never started (pending or scheduled, attempts 0), a
+debounced enqueue replaces its payload (and expiry, if given) and moves it to scheduled at now +
+debounce_ms, answering its id; once that job started (claimed once: running, waiting for a retry,
+released, reaped or retried since) or finished, the enqueue makes a new job and the key names it
+from then on (the started job goes on with its own payload).
 The row holds only what differs from a default (a waiting job's bytes are RAM): no attempts,
 uncharged or priority while 0, no lane, unique_key or policy field while default, no run_after
 unless delayed, no enqueued_at for an id minted by the caller's enqueue (its mint time says it).
@@ -75,12 +76,15 @@ local function put(row, name, value, default)
   if value ~= default then row[#row + 1] = name; row[#row + 1] = value end
 end
 
--- A debounced enqueue meets the key's job: replace its payload and start while it waits (true),
--- or leave it be once it started (false: the enqueue makes a new job).
+-- A debounced enqueue meets the key's job: replace its payload and start while it has never
+-- started (true), or leave it be once a worker claimed it (false: the enqueue makes a new job).
+-- A claim spends a fencing token (`attempts`, never lowered), so a job waiting again after a run
+-- (a retry after a failure, a release, a reaped lease, an operator's retry) has started.
 local function debounced(other, o)
   local ok = job_key(base, other)
-  local state = redis.call('HGET', ok, 'state')
-  if state ~= 'pending' and state ~= 'scheduled' then return false end
+  local row = redis.call('HMGET', ok, 'state', 'attempts')
+  local state = row[1]
+  if (state ~= 'pending' and state ~= 'scheduled') or (row[2] or '0') ~= '0' then return false end
   if state == 'pending' then unready(base, ring, ok, other) end
   local due = at() + tonumber(ARGV[o + 10])
   redis.call('HSET', ok, 'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due)
