@@ -297,6 +297,18 @@ def test_a_pending_job_debounced_again_leaves_its_lane(queue: Queue, valkey: Any
     assert ring(queue) == [] and queue.counts()["pending"] == 0 and claim(queue) == []
 
 
+def test_a_batch_that_debounces_its_own_job_leaves_no_job_of_that_lane_off_the_ring(
+        queue: Queue) -> None:
+    first, again, other = queue.enqueue_many([
+        JobSpec("a", lane="l", unique_key="k"),
+        JobSpec("b", lane="l", unique_key="k", debounce=60),  # takes the first off its lane
+        JobSpec("c", lane="l"),  # the lane has work again: it must be back on the ring
+    ])
+    assert again.id == first.id and other.created
+    assert ring(queue) == ["l"] and queue.counts()["pending"] == 1
+    assert [lease.job_id for lease in claim(queue)] == [other.id]
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"debounce": 5}, "debounce needs a unique_key"),
     ({"debounce": 5, "unique_key": "k", "delay": 1}, "debounce or delay/run_after"),

@@ -153,6 +153,7 @@ local function make_ready(base, ring, jk, id, now)
 end
 
 -- Take a waiting job off its lane; an emptied lane leaves the ring, or stops being held back.
+-- Returns the lane.
 local function unready(base, ring, jk, id)
   local lane = redis.call('HGET', jk, 'lane') or ''
   local lk = lane_key(base, lane)
@@ -162,6 +163,7 @@ local function unready(base, ring, jk, id)
     redis.call('SREM', base .. ':capped', lane)
     redis.call('ZREM', base .. ':rated', lane)
   end
+  return lane
 end
 
 -- An attempt that failed and will run again joins the row's `history` (the last ten): the job

@@ -85,7 +85,8 @@ local function debounced(other, o)
   local row = redis.call('HMGET', ok, 'state', 'attempts')
   local state = row[1]
   if (state ~= 'pending' and state ~= 'scheduled') or (row[2] or '0') ~= '0' then return false end
-  if state == 'pending' then unready(base, ring, ok, other) end
+  -- (the lane may leave the ring here: a later job of this call must put it back)
+  if state == 'pending' then filled[unready(base, ring, ok, other)] = nil end
   local due = at() + tonumber(ARGV[o + 10])
   redis.call('HSET', ok, 'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due)
   if ARGV[o + 11] ~= '0' then redis.call('HSET', ok, 'expires_at', at() + tonumber(ARGV[o + 11])) end
