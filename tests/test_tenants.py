@@ -297,6 +297,19 @@ def test_a_pending_job_debounced_again_leaves_its_lane(queue: Queue, valkey: Any
     assert ring(queue) == [] and queue.counts()["pending"] == 0 and claim(queue) == []
 
 
+def test_a_debounced_enqueue_replaces_the_expiry_too(queue: Queue, valkey: Any) -> None:
+    first = queue.enqueue({"v": 1}, unique_key="k", debounce=0.05, expires=0.1)
+    queue.enqueue({"v": 2}, unique_key="k", debounce=0.2)  # no expiry: the job has none now
+    assert valkey.hget(queue.shard(0).job(first.id), "expires_at") is None
+    wait_past(valkey, queue.shard(0).key("schedule"))  # past the first enqueue's expiry too
+    queue.promote()
+    assert [(lease.job_id, lease.payload) for lease in claim(queue)] == [(first.id, {"v": 2})]
+    queue.enqueue({"v": 3}, unique_key="j", debounce=0.05, expires=60)
+    again = queue.enqueue({"v": 4}, unique_key="j", debounce=0.05, expires=0.1)
+    due = int(valkey.hget(queue.shard(0).job(again.id), "run_after"))
+    assert due < int(valkey.hget(queue.shard(0).job(again.id), "expires_at")) <= due + 100
+
+
 def test_a_batch_that_debounces_its_own_job_leaves_no_job_of_that_lane_off_the_ring(
         queue: Queue) -> None:
     first, again, other = queue.enqueue_many([

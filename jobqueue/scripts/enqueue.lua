@@ -20,8 +20,8 @@ ARGV[2] n = number of jobs, then 12 per job:
         id), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
         row's expires_at = now + it, which the claim checks)
 Debounce: while the unique key's job has never started (pending or scheduled, attempts 0), a
-debounced enqueue replaces its payload (and expiry, if given) and moves it to scheduled at now +
-debounce_ms, answering its id; once that job started (claimed once: running, waiting for a retry,
+debounced enqueue replaces its payload and expiry (none given: none) and moves it to scheduled at
+now + debounce_ms, answering its id; once that job started (claimed once: running, waiting for a retry,
 released, reaped or retried since) or finished, the enqueue makes a new job and the key names it
 from then on (the started job goes on with its own payload).
 The row holds only what differs from a default (a waiting job's bytes are RAM): no attempts,
@@ -88,8 +88,15 @@ local function debounced(other, o)
   -- (the lane may leave the ring here: a later job of this call must put it back)
   if state == 'pending' then filled[unready(base, ring, ok, other)] = nil end
   local due = at() + tonumber(ARGV[o + 10])
-  redis.call('HSET', ok, 'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due)
-  if ARGV[o + 11] ~= '0' then redis.call('HSET', ok, 'expires_at', at() + tonumber(ARGV[o + 11])) end
+  local row = {'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due}
+  -- The expiry is the last enqueue's too (none given: none), as the enqueue checked it against
+  -- this start: an old one kept could fall before it, and the last arguments would never run.
+  if ARGV[o + 11] ~= '0' then
+    row[7], row[8] = 'expires_at', at() + tonumber(ARGV[o + 11])
+  else
+    redis.call('HDEL', ok, 'expires_at')
+  end
+  redis.call('HSET', ok, unpack(row))
   redis.call('ZADD', schedule, due, other)
   return true
 end
