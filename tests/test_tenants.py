@@ -373,6 +373,29 @@ def test_a_job_handed_over_keeps_its_expiry(queue: Queue, valkey: Any) -> None:
     assert claim(queue) == [] and queue.get(ref.id).state == "expired"  # type: ignore[union-attr]
 
 
+def runs_observed(queue: Queue) -> int:
+    """How many run durations the shard's histogram holds (jobqueue_job_duration_seconds)."""
+    hist = queue.client.hgetall(queue.shard(0).key("hist"))
+    return sum(int(n) for le, n in hist.items() if le != "sum_ms")
+
+
+def test_only_a_run_that_ends_adds_a_duration_not_a_wait_that_ends(queue: Queue, valkey: Any) -> None:
+    late = queue.enqueue("late", expires=0.3)
+    [lease] = claim(queue)
+    assert queue.nack(lease, "boom", retry_in=0) == "pending" and runs_observed(queue) == 1
+    wait_for(lambda: server_ms(valkey) > int(valkey.hget(queue.shard(0).job(late.id), "expires_at")))
+    assert claim(queue) == [] and queue.get(late.id).state == "expired"  # type: ignore[union-attr]
+    assert runs_observed(queue) == 1  # the wait for the retry was no run
+    retried = queue.enqueue("retried")
+    [lease] = claim(queue)
+    assert queue.nack(lease, "boom", retry_in=60) == "scheduled" and runs_observed(queue) == 2
+    assert queue.cancel(retried.id) == "cancelled" and runs_observed(queue) == 2
+    ran = queue.enqueue("ran")
+    [lease] = claim(queue)
+    assert queue.ack(lease) and runs_observed(queue) == 3
+    assert queue.get(ran.id).state == "succeeded"  # type: ignore[union-attr]
+
+
 def test_an_expired_job_cannot_be_cancelled(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue("x", expires=0.05)
     wait_for(lambda: server_ms(valkey) > int(valkey.hget(queue.shard(0).job(ref.id), "expires_at")))
