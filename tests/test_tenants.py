@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobqueue import conf, handoff, lanes
+from jobqueue import backlog, conf, handoff, lanes
 from jobqueue.exceptions import InvalidName, InvalidOption, InvalidTransition
 from jobqueue.records import Lease
 from jobqueue.store import JobSpec, Queue
@@ -188,6 +188,17 @@ def test_a_live_cap_stops_hand_offs(make: Make) -> None:
 def test_queues_with_lane_limits_never_offer_hand_offs(make: Make) -> None:
     assert not make().options.claim_only
     assert make(lane_concurrency=2).options.claim_only and make(lane_rate="5/s").options.claim_only
+
+
+@pytest.mark.parametrize("held", ["cap", "rate"])
+def test_a_held_lanes_jobs_count_in_the_oldest_wait_and_the_lane_heads(make: Make,
+                                                                       held: str) -> None:
+    queue = make(**{"lane_concurrency": 1} if held == "cap" else {"lane_rate": "1/m"})
+    waiting = [ref.id for ref in queue.enqueue_many([JobSpec(i, lane="a") for i in range(2)])]
+    assert len(claim(queue)) == 1 and ring(queue) == []  # held back, one job still waiting
+    assert [(lane, job_id) for lane, job_id, _ in backlog.heads(queue, 0)] == [("a", waiting[1])]
+    wait = backlog.oldest_wait(queue)
+    assert wait is not None and wait >= 0
 
 
 # -- lane rates -------------------------------------------------------------------------------
