@@ -13,6 +13,7 @@ import pytest
 
 from jobqueue import backlog, conf, handoff, lanes
 from jobqueue.exceptions import InvalidName, InvalidOption, InvalidTransition
+from jobqueue.keys import placement_hash
 from jobqueue.records import Lease
 from jobqueue.store import JobSpec, Queue
 
@@ -159,6 +160,18 @@ def test_a_live_star_cap_and_the_settings_caps_combine(make: Make) -> None:
     states = {s.lane: s for s in lanes.states(queue.client, "t", 1, queue.options)}
     assert (states["vip"].cap, states["vip"].live, states["vip"].active) == (2, False, 2)
     assert (states["x"].cap, states["x"].live, states["x"].held) == (1, True, "cap")
+
+
+def test_a_cap_set_live_holds_on_the_shards_a_raised_shards_setting_adds(make: Make) -> None:
+    make().set_lane_concurrency("a", 1)
+    wider = make(shards=4)  # (a deploy raised the setting: no resize)
+    wider.enqueue_many([JobSpec(i, lane="a") for i in range(3)])
+    shard = wider.shard(placement_hash("a") % 4)
+    assert shard.index != 0 and wider.client.hgetall(shard.key("caps")) == {"a": "1"}
+    assert len(claim(wider)) == 1  # the cap holds on the lane's new shard
+    wider.client.hset(shard.key("idle"), "idle-worker", "30000:0")  # an idle offer there
+    ref = wider.enqueue("x", lane="a")
+    assert wider.get(ref.id).state == "pending"  # type: ignore[union-attr]  # no hand-off
 
 
 @pytest.mark.parametrize(("lane", "cap", "error"), [
