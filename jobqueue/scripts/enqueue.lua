@@ -1,5 +1,8 @@
 --[[ enqueue: write new job rows and make them ready (or scheduled when delayed).
-KEYS[1] base      prefix  emq:{q}; rows are base:job:<id>, lanes base:pending / base:lane:<l>
+KEYS[1] base      prefix  emq:{q}; rows are base:job:<id>, lanes base:pending / base:lane:<l>,
+                          unique keys base:uniq:<key> and base:uniqs, hand-offs base:hand:<name>;
+                          a debounced pending job leaves its lane: base:turns, base:capped,
+                          base:rated
 KEYS[2] ring      LIST    lanes with ready work
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] wake      LIST    wake tokens for blocked workers

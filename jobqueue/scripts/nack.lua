@@ -1,5 +1,9 @@
 --[[ nack: record a failed run; retry after backoff while the budget lasts, else dead.
-KEYS[1] base      prefix  emq:{q}
+KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                          base:lane:<l>, base:slots, base:capped, base:rated (a slot freed),
+                          and as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
+                          base:uniqs, base:notify:<id>, base:flow:<id>, and for its
+                          dependents base:deps:<id>, base:results:<id>, base:waiting
 KEYS[2] active    ZSET    id -> lease deadline ms
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] dead      ZSET    id -> finished ms
