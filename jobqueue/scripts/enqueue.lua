@@ -23,10 +23,10 @@ ARGV[2] n = number of jobs, then 12 per job:
         id), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
         row's expires_at = now + it, which the claim checks)
 Debounce: while the unique key's job has never started (pending or scheduled, attempts 0), a
-debounced enqueue replaces its payload and expiry (none given: none) and moves it to scheduled at
-now + debounce_ms, answering its id; once that job started (claimed once: running, waiting for a retry,
-released, reaped or retried since) or finished, the enqueue makes a new job and the key names it
-from then on (the started job goes on with its own payload).
+debounced enqueue replaces its payload and expiry (none given: none) and moves it to scheduled
+at now + debounce_ms, answering its id; once that job started (claimed once: running, or waiting
+again for a retry, after a release, a reap or an operator's retry) or finished, the enqueue
+makes a new job and the key names it from then on (the started job goes on with its payload).
 The row holds only what differs from a default (a waiting job's bytes are RAM): no attempts,
 uncharged or priority while 0, no lane, unique_key or policy field while default, no run_after
 unless delayed, no enqueued_at for an id minted by the caller's enqueue (its mint time says it).
@@ -91,15 +91,15 @@ local function debounced(other, o)
   -- (the lane may leave the ring here: a later job of this call must put it back)
   if state == 'pending' then filled[unready(base, ring, ok, other)] = nil end
   local due = at() + tonumber(ARGV[o + 10])
-  local row = {'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due}
+  local fields = {'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due}
   -- The expiry is the last enqueue's too (none given: none), as the enqueue checked it against
   -- this start: an old one kept could fall before it, and the last arguments would never run.
   if ARGV[o + 11] ~= '0' then
-    row[7], row[8] = 'expires_at', at() + tonumber(ARGV[o + 11])
+    fields[7], fields[8] = 'expires_at', at() + tonumber(ARGV[o + 11])
   else
     redis.call('HDEL', ok, 'expires_at')
   end
-  redis.call('HSET', ok, unpack(row))
+  redis.call('HSET', ok, unpack(fields))
   redis.call('ZADD', schedule, due, other)
   return true
 end
