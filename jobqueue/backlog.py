@@ -17,7 +17,8 @@ SAMPLE_TTL = 7200
 
 def heads(queue: Queue, index: int, lanes: int = 1000, bands: int = 10) -> list[tuple[str, str, int]]:
     """(lane, job id, ms it became ready) of the first job of each priority band of shard
-    `index`'s lanes (the first `lanes` of its ring): where its longest waits are."""
+    `index`'s lanes with ready work (the first `lanes` of its ring, and up to `lanes` each of
+    those held back by their cap or rate): where its longest waits are."""
     reply = caller.run(queue.client, "heads", queue.shard(index), [lanes, bands])
     return [(reply[n], reply[n + 1], int(reply[n + 2]) or minted_ms(reply[n + 1]) or 0)
             for n in range(0, len(reply), 3)]
@@ -25,7 +26,7 @@ def heads(queue: Queue, index: int, lanes: int = 1000, bands: int = 10) -> list[
 
 def oldest_wait(queue: Queue, now: int | None = None, lanes: int = 1000) -> float | None:
     """Seconds the longest-waiting ready job has waited (server clock, `now` in ms if the caller
-    has it), among the first `lanes` lanes of each shard; None when none waits."""
+    has it), among the lanes `heads` reads on each shard; None when none waits."""
     if now is None:
         seconds, micros = queue.client.time()
         now = int(seconds) * 1000 + int(micros) // 1000

@@ -5,8 +5,9 @@ A queue's settings cap each lane (`lane_concurrency`) and rate it (`lane_rate`);
 enforces both (claim.lua) and every transition that ends an attempt frees its slot (_common.lua).
 A cap set live (`set_cap`) is kept in each shard's `caps` hash, marked in its `meta` (a claim of
 a queue without one skips the read, and an enqueue hands no job over while one is set); a shard
-that a resize adds copies shard 0's (`copy_caps`). This module reads and writes `caps`, and only
-reads `slots`, `capped` and `rated`, which the scripts keep.
+that a resize or a raised `shards` setting adds copies shard 0's (`copy_caps`, which layouts.py
+calls). This module reads and writes `caps`, and only reads `slots`, `capped` and `rated`, which
+the scripts keep.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def live_caps(client: Any, queue: str) -> dict[str, int]:
 
 
 def copy_caps(client: Any, queue: str, shards: int) -> None:
-    """Give shards 1…shards-1 the caps set live on shard 0 (a resize added shards)."""
+    """Give shards 1…shards-1 the caps set live on shard 0 (a resize, or a raised `shards`
+    setting, added shards)."""
     caps = live_caps(client, queue)
     if not caps:
         return

@@ -20,9 +20,10 @@ shard holds waiting or running work and no lane or live unique key sits on a sha
 its live one, `prior` returns to 0 and `span` to `live`; the shards beyond are retired.
 
 This module owns those keys, the resize history and counts, and the shards' `draining`,
-`listed` and `uniqs_indexed` marks. `resize`, `settle` and `reopen` change a layout
-(`Queue.resize` and `Queue.retry` call them, and the worker's maintenance settles); `read`, `read_again` and
-`history` read; `list_queue` adds to the registry and `known_queues` reads it. `place` says
+`listed` and `uniqs_indexed` marks; it has `lanes` copy the caps set live onto the shards a
+resize or a raised `shards` setting adds. `resize`, `settle` and `reopen` change a layout
+(`Queue.resize` and `Queue.retry` call them, and the worker's maintenance settles); `read`,
+`read_again` and `history` read; `list_queue` adds to the registry and `known_queues` reads it. `place` says
 which shard a job belongs to and `destinations` where an enqueue sends each job of a batch.
 """
 
@@ -64,6 +65,14 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 local widest = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if tonumber(ARGV[4]) > widest then redis.call('HSET', KEYS[2], ARGV[1], ARGV[4]) end
 return 1
+"""
+
+# Raise the registry's widest count of a queue to ARGV[2] (never lower it: a resize may have
+# raised it further meanwhile).
+_RAISE = """
+if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
 """
 
 
@@ -115,8 +124,19 @@ def read(client: Any, name: str, configured: int, *, fresh: bool = False) -> Lay
         layout = Layout(live, prior, span, max(widest, span), raw)
     else:  # never resized: the setting's count; shards beyond it (a lowered setting) drain
         layout = Layout(configured, 0, widest, widest)
+        if configured > max(int(seen or 0), 1):
+            _widen(client, name, configured)
     known[name, configured] = (now + TTL, layout)
     return layout
+
+
+def _widen(client: Any, name: str, configured: int) -> None:
+    """The `shards` setting names more shards than the queue ever had (a deploy raised it): give
+    the new ones the lane caps set live, as a resize's `_mark` does for the shards it adds,
+    before this process sends a job there or claims one; then record the count in the registry,
+    so that this runs once, not at each read."""
+    lanes.copy_caps(client, name, configured)
+    client.register_script(_RAISE)(keys=[REGISTRY_KEY], args=[name, configured])
 
 
 def read_again(client: Any, name: str, configured: int, turns: int) -> Layout:
@@ -333,7 +353,7 @@ def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
     if not now.prior:
         return True
     if any(lane and placement_hash(lane) % now.live != shard.index
-           for lane in client.lrange(shard.key("ring"), 0, -1)):
+           for lane in _ready_lanes(client, shard)):
         return False
     for unique in client.sscan_iter(shard.key("uniqs"), count=1000):
         job_id = client.get(shard.key(f"uniq:{unique}"))
@@ -341,6 +361,14 @@ def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
         if state in LIVE_STATES and place(job_id, lane or "", unique, now.live) != shard.index:
             return False  # a live job whose lane or key now belongs on another shard
     return True
+
+
+def _ready_lanes(client: Any, shard: ShardKeys) -> Iterator[str]:
+    """The lanes with ready jobs on a shard: those on its ring, and those held off it at their
+    cap (`capped`) or by their rate (`rated`), whose jobs wait there just the same."""
+    yield from client.lrange(shard.key("ring"), 0, -1)
+    yield from client.sscan_iter(shard.key("capped"), count=1000)
+    yield from (lane for lane, _ in client.zscan_iter(shard.key("rated"), count=1000))
 
 
 def destinations(layout: Layout, jobs: Sequence[Prepared], todo: Iterable[int],

@@ -259,8 +259,9 @@ class JobSpec(NamedTuple):
     lease: float | None = None
     unique_key: str | None = None
     debounce: float | timedelta | None = None
-    """Seconds: while the unique key's job still waits, an enqueue replaces its payload and
-    moves its start to now + debounce (the same id comes back); the first one starts then too."""
+    """Seconds: while the unique key's job has not started, an enqueue replaces its payload and
+    expiry and moves its start to now + debounce (the same id comes back); the first one starts
+    then too."""
     expires: float | timedelta | datetime | None = None
     """Seconds from now (or an aware datetime): a job not started by then ends `expired`."""
 

@@ -335,8 +335,9 @@ class Queue:
 
     def set_lane_concurrency(self, lane: str, cap: int | None) -> None:
         """Set one lane's cap live, kept in Valkey ("*": every named lane's; None: back to the
-        settings' cap): `lanes.set_cap`."""
-        lanes.set_cap(self.client, self.name, self.all_shards(), lane, cap)
+        settings' cap): `lanes.set_cap`, on every shard the queue has now (read afresh: a
+        count cached a second ago may miss shards just added)."""
+        lanes.set_cap(self.client, self.name, self.layout(fresh=True).widest, lane, cap)
 
     def resize(self, count: int, by: str = "") -> layouts.Layout:
         """Set the live shard count (see `layouts.resize`); `by` says who, in its history."""

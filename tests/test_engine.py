@@ -61,6 +61,19 @@ def test_each_script_declares_its_keys_and_touches_no_undeclared_key_shape(name:
     assert used == set(range(1, len(src.key_names) + 1)), "code uses exactly the declared KEYS"
 
 
+@pytest.mark.parametrize("name", sorted(scripts.TRANSITIONS))
+def test_each_header_names_every_key_its_script_derives_from_its_base(name: str) -> None:
+    """A key built from the braced base (`base .. ':slots'`, in the script or in a helper it
+    carries) is named in the header (`base:slots`), or declared in KEYS."""
+    src = scripts.source(name)
+    code = re.sub(r"--\[\[.*?\]\]|--[^\n]*", "", src.text, flags=re.DOTALL)
+    derived = {part.strip(":") for part in re.findall(r"\bbase \.\. '(:\w+:?)'", code)}
+    header = (scripts.HERE / scripts.TRANSITIONS[name]).read_text().split("]]", 1)[0]
+    unnamed = {key for key in derived - set(src.key_names)
+               if not re.search(rf"\bbase:{key}\b", header)}
+    assert not unnamed, f"{name}.lua touches base:{sorted(unnamed)} unnamed in its header"
+
+
 def test_a_script_carries_only_the_helpers_it_uses() -> None:
     defined = lambda name: set(re.findall(r"^local (?:function )?(\w+)", scripts.source(name).text, re.M))  # noqa: E731
     assert {"job_key", "lane_push", "wake_workers", "now_ms"} <= defined("enqueue")

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,9 +92,11 @@ def test_four_workers_never_run_more_of_a_lane_than_its_cap_and_other_lanes_go_o
     assert queue.client.scard(queue.shard(0).key("capped")) == 0
 
 
-def test_a_killed_workers_slots_come_back_when_its_leases_expire(url: str) -> None:
+def test_a_killed_workers_slots_come_back_when_its_leases_expire(url: str, tmp_path: Path) -> None:
     queue = Queue("tenants")
-    held = [r.id for r in jobs.sleep.using(queue="tenants", lane="a").enqueue_many([(1,)] * 2)]
+    never = str(tmp_path / "never")  # (no file: the first attempts run until the kill)
+    held = [r.id for r in jobs.hangs_on_first_attempt.using(queue="tenants", lane="a")
+            .enqueue_many([(never,)] * 2)]
     [victim] = workers(url, 1)
     wait_for(lambda: queue.client.hget(queue.shard(0).key("slots"), "a") == "2")
     more = [r.id for r in jobs.sleep.using(queue="tenants", lane="a").enqueue_many([(0.05,)] * 4)]

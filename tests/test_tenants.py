@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 
-from jobqueue import conf, handoff, lanes
+from jobqueue import backlog, conf, handoff, lanes
 from jobqueue.exceptions import InvalidName, InvalidOption, InvalidTransition
+from jobqueue.keys import placement_hash
 from jobqueue.records import Lease
 from jobqueue.store import JobSpec, Queue
 
 from .test_engine import server_ms, wait_past
+from .test_resize import moved_lane, settle
 from .workers import wait_for
 
 Make = Callable[..., Queue]
@@ -160,6 +162,18 @@ def test_a_live_star_cap_and_the_settings_caps_combine(make: Make) -> None:
     assert (states["x"].cap, states["x"].live, states["x"].held) == (1, True, "cap")
 
 
+def test_a_cap_set_live_holds_on_the_shards_a_raised_shards_setting_adds(make: Make) -> None:
+    make().set_lane_concurrency("a", 1)
+    wider = make(shards=4)  # (a deploy raised the setting: no resize)
+    wider.enqueue_many([JobSpec(i, lane="a") for i in range(3)])
+    shard = wider.shard(placement_hash("a") % 4)
+    assert shard.index != 0 and wider.client.hgetall(shard.key("caps")) == {"a": "1"}
+    assert len(claim(wider)) == 1  # the cap holds on the lane's new shard
+    wider.client.hset(shard.key("idle"), "idle-worker", "30000:0")  # an idle offer there
+    ref = wider.enqueue("x", lane="a")
+    assert wider.get(ref.id).state == "pending"  # type: ignore[union-attr]  # no hand-off
+
+
 @pytest.mark.parametrize(("lane", "cap", "error"), [
     ("a", 0, InvalidOption), ("a", -1, InvalidOption), ("a", 1.5, InvalidOption),
     ("a b", 2, InvalidName),
@@ -189,6 +203,17 @@ def test_queues_with_lane_limits_never_offer_hand_offs(make: Make) -> None:
     assert make(lane_concurrency=2).options.claim_only and make(lane_rate="5/s").options.claim_only
 
 
+@pytest.mark.parametrize("held", ["cap", "rate"])
+def test_a_held_lanes_jobs_count_in_the_oldest_wait_and_the_lane_heads(make: Make,
+                                                                       held: str) -> None:
+    queue = make(**{"lane_concurrency": 1} if held == "cap" else {"lane_rate": "1/m"})
+    waiting = [ref.id for ref in queue.enqueue_many([JobSpec(i, lane="a") for i in range(2)])]
+    assert len(claim(queue)) == 1 and ring(queue) == []  # held back, one job still waiting
+    assert [(lane, job_id) for lane, job_id, _ in backlog.heads(queue, 0)] == [("a", waiting[1])]
+    wait = backlog.oldest_wait(queue)
+    assert wait is not None and wait >= 0
+
+
 # -- lane rates -------------------------------------------------------------------------------
 
 def test_a_lane_out_of_tokens_leaves_the_ring_until_its_next_token(make: Make) -> None:
@@ -215,6 +240,24 @@ def test_promote_brings_a_rated_lane_back_and_says_when_the_next_is_due(make: Ma
     assert queue.promote_shard(0)[1] is None and ring(queue) == ["a"]
 
 
+# -- resize -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("held", ["cap", "rate"])
+def test_a_resize_does_not_settle_while_a_held_lane_still_waits_on_its_prior_shard(
+        make: Make, held: str) -> None:
+    queue = make(**{"lane_concurrency": 1} if held == "cap" else {"lane_rate": "1/m"})
+    lane = moved_lane(1, 2)
+    waiting = [ref.id for ref in queue.enqueue_many([JobSpec(i, lane=lane) for i in range(3)])]
+    [lease] = claim(queue)
+    assert ring(queue) == [] and queue.counts()["pending"] == 2  # held off the ring, waiting
+    queue.resize(2)
+    assert settle(queue) is None  # its jobs still wait on shard 0, their prior shard
+    for job_id in waiting[1:]:
+        queue.cancel(job_id)
+    assert settle(queue) is not None  # (its running job holds nothing back)
+    assert queue.ack(lease)
+
+
 # -- debounce ---------------------------------------------------------------------------------
 
 def test_debounce_replaces_the_waiting_job_and_moves_its_start(queue: Queue) -> None:
@@ -239,6 +282,36 @@ def test_a_debounced_job_once_started_leaves_the_key_to_a_new_job(queue: Queue, 
     assert queue.enqueue({"v": 3}, unique_key="k", debounce=60).id == second.id
 
 
+@pytest.mark.parametrize("again", ["retry later", "retry now", "release", "reap", "operator"])
+def test_a_debounced_enqueue_never_replaces_a_job_that_started(queue: Queue, valkey: Any,
+                                                              again: str) -> None:
+    first = queue.enqueue({"v": 1}, unique_key="k", debounce=0.05)
+    wait_past(valkey, queue.shard(0).key("schedule"))
+    queue.promote()
+    [lease] = queue.dequeue(count=1, lease=0.05 if again == "reap" else 30, worker="w")
+    if again == "retry later":
+        assert queue.nack(lease, "boom", retry_in=60) == "scheduled"
+    elif again == "retry now":
+        assert queue.nack(lease, "boom", retry_in=0) == "pending"
+    elif again == "release":
+        assert queue.release(lease)
+    elif again == "reap":
+        wait_past(valkey, queue.shard(0).key("active"))
+        assert queue.reap() == 1
+    else:
+        assert queue.nack(lease, "boom", fatal=True) == "dead"
+        assert queue.retry(first.id) == "pending"
+    waiting = queue.get(first.id)
+    second = queue.enqueue({"v": 2}, unique_key="k", debounce=60)
+    assert second.id != first.id and second.created  # a job of its own, with the new arguments
+    assert queue.get(first.id) == waiting  # the started job goes on as it was
+    assert valkey.get(queue.shard(0).key("uniq:k")) == second.id
+    assert queue.enqueue({"v": 3}, unique_key="k", debounce=60).id == second.id  # debounces it
+    assert queue.get(second.id).payload == {"v": 3}  # type: ignore[union-attr]
+    if waiting and waiting.state == "pending":
+        assert [(lease.job_id, lease.payload) for lease in claim(queue)] == [(first.id, {"v": 1})]
+
+
 def test_a_pending_job_debounced_again_leaves_its_lane(queue: Queue, valkey: Any) -> None:
     first = queue.enqueue("a", unique_key="k", lane="l", debounce=0.05)
     wait_past(valkey, queue.shard(0).key("schedule"))
@@ -246,6 +319,31 @@ def test_a_pending_job_debounced_again_leaves_its_lane(queue: Queue, valkey: Any
     assert ring(queue) == ["l"]
     assert queue.enqueue("b", unique_key="k", lane="l", debounce=60).id == first.id
     assert ring(queue) == [] and queue.counts()["pending"] == 0 and claim(queue) == []
+
+
+def test_a_debounced_enqueue_replaces_the_expiry_too(queue: Queue, valkey: Any) -> None:
+    first = queue.enqueue({"v": 1}, unique_key="k", debounce=0.05, expires=0.1)
+    queue.enqueue({"v": 2}, unique_key="k", debounce=0.2)  # no expiry: the job has none now
+    assert valkey.hget(queue.shard(0).job(first.id), "expires_at") is None
+    wait_past(valkey, queue.shard(0).key("schedule"))  # past the first enqueue's expiry too
+    queue.promote()
+    assert [(lease.job_id, lease.payload) for lease in claim(queue)] == [(first.id, {"v": 2})]
+    queue.enqueue({"v": 3}, unique_key="j", debounce=0.05, expires=60)
+    again = queue.enqueue({"v": 4}, unique_key="j", debounce=0.05, expires=0.1)
+    due = int(valkey.hget(queue.shard(0).job(again.id), "run_after"))
+    assert due < int(valkey.hget(queue.shard(0).job(again.id), "expires_at")) <= due + 100
+
+
+def test_a_batch_that_debounces_its_own_job_leaves_no_job_of_that_lane_off_the_ring(
+        queue: Queue) -> None:
+    first, again, other = queue.enqueue_many([
+        JobSpec("a", lane="l", unique_key="k"),
+        JobSpec("b", lane="l", unique_key="k", debounce=60),  # takes the first off its lane
+        JobSpec("c", lane="l"),  # the lane has work again: it must be back on the ring
+    ])
+    assert again.id == first.id and other.created
+    assert ring(queue) == ["l"] and queue.counts()["pending"] == 1
+    assert [lease.job_id for lease in claim(queue)] == [other.id]
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -297,6 +395,29 @@ def test_a_job_handed_over_keeps_its_expiry(queue: Queue, valkey: Any) -> None:
     assert queue.release(handed)
     wait_for(lambda: server_ms(valkey) > int(valkey.hget(shard.job(ref.id), "expires_at")))
     assert claim(queue) == [] and queue.get(ref.id).state == "expired"  # type: ignore[union-attr]
+
+
+def runs_observed(queue: Queue) -> int:
+    """How many run durations the shard's histogram holds (jobqueue_job_duration_seconds)."""
+    hist = queue.client.hgetall(queue.shard(0).key("hist"))
+    return sum(int(n) for le, n in hist.items() if le != "sum_ms")
+
+
+def test_only_a_run_that_ends_adds_a_duration_not_a_wait_that_ends(queue: Queue, valkey: Any) -> None:
+    late = queue.enqueue("late", expires=0.3)
+    [lease] = claim(queue)
+    assert queue.nack(lease, "boom", retry_in=0) == "pending" and runs_observed(queue) == 1
+    wait_for(lambda: server_ms(valkey) > int(valkey.hget(queue.shard(0).job(late.id), "expires_at")))
+    assert claim(queue) == [] and queue.get(late.id).state == "expired"  # type: ignore[union-attr]
+    assert runs_observed(queue) == 1  # the wait for the retry was no run
+    retried = queue.enqueue("retried")
+    [lease] = claim(queue)
+    assert queue.nack(lease, "boom", retry_in=60) == "scheduled" and runs_observed(queue) == 2
+    assert queue.cancel(retried.id) == "cancelled" and runs_observed(queue) == 2
+    ran = queue.enqueue("ran")
+    [lease] = claim(queue)
+    assert queue.ack(lease) and runs_observed(queue) == 3
+    assert queue.get(ran.id).state == "succeeded"  # type: ignore[union-attr]
 
 
 def test_an_expired_job_cannot_be_cancelled(queue: Queue, valkey: Any) -> None:

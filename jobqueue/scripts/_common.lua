@@ -153,6 +153,7 @@ local function make_ready(base, ring, jk, id, now)
 end
 
 -- Take a waiting job off its lane; an emptied lane leaves the ring, or stops being held back.
+-- Returns the lane.
 local function unready(base, ring, jk, id)
   local lane = redis.call('HGET', jk, 'lane') or ''
   local lk = lane_key(base, lane)
@@ -162,6 +163,7 @@ local function unready(base, ring, jk, id)
     redis.call('SREM', base .. ':capped', lane)
     redis.call('ZREM', base .. ':rated', lane)
   end
+  return lane
 end
 
 -- An attempt that failed and will run again joins the row's `history` (the last ten): the job
@@ -286,7 +288,10 @@ end
 
 -- A terminal transition: state, timestamps, counters, the `done` event for the MySQL mirror
 -- (in this same script, so a state change can never miss its event) and the row's retention.
--- The event carries the row's non-empty fields, so the mirror needs nothing else.
+-- The event carries the row's non-empty fields, so the mirror needs nothing else. `ran`: an
+-- attempt ran until this end (ack, nack, reap), so its duration goes in the histogram; a job
+-- ended while it waited (expired, cancelled, buried) keeps `started_at` from an earlier run,
+-- which would count the wait as a run.
 local EVENT_FIELDS = {'attempts', 'priority', 'lane', 'payload', 'result', 'last_error',
   'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at', 'history', 'progress'}
 local EVENT_AT = {}  -- field name -> its position in EVENT_FIELDS (and in the HMGET reply)
@@ -297,7 +302,7 @@ for i, name in ipairs(EVENT_FIELDS) do EVENT_AT[name] = i end
 local FOLLOW_AT = #EVENT_FIELDS
 local FINISH_FIELDS = {unpack(EVENT_FIELDS)}
 for _, name in ipairs({'notify', 'dependents', 'flow'}) do FINISH_FIELDS[#FINISH_FIELDS + 1] = name end
-local function finish(base, done, meta, jk, id, state, now, retention_ms, result)
+local function finish(base, done, meta, jk, id, state, now, retention_ms, result, ran)
   if result then
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)
   else
@@ -310,7 +315,7 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   end
   redis.call('XADD', done, '*', unpack(event))
   tally(meta, 'n_' .. state, 1)
-  observe(base, f[EVENT_AT.started_at], now)
+  if ran then observe(base, f[EVENT_AT.started_at], now) end
   count_minute(base, now, state)
   -- (a debounced key may name a newer job already: then the key is that job's, not ours)
   local unique = f[EVENT_AT.unique_key]
@@ -356,7 +361,7 @@ local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
       redis.call('ZREM', active, id)
       free_slot(base, ring, wake, jk, row[4], row[5])
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
-        retention, result)
+        retention, result, true)
       out[#out + 1] = 1
     elseif row[2] == token and row[1] == 'succeeded' then
       out[#out + 1] = 1  -- this very success, sent again after its reply was lost

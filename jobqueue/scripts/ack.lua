@@ -1,6 +1,10 @@
 --[[ ack: record the success of claimed jobs; token-fenced, so a stale lease changes nothing.
 (The worker's steady state sends its acks inside the next claim instead: claim.lua.)
-KEYS[1] base    prefix  emq:{q}
+KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                        base:lane:<l>, base:slots, base:capped, base:rated (a slot freed), and
+                        as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
+                        base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
+                        base:deps:<id>, base:results:<id>, base:waiting (_common.lua)
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] done    STREAM  terminal events for the MySQL mirror
 KEYS[4] meta    HASH    counters n_<state>

@@ -1,5 +1,5 @@
 --[[ checkpoint: store a running job's progress on its row (and optionally renew the lease).
-KEYS[1] base    prefix  emq:{q}
+KEYS[1] base    prefix  emq:{q}; rows base:job:<id>
 KEYS[2] active  ZSET    id -> lease deadline ms
 ARGV[1] id, ARGV[2] token, ARGV[3] data (JSON), ARGV[4] lease ms from now (0 = keep)
 Returns: 1 (stored) or 0 (stale)

@@ -2,7 +2,10 @@
 jobs, one lane per turn (round-robin over the ring; a lane of weight w keeps the ring's head for
 w turns in a row): a worker's steady state is one round trip per batch, as BullMQ's
 moveToFinished fetches the next job.
-KEYS[1] base    prefix  emq:{q}
+KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                        base:lane:<l>, and as a job finishes base:hist, base:m:<minute>,
+                        base:uniq:<key>, base:uniqs, base:notify:<id>, base:flow:<id>, and for
+                        its dependents base:deps:<id>, base:results:<id>, base:waiting
 KEYS[2] ring    LIST    lanes with ready work; rotated one step per turn with LMOVE
 KEYS[3] active  ZSET    id -> lease deadline ms (server clock)
 KEYS[4] meta    HASH    paused; caps = '1' while base:caps holds a cap set live

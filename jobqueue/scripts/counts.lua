@@ -1,5 +1,5 @@
 --[[ counts: how many jobs of the shard are in each state, and whether it is paused.
-KEYS[1] base      prefix  emq:{q}
+KEYS[1] base      prefix  emq:{q}; reads lanes base:pending / base:lane:<l>
 KEYS[2] ring      LIST    lanes with ready work (pending = the sum of their sizes, and of the
                           lanes held back by their cap or rate: base:capped, base:rated)
 KEYS[3] schedule  ZSET

@@ -1,5 +1,8 @@
 --[[ enqueue: write new job rows and make them ready (or scheduled when delayed).
-KEYS[1] base      prefix  emq:{q}; rows are base:job:<id>, lanes base:pending / base:lane:<l>
+KEYS[1] base      prefix  emq:{q}; rows are base:job:<id>, lanes base:pending / base:lane:<l>,
+                          unique keys base:uniq:<key> and base:uniqs, hand-offs base:hand:<name>;
+                          a debounced pending job leaves its lane: base:turns, base:capped,
+                          base:rated
 KEYS[2] ring      LIST    lanes with ready work
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] wake      LIST    wake tokens for blocked workers
@@ -19,10 +22,11 @@ ARGV[2] n = number of jobs, then 12 per job:
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the
         id), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
         row's expires_at = now + it, which the claim checks)
-Debounce: while the unique key's job still waits (pending or scheduled), a debounced enqueue
-replaces its payload (and expiry, if given) and moves it to scheduled at now + debounce_ms,
-answering its id; once that job started (or finished), the enqueue makes a new job and the key
-names it from then on.
+Debounce: while the unique key's job has never started (pending or scheduled, attempts 0), a
+debounced enqueue replaces its payload and expiry (none given: none) and moves it to scheduled
+at now + debounce_ms, answering its id; once that job started (claimed once: running, or waiting
+again for a retry, after a release, a reap or an operator's retry) or finished, the enqueue
+makes a new job and the key names it from then on (the started job goes on with its payload).
 The row holds only what differs from a default (a waiting job's bytes are RAM): no attempts,
 uncharged or priority while 0, no lane, unique_key or policy field while default, no run_after
 unless delayed, no enqueued_at for an id minted by the caller's enqueue (its mint time says it).
@@ -75,16 +79,27 @@ local function put(row, name, value, default)
   if value ~= default then row[#row + 1] = name; row[#row + 1] = value end
 end
 
--- A debounced enqueue meets the key's job: replace its payload and start while it waits (true),
--- or leave it be once it started (false: the enqueue makes a new job).
+-- A debounced enqueue meets the key's job: replace its payload and start while it has never
+-- started (true), or leave it be once a worker claimed it (false: the enqueue makes a new job).
+-- A claim spends a fencing token (`attempts`, never lowered), so a job waiting again after a run
+-- (a retry after a failure, a release, a reaped lease, an operator's retry) has started.
 local function debounced(other, o)
   local ok = job_key(base, other)
-  local state = redis.call('HGET', ok, 'state')
-  if state ~= 'pending' and state ~= 'scheduled' then return false end
-  if state == 'pending' then unready(base, ring, ok, other) end
+  local row = redis.call('HMGET', ok, 'state', 'attempts')
+  local state = row[1]
+  if (state ~= 'pending' and state ~= 'scheduled') or (row[2] or '0') ~= '0' then return false end
+  -- (the lane may leave the ring here: a later job of this call must put it back)
+  if state == 'pending' then filled[unready(base, ring, ok, other)] = nil end
   local due = at() + tonumber(ARGV[o + 10])
-  redis.call('HSET', ok, 'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due)
-  if ARGV[o + 11] ~= '0' then redis.call('HSET', ok, 'expires_at', at() + tonumber(ARGV[o + 11])) end
+  local fields = {'state', 'scheduled', 'payload', ARGV[o + 1], 'run_after', due}
+  -- The expiry is the last enqueue's too (none given: none), as the enqueue checked it against
+  -- this start: an old one kept could fall before it, and the last arguments would never run.
+  if ARGV[o + 11] ~= '0' then
+    fields[7], fields[8] = 'expires_at', at() + tonumber(ARGV[o + 11])
+  else
+    redis.call('HDEL', ok, 'expires_at')
+  end
+  redis.call('HSET', ok, unpack(fields))
   redis.call('ZADD', schedule, due, other)
   return true
 end

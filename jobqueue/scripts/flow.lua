@@ -4,7 +4,10 @@ dependency is an edge member -> dependent: the member's row lists its dependents
 dependent's base:deps:<id> SET holds its members not yet done; finish() walks the edges (see
 member_done in _common.lua). A member named here must be written earlier in this call or live
 on this shard; one that already finished is applied at once.
-KEYS[1] base      prefix  emq:{q}
+KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                          base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>, and
+                          as a job finishes at once base:hist, base:m:<minute>, base:uniq:<key>,
+                          base:uniqs, base:notify:<id>
 KEYS[2] ring      LIST    lanes with ready work
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] wake      LIST    wake tokens

@@ -1,5 +1,9 @@
 --[[ nack: record a failed run; retry after backoff while the budget lasts, else dead.
-KEYS[1] base      prefix  emq:{q}
+KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                          base:lane:<l>, base:slots, base:capped, base:rated (a slot freed),
+                          and as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
+                          base:uniqs, base:notify:<id>, base:flow:<id>, and for its
+                          dependents base:deps:<id>, base:results:<id>, base:waiting
 KEYS[2] active    ZSET    id -> lease deadline ms
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] dead      ZSET    id -> finished ms
@@ -24,7 +28,7 @@ redis.call('ZREM', active, id)
 free_slot(base, ring, wake, jk, row[8], row[9])
 redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
 if row[6] == '1' then
-  finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]))
+  finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]), nil, true)
   return 'cancelled'
 end
 -- The budget counts runs, not claims: releases and operator retries are `uncharged`.
@@ -32,7 +36,7 @@ count_minute(base, now, 'failed')
 local used = tonumber(row[2]) - (tonumber(row[3]) or 0)
 if fatal == '1' or used >= (tonumber(row[4]) or tonumber(ARGV[8])) then
   redis.call('ZADD', dead, now, id)
-  finish(base, done, meta, jk, id, 'dead', now, tonumber(ARGV[7]))
+  finish(base, done, meta, jk, id, 'dead', now, tonumber(ARGV[7]), nil, true)
   return 'dead'
 end
 observe(base, row[7], now)  -- a failed run that will be retried (finish observes the others)

@@ -1,6 +1,7 @@
 --[[ promote: scheduled jobs that are due move to their lane, and lanes whose next token is due
 (held back by their rate: claim.lua) go back on the ring. Idempotent; any worker runs it.
-KEYS[1] base      prefix  emq:{q}
+KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                          base:lane:<l>, base:capped (a lane back from its rate, unless capped)
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] ring      LIST    lanes with ready work
 KEYS[4] wake      LIST    wake tokens

@@ -1,7 +1,11 @@
 --[[ reap: jobs whose lease expired (their worker died or stalled) go back to waiting, or to
 dead when their budget is spent, freeing the slot of their lane's cap they held; also forgets
 dead entries older than their retention.
-KEYS[1] base    prefix  emq:{q}
+KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                        base:lane:<l>, base:slots, base:capped, base:rated (a slot freed), and
+                        as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
+                        base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
+                        base:deps:<id>, base:results:<id>, base:waiting (_common.lua)
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] dead    ZSET    id -> finished ms
 KEYS[4] done    STREAM  terminal events
@@ -32,10 +36,10 @@ for _, id in ipairs(expired) do
     else
       redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
       if row[5] == '1' then
-        finish(base, done, meta, jk, id, 'cancelled', now, retention)
+        finish(base, done, meta, jk, id, 'cancelled', now, retention, nil, true)
       elseif attempts - (count_field(row[3]) or 0) >= (count_field(row[4]) or tonumber(ARGV[4])) then
         redis.call('ZADD', dead, now, id)
-        finish(base, done, meta, jk, id, 'dead', now, dead_retention)
+        finish(base, done, meta, jk, id, 'dead', now, dead_retention, nil, true)
       else
         record_attempt(jk, row[2], 'lease expired', now)
         make_ready(base, ring, jk, id, now)

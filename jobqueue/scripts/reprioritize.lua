@@ -1,5 +1,5 @@
 --[[ reprioritize (operator): change a job's priority in place; a waiting job is rescored.
-KEYS[1] base    prefix  emq:{q}
+KEYS[1] base    prefix  emq:{q}; rows base:job:<id>, lanes base:pending / base:lane:<l>
 ARGV[1] id, ARGV[2] priority (-100…100)
 Returns: 'ok:<state>', 'missing', or 'state:<state>' for a finished job
 ]]

@@ -2,7 +2,9 @@
 budget (an expired one without its expiry).
 `attempts` keeps counting (the fencing token never goes back); `uncharged` absorbs the old runs.
 A job a failed dependency cancelled goes back to waiting while members are still not done.
-KEYS[1] base    prefix  emq:{q}
+KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                        base:lane:<l>, unique keys base:uniq:<key>, base:uniqs, and a flow's
+                        base:deps:<id>, base:results:<id>, base:waiting
 KEYS[2] dead    ZSET    id -> finished ms
 KEYS[3] ring    LIST    lanes with ready work
 KEYS[4] wake    LIST    wake tokens

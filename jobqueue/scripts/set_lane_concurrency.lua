@@ -1,7 +1,8 @@
 --[[ set_lane_concurrency (operator): set one lane's cap live on this shard, or drop it (back to
 the settings' cap). Lanes held at their cap come back on the ring, so a raised cap serves them
 at once; the claim holds back again those still at (a lowered) cap, one turn each.
-KEYS[1] base    prefix  emq:{q}
+KEYS[1] base    prefix  emq:{q}; reads lanes base:pending / base:lane:<l>, base:rated (a
+                        lane back from its cap, unless rated)
 KEYS[2] caps    HASH    lane ('*': every named lane) -> cap set live
 KEYS[3] meta    HASH    caps = '1' while `caps` holds any (claims read it, enqueues hand no job
                         over)

@@ -221,6 +221,15 @@ def waits_for_file(ctx: JobContext, path: str) -> str:
     return "finished"
 
 
+@job(takes_context=True)
+def hangs_on_first_attempt(ctx: JobContext, path: str) -> int:
+    """Holds its first attempt until `path` exists (a test kills its worker meanwhile, whatever
+    the machine's load); a later attempt returns at once."""
+    while ctx.attempt == 1 and not Path(path).exists():
+        time.sleep(0.02)
+    return ctx.attempt
+
+
 @job(max_attempts=20, backoff=0)
 def square_slowly(i: int, seconds: float) -> int:
     time.sleep(seconds)
