@@ -23,8 +23,9 @@ This module owns those keys, the resize history and counts, and the shards' `dra
 `listed` and `uniqs_indexed` marks; it has `lanes` copy the caps set live onto the shards a
 resize or a raised `shards` setting adds. `resize`, `settle` and `reopen` change a layout
 (`Queue.resize` and `Queue.retry` call them, and the worker's maintenance settles); `read`,
-`read_again` and `history` read; `list_queue` adds to the registry and `known_queues` reads it. `place` says
-which shard a job belongs to and `destinations` where an enqueue sends each job of a batch.
+`read_again` and `history` read; `list_queue` adds to the registry and `known_queues` reads it.
+`place` says which shard a job belongs to and `destinations` where an enqueue sends each job of a
+batch.
 """
 
 from __future__ import annotations
