@@ -130,15 +130,27 @@ class Waiters:
                 if not self._held.room.wait(0.5):
                     continue
                 try:
-                    if self.wait(lines) is Woke.TOKEN:
-                        self._claim(queue, index)
+                    woke = self.wait(lines)
                 except RedisError as exc:
                     log.debug("wait on %s shard %d: %r", queue.name, index, exc)
                     self.drop(lines)  # (taken anew: on a cluster, maybe on another node)
                     self._threads_stop.wait(1.0)
+                    continue
+                if woke is Woke.TOKEN:
+                    self._claim_after_token(queue, index)
         finally:
             self._withdraw(lines)
             self.drop(lines)
+
+    def _claim_after_token(self, queue: Queue, index: int) -> None:
+        """Claim from a shard whose token arrived. A claim that fails gave back the outcomes it
+        carried; the main loop's next turn claims again (a token is only a hint)."""
+        try:
+            self._claim(queue, index)
+        except RedisError as exc:
+            log.warning("claim on %s shard %d after a wake token failed: %s", queue.name, index,
+                        exc)
+            self._threads_stop.wait(1.0)
 
     @property
     def plain_waiting(self) -> bool:

@@ -221,6 +221,16 @@ def waits_for_file(ctx: JobContext, path: str) -> str:
     return "finished"
 
 
+@job(max_attempts=1)
+def ends_on_file(path: str, fail: bool) -> str:
+    """Works until `path` exists, then succeeds or fails: a test chooses when jobs finish."""
+    while not Path(path).exists():
+        time.sleep(0.02)
+    if fail:
+        raise ValueError("failed on purpose")
+    return "done"
+
+
 @job(max_attempts=20, backoff=0)
 def square_slowly(i: int, seconds: float) -> int:
     time.sleep(seconds)
