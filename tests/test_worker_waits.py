@@ -51,6 +51,37 @@ def test_a_server_that_refuses_the_offer_still_serves_an_idle_worker_by_tokens(
         server.cleanup()
 
 
+def test_an_offer_refused_while_valkey_is_full_is_made_again_once_it_has_room(
+        settings: Any, tmp_path: Path) -> None:
+    # A full Valkey (noeviction) refuses the offer with OOM: that passes, so the worker must
+    # not stop offering for the rest of its life as it does for a server without HSETEX.
+    import redis
+
+    server = ValkeyProcess("--maxmemory-policy", "noeviction", appendonly=False).start()
+    try:
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": server.url}
+        client = redis.Redis(port=server.port)
+        idle = Queue("default").shard(0).key("idle")
+        log = tmp_path / "worker.log"
+        worker = start_worker(server.url, "--queues", "default", log=log)
+        try:
+            wait_for(lambda: client.hlen(idle) == 1)
+            with client.pipeline(transaction=False) as pipe:  # (small commands: a big one's
+                for _ in range(64):  # query buffer would count until the server shrinks it)
+                    pipe.append("filler", b"x" * (128 << 10))
+                pipe.execute()
+            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - (4 << 20))
+            wait_for(lambda: client.hlen(idle) == 0, timeout=4 * IDLE_WAIT)  # (refused anew)
+            client.delete("filler")
+            wait_for(lambda: client.hlen(idle) == 1, timeout=4 * IDLE_WAIT)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(20) == 0
+        assert "takes no offer" not in log.read_text()
+    finally:
+        server.cleanup()
+
+
 def test_a_job_handed_to_a_worker_killed_while_idle_runs_once_its_lease_ends(
         valkey_server: ValkeyProcess) -> None:
     # A worker killed in its idle wait stays offered until that wait would have ended: a job

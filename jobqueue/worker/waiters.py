@@ -34,7 +34,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as ValkeyConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from .. import handoff, wire
 from ..records import Lease
@@ -207,11 +207,12 @@ class Waiters:
         return Woke.TOKEN if got else Woke.TIMEOUT
 
     def _past_offer(self, lines: Lines, replies: list[Any]) -> list[Any]:
-        """An idle wait's replies after its offer's. A server that refuses the offer (no HSETEX
-        before Valkey 9 and Redis 8, or an ACL that denies it) ends the waiter's offers: it
-        waits for tokens from then on, as a capped queue's waiter does."""
+        """An idle wait's replies after its offer's. A server that refuses the offer for good
+        (no HSETEX before Valkey 9 and Redis 8, or an ACL that denies it) ends the waiter's
+        offers: it waits for tokens from then on, as a capped queue's waiter does. A refusal
+        that passes (full, read-only after a failover, busy) costs only this wait's offer."""
         refused, *rest = replies
-        if isinstance(refused, ResponseError):
+        if isinstance(refused, ResponseError) and _for_good(refused):
             lines.hand_off = False
             with self._lock:
                 said, self._refused_said = self._refused_said, True
@@ -257,6 +258,12 @@ class Waiters:
                 for conn_id in ids:
                     pipe.client_unblock(conn_id)
                 pipe.execute()
+
+
+def _for_good(refusal: ResponseError) -> bool:
+    """Whether the server will refuse the offer every time: it lacks the command, or an ACL
+    denies it."""
+    return isinstance(refusal, NoPermissionError) or "unknown command" in str(refusal).lower()
 
 
 def _node(queue: Queue, index: int) -> Any:
