@@ -63,6 +63,9 @@ class Job(models.Model):
     run_after = models.DateTimeField(null=True, blank=True)
     backoff_ms = models.PositiveIntegerField(null=True, blank=True)
     lease_ms = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    """When a durable job ends `expired` unless it started by then (None: never); a relay or a
+    restore that finds the row past it marks it expired instead of sending it."""
     history = models.JSONField(null=True, blank=True)
     """Earlier attempts that failed (the last ten), as the job's row had them when it finished."""
     progress = models.JSONField(null=True, blank=True)

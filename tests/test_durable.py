@@ -167,3 +167,27 @@ def test_a_retried_durable_job_is_restored_with_every_option(
         "0", "45000"]
     [lease] = queue.dequeue(count=1)  # the job's own lease, not the queue's 30 s
     assert lease.job_id == job_id and lease.lease == 45.0
+
+
+@pytest.mark.slow
+def test_restore_keeps_a_durable_jobs_expiry_and_marks_a_job_past_it_expired(
+        valkey_server: ValkeyProcess) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    later = durable_add.using(expires=3600).enqueue(1, 1)
+    gone = durable_add.using(expires=3600).enqueue(2, 2)
+    row = Job.objects.get(pk=later.id)
+    assert row.expires_at is not None and abs(
+        (row.expires_at - datetime.now(UTC)).total_seconds() - 3600) < 60
+    # Valkey loses its data, and by the restore one job's time has run out.
+    redis.Redis.from_url(valkey_server.url).flushall()
+    Job.objects.filter(pk=gone.id).update(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    done = manage("jobqueue", "restore", "--queues", "durable", url=valkey_server.url)
+    assert "restored 1 job(s)" in done.stdout, done.stderr
+    info = get_job(later.id, queue="durable")
+    assert info and info.source == "valkey" and info.expires_at is not None
+    assert abs((info.expires_at - row.expires_at).total_seconds()) < 60
+    assert not in_valkey(gone.id)
+    expired = Job.objects.get(pk=gone.id)
+    assert expired.state == "expired" and expired.finished_at is not None
+    assert "restored 0 job(s)" in manage("jobqueue", "restore", url=valkey_server.url).stdout
