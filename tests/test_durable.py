@@ -191,3 +191,20 @@ def test_restore_keeps_a_durable_jobs_expiry_and_marks_a_job_past_it_expired(
     expired = Job.objects.get(pk=gone.id)
     assert expired.state == "expired" and expired.finished_at is not None
     assert "restored 0 job(s)" in manage("jobqueue", "restore", url=valkey_server.url).stdout
+
+
+def test_debounce_is_refused_on_a_durable_queue_and_nothing_is_written() -> None:
+    # A debounce replaces the waiting job's arguments in Valkey; the durable row, written
+    # first, would keep the old ones, and a restore would bring them back.
+    from jobqueue.exceptions import InvalidOption
+    from jobqueue.store import JobSpec
+
+    refused = "debounce cannot be used on a durable queue"
+    with pytest.raises(InvalidOption, match=refused), transaction.atomic():
+        durable_add.using(unique_key="tenant-1", debounce=2).enqueue(1, 1)
+    with pytest.raises(InvalidOption, match=refused):
+        Queue("durable").enqueue_many([JobSpec({"handler": "x"}, unique_key="k", debounce=2)])
+    assert not Job.objects.exists()
+    counts = Queue("durable").counts()
+    assert counts["pending"] + counts["scheduled"] == 0
+    assert jobs.add.using(unique_key="tenant-1", debounce=2).enqueue(1, 1).created  # (plain: fine)
