@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from .durable import reopened
+from .durable import UNFINISHED, reopened
 from .refs import JobRef
 from .spec import JobSpec, Prepared
 from .states import State
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from .store import Queue
 
 log = logging.getLogger("jobqueue.outbox")
-UNFINISHED = (State.PENDING, State.SCHEDULED)
 MIN_EXPIRY = timedelta(milliseconds=1)
 """The least time to expiry a resent job is given (a row that expires as it is being sent)."""
 RELAY_GRACE = 5.0
@@ -57,7 +56,7 @@ def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
         "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms,
         "expires_at": now + timedelta(milliseconds=job.expires_ms) if job.expires_ms else None,
-        "history": None, "progress": None,
+        "reopened_after": None, "history": None, "progress": None,
     } for job in prepared)
 
 
@@ -115,7 +114,7 @@ def recreate(queue: Queue, row: Job) -> None:
 
     # Due now, whenever it was first due, and without its expiry (as retry.lua drops it).
     spec = spec_of(row)._replace(run_after=None, expires=None)
-    with reopened(row.pk):
+    with reopened(row.pk, after=row.finished_at):
         [ref] = queue.enqueue_many([spec])
         if ref.id != row.pk:
             raise InvalidTransition(f"cannot retry job {row.pk}: its unique_key "

@@ -21,7 +21,7 @@ from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
-from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, text
+from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, ms_to_dt, text
 from .refs import JobRef
 from .scripts import caller
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
@@ -300,7 +300,9 @@ class Queue:
             layouts.reopen(self.client, self.name, self.configured, index)
         if not self.options.durable:
             return self._operator("retry", job_id, [job_id])
-        with durable.reopened(job_id):
+        ended = None if index is None else ms_to_dt(
+            self.client.hget(self.shard(index).job(job_id), "finished_at"))
+        with durable.reopened(job_id, after=ended):
             return self._operator("retry", job_id, [job_id])
 
     def reprioritize(self, job_id: str, priority: int) -> str:

@@ -208,3 +208,25 @@ def test_debounce_is_refused_on_a_durable_queue_and_nothing_is_written() -> None
     counts = Queue("durable").counts()
     assert counts["pending"] + counts["scheduled"] == 0
     assert jobs.add.using(unique_key="tenant-1", debounce=2).enqueue(1, 1).created  # (plain: fine)
+
+
+def test_a_retried_runs_event_mirrored_late_leaves_the_reopened_row_unfinished() -> None:
+    # The job died, its `done` event still waits in the stream (no mirror ran yet), and an
+    # operator retries it: the row reopens. The late event must not make it dead again, or a
+    # restore after Valkey lost its data would miss the pending job.
+    from jobqueue.mirror import Mirror
+
+    ref = jobs.always_fails.using(queue="durable", max_attempts=1).enqueue("no")
+    queue = Queue("durable")
+    [lease] = queue.dequeue(count=1)
+    assert queue.nack(lease, "boom") == "dead"
+    assert queue.retry(ref.id) == "pending"
+    mirror = Mirror([queue], consumer="t")
+    assert mirror.step() == 0 and mirror.backlog() == 0  # (read and acknowledged all the same)
+    row = Job.objects.get(pk=ref.id)
+    assert (row.state, row.finished_at) == ("pending", None)
+    # The retried job's own end is mirrored, even one with the same attempts (cancelled before
+    # it ran again).
+    assert queue.cancel(ref.id) == "cancelled"
+    assert mirror.step() == 1
+    assert Job.objects.get(pk=ref.id).state == "cancelled"

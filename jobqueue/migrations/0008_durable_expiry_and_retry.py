@@ -15,4 +15,9 @@ class Migration(migrations.Migration):
             name='expires_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name='job',
+            name='reopened_after',
+            field=models.DateTimeField(blank=True, null=True),
+        ),
     ]
