@@ -31,6 +31,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from .. import tracing
 from ..exceptions import VALKEY_DOWN
 from ..handler import PROGRESS
 from ..records import Lease
@@ -330,6 +331,7 @@ class Worker:
             for lease, ok in zip(group, released, strict=True):
                 log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id,
                          lease.token, "released" if ok else "stale")
+                tracing.released(lease, ok)
         self.held.forget(leases)
 
     def _spawn(self, target: Any, name: str, *args: Any) -> None:
