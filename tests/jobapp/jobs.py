@@ -140,9 +140,11 @@ async def async_sleep(seconds: float) -> dict[str, Any]:
 
     started = time.monotonic()
     await asyncio.sleep(seconds)
+    slept = time.monotonic()
     done = await (await _shared_client()).incr("test:async-done")
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop's, or asyncio's
-    return {"thread": threading.get_ident(), "done": done, "started": started, "loop": loop}
+    return {"thread": threading.get_ident(), "done": done, "started": started, "slept": slept,
+            "loop": loop}
 
 
 @job(takes_context=True, max_attempts=2, backoff=0)
