@@ -34,7 +34,7 @@ import json
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,6 +175,20 @@ def list_queue(client: Any, name: str, index: int, live: int) -> None:
     if seen is None or int(seen) < live:
         client.hset(REGISTRY_KEY, name, live)
     client.hset(ShardKeys(name, index).key("meta"), "listed", "1")
+
+
+def list_missing(client: Any, counts: Mapping[str, int]) -> list[str]:
+    """Record in the registry the queues of `counts` (name -> shard count) it lacks; the names
+    written. A worker does it each maintenance turn for the queues it serves: on a cluster the
+    registry and a shard's 'listed' mark (`list_queue`) live on different nodes, so the
+    registry's node may lose its data while the marks tell every producer not to list again.
+    One HMGET while nothing is missing."""
+    names = list(counts)
+    missing = {name: counts[name] for name, seen in zip(names, client.hmget(REGISTRY_KEY, names),
+                                                         strict=True) if seen is None}
+    if missing:
+        client.hset(REGISTRY_KEY, mapping=missing)
+    return list(missing)
 
 
 def known_queues(client: Any = None) -> list[str]:

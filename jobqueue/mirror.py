@@ -12,13 +12,16 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import transaction
+
+from . import durable
 from .conf import get_config
 from .records import mirror_columns
 from .store import Queue
 
 GROUP = "mirror"
 NOT_DURABLE = {"durable": False, "relayed": True, "run_after": None, "backoff_ms": None,
-               "lease_ms": None}
+               "lease_ms": None, "expires_at": None, "reopened_after": None}
 """The outbox columns of a row the mirror creates (see outbox.py); it never updates them."""
 
 
@@ -32,10 +35,15 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
     now = datetime.now(UTC)
     kept = {"id", *NOT_DURABLE}  # a durable row keeps its outbox columns
     update = [f.attname for f in Job._meta.concrete_fields if f.attname not in kept]
-    max_attempts = get_config().queue(queue).max_attempts
-    return insert_jobs(({**NOT_DURABLE, **mirror_columns(event, queue, shard, max_attempts),
-                         "mirrored_at": now}
-                        for event in latest.values()), update)
+    options = get_config().queue(queue)
+    rows = {job_id: {**NOT_DURABLE, **mirror_columns(event, queue, shard, options.max_attempts),
+                     "mirrored_at": now} for job_id, event in latest.items()}
+    if not options.durable:
+        return insert_jobs(rows.values(), update)
+    with transaction.atomic():  # (an operator's retry must not commit between the two)
+        for job_id in durable.stale_events(rows):
+            del rows[job_id]  # a retried run's event: its reopened row stays unfinished
+        return insert_jobs(rows.values(), update)
 
 
 def record_shards(queue: Queue, written: dict[tuple[str, int], dict[str, Any]] | None = None) -> None:

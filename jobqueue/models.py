@@ -63,6 +63,13 @@ class Job(models.Model):
     run_after = models.DateTimeField(null=True, blank=True)
     backoff_ms = models.PositiveIntegerField(null=True, blank=True)
     lease_ms = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    """When a durable job ends `expired` unless it started by then (None: never); a relay or a
+    restore that finds the row past it marks it expired instead of sending it."""
+    reopened_after = models.DateTimeField(null=True, blank=True)
+    """When the run an operator's retry reopened this durable row after had ended (its
+    `finished_at`, on Valkey's clock): the mirror lets no event of that run finish the row again
+    (durable.py)."""
     history = models.JSONField(null=True, blank=True)
     """Earlier attempts that failed (the last ten), as the job's row had them when it finished."""
     progress = models.JSONField(null=True, blank=True)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from .durable import reopened
+from .durable import UNFINISHED, reopened
 from .refs import JobRef
 from .spec import JobSpec, Prepared
 from .states import State
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from .store import Queue
 
 log = logging.getLogger("jobqueue.outbox")
-UNFINISHED = (State.PENDING, State.SCHEDULED)
+MIN_EXPIRY = timedelta(milliseconds=1)
+"""The least time to expiry a resent job is given (a row that expires as it is being sent)."""
 RELAY_GRACE = 5.0
 """Seconds a durable row is left to its own push before a relay pass sends it again."""
 
@@ -53,8 +54,9 @@ def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
         "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",
         "enqueued_at": now, "started_at": None, "finished_at": None, "mirrored_at": now,
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
-        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms, "history": None,
-        "progress": None,
+        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms,
+        "expires_at": now + timedelta(milliseconds=job.expires_ms) if job.expires_ms else None,
+        "reopened_after": None, "history": None, "progress": None,
     } for job in prepared)
 
 
@@ -90,13 +92,17 @@ def _cancel_duplicates(specs: Sequence[JobSpec], refs: Sequence[JobRef]) -> None
 
 
 def spec_of(row: Job) -> JobSpec:
-    """The enqueue that creates a durable row's job again, with its own id."""
-    due = row.run_after if row.run_after and row.run_after > datetime.now(UTC) else None
+    """The enqueue that creates a durable row's job again, with its own id (and what is left
+    of its time to expiry: `_resend` sends no row past it)."""
+    now = datetime.now(UTC)
+    due = row.run_after if row.run_after and row.run_after > now else None
+    expires = None if row.expires_at is None else max(row.expires_at - now, MIN_EXPIRY)
     return JobSpec(
         row.payload, job_id=row.id, lane=row.lane or None, priority=row.priority,
         run_after=due, max_attempts=row.max_attempts or None,
         backoff=None if row.backoff_ms is None else row.backoff_ms / 1000,
         lease=(row.lease_ms / 1000) if row.lease_ms else None, unique_key=row.unique_key or None,
+        expires=expires,
     )
 
 
@@ -106,8 +112,9 @@ def recreate(queue: Queue, row: Job) -> None:
     lease, unique key). A durable row reopens in the same transaction (durable.py)."""
     from .exceptions import InvalidTransition
 
-    spec = spec_of(row)._replace(run_after=None)  # due now, whenever it was first due
-    with reopened(row.pk):
+    # Due now, whenever it was first due, and without its expiry (as retry.lua drops it).
+    spec = spec_of(row)._replace(run_after=None, expires=None)
+    with reopened(row.pk, after=row.finished_at):
         [ref] = queue.enqueue_many([spec])
         if ref.id != row.pk:
             raise InvalidTransition(f"cannot retry job {row.pk}: its unique_key "
@@ -115,9 +122,19 @@ def recreate(queue: Queue, row: Job) -> None:
 
 
 def _resend(queue: Queue, rows: Sequence[Job]) -> int:
-    """Enqueue rows again by id; mark them relayed; how many Valkey did not have."""
+    """Enqueue rows again by id; mark them relayed; how many Valkey did not have. A row past
+    its expiry is not sent but marked expired, as a claim would have ended its job."""
     from .models import Job
 
+    now = datetime.now(UTC)
+    expired = [row.pk for row in rows if row.expires_at is not None and row.expires_at <= now]
+    if expired:
+        Job.objects.filter(pk__in=expired, state__in=UNFINISHED).update(
+            state=State.EXPIRED, finished_at=now, relayed=True,
+            last_error="expired before it started")
+        rows = [row for row in rows if row.pk not in expired]
+        if not rows:
+            return 0
     specs = [spec_of(row) for row in rows]
     refs = queue.enqueue_many(specs)
     Job.objects.filter(pk__in=[row.pk for row in rows], relayed=False).update(relayed=True)

@@ -358,6 +358,11 @@ def _unique_key(value: object) -> str:
 
 def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) -> Prepared:
     """Validate every field of a spec, with errors that say what is allowed."""
+    if spec.debounce is not None and options.durable:
+        # A debounced enqueue replaces a waiting job's payload in Valkey, where the durable
+        # row (written first, with the first payload) would not follow it.
+        raise InvalidOption("debounce cannot be used on a durable queue: its database row "
+                            "would keep the first enqueue's arguments (use a plain queue)")
     delay = _delay(spec)
     shared = (options, spec.priority, spec.lane, spec.max_attempts, spec.backoff, spec.lease)
     try:

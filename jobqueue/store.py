@@ -21,7 +21,7 @@ from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
-from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, text
+from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, ms_to_dt, text
 from .refs import JobRef
 from .scripts import caller
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
@@ -292,15 +292,15 @@ class Queue:
     # -- operator side ---------------------------------------------------------------------
 
     def retry(self, job_id: str) -> str:
-        """A dead, cancelled or expired job goes back to pending with a fresh retry budget (on its own
-        shard: one that a shrink retired is claimed from again until it has drained anew). A
-        durable queue's row reopens in the same step (durable.py), so `restore` finds the job."""
+        """A dead, cancelled or expired job goes back to pending with a fresh retry budget, on its
+        own shard (a retired one is claimed from again); a durable row reopens with it."""
         index = self.locate(job_id)
         if index is not None:
             layouts.reopen(self.client, self.name, self.configured, index)
-        if not self.options.durable:
+        if index is None or not self.options.durable:
             return self._operator("retry", job_id, [job_id], index)
-        with durable.reopened(job_id):
+        ended = ms_to_dt(self.client.hget(self.shard(index).job(job_id), "finished_at"))
+        with durable.reopened(job_id, after=ended):  # (so `restore` finds it: durable.py)
             return self._operator("retry", job_id, [job_id], index)
 
     def reprioritize(self, job_id: str, priority: int) -> str:

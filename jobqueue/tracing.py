@@ -14,7 +14,8 @@ instead of being its children (OpenTelemetry's messaging conventions for batches
 
 A consumer span starts when a runner takes the job, is current while the handler runs (the
 handler's own spans are its children), and ends once the outcome is recorded
-(`signals.job_finished`), which is when `jobqueue.outcome` is known.
+(`signals.job_finished`), which is when `jobqueue.outcome` is known, or once a stopping worker
+gives the job back unfinished (`released`).
 """
 
 from __future__ import annotations
@@ -256,12 +257,23 @@ def _ran[R: Ran](attempt: _Attempt, outcome: R) -> R:
 
 def _finished(sender: object, lease: Lease, state: str, **_: object) -> None:
     """End an attempt's span once its outcome is recorded (a `job_finished` receiver)."""
+    _end(lease, OUTCOMES.get(state, state))
+
+
+def released(lease: Lease, ok: bool = True) -> None:
+    """End the span of an attempt the worker gave back unfinished (it stops): outcome
+    `released`, or `stale` when the lease had been lost. Nothing when it had no span (a
+    prefetched job never started, or tracing is off)."""
+    if _open:
+        _end(lease, "released" if ok else "stale")
+
+
+def _end(lease: Lease, outcome: str) -> None:
     from opentelemetry.trace import StatusCode
 
     attempt = _open.pop((lease.job_id, lease.token), None)
-    if attempt is None:  # (started before tracing was on)
+    if attempt is None:  # (started before tracing was on, or never started)
         return
-    outcome = OUTCOMES.get(state, state)
     attempt.span.set_attribute("jobqueue.outcome", outcome)
     if outcome in ("retry", "dead"):
         attempt.span.set_status(StatusCode.ERROR, attempt.error)

@@ -167,3 +167,66 @@ def test_a_retried_durable_job_is_restored_with_every_option(
         "0", "45000"]
     [lease] = queue.dequeue(count=1)  # the job's own lease, not the queue's 30 s
     assert lease.job_id == job_id and lease.lease == 45.0
+
+
+@pytest.mark.slow
+def test_restore_keeps_a_durable_jobs_expiry_and_marks_a_job_past_it_expired(
+        valkey_server: ValkeyProcess) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    later = durable_add.using(expires=3600).enqueue(1, 1)
+    gone = durable_add.using(expires=3600).enqueue(2, 2)
+    row = Job.objects.get(pk=later.id)
+    assert row.expires_at is not None and abs(
+        (row.expires_at - datetime.now(UTC)).total_seconds() - 3600) < 60
+    # Valkey loses its data, and by the restore one job's time has run out.
+    redis.Redis.from_url(valkey_server.url).flushall()
+    Job.objects.filter(pk=gone.id).update(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    done = manage("jobqueue", "restore", "--queues", "durable", url=valkey_server.url)
+    assert "restored 1 job(s)" in done.stdout, done.stderr
+    info = get_job(later.id, queue="durable")
+    assert info and info.source == "valkey" and info.expires_at is not None
+    assert abs((info.expires_at - row.expires_at).total_seconds()) < 60
+    assert not in_valkey(gone.id)
+    expired = Job.objects.get(pk=gone.id)
+    assert expired.state == "expired" and expired.finished_at is not None
+    assert "restored 0 job(s)" in manage("jobqueue", "restore", url=valkey_server.url).stdout
+
+
+def test_debounce_is_refused_on_a_durable_queue_and_nothing_is_written() -> None:
+    # A debounce replaces the waiting job's arguments in Valkey; the durable row, written
+    # first, would keep the old ones, and a restore would bring them back.
+    from jobqueue.exceptions import InvalidOption
+    from jobqueue.store import JobSpec
+
+    refused = "debounce cannot be used on a durable queue"
+    with pytest.raises(InvalidOption, match=refused), transaction.atomic():
+        durable_add.using(unique_key="tenant-1", debounce=2).enqueue(1, 1)
+    with pytest.raises(InvalidOption, match=refused):
+        Queue("durable").enqueue_many([JobSpec({"handler": "x"}, unique_key="k", debounce=2)])
+    assert not Job.objects.exists()
+    counts = Queue("durable").counts()
+    assert counts["pending"] + counts["scheduled"] == 0
+    assert jobs.add.using(unique_key="tenant-1", debounce=2).enqueue(1, 1).created  # (plain: fine)
+
+
+def test_a_retried_runs_event_mirrored_late_leaves_the_reopened_row_unfinished() -> None:
+    # The job died, its `done` event still waits in the stream (no mirror ran yet), and an
+    # operator retries it: the row reopens. The late event must not make it dead again, or a
+    # restore after Valkey lost its data would miss the pending job.
+    from jobqueue.mirror import Mirror
+
+    ref = jobs.always_fails.using(queue="durable", max_attempts=1).enqueue("no")
+    queue = Queue("durable")
+    [lease] = queue.dequeue(count=1)
+    assert queue.nack(lease, "boom") == "dead"
+    assert queue.retry(ref.id) == "pending"
+    mirror = Mirror([queue], consumer="t")
+    assert mirror.step() == 0 and mirror.backlog() == 0  # (read and acknowledged all the same)
+    row = Job.objects.get(pk=ref.id)
+    assert (row.state, row.finished_at) == ("pending", None)
+    # The retried job's own end is mirrored, even one with the same attempts (cancelled before
+    # it ran again).
+    assert queue.cancel(ref.id) == "cancelled"
+    assert mirror.step() == 1
+    assert Job.objects.get(pk=ref.id).state == "cancelled"

@@ -4,13 +4,17 @@ a round trip of its own on a normal enqueue."""
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
+import pytest
 from redis.cluster import RedisCluster
 
 from jobqueue import conf, layouts
 from jobqueue.store import JobSpec, Queue, known_queues
+
+from .workers import start_worker, wait_for
 
 
 def lose_everything(client: Any) -> None:
@@ -61,3 +65,30 @@ def test_a_normal_enqueue_is_one_round_trip(valkey_server: Any) -> None:
             if command["client_type"] != "lua" and name not in ("CLIENT", "HELLO", "PING"):
                 sent.append(name)
     assert sent == ["EVALSHA", "EVALSHA"]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_lists_its_queues_again_when_only_the_registrys_node_lost_its_data(
+        valkey_cluster: Any, settings: Any) -> None:
+    # On a cluster the registry lives on one node and a shard's 'listed' mark on another: when
+    # only the registry's node loses its data, no enqueue lists the queue again (the mark says
+    # it is listed). The workers serving it do, at their next maintenance turn.
+    url = valkey_cluster.url
+    client = RedisCluster.from_url(url.split("?")[0], decode_responses=True)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    settings.JOBQUEUE = {"URL": url, "QUEUES": {"default": {}}}
+    conf.reset()
+    Queue("reports").enqueue("x", delay=3600)  # listed (a job that does not run meanwhile)
+    assert client.hget("{emq}:queues", "reports") == "1"
+    worker = start_worker(url, "--queues", "reports")
+    try:
+        wait_for(lambda: client.hlen("{emq}:workers") == 1)  # (serving: its turns have begun)
+        node = client.get_node_from_key("{emq}:queues")
+        client.get_redis_connection(node).flushall()
+        assert client.hget("{emq}:queues", "reports") is None
+        wait_for(lambda: client.hget("{emq}:queues", "reports") == "1")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        client.close()

@@ -11,13 +11,13 @@ from django.test import Client
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from jobqueue import Queue, conf, enqueue, tracing
+from jobqueue import Queue, conf, enqueue, get_job, tracing
 from jobqueue.exceptions import ConfigurationError
 from tests import otel
 from tests.jobapp import celery_tasks, django_tasks, jobs
 
 from .servers import ValkeyProcess
-from .workers import manage, run_burst
+from .workers import manage, run_burst, start_worker, stop_twice, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -120,6 +120,25 @@ def test_a_failure_in_a_process_pool_is_noted_from_its_text(
     assert attempt["attributes"]["jobqueue.outcome"] == "dead"
     [event] = attempt["events"]
     assert event["attributes"]["exception.message"] == "ValueError: in the pool"
+
+
+def test_an_attempt_released_when_its_worker_stops_ends_its_span(
+        traced: InMemorySpanExporter, valkey_server: ValkeyProcess, tmp_path: Path) -> None:
+    # The worker stops (a second SIGTERM: release now) while the job runs: its attempt's span
+    # must end (outcome released) and be exported, not stay open for the process's life.
+    ref = jobs.waits_for_file.enqueue(str(tmp_path / "never"))
+    path, log = tmp_path / "spans.jsonl", tmp_path / "worker.log"
+    worker = start_worker(valkey_server.url, log=log, env={"JOBQUEUE_TEST_SPANS": str(path)})
+    try:
+        wait_for(lambda: getattr(get_job(ref.id), "progress", None) == "started")
+    finally:
+        stop_twice(worker, log)
+        assert worker.wait(30) == 0
+    [attempt] = [s for s in otel.read(path) if s["name"] == "process default"]
+    assert attempt["attributes"]["messaging.message.id"] == ref.id
+    assert attempt["attributes"]["jobqueue.outcome"] == "released"
+    assert attempt["status"]["status_code"] == "UNSET" and attempt["end_time"]
+    assert Queue("default").get(ref.id).state == "pending"  # type: ignore[union-attr]
 
 
 def test_the_console_shows_a_traced_payload(traced: InMemorySpanExporter, client: Client) -> None:

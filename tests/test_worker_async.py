@@ -63,7 +63,9 @@ def test_async_handlers_share_one_event_loop_and_run_side_by_side(
     assert run_burst(valkey_server.url, "--concurrency", "40") == 0
     results = [Job.objects.get(pk=r.id).result for r in refs]
     assert time.monotonic() - started < 25  # 40 one-second sleeps at once, not one after another
-    assert max(r["started"] for r in results) - min(r["started"] for r in results) < 1.0
+    # Side by side: the last one started before the first one's sleep was over (counted on
+    # the loop's own clock, so a slow machine that delays them all does not matter).
+    assert max(r["started"] for r in results) < min(r["slept"] for r in results)
     assert len({r["thread"] for r in results}) == 1  # one loop thread ran them all
     assert {r["loop"] for r in results} == {"uvloop"}  # (installed: the default)
     assert sorted(r["done"] for r in results) == list(range(1, 41))  # one client, kept

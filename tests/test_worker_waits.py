@@ -51,6 +51,37 @@ def test_a_server_that_refuses_the_offer_still_serves_an_idle_worker_by_tokens(
         server.cleanup()
 
 
+def test_an_offer_refused_while_valkey_is_full_is_made_again_once_it_has_room(
+        settings: Any, tmp_path: Path) -> None:
+    # A full Valkey (noeviction) refuses the offer with OOM: that passes, so the worker must
+    # not stop offering for the rest of its life as it does for a server without HSETEX.
+    import redis
+
+    server = ValkeyProcess("--maxmemory-policy", "noeviction", appendonly=False).start()
+    try:
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": server.url}
+        client = redis.Redis(port=server.port)
+        idle = Queue("default").shard(0).key("idle")
+        log = tmp_path / "worker.log"
+        worker = start_worker(server.url, "--queues", "default", log=log)
+        try:
+            wait_for(lambda: client.hlen(idle) == 1)
+            with client.pipeline(transaction=False) as pipe:  # (small commands: a big one's
+                for _ in range(64):  # query buffer would count until the server shrinks it)
+                    pipe.append("filler", b"x" * (128 << 10))
+                pipe.execute()
+            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - (4 << 20))
+            wait_for(lambda: client.hlen(idle) == 0, timeout=4 * IDLE_WAIT)  # (refused anew)
+            client.delete("filler")
+            wait_for(lambda: client.hlen(idle) == 1, timeout=4 * IDLE_WAIT)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(20) == 0
+        assert "takes no offer" not in log.read_text()
+    finally:
+        server.cleanup()
+
+
 def test_a_job_handed_to_a_worker_killed_while_idle_runs_once_its_lease_ends(
         valkey_server: ValkeyProcess) -> None:
     # A worker killed in its idle wait stays offered until that wait would have ended: a job
@@ -80,33 +111,45 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _blocked_waiters(client: Any) -> int:
+    """Connections blocked in a BLPOP on the server (a worker's waiters, idle)."""
+    return sum(entry.get("cmd") == "blpop" for entry in client.client_list())
+
+
 def test_an_idle_worker_sleeps_and_wakes_at_once(valkey_server: ValkeyProcess) -> None:
     """Counted, not timed: an idle worker sends about a hundred commands a second on these
     five queues (its maintenance turn, one claim per queue and its mirror's reads, each once a
     second; its waiters block for seconds). A loop that polls sends hundreds more; a thread
-    that spins uses a whole core, a quarter of which is a wide bound for a slow machine."""
+    that spins uses a whole core, a quarter of which is a wide bound for a slow machine. The
+    rates are per second of the window actually measured, so a slow machine does not skew
+    them. A new job then starts at once: the median of five waits is well under the second in
+    which a maintenance turn's claim would have found it anyway (a single sample is at the
+    mercy of a loaded machine's scheduler)."""
     worker = start_worker(valkey_server.url)
     client = Queue("default").client
     try:
         wait_for(lambda: client.hlen("{emq}:workers") == 1)
-        time.sleep(1)
+        wait_for(lambda: _blocked_waiters(client) >= 5)  # (settled: all five waiters idle)
         client.config_resetstat()
         before, started = _cpu_seconds(worker.pid), time.monotonic()
-        time.sleep(4)
+        time.sleep(4)  # (the window the rates are measured over, not a wait for something)
         seconds = time.monotonic() - started
         idle_share = (_cpu_seconds(worker.pid) - before) / seconds
         stats = client.info("commandstats")
         sent = sum(s["calls"] for name, s in stats.items() if name not in (
-            "cmdstat_config|resetstat", "cmdstat_info"))
+            "cmdstat_config|resetstat", "cmdstat_info", "cmdstat_client|list"))
         assert sent / seconds < 150, f"an idle worker sent {sent / seconds:.0f} commands a second"
         waits = stats.get("cmdstat_blpop", {}).get("calls", 0)
         assert waits <= 5 * 2, f"five waiters waited {waits} times in 4 s"
         assert idle_share < 0.25, f"idle worker used {idle_share:.1%} of a core"
-        started = time.monotonic()
-        ref = jobs.noop.enqueue()
-        wait_for(lambda: (get_job(ref.id) or ref).state == "succeeded", every=0.002)  # type: ignore[union-attr]
-        latency = time.monotonic() - started
-        assert latency < 0.5, f"an idle worker took {latency:.3f}s to run a new job"
+        latencies = []
+        for _ in range(5):
+            wait_for(lambda: _blocked_waiters(client) >= 5)  # (idle again)
+            started = time.monotonic()
+            ref = jobs.noop.enqueue()
+            wait_for(lambda ref=ref: (get_job(ref.id) or ref).state == "succeeded", every=0.002)  # type: ignore[union-attr]
+            latencies.append(time.monotonic() - started)
+        assert sorted(latencies)[2] < 0.4, f"an idle worker took {latencies} s to run new jobs"
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
@@ -155,11 +198,18 @@ def test_an_idle_worker_offers_itself_and_takes_the_job_an_enqueue_hands_over(
         # list; the enqueue leases the job to it, so no claim is sent.
         wait_for(lambda: [_offers(c) for c in monitor.waiters().values()] == [True])
         offered = Queue("default").shard(0).key("idle")
-        seen = []
-        for _ in range(25):  # 2.5 s: the offer outlasts the idle main loop's claims (1 a second)
+        seen: list[int] = []
+        until = time.monotonic() + 2.5  # the offer outlasts the idle main loop's claims (1 a second)
+
+        def watched() -> bool:
             seen.append(client.hlen(offered))
-            time.sleep(0.1)
-        assert seen.count(1) >= 23, seen  # (renewed every IDLE_WAIT: gone a moment at most)
+            return time.monotonic() > until
+
+        wait_for(watched, every=0.05)
+        # Renewed every IDLE_WAIT (5 s): within 2.5 s it may be gone once, a moment, at most.
+        # Counted in gaps, not samples: a loaded machine takes fewer samples, not more gaps.
+        gaps = sum(1 for i, n in enumerate(seen) if n == 0 and (i == 0 or seen[i - 1] == 1))
+        assert gaps <= 1 and seen.count(1) >= 0.8 * len(seen), seen
         first = jobs.add.enqueue(1, 2)
         wait_for(lambda: (get_job(first.id) or first).state == "succeeded")  # type: ignore[union-attr]
         (waiter,) = monitor.waiters()

@@ -31,6 +31,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from .. import tracing
 from ..exceptions import VALKEY_DOWN
 from ..handler import PROGRESS
 from ..records import Lease
@@ -221,8 +222,8 @@ class Worker:
             carried = self.outcomes.carry(successes or [])
             try:
                 return self._claim_locked(carried, woken)
-            except VALKEY_DOWN:
-                self.outcomes.give_back(carried.left())  # acked once Valkey is back
+            except BaseException:  # (Valkey down or refusing: acked by a later turn)
+                self.outcomes.give_back(carried.left())
                 raise
 
     def _claim_locked(self, carried: Carried, woken: tuple[Queue, int] | None) -> int:
@@ -303,12 +304,13 @@ class Worker:
             self._release(unstarted)
         except RedisError:
             log.warning("could not release prefetched jobs: their leases will expire instead")
-        with contextlib.suppress(*VALKEY_DOWN):
+        # (a call that fails gives back what it did not record: the next try records it)
+        with contextlib.suppress(RedisError):
             self._claim()  # stopping: records the successes that waited for a claim
         deadline = time.monotonic() + self.config.grace
         while self.held.jobs and not self._abort.is_set() and time.monotonic() < deadline:
             self._tick.clear()
-            with contextlib.suppress(*VALKEY_DOWN):
+            with contextlib.suppress(RedisError):
                 self.outcomes.record()
             self._tick.wait(0.1)
         try:
@@ -329,6 +331,7 @@ class Worker:
             for lease, ok in zip(group, released, strict=True):
                 log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id,
                          lease.token, "released" if ok else "stale")
+                tracing.released(lease, ok)
         self.held.forget(leases)
 
     def _spawn(self, target: Any, name: str, *args: Any) -> None:

@@ -1,12 +1,12 @@
 """The worker's turns besides claiming, each on its own timer, run by the main loop: maintenance
-(new queues, settling resizes, automatic shard counts, promote and reap, the worker's presence),
-the schedules' ticks, and the summary line.
+(new queues, settling resizes, automatic shard counts, promote and reap, the registry's entries
+of the served queues, the worker's presence), the schedules' ticks, and the summary line.
 
 Owns those timers, when the next scheduled job is due, and the rate the console shows. It may
 change what the worker serves (`Served`: a queue created since it started, a shard count that
 changed), reads the held jobs and the counts of recorded outcomes, and calls the queues'
-maintenance transitions, `schedule`, `autoscale`, `presence` and (to end a burst) `outbox`. It
-claims and records nothing.
+maintenance transitions, `layouts`, `schedule`, `autoscale`, `presence` and (to end a burst)
+`outbox`. It claims and records nothing.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class Maintenance:
         return wait
 
     def turn(self) -> None:
-        """promote + reap on every shard (idempotent, cheap), and advertise this worker."""
+        """promote + reap on every shard (idempotent, cheap), list the served queues again where
+        the registry lost them, and advertise this worker."""
         self._serve_new_queues()
         next_due: float | None = None
         for queue in self._served.queues:
@@ -87,7 +88,16 @@ class Maintenance:
                     next_due = wait if next_due is None else min(next_due, wait)
             queue.reap(shards=shards)
         self.next_due = None if next_due is None else time.monotonic() + next_due
+        self._relist()
         self.advertise()
+
+    def _relist(self) -> None:
+        """List the served queues again where the registry lost them (`layouts.list_missing`)."""
+        served = self._served
+        if served.queues:
+            for name in layouts.list_missing(served.queues[0].client, served.shards):
+                log.warning("queue %s was missing from the registry (Valkey lost data?): "
+                            "listed again", name)
 
     def _serve_new_queues(self) -> None:
         """Serving every known queue: pick up queues created since."""

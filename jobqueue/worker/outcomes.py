@@ -3,10 +3,11 @@ claim, and the transitions that record them.
 
 Owns the one hand-off (`Outcomes.finished` puts, and only the main loop's `record` takes out),
 the successes that wait for a claim to carry them (ACK_WAIT at most), and the counts of what was
-recorded. A call that fails while Valkey is down puts what it did not record back on the
-hand-off, whichever thread made it, so an outcome is never dropped nor held in two places. It
-touches the held jobs (forgetting what was recorded), the queues' ack and nack, and the
-`job_finished` signal; it claims nothing.
+recorded. A call that fails (Valkey down, or refusing: full, read-only after a failover, busy)
+puts what it did not record back on the hand-off, whichever thread made it, so an outcome is
+never dropped nor held in two places; a refused outcome goes back behind the others, so one that
+keeps being refused holds up no other. It touches the held jobs (forgetting what was recorded),
+the queues' ack and nack, and the `job_finished` signal; it claims nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import threading
 import time
 from collections import defaultdict
 from queue import Empty, SimpleQueue
+
+from redis.exceptions import RedisError
 
 from .. import signals
 from ..exceptions import VALKEY_DOWN
@@ -92,7 +95,10 @@ class Outcomes:
     def record(self, defer_acks: bool = False) -> list[Finished]:
         """Turn finished runs into transitions: failures one by one, successes in one ack call
         per queue, or, with `defer_acks`, handed back for the next claim to carry. The jobs are
-        forgotten either way: their slots are free for that claim. Only the main loop calls it."""
+        forgotten either way: their slots are free for that claim. Only the main loop calls it.
+        A call that fails gives back what it did not record (see the module's docstring) and
+        raises; successes to be carried are then acked at once, unless Valkey is down: a
+        failure refused again and again must not keep them from their claim."""
         pending: list[Finished] = []
         while True:
             try:
@@ -102,22 +108,42 @@ class Outcomes:
         if not pending:
             return []
         successes = [(lease, out) for lease, out in pending if out.ok]
-        recorded: set[str] = set()
+        failures = [[item] for item in pending if not item[1].ok]
+        acks = list(by_queue(successes).values())
+        if not defer_acks:
+            self._record(failures + acks)
+            return []
         try:
-            for lease, out in pending:
-                if not out.ok:
-                    self._nack(lease, out)
-                    recorded.add(lease.job_id)
-            if not defer_acks:
-                for name, items in by_queue(successes).items():
-                    self.ack(self._served.queue(name), items)
-                    recorded.update(lease.job_id for lease, _ in items)
-                return []
-        except VALKEY_DOWN:  # what was not recorded yet is, once Valkey is back
-            self.give_back([item for item in pending if item[0].job_id not in recorded])
+            self._record(failures)
+        except BaseException as exc:
+            if refused(exc):
+                self._record(acks)
+            else:
+                self.give_back(successes)
             raise
         self._held.forget(lease for lease, _ in successes)
         return successes
+
+    def _record(self, units: list[list[Finished]]) -> None:
+        """Record each unit (a failure, or one queue's successes) with one call. A refused call
+        gives its unit back and the next one is tried (a full or read-only Valkey refuses each
+        at once); Valkey down (or anything else) gives back every unit left and stops. The first
+        error is raised once every unit had its turn."""
+        first: BaseException | None = None
+        for index, unit in enumerate(units):
+            try:
+                if unit[0][1].ok:
+                    self.ack(self._served.queue(unit[0][0].queue), unit)
+                else:
+                    self._nack(*unit[0])
+            except BaseException as exc:
+                if not refused(exc):
+                    self.give_back([item for left in units[index:] for item in left])
+                    raise
+                self.give_back(unit)  # (behind what finished meanwhile: tried after it)
+                first = first or exc
+        if first is not None:
+            raise first
 
     def _nack(self, lease: Lease, out: Outcome) -> None:
         state = self._served.queue(lease.queue).nack(lease, out.error, out.retry_in,
@@ -175,6 +201,12 @@ class Outcomes:
         if items:
             with self._lock:
                 self.processed += len(items)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether Valkey answered a call with an error (out of memory, read-only, busy, a script's
+    error) rather than not at all: the next call may still go through."""
+    return isinstance(exc, RedisError) and not isinstance(exc, VALKEY_DOWN)
 
 
 def by_queue(items: list[Finished]) -> dict[str, list[Finished]]:

@@ -51,9 +51,10 @@ DEFAULT_SWITCH = 0.005
 SWITCH = 0.0002
 """The interval once a worker runs async handlers. Its main loop and its event loop then both
 spend their time between socket reads: at the default, a thread whose reply has arrived may wait
-up to 5 ms for the other to let go. One process at c=32 with a no-op async job: 9,900 → 12,000
-jobs/s. A worker of plain handlers keeps the default: with its runner threads all busy, the short
-interval costs more handovers than it saves (5,990 → 5,330 jobs/s)."""
+up to 5 ms for the other to let go, and the short interval makes such a worker faster. A worker
+of plain handlers keeps the default: with its runner threads all busy, the short interval costs
+more handovers than it saves (both measured in bench/RESULTS.md, "uvloop, the garbage collector
+and the GIL")."""
 EAGER = sys.version_info >= (3, 12)
 """Whether tasks can start eagerly (`asyncio.Task(..., eager_start=True)`)."""
 Job = tuple[Lease, Prepared | Outcome | None]
@@ -207,8 +208,8 @@ class EventLoop:
         """Create the jobs' tasks. `eager` (a job an idle wait brought, on the loop) runs each to
         its first await at once, in the same turn as its claim's reply (Python 3.12's eager
         tasks); a batch from the main loop starts at the loop's next turn: eager starts for every
-        batch measured slower on a busy worker (one process, c=128, six alternating rounds:
-        11,849 → 10,783 jobs/s)."""
+        batch measured slower on a busy worker (bench/RESULTS.md, "The idle worker and the idle
+        wait's read path")."""
         for lease, prepared in jobs:
             coroutine = self._run(lease, prepared)
             task = (asyncio.Task(coroutine, loop=self._loop, eager_start=True) if eager

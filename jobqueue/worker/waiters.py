@@ -35,7 +35,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as ValkeyConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from .. import handoff, wire
 from ..records import Lease
@@ -131,15 +131,27 @@ class Waiters:
                 if not self._held.room.wait(0.5):
                     continue
                 try:
-                    if self.wait(lines) is Woke.TOKEN:
-                        self._claim(queue, index)
+                    woke = self.wait(lines)
                 except RedisError as exc:
                     log.debug("wait on %s shard %d: %r", queue.name, index, exc)
                     self.drop(lines)  # (taken anew: on a cluster, maybe on another node)
                     self._threads_stop.wait(1.0)
+                    continue
+                if woke is Woke.TOKEN:
+                    self._claim_after_token(queue, index)
         finally:
             self._withdraw(lines)
             self.drop(lines)
+
+    def _claim_after_token(self, queue: Queue, index: int) -> None:
+        """Claim from a shard whose token arrived. A claim that fails gave back the outcomes it
+        carried; the main loop's next turn claims again (a token is only a hint)."""
+        try:
+            self._claim(queue, index)
+        except RedisError as exc:
+            log.warning("claim on %s shard %d after a wake token failed: %s", queue.name, index,
+                        exc)
+            self._threads_stop.wait(1.0)
 
     @property
     def plain_waiting(self) -> bool:
@@ -196,11 +208,12 @@ class Waiters:
         return Woke.TOKEN if got else Woke.TIMEOUT
 
     def _past_offer(self, lines: Lines, replies: list[Any]) -> list[Any]:
-        """An idle wait's replies after its offer's. A server that refuses the offer (no HSETEX
-        before Valkey 9 and Redis 8, or an ACL that denies it) ends the waiter's offers: it
-        waits for tokens from then on, as a capped queue's waiter does."""
+        """An idle wait's replies after its offer's. A server that refuses the offer for good
+        (no HSETEX before Valkey 9 and Redis 8, or an ACL that denies it) ends the waiter's
+        offers: it waits for tokens from then on, as a capped queue's waiter does. A refusal
+        that passes (full, read-only after a failover, busy) costs only this wait's offer."""
         refused, *rest = replies
-        if isinstance(refused, ResponseError):
+        if isinstance(refused, ResponseError) and _for_good(refused):
             lines.hand_off = False
             with self._lock:
                 said, self._refused_said = self._refused_said, True
@@ -246,6 +259,12 @@ class Waiters:
                 for conn_id in ids:
                     pipe.client_unblock(conn_id)
                 pipe.execute()
+
+
+def _for_good(refusal: ResponseError) -> bool:
+    """Whether the server will refuse the offer every time: it lacks the command, or an ACL
+    denies it."""
+    return isinstance(refusal, NoPermissionError) or "unknown command" in str(refusal).lower()
 
 
 def _node(queue: Queue, index: int) -> Any:

@@ -140,9 +140,11 @@ async def async_sleep(seconds: float) -> dict[str, Any]:
 
     started = time.monotonic()
     await asyncio.sleep(seconds)
+    slept = time.monotonic()
     done = await (await _shared_client()).incr("test:async-done")
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop's, or asyncio's
-    return {"thread": threading.get_ident(), "done": done, "started": started, "loop": loop}
+    return {"thread": threading.get_ident(), "done": done, "started": started, "slept": slept,
+            "loop": loop}
 
 
 @job(takes_context=True, max_attempts=2, backoff=0)
@@ -228,6 +230,16 @@ def hangs_on_first_attempt(ctx: JobContext, path: str) -> int:
     while ctx.attempt == 1 and not Path(path).exists():
         time.sleep(0.02)
     return ctx.attempt
+
+
+@job(max_attempts=1)
+def ends_on_file(path: str, fail: bool) -> str:
+    """Works until `path` exists, then succeeds or fails: a test chooses when jobs finish."""
+    while not Path(path).exists():
+        time.sleep(0.02)
+    if fail:
+        raise ValueError("failed on purpose")
+    return "done"
 
 
 @job(max_attempts=20, backoff=0)
