@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.db import transaction
 
-from jobqueue import Queue, chord, flows, get_job
+from jobqueue import Queue, chain, chord, flows, get_job
 from jobqueue.exceptions import InvalidFlow
 from jobqueue.mirror import Mirror
 from jobqueue.models import Job
@@ -128,3 +128,21 @@ def test_a_durable_flow_sent_while_valkey_was_down_is_relayed(settings: Any,
         assert not Job.objects.filter(relayed=False).exists()
     finally:
         server.cleanup()
+
+
+def test_an_operator_retry_recreates_durable_flow_jobs_valkey_no_longer_holds(
+        valkey_server: ValkeyProcess) -> None:
+    from jobqueue.actions import retry_job
+
+    queue = Queue("durable")
+    ref = chain(jobs.add.using(queue="durable").s(1, 2), jobs.mul.using(queue="durable").s(10)).enqueue()
+    [first] = queue.dequeue(count=1)
+    queue.nack(first, "worker lost", fatal=True)  # dead: the next step ends cancelled
+    assert Mirror([queue], "test").step() == 2
+    redis.Redis.from_url(valkey_server.url).flushall()  # their Valkey rows are gone
+    retry_job(queue, first.job_id)
+    retry_job(queue, ref.id)
+    assert queue.get(ref.id).state == "waiting"  # type: ignore[union-attr]
+    assert flows.waits_for(queue.get(ref.id)) == [first.job_id]  # type: ignore[arg-type]
+    assert _run(queue, 5) == [first.job_id] and _run(queue, 5) == [ref.id]
+    assert ref.result(timeout=5) == 30
