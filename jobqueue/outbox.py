@@ -15,13 +15,14 @@ no-op while Valkey holds that job.
 
 A flow on a durable queue (a chain, group, chord, `depends_on`) writes each job's row with its
 place in the flow (the `flow` column: the flow's id, its position, the jobs it waits for with
-their slots and policies, what their outcomes become), all on the flow's shard. A push, relay
-or restore sends such rows again through the `flow` script, members before the jobs waiting for
-them; a member that Valkey no longer holds and whose row has finished gives the script its
-outcome (its result, or its failure under the edge's policy), so a waiting job comes back
-waiting only for what has not finished. The mirror makes the same rows terminal when jobs finish; an
-operator's retry makes them unfinished again (durable.py, and `recreate` for a job whose Valkey
-row has expired).
+their slots and policies, what their outcomes become), all on the flow's shard. The push after
+the commit, a relay or a restore sends them through the `flow` script, members before the jobs
+waiting for them; a member that Valkey no longer holds and whose row has finished gives the
+script its outcome (its result, or its failure under the edge's policy), so a waiting job comes
+back waiting only for what has not finished.
+
+The mirror makes the same rows terminal when jobs finish; an operator's retry makes them
+unfinished again (durable.py, and `recreate` for a job whose Valkey row has expired).
 """
 
 from __future__ import annotations
@@ -79,10 +80,11 @@ def _columns(queue: Queue, job: Prepared, shard: int, now: datetime) -> dict[str
 
 
 def write_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: Sequence[Prepared],
-               flow: str) -> None:
+               flow: str) -> int:
     """Insert the rows of a durable flow's jobs, in the current transaction, each with its
     place in the flow, all on the flow's shard (that of the durable jobs it waits for, else of
-    its lanes, else of its last job). InvalidFlow: it waits for a job with no row here."""
+    its lanes, else of its last job), which it returns. InvalidFlow: it waits for a job with no
+    row here."""
     from .layouts import last_read
     from .models import Job, insert_jobs
 
@@ -104,17 +106,19 @@ def write_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: Sequence[Prepa
                        "slots": node.slots, "members": [list(m) for m in node.members]}
         written.append(row)
     insert_jobs(written)
+    return index
 
 
-def push_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared],
-              flow: str) -> None:
-    """Send a committed durable flow to Valkey; if Valkey is down (or a job it waits for has
-    not reached Valkey yet) its rows wait for the relay."""
+def push_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared], flow: str,
+              shard: int) -> None:
+    """Send a committed durable flow to Valkey (on `shard`, its rows' shard, unless the live
+    jobs it waits for are elsewhere); if Valkey is down (or a job it waits for has not reached
+    Valkey yet) its rows wait for the relay."""
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
     try:
-        _send(queue, nodes, prepared, flow, None)
+        _send(queue, nodes, prepared, flow, shard)
     except (ValkeyConnectionError, ValkeyTimeoutError, InvalidFlow) as exc:
         log.warning("queue=%s: flow %s not sent (%s); its %d durable job(s) wait in the "
                     "database for a worker's relay", queue.name, flow or "-", exc, len(nodes))
@@ -123,7 +127,7 @@ def push_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared],
 
 
 def _send(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared], flow: str,
-          shard: int | None, again: bool = True) -> int:
+          shard: int, again: bool = True) -> int:
     """Write durable flow jobs through the flow script, the outcomes of the finished jobs they
     wait for (per their rows) given along; how many Valkey did not have. Rows that name
     another shard than the one written to are told."""
@@ -131,9 +135,8 @@ def _send(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared], flo
 
     index, written = dag.write(queue, nodes, prepared, flow, outcomes=_outcomes(dag.outside(nodes)),
                                again=again, prefer=shard)
-    if index != shard:
-        Job.objects.filter(pk__in=[job.job_id for job in prepared]).exclude(shard=index).update(
-            shard=index)
+    if index != shard:  # (the layout changed since the rows were written)
+        Job.objects.filter(pk__in=[job.job_id for job in prepared]).update(shard=index)
     return written
 
 
