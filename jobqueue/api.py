@@ -123,7 +123,7 @@ class JobFunction:
         nodes = [dag.Node(JobSpec(payload, **self.options.spec)._replace(
             job_id=self.options.spec.get("job_id") or ids.new_id()), members)
             for payload in payloads]
-        return dag.submit(Queue(self.options.queue), nodes, "", self.options.immediate)
+        return submit_flow(Queue(self.options.queue), nodes, "", self.options.immediate)
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
         """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""
@@ -262,6 +262,22 @@ def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]
     else:
         transaction.on_commit(lambda: queue.enqueue_many(minted), robust=False)
     return [JobRef(p.job_id, queue.name) for p in prepared]
+
+
+def submit_flow(queue: Queue, nodes: list[dag.Node], flow: str = "",
+                immediate: bool = False) -> list[JobRef]:
+    """Enqueue a flow (dag.py) now, or — inside a transaction — once it commits, as `submit`
+    does; its refs either way (ids are minted now). A durable queue's flow is first written to
+    the database (in the transaction, if any) and reaches Valkey after the commit: outbox.py."""
+    prepared = dag.checked(queue, nodes)
+    if queue.options.durable:
+        shard = outbox.write_flow(queue, nodes, prepared, flow)
+        transaction.on_commit(lambda: outbox.push_flow(queue, nodes, prepared, flow, shard))
+    elif immediate or not get_config().on_commit or not in_transaction():
+        return dag.enqueue(queue, nodes, prepared, flow)
+    else:
+        transaction.on_commit(lambda: dag.enqueue(queue, nodes, prepared, flow), robust=False)
+    return [JobRef(job.job_id, queue.name) for job in prepared]
 
 
 @overload

@@ -17,7 +17,7 @@ from typing import Any
 
 from .states import State
 
-UNFINISHED = (State.PENDING, State.SCHEDULED)
+UNFINISHED = (State.PENDING, State.SCHEDULED, State.WAITING)
 
 
 @contextmanager

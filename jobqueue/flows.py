@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import ids
-from .api import Signature
-from .dag import Node, policy, submit
+from .api import Signature, submit_flow
+from .dag import Node, policy
 from .exceptions import InvalidFlow, InvalidTransition, JobNotFound
 from .records import JobInfo
 from .refs import JobRef
@@ -87,7 +87,7 @@ class Chain:
         for sig in self.steps[1:]:
             edge = (str(nodes[-1].spec.job_id), 0, _policy(self.steps, nodes, flow))
             nodes.append(sig.node((edge,), "first", flow))
-        return submit(_queue(self.steps), nodes, str(nodes[-1].spec.job_id),
+        return submit_flow(_queue(self.steps), nodes, str(nodes[-1].spec.job_id),
                       _immediate(self.steps))[-1]
 
 
@@ -106,7 +106,7 @@ class Group:
     def enqueue(self) -> GroupRef:
         nodes = [sig.node() for sig in self.members]
         flow = ids.new_id()
-        refs = submit(_queue(self.members), nodes, flow, _immediate(self.members))
+        refs = submit_flow(_queue(self.members), nodes, flow, _immediate(self.members))
         return GroupRef(flow, refs[0].queue, tuple(refs))
 
 
@@ -126,7 +126,7 @@ class Chord:
                       for slot, (node, sig) in enumerate(zip(nodes, self.header, strict=True)))
         last = self.callback.node(edges, "list", flow)
         steps = (*self.header, self.callback)
-        return submit(_queue(steps), [*nodes, last], str(last.spec.job_id), _immediate(steps))[-1]
+        return submit_flow(_queue(steps), [*nodes, last], str(last.spec.job_id), _immediate(steps))[-1]
 
 
 def chain(*steps: Signature, on_failure: str | None = None) -> Chain:

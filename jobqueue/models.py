@@ -74,6 +74,10 @@ class Job(models.Model):
     """Earlier attempts that failed (the last ten), as the job's row had them when it finished."""
     progress = models.JSONField(null=True, blank=True)
     """The last value its handler gave `ctx.progress`."""
+    flow = models.JSONField(null=True, blank=True)
+    """A durable flow's job: its place in the flow, to write it again (outbox.py): `flow` (the
+    flow's id, '' for `depends_on` alone), `position`, `members` ([id, slot, policy] each),
+    `takes` and `slots` (what their outcomes become). None for any other job."""
 
     class Meta:
         ordering = ["-finished_at"]

@@ -11,19 +11,32 @@ Valkey once the row is committed. Valkey is then a fast index of the work that c
   after Valkey lost its data.
 
 Both are idempotent: the id is minted before either write, and an enqueue with a known id is a
-no-op while Valkey holds that job. The mirror makes the same rows terminal when jobs finish; an
-operator's retry makes them unfinished again (durable.py, and `recreate` for a job whose Valkey
-row has expired).
+no-op while Valkey holds that job.
+
+A flow on a durable queue (a chain, group, chord, `depends_on`) writes each job's row with its
+place in the flow (the `flow` column: the flow's id, its position, the jobs it waits for with
+their slots and policies, what their outcomes become), all on the flow's shard. The push after
+the commit, a relay or a restore sends them through the `flow` script, members before the jobs
+waiting for them; a member that Valkey no longer holds and whose row has finished gives the
+script its outcome (its result, or its failure under the edge's policy), so a waiting job comes
+back waiting only for what has not finished.
+
+The mirror makes the same rows terminal when jobs finish; an operator's retry makes them
+unfinished again (durable.py, and `recreate` for a job whose Valkey row has expired).
 """
 
 from __future__ import annotations
 
+import heapq
+import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from . import dag
 from .durable import UNFINISHED, reopened
+from .exceptions import InvalidFlow
 from .refs import JobRef
 from .spec import JobSpec, Prepared
 from .states import State
@@ -35,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobqueue.outbox")
 MIN_EXPIRY = timedelta(milliseconds=1)
 """The least time to expiry a resent job is given (a row that expires as it is being sent)."""
+FINISHED = (State.SUCCEEDED, State.DEAD, State.CANCELLED, State.EXPIRED)
 RELAY_GRACE = 5.0
 """Seconds a durable row is left to its own push before a relay pass sends it again."""
 
@@ -42,13 +56,20 @@ RELAY_GRACE = 5.0
 def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
     """Insert the rows of durable jobs (one multi-row INSERT), in the current transaction."""
     from .layouts import last_read, place
-    from .models import EncodedJSON, insert_jobs
+    from .models import insert_jobs
 
-    now = datetime.now(UTC)
     shards = last_read(queue.client, queue.name, queue.configured)  # Valkey may be down: a guess
-    insert_jobs({
-        "id": job.job_id, "queue": queue.name,
-        "shard": place(job.job_id, job.lane, job.unique_key, shards), "lane": job.lane,
+    now = datetime.now(UTC)
+    insert_jobs(_columns(queue, job, place(job.job_id, job.lane, job.unique_key, shards), now)
+                for job in prepared)
+
+
+def _columns(queue: Queue, job: Prepared, shard: int, now: datetime) -> dict[str, Any]:
+    """A durable job's row as enqueued: every column."""
+    from .models import EncodedJSON
+
+    return {
+        "id": job.job_id, "queue": queue.name, "shard": shard, "lane": job.lane,
         "state": State.SCHEDULED if job.delay_ms else State.PENDING, "priority": job.priority,
         "attempts": 0, "max_attempts": job.max_attempts, "payload": EncodedJSON(job.payload),
         "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",
@@ -56,8 +77,82 @@ def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
         "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms,
         "expires_at": now + timedelta(milliseconds=job.expires_ms) if job.expires_ms else None,
-        "reopened_after": None, "history": None, "progress": None,
-    } for job in prepared)
+        "reopened_after": None, "history": None, "progress": None, "flow": None,
+    }
+
+
+def write_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: Sequence[Prepared],
+               flow: str) -> int:
+    """Insert the rows of a durable flow's jobs, in the current transaction, each with its
+    place in the flow, all on the flow's shard (that of the durable jobs it waits for, else of
+    its lanes, else of its last job), which it returns. InvalidFlow: it waits for a job with no
+    row here."""
+    from .layouts import last_read
+    from .models import Job, insert_jobs
+
+    away = dag.outside(nodes)
+    rows = dict(Job.objects.filter(pk__in=away, queue=queue.name, durable=True)
+                .values_list("pk", "shard"))
+    missing = sorted(away - set(rows))
+    if missing:
+        raise InvalidFlow(f"no job {missing[0]} in durable queue {queue.name!r} to depend on")
+    shards = last_read(queue.client, queue.name, queue.configured)
+    index = dag.shard_for(queue, list(prepared), away, shards, rows.get)
+    now = datetime.now(UTC)
+    written = []
+    for position, (node, job) in enumerate(zip(nodes, prepared, strict=True), 1):
+        row = _columns(queue, job, index, now)
+        if node.members:
+            row["state"] = State.WAITING
+        row["flow"] = {"flow": flow, "position": position, "takes": node.takes,
+                       "slots": node.slots, "members": [list(m) for m in node.members]}
+        written.append(row)
+    insert_jobs(written)
+    return index
+
+
+def push_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared], flow: str,
+              shard: int) -> None:
+    """Send a committed durable flow to Valkey (on `shard`, its rows' shard, unless the live
+    jobs it waits for are elsewhere); if Valkey is down (or a job it waits for has not reached
+    Valkey yet) its rows wait for the relay."""
+    from redis.exceptions import ConnectionError as ValkeyConnectionError
+    from redis.exceptions import TimeoutError as ValkeyTimeoutError
+
+    try:
+        _send(queue, nodes, prepared, flow, shard)
+    except (ValkeyConnectionError, ValkeyTimeoutError, InvalidFlow) as exc:
+        log.warning("queue=%s: flow %s not sent (%s); its %d durable job(s) wait in the "
+                    "database for a worker's relay", queue.name, flow or "-", exc, len(nodes))
+        return
+    dag.announced([JobRef(job.job_id, queue.name) for job in prepared])
+
+
+def _send(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared], flow: str,
+          shard: int, again: bool = True) -> int:
+    """Write durable flow jobs through the flow script, the outcomes of the finished jobs they
+    wait for (per their rows) given along; how many Valkey did not have. Rows that name
+    another shard than the one written to are told."""
+    from .models import Job
+
+    index, written = dag.write(queue, nodes, prepared, flow, outcomes=_outcomes(dag.outside(nodes)),
+                               again=again, prefer=shard)
+    if index != shard:  # (the layout changed since the rows were written)
+        Job.objects.filter(pk__in=[job.job_id for job in prepared]).update(shard=index)
+    return written
+
+
+def _outcomes(members: Iterable[str]) -> dict[str, dag.Outcome]:
+    """The outcomes of the finished jobs among `members`, as their rows hold them."""
+    from .models import Job
+
+    found: dict[str, dag.Outcome] = {}
+    rows = Job.objects.filter(pk__in=list(members), state__in=FINISHED).values_list(
+        "pk", "state", "result", "last_error")
+    for pk, state, result, error in rows:
+        ok = state == State.SUCCEEDED
+        found[pk] = (state, json.dumps(result, separators=(",", ":")) if ok else error)
+    return found
 
 
 def push(queue: Queue, specs: list[JobSpec]) -> None:
@@ -109,12 +204,18 @@ def spec_of(row: Job) -> JobSpec:
 def recreate(queue: Queue, row: Job) -> None:
     """An operator's retry of a finished job that Valkey no longer holds: the job is created
     again from its row, same id and every option the row keeps (lane, priority, retry policy,
-    lease, unique key). A durable row reopens in the same transaction (durable.py)."""
+    lease, unique key; a durable flow's job waits again for what it waits for, as far as their
+    rows say it has to). A durable row reopens in the same transaction (durable.py)."""
     from .exceptions import InvalidTransition
 
     # Due now, whenever it was first due, and without its expiry (as retry.lua drops it).
     spec = spec_of(row)._replace(run_after=None, expires=None)
     with reopened(row.pk, after=row.finished_at):
+        if row.durable and row.flow is not None:
+            node = _node(row)._replace(spec=spec)
+            _send(queue, [node], dag.checked(queue, [node]), row.flow.get("flow", ""), row.shard,
+                  again=False)
+            return
         [ref] = queue.enqueue_many([spec])
         if ref.id != row.pk:
             raise InvalidTransition(f"cannot retry job {row.pk}: its unique_key "
@@ -142,6 +243,67 @@ def _resend(queue: Queue, rows: Sequence[Job]) -> int:
     return sum(1 for ref in refs if ref.created)
 
 
+def _node(row: Job) -> dag.Node:
+    """A durable flow row as a job of its flow. One that has run already (an operator retried
+    it) took its members' outcomes into its payload then: it waits for nothing again."""
+    record = row.flow or {}
+    spec = spec_of(row)
+    if row.attempts:
+        return dag.Node(spec, position=int(record.get("position", 0)))
+    return dag.Node(spec, tuple((str(m), int(slot), str(policy))
+                                for m, slot, policy in record.get("members", [])),
+                    str(record.get("takes", "")), int(record.get("slots", 0)),
+                    int(record.get("position", 0)))
+
+
+def _members_first(rows: Sequence[Job]) -> list[Job]:
+    """Durable flow rows ordered so that each comes after the rows it waits for (by id
+    otherwise: ids are minted in order)."""
+    by_id = {row.pk: row for row in rows}
+    waits = {row.pk: {m[0] for m in (row.flow or {}).get("members", []) if m[0] in by_id}
+             for row in rows}
+    after: dict[str, list[str]] = {}
+    for pk, members in waits.items():
+        for member in members:
+            after.setdefault(member, []).append(pk)
+    ready = sorted(pk for pk, members in waits.items() if not members)
+    ordered: list[Job] = []
+    while ready:
+        pk = heapq.heappop(ready)
+        ordered.append(by_id[pk])
+        for dependent in after.get(pk, ()):
+            waits[dependent].discard(pk)
+            if not waits[dependent]:
+                heapq.heappush(ready, dependent)
+    return ordered
+
+
+def _resend_flows(queue: Queue, rows: Sequence[Job], chunk: int = 500) -> int:
+    """Send durable flow rows again, members first, one flow script call per run of rows of
+    one flow on one shard; mark the rows sent relayed; how many Valkey did not have. A run
+    whose member has neither reached Valkey nor finished is left to a later pass."""
+    from .models import Job
+
+    ordered, sent, start = _members_first(rows), 0, 0
+    while start < len(ordered):
+        first = ordered[start]
+        key = ((first.flow or {}).get("flow", ""), first.shard)
+        end = start + 1
+        while (end < len(ordered) and end - start < chunk
+               and ((ordered[end].flow or {}).get("flow", ""), ordered[end].shard) == key):
+            end += 1
+        run = ordered[start:end]
+        start = end
+        nodes = [_node(row) for row in run]
+        try:
+            sent += _send(queue, nodes, dag.checked(queue, nodes), key[0], key[1])
+        except InvalidFlow as exc:
+            log.warning("queue=%s: flow %s not sent again yet (%s)", queue.name, key[0] or "-", exc)
+            continue
+        Job.objects.filter(pk__in=[row.pk for row in run], relayed=False).update(relayed=True)
+    return sent
+
+
 def relay(queues: Iterable[Queue], grace: float = RELAY_GRACE, limit: int = 2000) -> int:
     """Send durable rows no relay pass has confirmed yet (older than `grace` seconds) to Valkey.
     Returns how many Valkey lacked (a push that had failed)."""
@@ -153,9 +315,12 @@ def relay(queues: Iterable[Queue], grace: float = RELAY_GRACE, limit: int = 2000
         if not queue.options.durable:
             continue
         rows = list(Job.objects.filter(relayed=False, enqueued_at__lte=cutoff, queue=queue.name,
-                                       state__in=UNFINISHED).order_by("enqueued_at")[:limit])
-        if rows:
-            sent += _resend(queue, rows)
+                                       state__in=UNFINISHED).order_by("enqueued_at", "pk")[:limit])
+        plain = [row for row in rows if row.flow is None]
+        if plain:  # first: a flow's job may wait for them
+            sent += _resend(queue, plain)
+        if len(plain) < len(rows):
+            sent += _resend_flows(queue, [row for row in rows if row.flow is not None])
     if sent:
         log.warning("relayed %d durable job(s) that had not reached Valkey", sent)
     return sent
@@ -163,20 +328,30 @@ def relay(queues: Iterable[Queue], grace: float = RELAY_GRACE, limit: int = 2000
 
 def restore(queues: Iterable[Queue], batch: int = 500,
             progress: Callable[[str, int, int], None] | None = None) -> int:
-    """Re-create in Valkey every unfinished durable job it lacks; returns how many."""
+    """Re-create in Valkey every unfinished durable job it lacks; returns how many. Jobs of
+    flows come after the others (they may wait for them), members before what waits for them."""
     from .models import Job
 
     restored = 0
     for queue in queues:
         last, seen = "", 0
+        unfinished = Job.objects.filter(durable=True, queue=queue.name, state__in=UNFINISHED)
         while True:
-            rows = list(Job.objects.filter(durable=True, queue=queue.name, state__in=UNFINISHED,
-                                           pk__gt=last).order_by("pk")[:batch])
+            rows = list(unfinished.filter(flow__isnull=True, pk__gt=last).order_by("pk")[:batch])
             if not rows:
                 break
             restored += _resend(queue, rows)
             seen += len(rows)
             last = rows[-1].pk
+            if progress:
+                progress(queue.name, seen, restored)
+        order = [row.pk for row in _members_first(list(
+            unfinished.filter(flow__isnull=False).only("id", "flow")))]
+        for start in range(0, len(order), batch):
+            found = Job.objects.in_bulk(order[start:start + batch])
+            restored += _resend_flows(queue, [found[pk] for pk in order[start:start + batch]
+                                              if pk in found])
+            seen += min(batch, len(order) - start)
             if progress:
                 progress(queue.name, seen, restored)
     return restored

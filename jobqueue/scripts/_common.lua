@@ -256,11 +256,12 @@ end
 -- member's own script call. A member that failed (dead, cancelled) cancels the job under policy
 -- 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases it at once
 -- under 'c' (continue). Returns the jobs to cancel (finish() does, and so on down the flow).
-local function member_done(base, id, state, result, dependents, now, retention_ms)
+-- `err`: a failed member's last error when its row is not in Valkey (a durable queue's restore).
+local function member_done(base, id, state, result, dependents, now, retention_ms, err)
   local doomed, ok = {}, state == 'succeeded'
   local slot = result or 'null'
   if not ok then
-    local err = redis.call('HGET', job_key(base, id), 'last_error') or ''
+    err = err or redis.call('HGET', job_key(base, id), 'last_error') or ''
     slot = cjson.encode({error = string.sub(err, -1000), state = state, job = id})
   end
   for dep, index, policy in string.gmatch(dependents, '(%w+):(%d+):(%a)') do

@@ -2,8 +2,9 @@
 (or scheduled), the others wait (state 'waiting') until every job they depend on is done. Each
 dependency is an edge member -> dependent: the member's row lists its dependents, the
 dependent's base:deps:<id> SET holds its members not yet done; finish() walks the edges (see
-member_done in _common.lua). A member named here must be written earlier in this call or live
-on this shard; one that already finished is applied at once.
+member_done in _common.lua). A member named here must be written earlier in this call, live on
+this shard, or come with its outcome (a durable queue's member that finished and that Valkey no
+longer holds: its database row's); one that already finished is applied at once.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                           base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>, and
                           as a job finishes at once base:hist, base:m:<minute>, base:uniq:<key>,
@@ -14,43 +15,59 @@ KEYS[4] wake      LIST    wake tokens
 KEYS[5] meta      HASH    'draining' (the shard takes no new jobs), 'listed'
 KEYS[6] done      STREAM  terminal events (a job cancelled at once: a member had failed)
 KEYS[7] waiting   SET     jobs waiting for their dependencies
-ARGV[1] flow id ('' = none: no base:flow:<id> index), ARGV[2] retention ms, ARGV[3] n, then per
-        job: id, payload (JSON), priority, lane, max_attempts and backoff_ms ('' = the queue's),
-        lease_ms, delay_ms, takes ('' | 'first' | 'list': what its members' outcomes become,
-        see release_job), slots (how many), d = number of members, then 3 per member: id, slot,
-        policy ('f' fail | 'i' ignore | 'c' continue)
-Returns: {1 when the shard's meta says 'listed' else 0, 'ok'}, or {0, 'moved'} (the shard is
-        draining: re-read the layout), {0, 'exists', id} (a job id already taken),
-        {0, 'missing', id} (a member that is neither in this call nor live here); nothing is
-        written then
+ARGV[1] flow id ('' = none: no base:flow:<id> index), ARGV[2] retention ms, ARGV[3] mode: 'new'
+        (a job id already taken refuses the call) or 'again' (a durable queue's rows sent again
+        by a push, a relay or a restore: a job Valkey holds already is left as it is), ARGV[4]
+        n, then per job: id, payload (JSON), priority, lane, max_attempts and backoff_ms ('' =
+        the queue's), lease_ms, delay_ms, takes ('' | 'first' | 'list': what its members'
+        outcomes become, see release_job), slots (how many), position (in the flow's index), d
+        = number of members, then 3 per member: id, slot, policy ('f' fail | 'i' ignore | 'c'
+        continue); then k = number of outcomes, then 3 per outcome: member id, state
+        ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (its result as JSON when it
+        succeeded, else its last error): used only for a member Valkey does not hold
+Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written}, or {0, 'moved'}
+        (the shard is draining: re-read the layout), {0, 'exists', id} (mode 'new': a job id
+        already taken), {0, 'missing', id} (a member that is neither in this call, nor live
+        here, nor given an outcome); nothing is written then
 ]]
 local base, ring, schedule, wake, meta, done, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6], KEYS[7]
-local flow, retention, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local flow, retention, again, n = ARGV[1], tonumber(ARGV[2]), ARGV[3] == 'again', tonumber(ARGV[4])
 local flags = redis.call('HMGET', meta, 'draining', 'listed')
 if flags[1] then return {0, 'moved'} end
 
--- The jobs as {at = first ARGV index, d = members}, checked before anything is written.
-local jobs, mine, o = {}, {}, 4
+-- The outcomes of members Valkey may no longer hold, by id.
+local known, o = {}, 5
+for _ = 1, n do o = o + 12 + tonumber(ARGV[o + 11]) * 3 end
+for i = 0, tonumber(ARGV[o]) - 1 do
+  known[ARGV[o + 1 + i * 3]] = {ARGV[o + 2 + i * 3], ARGV[o + 3 + i * 3]}
+end
+
+-- The jobs as {at = first ARGV index, d = members, kept = Valkey holds it already}, checked
+-- before anything is written.
+local jobs, mine = {}, {}
+o = 5
 for _ = 1, n do
-  local d = tonumber(ARGV[o + 10])
-  jobs[#jobs + 1] = {at = o, d = d}
-  if redis.call('EXISTS', job_key(base, ARGV[o])) == 1 then return {0, 'exists', ARGV[o]} end
+  local d = tonumber(ARGV[o + 11])
+  local kept = redis.call('EXISTS', job_key(base, ARGV[o])) == 1
+  if kept and not again then return {0, 'exists', ARGV[o]} end
+  jobs[#jobs + 1] = {at = o, d = d, kept = kept}
   for m = 0, d - 1 do
-    local member = ARGV[o + 11 + m * 3]
-    if not mine[member] and redis.call('EXISTS', job_key(base, member)) == 0 then
+    local member = ARGV[o + 12 + m * 3]
+    if not kept and not mine[member] and not known[member]
+        and redis.call('EXISTS', job_key(base, member)) == 0 then
       return {0, 'missing', member}
     end
   end
   mine[ARGV[o]] = true
-  o = o + 11 + d * 3
+  o = o + 12 + d * 3
 end
 
-local now, ready, finished = now_ms(), 0, {}
+local now, ready, written, finished = now_ms(), 0, 0, {}
 local function put(row, name, value, default)
   if value ~= default then row[#row + 1] = name; row[#row + 1] = value end
 end
-for position, job in ipairs(jobs) do
+local function write_job(job)
   local a = job.at
   local id, delay = ARGV[a], tonumber(ARGV[a + 7])
   local state = (job.d > 0) and 'waiting' or ((delay > 0) and 'scheduled' or 'pending')
@@ -61,16 +78,23 @@ for position, job in ipairs(jobs) do
   put(row, 'takes', ARGV[a + 8], ''); put(row, 'slots', ARGV[a + 9], '0')
   if state == 'scheduled' then put(row, 'run_after', now + delay, nil) end
   redis.call('HSET', job_key(base, id), unpack(row))
-  if flow ~= '' then redis.call('ZADD', base .. ':flow:' .. flow, position, id) end
+  if flow ~= '' then redis.call('ZADD', base .. ':flow:' .. flow, ARGV[a + 10], id) end
   for m = 0, job.d - 1 do
-    local member, slot, policy = ARGV[a + 11 + m * 3], ARGV[a + 12 + m * 3], ARGV[a + 13 + m * 3]
+    local member, slot, policy = ARGV[a + 12 + m * 3], ARGV[a + 13 + m * 3], ARGV[a + 14 + m * 3]
     local mk, edge = job_key(base, member), id .. ':' .. slot .. ':' .. policy
     local before = redis.call('HMGET', mk, 'dependents', 'state', 'result')
-    redis.call('HSET', mk, 'dependents', before[1] and (before[1] .. ' ' .. edge) or edge)
     redis.call('SADD', base .. ':deps:' .. id, member)
-    if before[2] ~= 'pending' and before[2] ~= 'scheduled' and before[2] ~= 'active'
-        and before[2] ~= 'waiting' then  -- finished already: applied below, once all is written
-      finished[#finished + 1] = {member, before[2], before[3], edge}
+    local outcome = not before[2] and known[member]
+    if outcome then  -- finished, and gone from Valkey: its database row's outcome, applied below
+      local ok = outcome[1] == 'succeeded'
+      finished[#finished + 1] = {member, outcome[1], ok and outcome[2] or nil, edge,
+        not ok and outcome[2] or nil}
+    else
+      redis.call('HSET', mk, 'dependents', before[1] and (before[1] .. ' ' .. edge) or edge)
+      if before[2] ~= 'pending' and before[2] ~= 'scheduled' and before[2] ~= 'active'
+          and before[2] ~= 'waiting' then  -- finished already: applied below, once all is written
+        finished[#finished + 1] = {member, before[2], before[3], edge}
+      end
     end
   end
   if state == 'waiting' then
@@ -82,10 +106,13 @@ for position, job in ipairs(jobs) do
     ready = ready + 1
   end
 end
+for _, job in ipairs(jobs) do
+  if not job.kept then written = written + 1; write_job(job) end
+end
 for _, f in ipairs(finished) do
-  for _, dep in ipairs(member_done(base, f[1], f[2], f[3], f[4], now, retention)) do
+  for _, dep in ipairs(member_done(base, f[1], f[2], f[3], f[4], now, retention, f[5])) do
     finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
   end
 end
 wake_workers(wake, ready)
-return {flags[2] and 1 or 0, 'ok'}
+return {flags[2] and 1 or 0, 'ok', written}
