@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+from django.utils.module_loading import autodiscover_modules
 
 from jobqueue.exceptions import JobQueueError
 from jobqueue.keys import queue_list
@@ -48,7 +51,7 @@ def _seconds(raw: str) -> float:
     return value
 
 
-def _relay_signals(worker: Worker | Supervisor) -> None:
+def _relay_signals(worker: Worker) -> None:
     """SIGTERM/SIGINT ask the worker to stop, from a thread of their own.
 
     A handler runs on the main thread between two bytecodes, possibly inside `Event.wait()`
@@ -67,7 +70,8 @@ def _relay_signals(worker: Worker | Supervisor) -> None:
 
 
 def _child_argv(options: dict[str, Any], name: str, index: int) -> list[str]:
-    """The command line of one supervised worker: these options, one process, its own name."""
+    """The command line of one supervised worker: these options, one process, its own name (a
+    child started as a new process rather than forked: see `supervisor.py`)."""
     argv = [sys.executable, "-m", "django", "runworker", "--workers", "1", "--name", f"{name}-{index}",
             "--concurrency", str(options["concurrency"]), "--grace", str(options["grace"]),
             "--log-level", options["log_level"]]
@@ -129,21 +133,37 @@ class Command(BaseCommand):
         config = self.config(options)
         workers = options["workers"] or default_workers()
         if workers > 1:
+            autodiscover_modules("jobs")  # (once, here: each forked child starts with them)
+            connections.close_all()  # (a child must not share a connection with another)
             supervisor = Supervisor([_child_argv(options, config.name, i) for i in range(workers)],
-                                    burst=config.burst)
-            _relay_signals(supervisor)
+                                    burst=config.burst,
+                                    run_child=lambda i: self._child(config, i))
             sys.exit(supervisor.run())
+        if self.serve(config):
+            # Handlers still running were released to other workers; do not wait for them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+    @staticmethod
+    def serve(config: WorkerConfig) -> int:
+        """Run one worker until it stops; how many running jobs it released at the end."""
         worker = Worker(config)
         _relay_signals(worker)
         try:
             worker.run()
         except JobQueueError as exc:  # e.g. wrong credentials: one line, no traceback
             raise CommandError(str(exc)) from None
-        if worker.abandoned:
-            # Handlers still running were released to other workers; do not wait for them.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        return worker.abandoned
+
+    def _child(self, config: WorkerConfig, index: int) -> int:
+        """Supervised worker `index`, in a process forked from the supervisor: its exit code."""
+        try:
+            self.serve(dataclasses.replace(config, name=f"{config.name}-{index}"))
+        except CommandError as exc:
+            self.stderr.write(f"CommandError: {exc}")
+            return 1
+        return 0
 
     def _configure_logging(self, level: str) -> None:
         logger = logging.getLogger("jobqueue")
