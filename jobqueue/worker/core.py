@@ -33,6 +33,7 @@ from ..exceptions import VALKEY_DOWN
 from ..records import Lease
 from ..store import Queue
 from . import presence
+from .executor import Outcome
 from .heartbeat import Heartbeat
 from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
@@ -151,8 +152,8 @@ class Worker:
         for queue, shards in found:
             self.served.add(queue, shards)
         settle_gc()
-        self._runners = Runners(self.config.concurrency, self.outcomes.finished,
-                                processes=self.config.processes)
+        done = self._finished_one if self.config.concurrency == 1 else self.outcomes.finished
+        self._runners = Runners(self.config.concurrency, done, processes=self.config.processes)
         self.held.room.set()
         heartbeat = Heartbeat(self.held, self.served.queue, self._threads_stop,
                               default_lease=self.config.lease or 30.0)
@@ -265,6 +266,25 @@ class Worker:
             self._drained_until[queue.name] = now + DRAINED
         self._submit(leases)
         return len(leases)
+
+    def _finished_one(self, lease: Lease, outcome: Outcome) -> None:
+        """At concurrency 1, on the thread that ran the job: a success is acked by the claim of
+        the next job, made here, in one call (no batch of acks can form, so waking the main loop
+        to make that call would only add a hop between threads). Failures, and successes while
+        the worker stops, go to the main loop."""
+        if not outcome.ok or self._stop_claiming.is_set():
+            self.outcomes.finished(lease, outcome)
+            return
+        self.held.forget((lease,))
+        try:
+            self._claim([(lease, outcome)])
+        except VALKEY_DOWN:  # (given back: the main loop records it once Valkey is back)
+            self._tick.set()
+            return
+        except RedisError:
+            log.exception("Valkey refused a command")
+        if self.outcomes.unrecorded():  # (held for the next claim: the main loop keeps time)
+            self._tick.set()
 
     def _submit(self, leases: list[Lease]) -> None:
         assert self._runners is not None
