@@ -13,7 +13,7 @@ Threads, each with one job:
   wait goes through `waitline.py`); a token makes the waiter claim at once here (claims take
   one lock, so the main loop and the waiters never both count the same room);
 - the mirror moves terminal events into MySQL and relays durable jobs (`mirror_thread.py`: a
-  slow database never slows claiming).
+  slow database never slows claiming; `runworker` runs it in a process of its own).
 What every room reads (the config, the queues served, the jobs held) is in `serving.py`;
 worker presence (what the console lists) in `presence.py`.
 """
@@ -96,6 +96,11 @@ class Worker:
     @property
     def failed(self) -> int:
         return self.outcomes.failed
+
+    @property
+    def aborting(self) -> bool:
+        """Whether it was told to stop a second time (running jobs are released now)."""
+        return self._abort.is_set()
 
     def _loop(self) -> EventLoop | None:
         return self._runners.loop if self._runners else None

@@ -19,6 +19,7 @@ from django.utils.module_loading import autodiscover_modules
 from jobqueue.exceptions import JobQueueError
 from jobqueue.keys import queue_list
 from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.worker.mirror_thread import MirrorProcess
 from jobqueue.worker.supervisor import Supervisor, default_workers
 
 
@@ -51,7 +52,7 @@ def _seconds(raw: str) -> float:
     return value
 
 
-def _relay_signals(worker: Worker) -> None:
+def _relay_signals(worker: Worker, mirror: MirrorProcess | None = None) -> None:
     """SIGTERM/SIGINT ask the worker to stop, from a thread of their own.
 
     A handler runs on the main thread between two bytecodes, possibly inside `Event.wait()`
@@ -63,6 +64,8 @@ def _relay_signals(worker: Worker) -> None:
     def relay() -> None:
         while os.read(read_fd, 1):
             worker.request_stop()
+            if mirror is not None and worker.aborting:
+                mirror.abort()
 
     threading.Thread(target=relay, name="jobqueue-signals", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -147,13 +150,18 @@ class Command(BaseCommand):
 
     @staticmethod
     def serve(config: WorkerConfig) -> int:
-        """Run one worker until it stops; how many running jobs it released at the end."""
-        worker = Worker(config)
-        _relay_signals(worker)
+        """Run one worker (and its mirror's process) until it stops; how many running jobs it
+        released at the end."""
+        mirror = MirrorProcess.start(config) if config.mirror else None
+        worker = Worker(dataclasses.replace(config, mirror=False) if mirror else config)
+        _relay_signals(worker, mirror)
         try:
             worker.run()
         except JobQueueError as exc:  # e.g. wrong credentials: one line, no traceback
             raise CommandError(str(exc)) from None
+        finally:
+            if mirror is not None:
+                mirror.finish(abort=worker.aborting)
         return worker.abandoned
 
     def _child(self, config: WorkerConfig, index: int) -> int:
