@@ -97,11 +97,6 @@ class Worker:
     def failed(self) -> int:
         return self.outcomes.failed
 
-    @property
-    def aborting(self) -> bool:
-        """Whether it was told to stop a second time (running jobs are released now)."""
-        return self._abort.is_set()
-
     def _loop(self) -> EventLoop | None:
         return self._runners.loop if self._runners else None
 
@@ -273,10 +268,9 @@ class Worker:
         return len(leases)
 
     def _finished_one(self, lease: Lease, outcome: Outcome) -> None:
-        """At concurrency 1, on the thread that ran the job: a success is acked by the claim of
-        the next job, made here, in one call (no batch of acks can form, so waking the main loop
-        to make that call would only add a hop between threads). Failures, and successes while
-        the worker stops, go to the main loop."""
+        """At concurrency 1, on the job's thread: a success is acked by the claim of the next job,
+        made here (no batch of acks can form: a hop to the main loop would only add one);
+        failures, and successes while stopping, go to the main loop."""
         if not outcome.ok or self._stop_claiming.is_set():
             self.outcomes.finished(lease, outcome)
             return
@@ -284,11 +278,10 @@ class Worker:
         try:
             self._claim([(lease, outcome)])
         except VALKEY_DOWN:  # (given back: the main loop records it once Valkey is back)
-            self._tick.set()
-            return
+            pass
         except RedisError:
             log.exception("Valkey refused a command")
-        if self.outcomes.unrecorded():  # (held for the next claim: the main loop keeps time)
+        if self.outcomes.unrecorded():  # (given back, or held for a claim: the main loop's now)
             self._tick.set()
 
     def _submit(self, leases: list[Lease]) -> None:
@@ -342,14 +335,7 @@ class Worker:
 
     def _release(self, leases: list[Lease]) -> None:
         """Give claimed jobs back without charging their budget, and forget them here."""
-        by_queue: dict[str, list[Lease]] = defaultdict(list)
-        for lease in leases:
-            by_queue[lease.queue].append(lease)
-        for name, group in by_queue.items():
-            released = self.served.queue(name).release_many(group)
-            for lease, ok in zip(group, released, strict=True):
-                log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id,
-                         lease.token, "released" if ok else "stale")
+        release(self.served, leases)
         self.held.forget(leases)
 
     def _spawn(self, target: Any, name: str, *args: Any) -> None:
@@ -375,3 +361,16 @@ class Worker:
                 presence.goodbye(self.served.queues[0].client, self.config.name)
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,
                  self.processed, self.failed, self.abandoned)
+
+
+def release(served: Served, leases: list[Lease]) -> None:
+    """Give claimed jobs back to their queues without charging their budget, one call per
+    queue, logging each."""
+    by_queue: dict[str, list[Lease]] = defaultdict(list)
+    for lease in leases:
+        by_queue[lease.queue].append(lease)
+    for name, group in by_queue.items():
+        released = served.queue(name).release_many(group)
+        for lease, ok in zip(group, released, strict=True):
+            log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id, lease.token,
+                     "released" if ok else "stale")

@@ -52,24 +52,30 @@ def _seconds(raw: str) -> float:
     return value
 
 
-def _relay_signals(worker: Worker, mirror: MirrorProcess | None = None) -> None:
-    """SIGTERM/SIGINT ask the worker to stop, from a thread of their own.
+def _relay_signals(worker: Worker, mirror: MirrorProcess | None = None) -> threading.Event:
+    """SIGTERM/SIGINT ask the worker to stop, from a thread of their own; a second one also cuts
+    the mirror's final pass short. Returns an event set at that second one.
 
     A handler runs on the main thread between two bytecodes, possibly inside `Event.wait()`
     holding that event's lock; calling `Event.set()` there can deadlock. So the handler only
     writes a byte to a pipe (async-signal-safe) and a relay thread calls `request_stop()`.
     """
     read_fd, write_fd = os.pipe()
+    asked, aborted = threading.Event(), threading.Event()
 
     def relay() -> None:
         while os.read(read_fd, 1):
             worker.request_stop()
-            if mirror is not None and worker.aborting:
-                mirror.abort()
+            if asked.is_set():
+                aborted.set()
+                if mirror is not None:
+                    mirror.abort()
+            asked.set()
 
     threading.Thread(target=relay, name="jobqueue-signals", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: os.write(write_fd, b"!"))
+    return aborted
 
 
 def _child_argv(options: dict[str, Any], name: str, index: int) -> list[str]:
@@ -154,14 +160,14 @@ class Command(BaseCommand):
         released at the end."""
         mirror = MirrorProcess.start(config) if config.mirror else None
         worker = Worker(dataclasses.replace(config, mirror=False) if mirror else config)
-        _relay_signals(worker, mirror)
+        aborted = _relay_signals(worker, mirror)
         try:
             worker.run()
         except JobQueueError as exc:  # e.g. wrong credentials: one line, no traceback
             raise CommandError(str(exc)) from None
         finally:
             if mirror is not None:
-                mirror.finish(abort=worker.aborting)
+                mirror.finish(abort=aborted.is_set())
         return worker.abandoned
 
     def _child(self, config: WorkerConfig, index: int) -> int:
