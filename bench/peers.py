@@ -456,13 +456,15 @@ def report(results: dict[str, dict], n: int) -> None:
               f" {best['worker_us']:>6,.0f} {best['valkey_us']:>6,.1f}  {best['label']}")
     mine_names = [name for name in ("jobqueue", "jq-base", "jq-sync") if name in results]
     for mine in mine_names:
-        print(f"\n  {mine} ÷ {'':<{9 - len(mine)}} " + " ".join(f"{h:>11}" for h, _ in RATIOS)
-              + "   (start: time ÷ time, lower is better)")
-        for peer in ("jq-base", "bullmq", "bullmq-py", "vtasks", "raw"):
-            if peer in results and peer != mine:
-                print(f"  {peer:<12} " + " ".join(
-                    f"{ratio(_value(results[mine], k), _value(results[peer], k)):>11}"
-                    for _, k in RATIOS))
+        others = [p for p in ("jq-base", "bullmq", "bullmq-py", "vtasks", "raw")
+                  if p in results and p != mine]
+        if others:
+            print(f"\n  {mine} ÷ {'':<{9 - len(mine)}} " + " ".join(f"{h:>11}" for h, _ in RATIOS)
+                  + "   (start: time ÷ time, lower is better)")
+        for peer in others:
+            print(f"  {peer:<12} " + " ".join(
+                f"{ratio(_value(results[mine], k), _value(results[peer], k)):>11}"
+                for _, k in RATIOS))
     jq = results.get("jobqueue")
     if jq and "latency_ms" in jq:
         p50, p99 = jq["latency_ms"]
