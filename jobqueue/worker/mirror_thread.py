@@ -11,6 +11,7 @@ copy a lock that thread holds), runs it in a thread (`MirrorThread`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -26,6 +27,7 @@ from .. import outbox
 from ..exceptions import VALKEY_DOWN
 from ..layouts import known_queues
 from ..mirror import Mirror, record_shards
+from ..scripts import caller
 from ..store import Queue
 from .serving import WorkerConfig
 from .supervisor import Forked, fork
@@ -82,6 +84,7 @@ class MirrorThread:
                 # jobs then costs little, and the first finished job is mirrored within a second.
                 delay = 0.05 if written else min(max(delay, 0.1) * 2, 1.0)
             except VALKEY_DOWN:
+                self._rediscover()
                 delay = 1.0
             except RedisError as exc:  # e.g. NOGROUP after Valkey lost its data: recreate groups
                 log.warning("mirror: %s; retrying", exc)
@@ -92,6 +95,13 @@ class MirrorThread:
                 close_db()
                 delay = min(max(delay * 2, 0.5), 5.0)
             self.stop.wait(delay)
+
+    def _rediscover(self) -> None:
+        """After a connection error: on a cluster, read the slot map again (the mirror's reads
+        go to nodes directly, and in a process of its own no worker refreshes it meanwhile)."""
+        with contextlib.suppress(RedisError):
+            for client in {id(q.client): q.client for q in self.mirror.queues}.values():
+                caller.rediscover(client)
 
     def final_pass(self, insist: bool, abort: threading.Event) -> None:
         """Mirror what is left. Insisting (a burst run), take over dead mirrors' entries too and
@@ -107,6 +117,7 @@ class MirrorThread:
             except (DatabaseError, *VALKEY_DOWN) as exc:
                 log.warning("mirror (final pass %d): %s; retrying", tries + 1, exc)
                 close_db()
+                self._rediscover()
             tries += 1
             if not insist and tries >= 3:
                 return
@@ -172,7 +183,8 @@ def _serve(config: WorkerConfig) -> int:
 
 def _served(config: WorkerConfig) -> Callable[[], list[Queue]]:
     """The queues the worker serves, as the worker finds them (its `queues`, else every known
-    one), read again at most once a second; while Valkey is down, the last ones read."""
+    one), read again at most once a second; while Valkey is down or refuses (a cluster failing
+    over), the last ones read."""
     kept: list[Queue] = []
     next_read = 0.0
 
@@ -181,7 +193,7 @@ def _served(config: WorkerConfig) -> Callable[[], list[Queue]]:
         if time.monotonic() >= next_read:
             try:
                 names = list(config.queues or known_queues())
-            except VALKEY_DOWN:
+            except RedisError:  # (down, or a cluster failing over: the mirror carries on)
                 return kept
             if names != [queue.name for queue in kept]:
                 kept = [Queue(name) for name in names]
