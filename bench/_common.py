@@ -32,6 +32,18 @@ def valkey(appendonly: bool = False) -> Iterator[str]:
             proc.wait(10)
 
 
+def prepare_database(url: str, root: Path = ROOT) -> None:
+    """A fresh database at `url` (MySQL/MariaDB: dropped and created again), migrated with the
+    settings in this process's environment."""
+    if url.startswith("mysql://"):
+        name = url.rsplit("/", 1)[1]
+        subprocess.run(["mysql", "-uroot", "-h127.0.0.1", "-e",
+                        f"DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name} CHARACTER SET utf8mb4"],
+                       check=True)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=root, check=True,
+                   env=dict(os.environ))
+
+
 def django_setup(valkey_url: str, database_url: str | None = None) -> None:
     os.environ["VALKEY_URL"] = valkey_url
     if database_url:

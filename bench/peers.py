@@ -1,12 +1,15 @@
 """jobqueue and its peers on one Valkey, in one run, each at its best: a table and ratios.
 
 Every system runs the same job: INCR one counter with redis-py (BullMQ: with ioredis).
-Processing is timed from the first finished job to the last, so start-up does not count; CPU
-per job counts every worker process from start to stop. "raw" is the floor: redis-py
-LPUSH/BRPOP with no queue semantics at all. Latency (enqueue to start on an idle worker at
+Each processing rate is given twice: from the workers' spawn to the last finished job (what a
+deploy, an autoscaled pod or a `--burst` run pays) and steady (first finished job to the last);
+"start" is spawn to the first finished job, for one process and for two. CPU per job counts
+every worker process from start to stop. "raw" is the floor: redis-py LPUSH/BRPOP with no queue
+semantics at all. Latency (enqueue to start on an idle worker at
 concurrency 1) is measured for jobqueue and the raw floor side by side, their jobs taking turns.
 
     .venv/bin/pip install -r bench/requirements.txt && (cd bench/node && npm install)
+    python3.12 -m venv bench/.venv-bullmq && bench/.venv-bullmq/bin/pip install bullmq
     .venv/bin/python bench/peers.py [--jobs 20000] [--only jobqueue,bullmq,vtasks,raw] [--rounds 3]
 
 `--baseline PATH` adds peer jq-base: jobqueue as another checkout has it (say, `git worktree
@@ -17,7 +20,10 @@ With --rounds, the systems take turns (one whole measurement each, round after r
 table gives each number's median: the machine's speed drifts over minutes, and one system
 measured alone in a slow stretch would lose by it.
 
-jobqueue runs with its mirror off (the peers keep no history); `bench/worker.py` measures it on.
+jobqueue runs as deployed, its mirror on: each finished job is written to MariaDB
+(`--database`, created and migrated here; `--no-mirror` turns the mirror off, as the peers
+keep no history). BullMQ for Python (peer bullmq-py) runs from its own venv, made by the
+command above.
 """
 
 from __future__ import annotations
@@ -35,17 +41,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import ROOT, valkey
+from _common import ROOT, prepare_database, valkey
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 NODE = ["node", str(HERE / "node" / "peer.js")]
+BULLMQ_PY = [str(HERE / ".venv-bullmq" / "bin" / "python"), str(HERE / "bullmq_py.py")]
+DATABASE_URL = "mysql://root@127.0.0.1:3306/jqbench"
+MIRROR = True
+"""Whether jobqueue's workers mirror finished jobs into DATABASE_URL (`--no-mirror`: off)."""
 
 
 def env(url: str, root: Path = ROOT, **extra: str) -> dict[str, str]:
     """A subprocess's environment: the bench's settings, and the code of checkout `root`."""
+    database = {"DATABASE_URL": DATABASE_URL} if MIRROR else {}
     return {**os.environ, "BENCH_URL": url, "VALKEY_URL": url, "PYTHONPATH": f"{HERE}:{root}",
-            "DJANGO_SETTINGS_MODULE": "bench_settings", **extra}
+            "DJANGO_SETTINGS_MODULE": "bench_settings", **database, **extra}
 
 
 @dataclass
@@ -76,6 +87,9 @@ class Peer:
 
     def configs(self) -> dict[str, Config]:
         raise NotImplementedError
+
+    def reset(self) -> None:
+        """Before each processing run: forget what an earlier run left (beyond Valkey)."""
 
     def subprocess_seconds(self, argv: list[str]) -> float:
         done = subprocess.run(argv, env=env(self.url), cwd=HERE, check=True, capture_output=True,
@@ -122,13 +136,23 @@ class JobQueuePeer(Peer):
     def configs(self) -> dict[str, Config]:
         def run(workers: int, concurrency: int) -> list[str]:
             return [PY, str(self.root / "manage.py"), "runworker", "--workers", str(workers),
-                    "--concurrency", str(concurrency), "--no-mirror", "--log-level", "WARNING"]
+                    "--concurrency", str(concurrency), "--log-level", "WARNING",
+                    *([] if MIRROR else ["--no-mirror"])]
 
         return {"one": Config(f"1 proc, c={self.one_concurrency}", run(1, self.one_concurrency),
                               root=self.root),
                 "best": Config(f"--workers 2, c={self.best_concurrency}",
                                run(2, self.best_concurrency), root=self.root),
                 "c1": Config("c=1", run(1, 1), root=self.root)}
+
+    def reset(self) -> None:
+        if MIRROR:  # (an upsert into a table of earlier runs' rows costs more)
+            from django.db import connection
+
+            from jobqueue.models import Job
+
+            with connection.cursor() as cursor:
+                cursor.execute(f"TRUNCATE TABLE {connection.ops.quote_name(Job._meta.db_table)}")
 
 
 class JobQueueSyncPeer(JobQueuePeer):
@@ -154,6 +178,24 @@ class BullMQPeer(Peer):
         return {"one": Config("1 proc, c=50", [*NODE, "work", "50"]),
                 "best": Config("2 procs, c=50", [*NODE, "work", "50"], procs=2),
                 "c1": Config("c=1", [*NODE, "work", "1"])}
+
+
+class BullMQPyPeer(Peer):
+    """BullMQ for Python (`bullmq` on PyPI), from its own venv (see the module's docstring)."""
+
+    name, bulk = "bullmq-py", True
+    concurrency = 10
+    """Measured best in one process, 5,000 jobs, two rounds (jobs/s from spawn): c=1 1,602 /
+    1,919, c=10 1,813 / 2,323, c=32 1,206 / 1,515, c=100 1,604 / 1,876, c=200 1,444 / 1,112."""
+
+    def enqueue(self, n: int, single: bool) -> float:
+        return self.subprocess_seconds([*BULLMQ_PY, "enqueue", str(n), *(["single"] if single else [])])
+
+    def configs(self) -> dict[str, Config]:
+        work = [*BULLMQ_PY, "work", str(self.concurrency)]
+        return {"one": Config(f"1 proc, c={self.concurrency}", work),
+                "best": Config(f"2 procs, c={self.concurrency}", work, procs=2),
+                "c1": Config("c=1", [*BULLMQ_PY, "work", "1"])}
 
 
 class VTasksPeer(Peer):
@@ -257,8 +299,8 @@ class RQPeer(Peer):
             "--logging_level", "WARNING", "bench"])}
 
 
-PEERS = [JobQueuePeer, JobQueueSyncPeer, BullMQPeer, VTasksPeer, RawPeer, CeleryPeer, DramatiqPeer,
-         HueyPeer, RQPeer]
+PEERS = [JobQueuePeer, JobQueueSyncPeer, BullMQPeer, BullMQPyPeer, VTasksPeer, RawPeer, CeleryPeer,
+         DramatiqPeer, HueyPeer, RQPeer]
 
 
 def _cpu(info: dict[str, float]) -> float:
@@ -266,13 +308,15 @@ def _cpu(info: dict[str, float]) -> float:
 
 
 def process(peer: Peer, config: Config, n: int) -> dict[str, float]:
-    """Start the config's workers on n waiting jobs; rate, worker and Valkey CPU per job."""
+    """Start the config's workers on n waiting jobs: the rates from spawn and steady, the
+    start-up (spawn to the first finished job), worker and Valkey CPU per job."""
     import redis
 
     client = redis.Redis.from_url(peer.url)
     client.set("bench:done", 0)
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     valkey_before = _cpu(client.info("cpu"))
+    spawned = time.perf_counter()
     procs = [subprocess.Popen(config.argv, env=env(peer.url, config.root, **config.extra_env),
                               cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for _ in range(config.procs)]
@@ -288,7 +332,7 @@ def process(peer: Peer, config: Config, n: int) -> dict[str, float]:
                 raise RuntimeError(f"{peer.name}: {done}/{n} after 600 s")
             time.sleep(0.002)
             done = int(client.get("bench:done") or 0)
-        rate = (n - 1) / (time.perf_counter() - first)
+        last = time.perf_counter()
         valkey_cpu = _cpu(client.info("cpu")) - valkey_before
     finally:
         for proc in procs:
@@ -301,7 +345,9 @@ def process(peer: Peer, config: Config, n: int) -> dict[str, float]:
                 proc.wait()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     worker_cpu = (after.ru_utime + after.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
-    return {"rate": rate, "worker_us": worker_cpu / n * 1e6, "valkey_us": valkey_cpu / n * 1e6}
+    return {"rate": n / (last - spawned), "steady": (n - 1) / (last - first),
+            "start": first - spawned, "worker_us": worker_cpu / n * 1e6,
+            "valkey_us": valkey_cpu / n * 1e6}
 
 
 def latency(peers: list[Peer], samples: int = 200, gap: float = 0.01) -> dict[str, tuple[float, float]]:
@@ -362,12 +408,15 @@ def measure(peer: Peer, n: int) -> dict[str, object]:
     out["bytes_per_job"] = (int(client.info("memory")["used_memory"]) - before) / n
     for role, config in peer.configs().items():
         client.flushall()
+        peer.reset()
         count = n // 4 if role == "c1" else n  # concurrency 1 is slow: fewer jobs
         seconds = peer.enqueue(count, single=not peer.bulk)
         if peer.bulk and "enqueue_bulk" not in out:
             out["enqueue_bulk"] = count / seconds
         out[role] = {"label": config.label, **process(peer, config, count)}
-        print(f"  {peer.name:<9} {config.label:<18} {out[role]['rate']:>9,.0f} jobs/s", flush=True)  # type: ignore[index]
+        run = out[role]
+        print(f"  {peer.name:<9} {config.label:<18} {run['rate']:>9,.0f} jobs/s from spawn,"  # type: ignore[index]
+              f" {run['steady']:>7,.0f} steady, start {run['start']:.2f} s", flush=True)  # type: ignore[index]
     return out
 
 
@@ -376,40 +425,48 @@ def ratio(a: float | None, b: float | None) -> str:
 
 
 def _best(r: dict) -> dict:
-    """A system's fastest processing configuration."""
+    """A system's fastest processing configuration, counted from spawn."""
     return max((r[role] for role in ("one", "best") if role in r), key=lambda c: c["rate"])
 
 
+RATIOS = [("best", "best"), ("best steady", "best:steady"), ("1 proc", "one"), ("c=1", "c1"),
+          ("c=1 steady", "c1:steady"), ("enq 1", "enqueue_single"), ("enq bulk", "enqueue_bulk"),
+          ("start 1", "one:start"), ("start 2", "best:start")]
+"""The ratio table's columns: a heading, and `role[:field]` (field: the rate from spawn)."""
+
+
+def _value(r: dict, key: str) -> float | None:
+    role, _, field = key.partition(":")
+    value = (_best(r) if r else None) if role == "best" and field != "start" else r.get(role)
+    return value.get(field or "rate") if isinstance(value, dict) else value
+
+
 def report(results: dict[str, dict], n: int) -> None:
-    print(f"\n{n:,} no-op jobs, one valkey-server; rates in jobs/s, CPU in µs per job")
-    print(f"  {'system':<9} {'best':>8} {'1 proc':>8} {'c=1':>7} {'enq 1':>7} {'enq bulk':>9}"
-          f" {'bytes/job':>9} {'worker µs':>9} {'valkey µs':>9}  best config")
+    print(f"\n{n:,} no-op jobs, one valkey-server; rates in jobs/s from spawn (steady: first "
+          "finished job to the last), start-up in s (spawn to first finished job), CPU in µs/job")
+    print(f"  {'system':<9} {'best':>7} {'steady':>7} {'1 proc':>7} {'steady':>7} {'c=1':>6}"
+          f" {'steady':>6} {'start 1':>7} {'start 2':>7} {'enq 1':>6} {'enq bulk':>8}"
+          f" {'bytes':>5} {'worker':>6} {'valkey':>6}  best config")
     for name, r in results.items():
-        best = _best(r)
-        print(f"  {name:<9} {best['rate']:>8,.0f} {r['one']['rate']:>8,.0f}"
-              f" {r['c1']['rate'] if 'c1' in r else 0:>7,.0f} {r['enqueue_single']:>7,.0f}"
-              f" {r.get('enqueue_bulk', 0):>9,.0f} {r['bytes_per_job']:>9,.0f}"
-              f" {best['worker_us']:>9,.0f} {best['valkey_us']:>9,.1f}  {best['label']}")
+        best, c1, two = _best(r), r.get("c1", {}), r.get("best", {})
+        print(f"  {name:<9} {best['rate']:>7,.0f} {best['steady']:>7,.0f} {r['one']['rate']:>7,.0f}"
+              f" {r['one']['steady']:>7,.0f} {c1.get('rate', 0):>6,.0f} {c1.get('steady', 0):>6,.0f}"
+              f" {r['one']['start']:>7.2f} {two.get('start', 0):>7.2f} {r['enqueue_single']:>6,.0f}"
+              f" {r.get('enqueue_bulk', 0):>8,.0f} {r['bytes_per_job']:>5,.0f}"
+              f" {best['worker_us']:>6,.0f} {best['valkey_us']:>6,.1f}  {best['label']}")
+    mine_names = [name for name in ("jobqueue", "jq-base", "jq-sync") if name in results]
+    for mine in mine_names:
+        others = [p for p in ("jq-base", "bullmq", "bullmq-py", "vtasks", "raw")
+                  if p in results and p != mine]
+        if others:
+            print(f"\n  {mine} ÷ {'':<{9 - len(mine)}} " + " ".join(f"{h:>11}" for h, _ in RATIOS)
+                  + "   (start: time ÷ time, lower is better)")
+        for peer in others:
+            print(f"  {peer:<12} " + " ".join(
+                f"{ratio(_value(results[mine], k), _value(results[peer], k)):>11}"
+                for _, k in RATIOS))
     jq = results.get("jobqueue")
-    if not jq:
-        return
-
-    def get(name: str, key: str) -> float | None:
-        r = results.get(name, {})
-        value = (_best(r) if r else None) if key == "best" else r.get(key)
-        return value["rate"] if isinstance(value, dict) else value
-
-    for mine in ("jobqueue", "jq-base", "jq-sync"):
-        if mine not in results:
-            continue
-        print(f"\n  {mine} ÷ {'':<{16 - len(mine)}} {'best':>7} {'1 proc':>7} {'c=1':>7} {'enq 1':>7}"
-              f" {'enq bulk':>8}")
-        for peer in ("bullmq", "vtasks", "raw"):
-            if peer in results:
-                print(f"  {peer:<19} " + " ".join(
-                    f"{ratio(get(mine, k), get(peer, k)):>7}"
-                    for k in ("best", "one", "c1", "enqueue_single", "enqueue_bulk")))
-    if "latency_ms" in jq:
+    if jq and "latency_ms" in jq:
         p50, p99 = jq["latency_ms"]
         line = (f"\n  latency enqueue → start, idle queue, c=1, side by side: jobqueue p50 {p50:.2f} ms,"
                 f" p99 {p99:.2f} ms")
@@ -437,17 +494,23 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def main() -> None:
+    global MIRROR, DATABASE_URL
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--only", help="comma-separated peer names (default: all)")
     parser.add_argument("--baseline", type=Path,
                         help="another checkout of jobqueue (e.g. `git worktree add` of the commit "
                              "before a change): measured as peer jq-base in the same run")
+    parser.add_argument("--no-mirror", action="store_true",
+                        help="run jobqueue's workers with the mirror off (default: on, into --database)")
+    parser.add_argument("--database", default="mysql://root@127.0.0.1:3306/jqbench",
+                        help="where jobqueue's mirror writes (created and migrated here)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every system this many times, taking turns (the machine's "
                              "speed drifts: a system measured in a slow minute alone would lose "
                              "by it), and report the medians")
     args = parser.parse_args()
+    MIRROR, DATABASE_URL = not args.no_mirror, args.database
     if args.baseline:
         BaselinePeer.root = args.baseline.resolve()
         JobQueuePeer.separate = True
@@ -462,6 +525,9 @@ def main() -> None:
             os.environ.setdefault(key, value)
         os.environ["BENCH_URL"] = os.environ["VALKEY_URL"] = url
         sys.path[:0] = [str(HERE), str(ROOT)]
+        if MIRROR and any(issubclass(p, JobQueuePeer) for p in peers):
+            os.environ["DATABASE_URL"] = DATABASE_URL
+            prepare_database(DATABASE_URL)
         import django
 
         django.setup()

@@ -12,17 +12,7 @@ import subprocess
 import sys
 import time
 
-from _common import ROOT, rate, table, valkey
-
-
-def prepare_database(url: str) -> None:
-    if url.startswith("mysql://"):
-        name = url.rsplit("/", 1)[1]
-        subprocess.run(["mysql", "-uroot", "-h127.0.0.1", "-e",
-                        f"DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name} CHARACTER SET utf8mb4"],
-                       check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True,
-                   env=dict(os.environ))
+from _common import ROOT, prepare_database, rate, table, valkey
 
 
 def end_to_end(jobs: int, workers: int, concurrency: int, extra: list[str]) -> float:

@@ -21,7 +21,6 @@ from . import actions
 from .exceptions import JobQueueError
 from .models import Job, Shard
 from .store import Queue
-from .urls import console_urls
 
 
 class LaneFilter(admin.SimpleListFilter):
@@ -64,6 +63,10 @@ class JobAdmin(admin.ModelAdmin):
         return format_html('<a href="{}">{}</a>', url, obj.id)
 
     def get_urls(self) -> list[Any]:
+        # (imported here: the console's views load with the admin's URLs, not in every process
+        # that sets Django up, such as a worker)
+        from .urls import console_urls
+
         return [path("live/", include(console_urls(self.admin_site))), *super().get_urls()]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -4,7 +4,7 @@ For a queue with `durable: True`, enqueue inserts each job's `Job` row — insid
 transaction when there is one, so a rollback leaves neither row nor job — and pushes the job to
 Valkey once the row is committed. Valkey is then a fast index of the work that can be rebuilt:
 
-- `relay` (run by every worker's mirror thread, and by a `--burst` run before it decides it is
+- `relay` (run by every worker's mirror, and by a `--burst` run before it decides it is
   done) sends the rows no relay pass has confirmed yet, so a job whose push failed (Valkey down
   at the commit) reaches Valkey once it answers;
 - `restore` (`manage.py jobqueue restore`) re-creates every unfinished durable job Valkey lacks,

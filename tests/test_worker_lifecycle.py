@@ -423,6 +423,37 @@ def test_workers_n_runs_n_processes_and_restarts_one_that_dies(valkey_server: Va
     assert all((get_job(r.id) or r).state == "succeeded" for r in refs)  # type: ignore[union-attr]
 
 
+def test_workers_n_forks_its_children_from_the_set_up_supervisor(valkey_server: ValkeyProcess) -> None:
+    queue = Queue("default")
+    supervisor = start_worker(valkey_server.url, "--workers", "2", "--concurrency", "1")
+    try:
+        wait_for(lambda: queue.client.hlen("{emq}:workers") == 2)
+        pids = [json.loads(row)["pid"] for row in queue.client.hvals("{emq}:workers")]
+        command = Path(f"/proc/{supervisor.pid}/cmdline").read_bytes()
+        # A forked child keeps the supervisor's command line; a new process has its own.
+        assert [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids] == [command, command]
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0
+
+
+def test_the_worker_mirrors_from_a_process_of_its_own(valkey_server: ValkeyProcess) -> None:
+    refs = jobs.add.enqueue_many([(i, 1) for i in range(50)])
+    worker = start_worker(valkey_server.url, "--concurrency", "2")
+    try:
+        ids = [r.id for r in refs]
+        wait_for(lambda: Job.objects.filter(pk__in=ids, state="succeeded").count() == 50)
+        [mirror] = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+        # Forked (the worker's command line), and it outlives the worker's stop only to make its
+        # final pass: the worker waits for it.
+        command = Path(f"/proc/{worker.pid}/cmdline").read_bytes()
+        assert Path(f"/proc/{mirror}/cmdline").read_bytes() == command
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert not Path(f"/proc/{mirror}").exists()
+
+
 def test_a_burst_with_several_workers_exits_0_when_all_are_done(valkey_server: ValkeyProcess) -> None:
     refs = jobs.add.enqueue_many([(i, i) for i in range(300)])
     assert run_burst(valkey_server.url, "--workers", "2", "--concurrency", "4") == 0

@@ -321,3 +321,23 @@ def test_a_worker_records_every_outcome_valkey_refused(valkey_server: ValkeyProc
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
+
+
+def test_at_concurrency_1_a_success_whose_claim_fails_is_recorded_once_valkey_is_back(
+        valkey_server: ValkeyProcess) -> None:
+    # At concurrency 1 the runner that finished a job acks it in the claim of the next, made on
+    # its own thread: when that claim fails, the success goes to the main loop, not away.
+    good = jobs.add.enqueue(1, 1)
+    queue = Queue("default")
+    [lease] = queue.dequeue(count=1, worker="w-1")
+    worker = _holding(queue, [lease], concurrency=1)
+    valkey_server.stop()
+    try:
+        worker._finished_one(lease, Outcome(True, result="2"))
+        assert worker.outcomes.unrecorded() and worker._tick.is_set()
+    finally:
+        valkey_server.start()
+    worker._cycle()
+    worker._runners.stop(wait=True)
+    assert queue.get(good.id).state == "succeeded"  # type: ignore[union-attr]
+    assert worker.processed == 1 and not worker.held.jobs

@@ -27,13 +27,17 @@ _async_counter = None
 
 
 def async_counter():  # type: ignore[no-untyped-def]
-    """One redis.asyncio client, made on the worker's event loop and kept there."""
+    """One redis.asyncio client, made on the worker's event loop and kept there. Its pool is
+    bounded (64 connections, tasks beyond them waiting their turn): with one connection per task,
+    a worker's first batch (256 jobs at c=128) opened 256 connections at once and its first job
+    finished only once all had made their handshakes (bench/RESULTS.md)."""
     global _async_counter
     if _async_counter is None:
         import redis.asyncio
         from peer_tasks import URL
 
-        _async_counter = redis.asyncio.Redis.from_url(URL, max_connections=1024)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(URL, max_connections=64, timeout=None)
+        _async_counter = redis.asyncio.Redis(connection_pool=pool)
     return _async_counter
 
 

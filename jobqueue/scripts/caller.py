@@ -102,6 +102,14 @@ def run_many(client: Any, name: str, shard: ShardKeys, calls: Iterable[list[Any]
     return replies
 
 
+def rediscover(client: Any) -> None:
+    """Read a cluster's slot map again (a failover moved a shard); nothing for one server. A
+    caller that talks to nodes directly (a pipeline, a blocking read) calls it after a
+    connection error, as redis-py's own commands do."""
+    if isinstance(client, RedisCluster):
+        client.nodes_manager.initialize()
+
+
 def run_replicated(client: Any, name: str, shard: ShardKeys, calls: list[list[Any]],
                    replicas: int, wait_ms: int) -> tuple[list[Any], int]:
     """Calls then `WAIT replicas wait_ms` on the same connection (WAIT counts the replicas
@@ -123,7 +131,7 @@ def run_replicated(client: Any, name: str, shard: ShardKeys, calls: list[list[An
             if not cluster or attempt == 2 or (isinstance(exc, ResponseError)
                                                and not str(exc).startswith(("MOVED", "ASK"))):
                 raise
-            client.nodes_manager.initialize()
+            rediscover(client)
             continue
         return replies, int(acked)
     raise AssertionError("unreachable")

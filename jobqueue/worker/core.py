@@ -15,7 +15,7 @@ Threads, each with one job:
   wait goes through `waitline.py`); a token makes the waiter claim at once here (claims take
   one lock, so the main loop and the waiters never both count the same room);
 - the mirror moves terminal events into MySQL and relays durable jobs (`mirror_thread.py`: a
-  slow database never slows claiming).
+  slow database never slows claiming; `runworker` runs it in a process of its own).
 What every room reads (the config, the queues served, the jobs held) is in `serving.py`;
 worker presence (what the console lists) in `presence.py`.
 """
@@ -37,6 +37,7 @@ from ..handler import PROGRESS
 from ..records import Lease
 from ..store import Queue
 from . import presence
+from .executor import Outcome
 from .heartbeat import Heartbeat
 from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
@@ -155,8 +156,8 @@ class Worker:
         for queue, shards in found:
             self.served.add(queue, shards)
         settle_gc()
-        self._runners = Runners(self.config.concurrency, self.outcomes.finished,
-                                processes=self.config.processes)
+        done = self._finished_one if self.config.concurrency == 1 else self.outcomes.finished
+        self._runners = Runners(self.config.concurrency, done, processes=self.config.processes)
         self.held.room.set()
         heartbeat = Heartbeat(self.held, self.served.queue, self._threads_stop,
                               default_lease=self.config.lease or 30.0)
@@ -271,6 +272,23 @@ class Worker:
         self._submit(leases)
         return len(leases)
 
+    def _finished_one(self, lease: Lease, outcome: Outcome) -> None:
+        """At concurrency 1, on the job's thread: a success is acked by the claim of the next job,
+        made here (no batch of acks can form: a hop to the main loop would only add one);
+        failures, and successes while stopping, go to the main loop."""
+        if not outcome.ok or self._stop_claiming.is_set():
+            self.outcomes.finished(lease, outcome)
+            return
+        self.held.forget((lease,))
+        try:
+            self._claim([(lease, outcome)])
+        except VALKEY_DOWN:  # (given back: the main loop records it once Valkey is back)
+            pass
+        except RedisError:
+            log.exception("Valkey refused a command")
+        if self.outcomes.unrecorded():  # (given back, or held for a claim: the main loop's now)
+            self._tick.set()
+
     def _submit(self, leases: list[Lease]) -> None:
         assert self._runners is not None
         self.held.add(leases)
@@ -323,15 +341,7 @@ class Worker:
 
     def _release(self, leases: list[Lease]) -> None:
         """Give claimed jobs back without charging their budget, and forget them here."""
-        by_queue: dict[str, list[Lease]] = defaultdict(list)
-        for lease in leases:
-            by_queue[lease.queue].append(lease)
-        for name, group in by_queue.items():
-            released = self.served.queue(name).release_many(group)
-            for lease, ok in zip(group, released, strict=True):
-                log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id,
-                         lease.token, "released" if ok else "stale")
-                tracing.released(lease, ok)
+        release(self.served, leases)
         self.held.forget(leases)
 
     def _spawn(self, target: Any, name: str, *args: Any) -> None:
@@ -357,3 +367,17 @@ class Worker:
                 presence.goodbye(self.served.queues[0].client, self.config.name)
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,
                  self.processed, self.failed, self.abandoned)
+
+
+def release(served: Served, leases: list[Lease]) -> None:
+    """Give claimed jobs back to their queues without charging their budget, one call per
+    queue, logging each."""
+    by_queue: dict[str, list[Lease]] = defaultdict(list)
+    for lease in leases:
+        by_queue[lease.queue].append(lease)
+    for name, group in by_queue.items():
+        released = served.queue(name).release_many(group)
+        for lease, ok in zip(group, released, strict=True):
+            log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id, lease.token,
+                     "released" if ok else "stale")
+            tracing.released(lease, ok)

@@ -1,22 +1,36 @@
-"""The worker's database side, in a thread of its own so a slow or absent database never slows
-claiming: it mirrors terminal events into MySQL, relays durable jobs whose push failed, refreshes
-the `Shard` rows, and on the way out mirrors what is left."""
+"""The worker's database side, apart from claiming so a slow or absent database never slows it:
+it mirrors terminal events into MySQL, relays durable jobs whose push failed, refreshes the
+`Shard` rows, and on the way out mirrors what is left.
+
+`runworker` runs it in a process of its own (`MirrorProcess`), forked before the worker starts
+its threads: a mirror step spends milliseconds of Python building rows, and in the worker's
+process it would hold the GIL meanwhile, so every reply the worker waited for would wait for it
+too. A `Worker` made in code, or one whose process runs another thread already (a fork could
+copy a lock that thread holds), runs it in a thread (`MirrorThread`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from redis.exceptions import RedisError
 
 from .. import outbox
 from ..exceptions import VALKEY_DOWN
+from ..layouts import known_queues
 from ..mirror import Mirror, record_shards
+from ..scripts import caller
 from ..store import Queue
+from .serving import WorkerConfig
+from .supervisor import Forked, fork
 
 log = logging.getLogger("jobqueue.worker")
 RELAY_EVERY = 2.0
@@ -70,6 +84,7 @@ class MirrorThread:
                 # jobs then costs little, and the first finished job is mirrored within a second.
                 delay = 0.05 if written else min(max(delay, 0.1) * 2, 1.0)
             except VALKEY_DOWN:
+                self._rediscover()
                 delay = 1.0
             except RedisError as exc:  # e.g. NOGROUP after Valkey lost its data: recreate groups
                 log.warning("mirror: %s; retrying", exc)
@@ -80,6 +95,13 @@ class MirrorThread:
                 close_db()
                 delay = min(max(delay * 2, 0.5), 5.0)
             self.stop.wait(delay)
+
+    def _rediscover(self) -> None:
+        """After a connection error: on a cluster, read the slot map again (the mirror's reads
+        go to nodes directly, and in a process of its own no worker refreshes it meanwhile)."""
+        with contextlib.suppress(RedisError):
+            for client in {id(q.client): q.client for q in self.mirror.queues}.values():
+                caller.rediscover(client)
 
     def final_pass(self, insist: bool, abort: threading.Event) -> None:
         """Mirror what is left. Insisting (a burst run), take over dead mirrors' entries too and
@@ -95,8 +117,87 @@ class MirrorThread:
             except (DatabaseError, *VALKEY_DOWN) as exc:
                 log.warning("mirror (final pass %d): %s; retrying", tries + 1, exc)
                 close_db()
+                self._rediscover()
             tries += 1
             if not insist and tries >= 3:
                 return
             abort.wait(delay)
             delay = min(delay * 2, 5.0)
+
+
+class MirrorProcess:
+    """The mirror of `runworker`'s worker in a process of its own (see the module's docstring).
+    It mirrors until the worker has stopped (`finish`), then makes its final pass: insisting in
+    a burst run, cut short when the worker is told to stop a second time (`abort`)."""
+
+    def __init__(self, proc: Forked) -> None:
+        self.proc = proc
+
+    @classmethod
+    def start(cls, config: WorkerConfig) -> MirrorProcess | None:
+        """Fork the mirror of the worker `config` describes; None when another thread runs here
+        (the worker then mirrors in a thread)."""
+        if threading.active_count() > 1:
+            return None
+        connections.close_all()  # (the mirror opens its own)
+        return cls(fork(partial(_serve, config)))
+
+    def finish(self, abort: bool) -> None:
+        """The worker has stopped: let the mirror make its final pass (`abort`: cut it short)
+        and wait for it to exit."""
+        self.proc.send_signal(signal.SIGTERM)
+        if abort:
+            self.abort()
+        while self.proc.poll() is None:
+            time.sleep(0.05)
+        if self.proc.returncode:
+            log.warning("mirror process exited with code %d", self.proc.returncode)
+
+    def abort(self) -> None:
+        """Cut the final pass short (the worker was told to stop a second time)."""
+        self.proc.send_signal(signal.SIGINT)
+
+
+def _serve(config: WorkerConfig) -> int:
+    """In the mirror's process: mirror until the first stop signal, then make the final pass
+    until it ends or a second signal comes. Signals are taken by `sigwait` on this thread, so
+    no handler runs while the mirror's thread holds a lock."""
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # (the mirror's thread inherits the mask)
+    stop, abort = threading.Event(), threading.Event()
+    mirror = MirrorThread(_served(config), config.name, stop)
+
+    def work() -> None:
+        mirror.run()
+        mirror.final_pass(insist=config.burst, abort=abort)
+
+    thread = threading.Thread(target=work, name="jobqueue-mirror", daemon=True)
+    thread.start()
+    signal.sigwait(stops)
+    stop.set()
+    while thread.is_alive():
+        if signal.sigtimedwait(stops, 0.1) is not None:
+            abort.set()
+    return 0
+
+
+def _served(config: WorkerConfig) -> Callable[[], list[Queue]]:
+    """The queues the worker serves, as the worker finds them (its `queues`, else every known
+    one), read again at most once a second; while Valkey is down or refuses (a cluster failing
+    over), the last ones read."""
+    kept: list[Queue] = []
+    next_read = 0.0
+
+    def queues() -> list[Queue]:
+        nonlocal kept, next_read
+        if time.monotonic() >= next_read:
+            try:
+                names = list(config.queues or known_queues())
+            except RedisError:  # (down, or a cluster failing over: the mirror carries on)
+                return kept
+            if names != [queue.name for queue in kept]:
+                kept = [Queue(name) for name in names]
+            next_read = time.monotonic() + 1.0
+        return kept
+
+    return queues

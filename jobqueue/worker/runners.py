@@ -71,8 +71,9 @@ def settle_gc() -> None:
     objects) from the cyclic collector, and run its youngest pass less often. A job makes and
     frees dozens of objects (tasks, futures, replies): at CPython's defaults a no-op job spent
     ~8 % of its time in collections, most of it in full passes over start-up's objects, each a
-    pause of ~20 ms. An application that set a higher threshold keeps its own."""
-    gc.collect()
+    pause of ~20 ms. An application that set a higher threshold keeps its own. (No collection
+    first: one pass over start-up's objects costs ~30 ms of the worker's start and finds a few
+    dozen to free.)"""
     gc.freeze()
     gen0, *older = gc.get_threshold()
     if 0 < gen0 < GC_GEN0:  # (0: the application turned collection off)
@@ -91,25 +92,38 @@ class Runners:
         self._pool_lock = threading.Lock()
         self._loop: EventLoop | None = None
         self._tracer = tracing.worker_tracer()
-        self._threads = [threading.Thread(target=self._loop_thread, name=f"jobqueue-job-{i}",
-                                          daemon=True) for i in range(count)]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+        """Started as plain jobs come, up to `count` (a worker of async handlers needs none)."""
+        self._most = count
+        self._grow = threading.Lock()
 
     def submit(self, leases: list[Lease]) -> None:
         """Start claimed jobs: async ones on the event loop, the others on the threads (a
         process pool resolves its jobs itself: what a handler is cannot cross processes)."""
         on_loop: list[tuple[Lease, Prepared]] = []
+        plain = 0
         for lease in leases:
             prepared = None if self._pool is not None else prepare(lease)
             if prepared is not None and is_async(prepared):
                 on_loop.append((lease, prepared))
             else:
                 self._inbox.put((lease, prepared))
+                plain += 1
+        if plain and len(self._threads) < self._most:
+            self._start_threads(plain)
         if on_loop:
             if self._loop is None:
                 self._loop = EventLoop(self._done)
             self._loop.submit(on_loop)
+
+    def _start_threads(self, jobs: int) -> None:
+        """One more runner per job just queued, up to `count`."""
+        with self._grow:
+            for _ in range(min(jobs, self._most - len(self._threads))):
+                thread = threading.Thread(target=self._loop_thread, daemon=True,
+                                          name=f"jobqueue-job-{len(self._threads)}")
+                thread.start()
+                self._threads.append(thread)
 
     @property
     def loop(self) -> EventLoop | None:
@@ -130,12 +144,15 @@ class Runners:
     def stop(self, wait: bool) -> None:
         """Let each runner finish its job and exit; wait for them unless told not to (then
         async jobs are cancelled at their next await)."""
-        for _ in self._threads:
+        with self._grow:
+            self._most = 0  # (no runner starts after this)
+            threads = list(self._threads)
+        for _ in threads:
             self._inbox.put(None)
         if self._loop is not None:
             self._loop.stop(wait)
         if wait:
-            for thread in self._threads:
+            for thread in threads:
                 thread.join()
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)

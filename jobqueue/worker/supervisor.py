@@ -1,9 +1,17 @@
 """`runworker --workers N`: N worker processes under one command, so one command uses every core.
 
-The supervisor runs no job itself. It starts N `runworker` children, each with its own claim
-loop (the claim script makes sharing queues safe), passes stop signals on, and starts a child
-again when it dies (SIGKILL, out of memory, a handler that called `os._exit`). In a burst run a
-child that finished its burst (exit 0) is done; the supervisor exits 0 once all are.
+The supervisor runs no job itself. It starts N worker children, each with its own claim loop
+(the claim script makes sharing queues safe), passes stop signals on, and starts a child again
+when it dies (SIGKILL, out of memory, a handler that called `os._exit`). In a burst run a child
+that finished its burst (exit 0) is done; the supervisor exits 0 once all are.
+
+A child is forked from the supervisor once Django is set up and the handlers are imported, so
+it starts where the supervisor stands instead of setting Django up again in a new interpreter.
+The supervisor holds nothing a child must not share: it opens no database connection (those
+Django opened are closed before a fork) and no Valkey client, and it runs no thread of its own
+(its signal handler only writes to a pipe that its loop reads). When some other thread runs in
+it (an application's, started by the settings), a fork could copy a lock that thread holds, so
+each child is then started as a new `runworker` process instead.
 
 Children run in their own process group, so a Ctrl-C in a terminal reaches them once (through
 the supervisor), not twice (which would be the "release now" second stop), and each asks the
@@ -16,15 +24,21 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import signal
 import subprocess
+import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 log = logging.getLogger("jobqueue.worker")
 QUICK_DEATH = 5.0
 """A child that dies sooner than this after its start is restarted with a growing delay."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def default_workers() -> int:
@@ -33,16 +47,77 @@ def default_workers() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the supervisor dies (Linux prctl PDEATHSIG)."""
+    """In the child: SIGTERM when the supervisor dies (Linux prctl PDEATHSIG)."""
     # Not Linux: no prctl, and a child outlives a supervisor killed with SIGKILL.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+class Process(Protocol):
+    """What the supervisor uses of a child: `subprocess.Popen`'s, or a forked child's."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+class Forked:
+    """A child forked from the supervisor, seen through `Popen`'s `poll` and `send_signal`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """Its exit code once it has exited (minus the signal that killed it), else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+
+def fork(run: Callable[[], int], closing: tuple[int, ...] = ()) -> Forked:
+    """Run `run` in a forked child, which exits with what it returns and never comes back here;
+    `closing`: the supervisor's descriptors, closed in the child."""
+    supervisor = os.getpid()
+    # Stop signals wait until the child has put the supervisor's handler away.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    pid = os.fork()
+    if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        return Forked(pid)
+    code = 1
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        for fd in closing:
+            os.close(fd)
+        os.setpgid(0, 0)
+        _die_with_parent()
+        code = run() if os.getppid() == supervisor else 0  # (else it died before the prctl)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:  # noqa: BLE001 - a child never returns into the supervisor's code
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 @dataclass
 class _Child:
     argv: list[str]
-    proc: subprocess.Popen[bytes] | None = None
+    """Its command line, should it be started as a new process."""
+    proc: Process | None = None
     started: float = 0.0
     restart_at: float = 0.0
     delay: float = 0.5
@@ -54,39 +129,59 @@ class _Child:
 class Supervisor:
     """Keeps N worker processes running until asked to stop (or until their bursts end)."""
 
-    def __init__(self, argvs: list[list[str]], burst: bool) -> None:
+    def __init__(self, argvs: list[list[str]], burst: bool,
+                 run_child: Callable[[int], int] | None = None) -> None:
+        """`argvs`: each child's command line; `run_child(index)`: runs child `index` in a
+        forked process (its exit code), or None to start every child from its command line."""
         self.children = [_Child(argv) for argv in argvs]
         self.burst = burst
+        self._run_child = run_child
         self._stopping = threading.Event()
-        self._lock = threading.Lock()
+        self._signals: tuple[int, int] | None = None
 
     def request_stop(self) -> None:
         """Pass a stop signal on to every child (the first drains, a second releases at once)."""
         self._stopping.set()
-        with self._lock:
-            for child in self.children:
-                if child.proc is not None and child.proc.poll() is None:
-                    child.proc.send_signal(signal.SIGTERM)
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
 
     def run(self) -> int:
-        """Supervise until every child has finished; 0 unless a burst child never could."""
+        """Supervise until every child has finished; 0 unless a burst child never could. SIGTERM
+        and SIGINT ask it to stop (`request_stop`)."""
+        self._signals = read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        for sig in STOP_SIGNALS:
+            # A handler runs between two bytecodes of the main loop, maybe while it signals a
+            # child: it only writes a byte, which the loop's wait reads.
+            signal.signal(sig, lambda *_: os.write(write_fd, b"!"))
         for index in range(len(self.children)):
             self._start(index)
         while not all(child.finished for child in self.children):
             for index, child in enumerate(self.children):
                 self._watch(index, child)
-            self._stopping.wait(0.1)
+            self._wait(read_fd, 0.1)
         log.info("supervisor: all %d workers stopped", len(self.children))
         return 0
 
+    def _wait(self, read_fd: int, timeout: float) -> None:
+        """Up to `timeout` seconds, or until a stop signal (passed on at once)."""
+        ready, _, _ = select.select([read_fd], [], [], timeout)
+        if ready:
+            for _ in os.read(read_fd, 64):
+                self.request_stop()
+
     def _start(self, index: int) -> None:
         child = self.children[index]
-        with self._lock:
-            if self._stopping.is_set():
-                child.finished = True
-                return
+        if self._stopping.is_set():
+            child.finished = True
+            return
+        if self._run_child is not None and threading.active_count() == 1:
+            run_child = self._run_child
+            child.proc = fork(lambda: run_child(index), self._signals or ())
+        else:
             child.proc = subprocess.Popen(child.argv, process_group=0, preexec_fn=_die_with_parent)
-            child.started = time.monotonic()
+        child.started = time.monotonic()
         log.info("supervisor: worker %d started (pid %d)", index, child.proc.pid)
 
     def _watch(self, index: int, child: _Child) -> None:

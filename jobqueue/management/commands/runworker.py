@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -12,10 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+from django.utils.module_loading import autodiscover_modules
 
 from jobqueue.exceptions import JobQueueError
 from jobqueue.keys import queue_list
 from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.worker.mirror_thread import MirrorProcess
 from jobqueue.worker.supervisor import Supervisor, default_workers
 
 
@@ -48,26 +52,35 @@ def _seconds(raw: str) -> float:
     return value
 
 
-def _relay_signals(worker: Worker | Supervisor) -> None:
-    """SIGTERM/SIGINT ask the worker to stop, from a thread of their own.
+def _relay_signals(worker: Worker, mirror: MirrorProcess | None = None) -> threading.Event:
+    """SIGTERM/SIGINT ask the worker to stop, from a thread of their own; a second one also cuts
+    the mirror's final pass short. Returns an event set at that second one.
 
     A handler runs on the main thread between two bytecodes, possibly inside `Event.wait()`
     holding that event's lock; calling `Event.set()` there can deadlock. So the handler only
     writes a byte to a pipe (async-signal-safe) and a relay thread calls `request_stop()`.
     """
     read_fd, write_fd = os.pipe()
+    asked, aborted = threading.Event(), threading.Event()
 
     def relay() -> None:
         while os.read(read_fd, 1):
             worker.request_stop()
+            if asked.is_set():
+                aborted.set()
+                if mirror is not None:
+                    mirror.abort()
+            asked.set()
 
     threading.Thread(target=relay, name="jobqueue-signals", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: os.write(write_fd, b"!"))
+    return aborted
 
 
 def _child_argv(options: dict[str, Any], name: str, index: int) -> list[str]:
-    """The command line of one supervised worker: these options, one process, its own name."""
+    """The command line of one supervised worker: these options, one process, its own name (a
+    child started as a new process rather than forked: see `supervisor.py`)."""
     argv = [sys.executable, "-m", "django", "runworker", "--workers", "1", "--name", f"{name}-{index}",
             "--concurrency", str(options["concurrency"]), "--grace", str(options["grace"]),
             "--log-level", options["log_level"]]
@@ -129,21 +142,42 @@ class Command(BaseCommand):
         config = self.config(options)
         workers = options["workers"] or default_workers()
         if workers > 1:
+            autodiscover_modules("jobs")  # (once, here: each forked child starts with them)
+            connections.close_all()  # (a child must not share a connection with another)
             supervisor = Supervisor([_child_argv(options, config.name, i) for i in range(workers)],
-                                    burst=config.burst)
-            _relay_signals(supervisor)
+                                    burst=config.burst,
+                                    run_child=lambda i: self._child(config, i))
             sys.exit(supervisor.run())
-        worker = Worker(config)
-        _relay_signals(worker)
-        try:
-            worker.run()
-        except JobQueueError as exc:  # e.g. wrong credentials: one line, no traceback
-            raise CommandError(str(exc)) from None
-        if worker.abandoned:
+        if self.serve(config):
             # Handlers still running were released to other workers; do not wait for them.
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
+
+    @staticmethod
+    def serve(config: WorkerConfig) -> int:
+        """Run one worker (and its mirror's process) until it stops; how many running jobs it
+        released at the end."""
+        mirror = MirrorProcess.start(config) if config.mirror else None
+        worker = Worker(dataclasses.replace(config, mirror=False) if mirror else config)
+        aborted = _relay_signals(worker, mirror)
+        try:
+            worker.run()
+        except JobQueueError as exc:  # e.g. wrong credentials: one line, no traceback
+            raise CommandError(str(exc)) from None
+        finally:
+            if mirror is not None:
+                mirror.finish(abort=aborted.is_set())
+        return worker.abandoned
+
+    def _child(self, config: WorkerConfig, index: int) -> int:
+        """Supervised worker `index`, in a process forked from the supervisor: its exit code."""
+        try:
+            self.serve(dataclasses.replace(config, name=f"{config.name}-{index}"))
+        except CommandError as exc:
+            self.stderr.write(f"CommandError: {exc}")
+            return 1
+        return 0
 
     def _configure_logging(self, level: str) -> None:
         logger = logging.getLogger("jobqueue")
