@@ -286,7 +286,9 @@ class Worker:
             pass
         except RedisError:
             log.exception("Valkey refused a command")
-        if self.outcomes.unrecorded():  # (given back, or held for a claim: the main loop's now)
+        if self.outcomes.unrecorded() or not self.held.jobs:
+            # Given back, or held for a claim: the main loop's now. Or nothing came: the main
+            # loop ends the waiters' plain waits, so that they wait with an offer again.
             self._tick.set()
 
     def _submit(self, leases: list[Lease]) -> None:
