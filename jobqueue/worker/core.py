@@ -286,10 +286,8 @@ class Worker:
             pass
         except RedisError:
             log.exception("Valkey refused a command")
-        if self.outcomes.unrecorded() or not self.held.jobs:
-            # Given back, or held for a claim: the main loop's now. Or nothing came: the main
-            # loop ends the waiters' plain waits, so that they wait with an offer again.
-            self._tick.set()
+        if self.outcomes.unrecorded() or not self.held.jobs:  # (the main loop's now; idle:
+            self._tick.set()  # it ends the waiters' plain waits, to wait with an offer again)
 
     def _submit(self, leases: list[Lease]) -> None:
         assert self._runners is not None
