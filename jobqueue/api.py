@@ -129,8 +129,17 @@ class JobFunction:
         """Enqueue one job per call: a tuple of args, a dict of kwargs, or (args, kwargs)."""
         if self.options.after:
             return self._enqueue_after([_payload(self.name, *_split(call)) for call in calls])
+        route = self._routed()
+        if route.ready is not None and (route.now or not in_transaction()):
+            # The handler's template, validated once: each job only mints its id and encodes
+            # its payload (as `enqueue` does).
+            ready, limit = route.ready, route.config.max_payload
+            return route.queue.enqueue_prepared([
+                ready._replace(job_id=ids.new_id(),
+                               payload=encode_payload(_payload(self.name, *_split(call)), limit))
+                for call in calls])
         specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
-        return submit(self._routed().queue, specs, self.options.immediate)
+        return submit(route.queue, specs, self.options.immediate)
 
     def _routed(self) -> _Route:
         """This handler's route for the current configuration (settings changed in a test make
