@@ -233,7 +233,7 @@ def placement(todo: Sequence[tuple[Node, Prepared]], live: int, prefer: Mapping[
             for member, _, _ in node.members:
                 found = where[member] if member in where else locate(member)
                 where[member] = found
-                if found is not None:
+                if found is not None and found < live:  # (not one draining: it takes no job)
                     shards[found] += 1
             where[job.job_id] = (shards.most_common(1)[0][0] if shards
                                  else layouts.place(job.job_id, "", "", live))

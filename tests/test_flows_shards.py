@@ -66,6 +66,18 @@ def test_a_group_spread_over_four_shards_answers_in_order_and_cancels_everywhere
     assert {info.state for info in flows.members(other.id, FOUR)} == {"cancelled"}
 
 
+def test_a_chain_and_a_dependent_without_lanes_keep_to_their_members_shard(four: Queue) -> None:
+    """The fast path stays: released in the member's own ack, nothing forwarded."""
+    ref = chain(*[jobs.add.using(queue=FOUR).s(1, 1)] + [jobs.mul.using(queue=FOUR).s(2)] * 3).enqueue()
+    assert len({info.shard for info in flows.members(ref.id, FOUR)}) == 1
+    a = jobs.add.using(queue=FOUR).enqueue(1, 2)
+    d = jobs.add.using(queue=FOUR, depends_on=[a]).enqueue(5, 5)
+    assert four.locate(d.id) == four.locate(a.id)
+    leases = four.dequeue(count=5)
+    assert [four.ack_encoded([(lease, "2")])[0] for lease in leases] == [1, 1]
+    assert four.get(d.id).state == "pending" and forward_entries(four) == 0  # type: ignore[union-attr]
+
+
 def test_a_job_waits_for_a_job_on_another_shard(four: Queue) -> None:
     a = jobs.add.using(queue=FOUR, lane=lane_on(0)).enqueue(1, 2)
     d = jobs.add.using(queue=FOUR, lane=lane_on(2), depends_on=[a]).enqueue(5, 5)
@@ -162,6 +174,32 @@ def test_an_outcome_a_finisher_never_relayed_is_delivered_by_a_workers_maintenan
     assert run_burst(valkey_url, "--queues", FOUR, env=env) == 0
     assert ref.result(timeout=5) == 6
     assert four.get(ref.id).attempts == 1 and forward_entries(four) == 0  # type: ignore[union-attr]
+
+
+def test_entries_a_finisher_never_relayed_survive_a_valkey_restart_from_its_aof(
+        settings: Any) -> None:
+    from .servers import ValkeyProcess
+
+    server = ValkeyProcess().start()
+    try:
+        settings.JOBQUEUE = {"URL": server.url, "QUEUES": {FOUR: {"shards": 4}}}
+        conf.reset()
+        queue = Queue(FOUR)
+        ref = chord([jobs.add.using(queue=FOUR, lane=lane_on(i)).s(i, i) for i in range(3)],
+                    jobs.total.using(queue=FOUR, lane=lane_on(3)).s()).enqueue()
+        for lease in queue.dequeue(count=5):  # recorded, never relayed
+            assert queue.ack_encoded([(lease, json.dumps(lease.payload["args"][0] * 2))]) == [2]
+        server.stop(kill=True)  # Valkey dies (its AOF synced at each write)
+        server.start()
+        conf.reset()
+        queue = Queue(FOUR)
+        assert forward_entries(queue) == 3 and queue.get(ref.id).state == "waiting"  # type: ignore[union-attr]
+        assert relay.relay_queue(queue) == 3  # (as the next maintenance turn does)
+        [callback] = queue.dequeue(count=5)
+        assert callback.job_id == ref.id and callback.payload["args"] == [[0, 2, 4]]
+    finally:
+        server.cleanup()
+        conf.reset()
 
 
 DURABLE = {"durable4": {"durable": True, "shards": 4}}
