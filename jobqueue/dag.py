@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from . import layouts, signals
+from . import layouts, relay, signals
 from .conf import get_config
 from .exceptions import InvalidFlow
 from .refs import JobRef
@@ -189,6 +189,8 @@ class Writing:
         self.placed.update((str(job.job_id), index) for _, job in batch)
         self.todo = [item for item in self.todo if where[item[1].job_id] != index]
         self.linked.update((link[0], link[1]) for link in links)
+        if int(reply[3]):  # (a link to a member that had finished: its outcome, delivered now)
+            relay.relay_shard(self.queue, index)
         return True
 
     def links_due(self, index: int, where: Mapping[str, int | None]) -> list[list[Any]]:

@@ -5,8 +5,9 @@ applies each entry on the dependent's shard (`deliver.lua`) and only then delete
 delivery that ends jobs there (a cascade of cancels) may forward in turn, and is relayed on.
 
 Who relays: the worker that recorded the outcome, right after (its ack's answer flags a job that
-forwarded, a terminal nack is checked: `after`), and every worker's maintenance turn, for the
-shards it serves (`relay_queue`), so an entry left by a finisher killed before its relay, or
+forwarded, a terminal nack is checked: `after`); the writer of a flow whose link found a member
+finished already (dag.py); `flows.cancel`; and every worker's maintenance turn, for the shards
+it serves (`relay_queue`), so an entry left by a finisher killed before its relay, or
 found after a restart from the AOF (entries are plain keys), is delivered all the same. Two
 relays may deliver one entry: the delivery is idempotent (a set, not a counter). An entry whose
 dependent is not on its shard yet (a flow still being written) is kept, until the retention

@@ -11,7 +11,8 @@ its own shard (dag.py sends that call once the dependent is written). A link add
 once only), or, for a member that finished already (or has a given outcome), forwards that
 outcome at once (base:forward, relay.py).
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
-                          base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>, and
+                          base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>,
+                          base:forward (outcomes for dependents on other shards), and
                           as a job finishes at once base:hist, base:m:<minute>, base:uniq:<key>,
                           base:uniqs, base:notify:<id>
 KEYS[2] ring      LIST    lanes with ready work
