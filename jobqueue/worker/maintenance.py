@@ -87,7 +87,8 @@ class Maintenance:
                 if wait is not None:
                     next_due = wait if next_due is None else min(next_due, wait)
             queue.reap(shards=shards)
-            relay.relay_queue(queue, shards)  # (what a finisher recorded but did not relay)
+            relay.relay_queue(queue)  # (what a finisher recorded but did not relay; retired
+            # shards too: an entry left there is still delivered)
         self.next_due = None if next_due is None else time.monotonic() + next_due
         self._relist()
         self.advertise()
@@ -170,8 +171,9 @@ class Maintenance:
                  rate, processed, failed, len(self._held.jobs), pending, lag)
 
     def nothing_left(self) -> bool:
-        """No durable job left to relay, and no pending (unless paused), scheduled or active
-        job left in the served queues: a burst run is done."""
+        """No durable job left to relay, no flow's entry left to relay (relay.py), and no
+        pending (unless paused), scheduled or active job left in the served queues: a burst run
+        is done."""
         queues = self._served.queues
         if any(q.options.durable for q in queues):
             try:
@@ -182,6 +184,8 @@ class Maintenance:
                 close_db()
                 return False
         for queue in queues:
+            if relay.relay_queue(queue):  # (a dependent released: not done yet)
+                return False
             counts = queue.counts()
             waiting = counts["scheduled"] + (0 if queue.is_paused() else counts["pending"])
             if waiting + counts["active"]:
