@@ -265,3 +265,18 @@ def test_a_spread_durable_chord_whose_writer_died_between_its_calls_is_sent_agai
     env = {"JOBQUEUE_TEST_QUEUES": json.dumps(DURABLE)}
     assert run_burst(valkey_server.url, "--queues", "durable4", env=env) == 0
     assert _chord_runs(queue) == [[i * i for i in range(12)]]
+
+
+@pytest.mark.django_db(transaction=True)  # (in a test's transaction a flow waits for its commit)
+def test_the_console_shows_a_spread_flow_from_every_shard(four: Queue, client: Any) -> None:
+    from django.contrib.auth.models import User
+
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    ref = chord([jobs.add.using(queue=FOUR, lane=lane_on(i % 4)).s(i, 1) for i in range(8)],
+                jobs.total.using(queue=FOUR).s()).enqueue()
+    page = client.get(f"/admin/jobqueue/job/live/flows/{FOUR}/{ref.id}/").content.decode()
+    assert "pending: <b>8</b>" in page and "waiting: <b>1</b>" in page
+    assert f'id="flow-callback">{ref.id}' in page
+    header = [info.id for info in flows.members(ref.id, FOUR)][:-1]  # in order, from 4 shards
+    assert [page.index(job_id) for job_id in header] == sorted(page.index(j) for j in header)
