@@ -37,7 +37,7 @@ FIELDS = ("dep", "slot", "policy", "member", "state", "value")
 
 def relay_shard(queue: Queue, index: int) -> int:
     """Deliver the entries of shard `index`'s stream (and of the shards their deliveries
-    forwarded to); how many were delivered."""
+    forwarded to); how many it took off (delivered, or dropped: see `_relay_batch`)."""
     delivered, todo = 0, [(index, "-")]
     while todo:
         shard, start = todo.pop()
@@ -57,10 +57,15 @@ def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], s
     if not entries:
         return 0, set(), None
     by_shard: dict[int, list[tuple[str, dict[str, str]]]] = defaultdict(list)
-    for entry_id, fields in entries:
-        by_shard[int(fields["shard"])].append((entry_id, fields))
-    retention = round(get_config().retention * 1000)
     gone, onward = [], set()
+    for entry_id, fields in entries:
+        if str(fields.get("shard", "")).isdigit() and all(name in fields for name in FIELDS):
+            by_shard[int(fields["shard"])].append((entry_id, fields))
+        else:  # (hand-written or corrupt: it could never be delivered)
+            log.warning("queue=%s shard %d: dropped a malformed entry %s", queue.name, index,
+                        entry_id)
+            gone.append(entry_id)
+    retention = round(get_config().retention * 1000)
     for target, batch in by_shard.items():
         args: list[Any] = [retention, len(batch)]
         for _, fields in batch:

@@ -280,3 +280,14 @@ def test_the_console_shows_a_spread_flow_from_every_shard(four: Queue, client: A
     assert f'id="flow-callback">{ref.id}' in page
     header = [info.id for info in flows.members(ref.id, FOUR)][:-1]  # in order, from 4 shards
     assert [page.index(job_id) for job_id in header] == sorted(page.index(j) for j in header)
+
+
+def test_a_malformed_entry_is_dropped_and_holds_up_nothing(four: Queue) -> None:
+    four.client.xadd(four.shard(1).key("forward"), {"dep": "x"})
+    a = jobs.add.using(queue=FOUR, lane=lane_on(1)).enqueue(1, 2)
+    d = jobs.add.using(queue=FOUR, lane=lane_on(2), depends_on=[a]).enqueue(5, 5)
+    run_all(four, relays=False)
+    assert four.get(d.id).state == "waiting"  # type: ignore[union-attr]
+    assert relay.relay_queue(four) == 2 and forward_entries(four) == 0
+    run_all(four)
+    assert d.result(timeout=5) == 10
