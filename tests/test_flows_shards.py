@@ -286,7 +286,7 @@ def test_a_malformed_entry_is_dropped_and_holds_up_nothing(four: Queue) -> None:
     four.client.xadd(four.shard(1).key("forward"), {"dep": "x"})
     a = jobs.add.using(queue=FOUR, lane=lane_on(1)).enqueue(1, 2)
     d = jobs.add.using(queue=FOUR, lane=lane_on(2), depends_on=[a]).enqueue(5, 5)
-    run_all(four, relays=False)
+    run_all(four, relays="never")
     assert four.get(d.id).state == "waiting"  # type: ignore[union-attr]
     assert relay.relay_queue(four) == 2 and forward_entries(four) == 0
     run_all(four)
