@@ -6,8 +6,9 @@ sends the scripts. Other modules touch Valkey keys for what their docstrings say
 (shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
 lists), `backlog` (lane heads, minute samples), `lanes` (lane caps set live, slots in use),
 `readmodels` (the console's read models), `metrics`, `mirror` (the `done` streams), `autoscale`,
-`schedule`, `refs` (awaiting results), `dag`, `relay` and `flows` (flows), `handler` (progress), and the
-worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`, `worker/presence.py`).
+`schedule`, `refs` (awaiting results), `dag`, `relay` and `flows` (flows), `handler` (progress),
+and the worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`,
+`worker/presence.py`).
 """
 
 from __future__ import annotations

@@ -201,8 +201,8 @@ class Outcomes:
         for (lease, out), recorded in zip(items, answers, strict=True):
             _log(lease, out, State.SUCCEEDED if recorded else "stale")
         if 2 in answers:
-            relay.after(self._served, [lease for (lease, _), answer in zip(items, answers,
-                                                                            strict=True) if answer == 2])
+            pairs = zip(items, answers, strict=True)
+            relay.after(self._served, [lease for (lease, _), answer in pairs if answer == 2])
         # (most were forgotten already: their slots went to the claim)
         self._held.forget(lease for lease, _ in items)
         if items:
