@@ -280,8 +280,8 @@ def submit_flow(queue: Queue, nodes: list[dag.Node], flow: str = "",
     the database (in the transaction, if any) and reaches Valkey after the commit: outbox.py."""
     prepared = dag.checked(queue, nodes)
     if queue.options.durable:
-        shard = outbox.write_flow(queue, nodes, prepared, flow)
-        transaction.on_commit(lambda: outbox.push_flow(queue, nodes, prepared, flow, shard))
+        shards = outbox.write_flow(queue, nodes, prepared, flow)
+        transaction.on_commit(lambda: outbox.push_flow(queue, nodes, prepared, flow, shards))
     elif immediate or not get_config().on_commit or not in_transaction():
         return dag.enqueue(queue, nodes, prepared, flow)
     else:

@@ -1,24 +1,37 @@
-"""Jobs that wait for other jobs: a flow's jobs placed on one shard and written in one script
-call (`flow.lua`), each dependent released by the script that finishes its last member.
+"""Jobs that wait for other jobs: a flow's jobs placed on the shards of its queue and written
+with one script call per shard (`flow.lua`), each dependent released once its members are done.
 
-A flow (a chain, a group, a chord, or one job's `depends_on`) is pinned to one shard of its
-queue, as a lane is: the shard of the jobs it depends on that exist already, else of its lanes,
-else of its last job's id. So "member done" and "dependent released" are one script call, fenced
-by the member's token, and a replayed ack or a finisher killed at any point cannot release a
-dependent twice or never (see `member_done` in `_common.lua`). A flow whose jobs would need
-several shards or queues is refused (InvalidFlow). `api.submit_flow` decides when a flow is
-written (now, at the commit, or from a durable queue's rows: outbox.py); this module writes it.
+Each job of a flow (a chain, a group, a chord, or one job's `depends_on`) is placed as
+`placement` says: by its lane, else where most of the jobs it waits for are, else by its own id,
+as any job is; so a wide group spreads over the queue's shards, and a chain keeps to one shard.
+An edge member -> dependent on one shard is released by the script call that records the
+member's outcome, fenced by its token (the fast path: `member_done` in `_common.lua`). Across
+shards, that same call writes a "member done" entry in the member's shard's `:forward` stream,
+which a relay (relay.py) delivers to the dependent's shard (`deliver.lua`: a set, so a replay
+changes nothing) before deleting it; so a replayed ack, a finisher killed at any point, or a
+Valkey restart from its AOF cannot release a dependent twice or never.
 
-Touches `:job:<id>`, `:waiting`, `:deps:<id>`, `:results:<id>` and `:flow:<id>` only through
-the `flow` script; `flows.py` reads `:flow:<id>` for a flow's members.
+Writing a flow that spans shards takes one call per shard, dependents' shards first; the edges
+of members to dependents on other shards (links) are written by the member's shard's call once
+the dependent is written, and a link to a member that has finished already forwards its outcome
+at once. So no dependent is released early and no "done" is lost whatever the order; but a
+client that dies between the calls leaves the jobs written so far (waiting for jobs never
+written, or never linked): a durable queue's rows send the flow again (outbox.py); otherwise
+`flows.cancel` clears them. A flow's jobs share one queue (InvalidFlow otherwise).
+`api.submit_flow` decides when a flow is written (now, at the commit, or from a durable queue's
+rows: outbox.py); this module writes it.
+
+Touches `:job:<id>`, `:waiting`, `:deps:<id>`, `:results:<id>`, `:flow:<id>` and `:forward` only
+through the `flow` script; `flows.py` reads `:flow:<id>` for a flow's members.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from . import layouts, signals
+from . import layouts, relay, signals
 from .conf import get_config
 from .exceptions import InvalidFlow
 from .refs import JobRef
@@ -90,69 +103,158 @@ def outside(nodes: Sequence[Node]) -> set[str]:
 
 def enqueue(queue: Queue, nodes: Sequence[Node], prepared: list[Prepared],
             flow: str = "") -> list[JobRef]:
-    """Write a new flow in one script call on its shard (InvalidFlow: an id taken already, a
-    job it waits for that no live job is)."""
+    """Write a new flow, one script call per shard it spans (InvalidFlow: an id taken already,
+    a job it waits for that no live job is)."""
     write(queue, nodes, prepared, flow)
     return announced([JobRef(job.job_id, queue.name) for job in prepared])
 
 
 def write(queue: Queue, nodes: Sequence[Node], prepared: list[Prepared], flow: str = "", *,
           outcomes: Mapping[str, Outcome] | None = None, again: bool = False,
-          prefer: int | None = None) -> tuple[int, int]:
-    """The flow script's call: (the shard written to, how many jobs were written). `again`: the
-    jobs of a durable queue's rows, sent again (a job Valkey holds is left as it is);
-    `outcomes`: those of the members Valkey may no longer hold; `prefer`: the shard its rows
-    name, taken when nothing else pins the flow."""
-    outcomes = outcomes or {}
-    args: list[Any] = [flow, round(get_config().retention * 1000), "again" if again else "new",
-                       len(nodes)]
-    for position, (node, job) in enumerate(zip(nodes, prepared, strict=True), 1):
-        args += [*job.argv(queue.options)[:8], node.takes, node.slots, node.position or position,
-                 len(node.members)]
-        for member in node.members:
-            args += member
-    args.append(len(outcomes))
-    for job_id, (state, value) in outcomes.items():
-        args += [job_id, state, value]
-    away = outside(nodes)
+          prefer: Mapping[str, int] | None = None) -> tuple[dict[str, int], int]:
+    """The flow script's calls: (each job's shard, how many jobs were written). One call per
+    shard the jobs are placed on (`placement`), the shards of dependents first; each call
+    carries the links (the edges of members of its shard to dependents written already on
+    other shards), and the links left over go last, in calls of their own. `again`: the jobs
+    of a durable queue's rows, sent again (a job Valkey holds is left as it is); `outcomes`:
+    those of the members Valkey may no longer hold; `prefer`: the shards their rows name."""
+    writing = Writing(queue, list(zip(nodes, prepared, strict=True)), flow, outcomes or {},
+                      again)
     for turn in range(1, TURNS + 1):
         live = queue.layout(fresh=turn > 1).live
-        index = shard_for(queue, prepared, away, live, queue.locate, prefer, outcomes)
-        reply = caller.run(queue.client, "flow", queue.shard(index), args)
-        if reply[1] == "ok":
-            if not reply[0]:
-                layouts.list_queue(queue.client, queue.name, index, live)
-            return index, int(reply[2])
+        where = placement(writing.todo, live, prefer or {}, writing.locate, writing.placed)
+        if all(writing.call(index, where) for index in order(writing.todo, where)):
+            writing.links_left(where)
+            return writing.placed, writing.written
+    raise InvalidFlow(f"queue {queue.name!r}: a shard of the flow keeps turning it away (it is "
+                      f"being retired by a resize); its jobs written so far wait for the rest")
+
+
+class Writing:
+    """A flow being written: the jobs still to write, those written (by shard), the members
+    found outside it, and the links sent (see `write`)."""
+
+    def __init__(self, queue: Queue, todo: list[tuple[Node, Prepared]], flow: str,
+                 outcomes: Mapping[str, Outcome], again: bool) -> None:
+        self.queue, self.todo, self.flow, self.outcomes, self.again = (queue, todo, flow,
+                                                                       outcomes, again)
+        self.edges = [(m, slot, pol, str(job.job_id)) for node, job in todo
+                      for m, slot, pol in node.members]
+        self.positions = {str(job.job_id): n for n, (_, job) in enumerate(todo, 1)}
+        """Each job's place in the flow's index when its node names none (1 = the first)."""
+        self.placed: dict[str, int] = {}
+        self.located: dict[str, int | None] = {}
+        self.linked: set[tuple[str, str]] = set()
+        self.written = 0
+
+    def locate(self, member: str) -> int | None:
+        """The shard of a job outside the flow (looked up once), None when Valkey lacks it and
+        its outcome is given; InvalidFlow when neither."""
+        if member not in self.located:
+            self.located[member] = self.queue.locate(member)
+            if self.located[member] is None and member not in self.outcomes:
+                raise InvalidFlow(f"no live job {member} in queue {self.queue.name!r} to depend on")
+        return self.located[member]
+
+    def call(self, index: int, where: Mapping[str, int | None]) -> bool:
+        """Write the jobs placed on shard `index` and the links due there; False when the shard
+        turned them away (it is draining: placed again at the next turn)."""
+        batch = [(node, job) for node, job in self.todo if where[job.job_id] == index]
+        links = self.links_due(index, where)
+        args: list[Any] = [self.flow, round(get_config().retention * 1000),
+                           "again" if self.again else "new", len(batch)]
+        for node, job in batch:
+            args += [*job.argv(self.queue.options)[:8], node.takes, node.slots, node.position
+                     or self.positions[job.job_id], len(node.members)]
+            for member, slot, pol in node.members:
+                away = where.get(member)
+                args += [member, slot, pol, "" if away in (None, index) else away]
+        args.append(len(self.outcomes))
+        for job_id, (state, value) in self.outcomes.items():
+            args += [job_id, state, value]
+        args.append(len(links))
+        for link in links:
+            args += link
+        reply = caller.run(self.queue.client, "flow", self.queue.shard(index), args)
+        if reply[1] == "moved":
+            return False
         if reply[1] == "exists":
             raise InvalidFlow(f"job id {reply[2]} is taken already")
         if reply[1] == "missing":
-            raise InvalidFlow(f"no live job {reply[2]} in queue {queue.name!r} to depend on")
-    raise InvalidFlow(f"queue {queue.name!r}: the flow's shard keeps turning it away (it is "
-                      f"being retired by a resize); nothing was enqueued")
+            raise InvalidFlow(f"no live job {reply[2]} in queue {self.queue.name!r} to depend on")
+        if not reply[0]:
+            layouts.list_queue(self.queue.client, self.queue.name, index,
+                               self.queue.layout().live)
+        self.written += int(reply[2])
+        self.placed.update((str(job.job_id), index) for _, job in batch)
+        self.todo = [item for item in self.todo if where[item[1].job_id] != index]
+        self.linked.update((link[0], link[1]) for link in links)
+        if int(reply[3]):  # (a link to a member that had finished: its outcome, delivered now)
+            relay.relay_shard(self.queue, index)
+        return True
+
+    def links_due(self, index: int, where: Mapping[str, int | None]) -> list[list[Any]]:
+        """The edges member -> dependent to write on shard `index`, the member's: those not
+        sent yet whose member is there and whose dependent is written, on another shard."""
+        due = []
+        for member, slot, pol, dep in self.edges:
+            away, home = where.get(member), self.placed.get(dep)
+            if (away == index and home is not None and home != index
+                    and (member, dep) not in self.linked):
+                due.append([member, dep, slot, pol, home])
+        return due
+
+    def links_left(self, where: Mapping[str, int | None]) -> None:
+        """Send the links no call of the jobs carried (members outside the flow, or written
+        before their dependents)."""
+        self.todo = []
+        for index in sorted({away for m, _, _, _ in self.edges
+                             if (away := where.get(m)) is not None}):
+            if self.links_due(index, where):
+                self.call(index, where)
 
 
-def shard_for(queue: Queue, prepared: list[Prepared], away: set[str], live: int,
-              locate: Callable[[str], int | None], prefer: int | None = None,
-              known: Collection[str] = ()) -> int:
-    """The one shard of the flow: that of the jobs it waits for that exist (`locate`; one
-    with a known outcome may be gone), else of its lanes, else `prefer`, else its last job's
-    id's."""
-    wanted: set[int] = set()
-    for member in sorted(away):
-        index = locate(member)
-        if index is None and member not in known:
-            raise InvalidFlow(f"no live job {member} in queue {queue.name!r} to depend on")
+def placement(todo: Sequence[tuple[Node, Prepared]], live: int, prefer: Mapping[str, int],
+              locate: Callable[[str], int | None],
+              placed: Mapping[str, int] | None = None) -> dict[str, int | None]:
+    """Where each job goes, and where the members outside the flow are (None: a member
+    Valkey lacks whose outcome is given, applied on its dependent's shard). A job with a lane
+    goes to its lane's shard; else to the shard its row names (`prefer`); else one that waits
+    for others goes where most of them are (a chain stays on one shard, and a dependent of one
+    job is released in that job's own call); else by its id, as any job is (a group's members
+    spread over the queue's shards)."""
+    where: dict[str, int | None] = dict(placed or {})
+    for node, job in todo:
+        wanted = prefer.get(job.job_id)
+        if job.lane:
+            where[job.job_id] = layouts.place(job.job_id, job.lane, "", live)
+        elif wanted is not None and wanted < live:
+            where[job.job_id] = wanted
+        elif node.members:
+            shards: Counter[int] = Counter()
+            for member, _, _ in node.members:
+                found = where[member] if member in where else locate(member)
+                where[member] = found
+                if found is not None and found < live:  # (not one draining: it takes no job)
+                    shards[found] += 1
+            where[job.job_id] = (shards.most_common(1)[0][0] if shards
+                                 else layouts.place(job.job_id, "", "", live))
+        else:
+            where[job.job_id] = layouts.place(job.job_id, "", "", live)
+    for member in {m for node, _ in todo for m, _, _ in node.members} - where.keys():
+        where[member] = locate(member)
+    return where
+
+
+def order(todo: Sequence[tuple[Node, Prepared]], where: Mapping[str, int | None]) -> list[int]:
+    """The shards to write, those of the latest jobs (the dependents) first: a member written
+    after its dependent carries its link in its own call."""
+    last: dict[int, int] = {}
+    for position, (_, job) in enumerate(todo):
+        index = where[job.job_id]
         if index is not None:
-            wanted.add(index)
-    wanted.update(layouts.place(job.job_id, job.lane, "", live) for job in prepared if job.lane)
-    if len(wanted) > 1:
-        raise InvalidFlow(f"a flow's jobs must share one shard of queue {queue.name!r}; these "
-                          f"(their lanes, the jobs they wait for) are on shards {sorted(wanted)}")
-    if wanted:
-        return wanted.pop()
-    if prefer is not None and prefer < live:
-        return prefer
-    return layouts.place(prepared[-1].job_id, "", "", live)
+            last[index] = position
+    return sorted(last, key=lambda index: -last[index])
 
 
 def announced(refs: list[JobRef]) -> list[JobRef]:

@@ -78,5 +78,5 @@ class JobFailed(JobQueueError):
 
 class InvalidFlow(JobQueueError, ValueError):
     """A flow or a dependency that cannot be built: a cycle, an unknown or finished-and-gone
-    member, an empty group, a step that cannot take the previous result, members that cannot
-    share one shard."""
+    member, an empty group, a step that cannot take the previous result, jobs of several
+    queues."""

@@ -5,12 +5,14 @@ cancelling a flow.
     group([resize.s(i) for i in range(100)]).enqueue()    # GroupRef: result() is the list, in order
     chord([count.s(i) for i in range(100)], total.s()).enqueue()  # total(results) once all are done
 
-A flow's jobs share one queue and are written on one of its shards in one script call
-(`dag.py`); the flow's id is the id of the job the call returns (a chain's last step, a
-chord's callback) or, for a group, an id of its own. `on_failure` ("fail", "ignore",
-"continue": `dag.POLICIES`) is the flow's policy for members whose own signature sets none.
+A flow's jobs share one queue and are placed on its shards as dag.py says (a group's members
+spread over them, a chain keeps to one), one script call per shard; the flow's id is the id of
+its last job (a chain's last step, a chord's callback) or, for a group, an id
+of its own. `on_failure` ("fail", "ignore", "continue": `dag.POLICIES`) is the flow's policy for
+members whose own signature sets none.
 
-Reads `:flow:<id>` (its jobs, in order) on the flow's shard.
+Reads `:flow:<id>` (its jobs, in order) on every shard of the flow's queue, and has the
+`:forward` entries a cancel left relayed at once (relay.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import ids
+from . import ids, relay
 from .api import Signature, submit_flow
 from .dag import Node, policy
 from .exceptions import InvalidFlow, InvalidTransition, JobNotFound
@@ -146,25 +148,26 @@ def chord(header: Iterable[Signature], callback: Signature,
                  _signatures([callback], "a chord's callback")[0], on_failure)
 
 
-def _flow_shard(queue: Queue, flow_id: str) -> int | None:
+def _flow_shards(queue: Queue, flow_id: str) -> list[int]:
+    """The shards holding some of the flow's jobs (each shard's `:flow:<id>` lists its own)."""
     ids.validate_job_id(flow_id)
-    for index in range(queue.all_shards()):
-        if queue.client.exists(queue.shard(index).key(f"flow:{flow_id}")):
-            return index
-    return None
+    return [index for index in range(queue.all_shards())
+            if queue.client.exists(queue.shard(index).key(f"flow:{flow_id}"))]
 
 
 def members(flow_id: str, queue: str = "default") -> list[JobInfo]:
-    """A flow's jobs, in the flow's order, as Valkey holds them now (rows that expired are
-    left out)."""
+    """A flow's jobs, in the flow's order, as Valkey holds them now, from every shard they are
+    on (rows that expired are left out)."""
     target = Queue(queue)
-    index = _flow_shard(target, flow_id)
-    if index is None:
-        return []
-    shard = target.shard(index)
+    placed = []
+    for index in _flow_shards(target, flow_id):
+        shard = target.shard(index)
+        for job_id, position in target.client.zrange(shard.key(f"flow:{flow_id}"), 0, -1,
+                                                     withscores=True):
+            placed.append((position, job_id, index))
     found = []
-    for job_id in target.client.zrange(shard.key(f"flow:{flow_id}"), 0, -1):
-        row = target.client.hgetall(shard.job(job_id))
+    for _, job_id, index in sorted(placed):
+        row = target.client.hgetall(target.shard(index).job(job_id))
         if row:
             found.append(JobInfo.from_row(job_id, queue, row, index, target.options.max_attempts))
     return found
@@ -182,11 +185,13 @@ def cancel(flow_id: str, queue: str = "default") -> int:
     """Cancel every job of a flow that has not started (a running one is flagged: it sees
     `ctx.cancelled`); how many were cancelled or flagged. The last jobs go first, so a job
     waiting for others ends cancelled by the operator, not by a member's failure policy."""
-    target, done = Queue(queue), 0
-    for info in reversed(members(flow_id, queue)):
+    target, done, found = Queue(queue), 0, members(flow_id, queue)
+    for info in reversed(found):
         try:
             target.cancel(info.id)
             done += 1
         except (InvalidTransition, JobNotFound):
             continue  # finished, or cancelled meanwhile by a member's failure policy
+    for index in {info.shard for info in found}:  # (what the cancels forwarded: applied now)
+        relay.relay_shard(target, index)
     return done

@@ -15,11 +15,13 @@ no-op while Valkey holds that job.
 
 A flow on a durable queue (a chain, group, chord, `depends_on`) writes each job's row with its
 place in the flow (the `flow` column: the flow's id, its position, the jobs it waits for with
-their slots and policies, what their outcomes become), all on the flow's shard. The push after
-the commit, a relay or a restore sends them through the `flow` script, members before the jobs
-waiting for them; a member that Valkey no longer holds and whose row has finished gives the
-script its outcome (its result, or its failure under the edge's policy), so a waiting job comes
-back waiting only for what has not finished.
+their slots and policies, what their outcomes become), each on its shard (dag.placement: a
+flow may span the queue's shards). The push after the commit, a relay or a restore sends them
+through the `flow` script (dag.write), members before the jobs waiting for them; a member that
+Valkey no longer holds and whose row has finished gives the script its outcome (its result, or
+its failure under the edge's policy), so a waiting job comes back waiting only for what has not
+finished. A spread flow whose writer died between its calls is sent again the same way (its
+rows are not marked relayed until a relay pass has sent them).
 
 The mirror makes the same rows terminal when jobs finish; an operator's retry makes them
 unfinished again (durable.py, and `recreate` for a job whose Valkey row has expired).
@@ -82,11 +84,11 @@ def _columns(queue: Queue, job: Prepared, shard: int, now: datetime) -> dict[str
 
 
 def write_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: Sequence[Prepared],
-               flow: str) -> int:
+               flow: str) -> dict[str, int]:
     """Insert the rows of a durable flow's jobs, in the current transaction, each with its
-    place in the flow, all on the flow's shard (that of the durable jobs it waits for, else of
-    its lanes, else of its last job), which it returns. InvalidFlow: it waits for a job with no
-    row here."""
+    place in the flow, each on its shard (`dag.placement`, the durable jobs it waits for
+    located by their rows); the shards by id. InvalidFlow: it waits for a job with no row
+    here."""
     from .layouts import last_read
     from .models import Job, insert_jobs
 
@@ -97,10 +99,11 @@ def write_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: Sequence[Prepa
     if missing:
         raise InvalidFlow(f"no job {missing[0]} in durable queue {queue.name!r} to depend on")
     shards = last_read(queue.client, queue.name, queue.configured)
-    index = dag.shard_for(queue, list(prepared), away, shards, rows.get)
+    where = dag.placement(list(zip(nodes, prepared, strict=True)), shards, {}, rows.get)
     now = datetime.now(UTC)
-    written = []
+    written, placed = [], {}
     for position, (node, job) in enumerate(zip(nodes, prepared, strict=True), 1):
+        placed[job.job_id] = index = where[job.job_id] or 0
         row = _columns(queue, job, index, now)
         if node.members:
             row["state"] = State.WAITING
@@ -108,19 +111,19 @@ def write_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: Sequence[Prepa
                        "slots": node.slots, "members": [list(m) for m in node.members]}
         written.append(row)
     insert_jobs(written)
-    return index
+    return placed
 
 
 def push_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared], flow: str,
-              shard: int) -> None:
-    """Send a committed durable flow to Valkey (on `shard`, its rows' shard, unless the live
-    jobs it waits for are elsewhere); if Valkey is down (or a job it waits for has not reached
-    Valkey yet) its rows wait for the relay."""
+              shards: dict[str, int]) -> None:
+    """Send a committed durable flow to Valkey (each job on `shards`, its row's shard, unless
+    its lane's is another now); if Valkey is down (or a job it waits for has not reached Valkey
+    yet) its rows wait for the relay."""
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
     try:
-        _send(queue, nodes, prepared, flow, shard)
+        _send(queue, nodes, prepared, flow, shards)
     except (ValkeyConnectionError, ValkeyTimeoutError, InvalidFlow) as exc:
         log.warning("queue=%s: flow %s not sent (%s); its %d durable job(s) wait in the "
                     "database for a worker's relay", queue.name, flow or "-", exc, len(nodes))
@@ -129,16 +132,17 @@ def push_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared],
 
 
 def _send(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared], flow: str,
-          shard: int, again: bool = True) -> int:
+          shards: dict[str, int], again: bool = True) -> int:
     """Write durable flow jobs through the flow script, the outcomes of the finished jobs they
     wait for (per their rows) given along; how many Valkey did not have. Rows that name
     another shard than the one written to are told."""
     from .models import Job
 
-    index, written = dag.write(queue, nodes, prepared, flow, outcomes=_outcomes(dag.outside(nodes)),
-                               again=again, prefer=shard)
-    if index != shard:  # (the layout changed since the rows were written)
-        Job.objects.filter(pk__in=[job.job_id for job in prepared]).update(shard=index)
+    where, written = dag.write(queue, nodes, prepared, flow,
+                               outcomes=_outcomes(dag.outside(nodes)), again=again, prefer=shards)
+    for job_id, index in where.items():
+        if shards.get(job_id) != index:  # (the layout changed since the row was written)
+            Job.objects.filter(pk=job_id).update(shard=index)
     return written
 
 
@@ -213,8 +217,8 @@ def recreate(queue: Queue, row: Job) -> None:
     with reopened(row.pk, after=row.finished_at):
         if row.durable and row.flow is not None:
             node = _node(row)._replace(spec=spec)
-            _send(queue, [node], dag.checked(queue, [node]), row.flow.get("flow", ""), row.shard,
-                  again=False)
+            _send(queue, [node], dag.checked(queue, [node]), row.flow.get("flow", ""),
+                  {row.pk: row.shard}, again=False)
             return
         [ref] = queue.enqueue_many([spec])
         if ref.id != row.pk:
@@ -257,24 +261,26 @@ def _node(row: Job) -> dag.Node:
 
 
 def _members_first(rows: Sequence[Job]) -> list[Job]:
-    """Durable flow rows ordered so that each comes after the rows it waits for (by id
-    otherwise: ids are minted in order)."""
+    """Durable flow rows ordered so that each comes after the rows it waits for (by flow and
+    shard otherwise, so that a flow's jobs of one shard go in one call, then by id: ids are
+    minted in order)."""
     by_id = {row.pk: row for row in rows}
+    key = {row.pk: ((row.flow or {}).get("flow", ""), row.shard, row.pk) for row in rows}
     waits = {row.pk: {m[0] for m in (row.flow or {}).get("members", []) if m[0] in by_id}
              for row in rows}
     after: dict[str, list[str]] = {}
     for pk, members in waits.items():
         for member in members:
             after.setdefault(member, []).append(pk)
-    ready = sorted(pk for pk, members in waits.items() if not members)
+    ready = sorted(key[pk] for pk, members in waits.items() if not members)
     ordered: list[Job] = []
     while ready:
-        pk = heapq.heappop(ready)
+        pk = heapq.heappop(ready)[2]
         ordered.append(by_id[pk])
         for dependent in after.get(pk, ()):
             waits[dependent].discard(pk)
             if not waits[dependent]:
-                heapq.heappush(ready, dependent)
+                heapq.heappush(ready, key[dependent])
     return ordered
 
 
@@ -296,7 +302,8 @@ def _resend_flows(queue: Queue, rows: Sequence[Job], chunk: int = 500) -> int:
         start = end
         nodes = [_node(row) for row in run]
         try:
-            sent += _send(queue, nodes, dag.checked(queue, nodes), key[0], key[1])
+            sent += _send(queue, nodes, dag.checked(queue, nodes), key[0],
+                          {row.pk: row.shard for row in run})
         except InvalidFlow as exc:
             log.warning("queue=%s: flow %s not sent again yet (%s)", queue.name, key[0] or "-", exc)
             continue
@@ -346,7 +353,7 @@ def restore(queues: Iterable[Queue], batch: int = 500,
             if progress:
                 progress(queue.name, seen, restored)
         order = [row.pk for row in _members_first(list(
-            unfinished.filter(flow__isnull=False).only("id", "flow")))]
+            unfinished.filter(flow__isnull=False).only("id", "flow", "shard")))]
         for start in range(0, len(order), batch):
             found = Job.objects.in_bulk(order[start:start + batch])
             restored += _resend_flows(queue, [found[pk] for pk in order[start:start + batch]

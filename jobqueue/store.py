@@ -6,8 +6,9 @@ sends the scripts. Other modules touch Valkey keys for what their docstrings say
 (shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
 lists), `backlog` (lane heads, minute samples), `lanes` (lane caps set live, slots in use),
 `readmodels` (the console's read models), `metrics`, `mirror` (the `done` streams), `autoscale`,
-`schedule`, `refs` (awaiting results), `dag` and `flows` (flows), `handler` (progress), and the
-worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`, `worker/presence.py`).
+`schedule`, `refs` (awaiting results), `dag`, `relay` and `flows` (flows), `handler` (progress),
+and the worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`,
+`worker/presence.py`).
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ def _dead_retention_ms() -> int:
 
 
 def _read_claim(name: str, index: int, reply: list[Any], carried: list[int],
-                answers: list[bool]) -> tuple[int, list[Lease]]:
+                answers: list[int]) -> tuple[int, list[Lease]]:
     """A claim's reply on shard `index`: the answers of the acks it carried (set in
     `answers`), then (ms until the rate limit admits another job, 0 when not limited; the
     leases)."""
     n = int(reply[0])
     for i, ok in zip(carried, reply[1 : 1 + n], strict=True):
-        answers[i] = bool(ok)
+        answers[i] = int(ok)
     rows = reply[2 + n :]
     return int(reply[1 + n]), [Lease.from_claim(name, index, *rows[r : r + 5])
                                for r in range(0, len(rows), 5)]
@@ -163,13 +164,13 @@ class Queue:
     def ack_and_dequeue(self, acks: Sequence[tuple[Lease, str]], count: int,
                         lease: float | None = None, worker: str = "", *,
                         override_lease: bool = False, shards: int | None = None,
-                        only: int | None = None) -> tuple[list[bool], list[Lease]]:
+                        only: int | None = None) -> tuple[list[int], list[Lease]]:
         """Record successes (results already encoded as JSON) and claim up to `count` jobs:
         the successes on the shard the claim starts from ride in its script call (one round
         trip), the others go in one ack call per shard. The claim asks only shard `only` when
         given (where a wake token came from); else it starts where most successes are, or at
-        the next shard in turn, and goes on until it has `count`. Returns (acks' answers,
-        leases)."""
+        the next shard in turn, and goes on until it has `count`. Returns (acks' answers as
+        `ack_encoded`'s, leases)."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
         lease_ms = self.lease_ms(lease)
@@ -182,7 +183,7 @@ class Queue:
             start = self._next_shard = (self._next_shard + 1) % total
         riding = [i for i, (held, _) in enumerate(acks) if held.shard == start]
         others = [i for i, (held, _) in enumerate(acks) if held.shard != start]
-        answers = [False] * len(acks)
+        answers = [0] * len(acks)
         for i, ok in zip(others, self.ack_encoded([acks[i] for i in others]), strict=True):
             answers[i] = ok
         out: list[Lease] = []
@@ -217,13 +218,13 @@ class Queue:
 
     def ack_many(self, items: Sequence[tuple[Lease, Any]]) -> list[bool]:
         """Record many successes with one script call per shard."""
-        return self.ack_encoded([(lease, dumps(result, "result")) for lease, result in items])
+        encoded = [(lease, dumps(result, "result")) for lease, result in items]
+        return [ok > 0 for ok in self.ack_encoded(encoded)]
 
-    def ack_encoded(self, items: Sequence[tuple[Lease, str]]) -> list[bool]:
-        """`ack_many` for results already encoded as JSON (the worker encodes them once)."""
-        if not items:
-            return []
-        return [bool(ok) for ok in caller.run_by_shard(
+    def ack_encoded(self, items: Sequence[tuple[Lease, str]]) -> list[int]:
+        """`ack_many` for results already encoded as JSON (the worker encodes them once): per
+        job 0 stale, 1 recorded, 2 recorded and outcomes forwarded to other shards (relay.py)."""
+        return [int(ok) for ok in caller.run_by_shard(
             self.client, "ack", self.name, [_retention_ms()],
             [(lease.shard, [lease.job_id, lease.token, encoded]) for lease, encoded in items])]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobqueue import Queue, chain, chord, flows, group
+from jobqueue import Queue, chain, chord, flows, group, relay
 from jobqueue.api import JobFunction, JobOptions
 from jobqueue.exceptions import InvalidFlow, InvalidJobId, JobFailed, UnknownHandler
 from jobqueue.handler import write_progress
@@ -21,12 +21,16 @@ from tests.jobapp import jobs
 from .workers import wait_for
 
 
-def run_all(queue: Queue, *, shuffle: Any = None) -> list[Lease]:
+def run_all(queue: Queue, *, shuffle: Any = None, relays: str = "now") -> list[Lease]:
     """Claim and run every job that becomes ready, one at a time, recording each outcome as a
-    worker would; the leases in the order they ran."""
+    worker would; the leases in the order they ran. What an outcome forwarded to another shard
+    is relayed at once ("now", as the worker that recorded it does), only once nothing is
+    ready ("idle", as a maintenance turn would), or not ("never")."""
     ran: list[Lease] = []
     while True:
         leases = queue.dequeue(count=100)
+        if not leases and relays == "idle" and relay.relay_queue(queue):
+            continue
         if not leases:
             return ran
         if shuffle is not None:
@@ -35,9 +39,12 @@ def run_all(queue: Queue, *, shuffle: Any = None) -> list[Lease]:
             ran.append(lease)
             outcome = execute(lease)
             if outcome.ok:
-                queue.ack_encoded([(lease, outcome.result)])
+                forwarded = queue.ack_encoded([(lease, outcome.result)]) == [2]
             else:
-                queue.nack(lease, outcome.error, outcome.retry_in, fatal=outcome.fatal)
+                forwarded = queue.nack(lease, outcome.error, outcome.retry_in,
+                                       fatal=outcome.fatal) in ("dead", "cancelled")
+            if forwarded and relays == "now":
+                relay.relay_shard(queue, lease.shard)
 
 
 def test_a_chain_passes_each_result_to_the_next_step(valkey_url: str) -> None:
@@ -53,7 +60,7 @@ def test_a_chain_passes_each_result_to_the_next_step(valkey_url: str) -> None:
 def test_a_group_answers_its_results_in_order(valkey_url: str) -> None:
     queue = Queue("wide")
     ref = group([jobs.add.using(queue="wide").s(i, 1) for i in range(20)]).enqueue()
-    assert len({queue.locate(r.id) for r in ref.refs}) == 1  # a flow keeps to one shard
+    assert len({queue.locate(r.id) for r in ref.refs}) == 3  # spread over the queue's shards
     run_all(queue, shuffle=lambda leases: leases.reverse())
     assert ref.result(timeout=5) == list(range(1, 21))
     assert [info.id for info in flows.members(ref.id, "wide")] == [r.id for r in ref.refs]
@@ -195,27 +202,38 @@ def test_bad_flows_are_refused_with_one_clear_error(valkey_url: str) -> None:
 
 
 @st.composite
-def dags(draw: Any) -> list[tuple[list[int], bool, str]]:
-    """Random DAGs: per job, the earlier jobs it depends on, whether it fails, its policy."""
+def dags(draw: Any) -> list[tuple[list[int], bool, str, str]]:
+    """Random DAGs: per job, the earlier jobs it depends on, whether it fails, its policy, its
+    lane ('' none: placed by its id or with its dependencies; so a DAG spans shards)."""
     n = draw(st.integers(2, 9))
     return [(sorted(draw(st.sets(st.integers(0, i - 1), max_size=3))) if i else [],
-             draw(st.booleans()), draw(st.sampled_from(["fail", "ignore", "continue"])))
+             draw(st.booleans()), draw(st.sampled_from(["fail", "ignore", "continue"])),
+             draw(st.sampled_from(["", "a", "b", "c", "d", "e"])))
             for i in range(n)]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(graph=dags(), order=st.randoms(use_true_random=False))
-def test_random_dags_run_as_their_policies_say(valkey_server: Any, graph: Any, order: Any) -> None:
+@given(graph=dags(), order=st.randoms(use_true_random=False),
+       relays=st.sampled_from(["now", "idle"]))
+def test_random_dags_run_as_their_policies_say(valkey_server: Any, settings: Any, graph: Any,
+                                               order: Any, relays: str) -> None:
     """Against a model: a job runs iff its policy says so (fail: every dependency succeeded;
     ignore, continue: always, once they end, or at the first failure for continue), at most
-    once, and never before its dependencies (continue: before the others, once one failed)."""
+    once, and never before its dependencies (continue: before the others, once one failed).
+    The queue has 4 shards and jobs random lanes: the DAGs span shards, their "member done"
+    relayed by the finisher or only later, as by a maintenance turn (relay.py)."""
     import redis as redis_py
 
+    from jobqueue import conf
+
     redis_py.Redis.from_url(valkey_server.url).flushall()
-    queue = Queue("default")
+    settings.JOBQUEUE = {**settings.JOBQUEUE,
+                         "QUEUES": {**settings.JOBQUEUE["QUEUES"], "spread": {"shards": 4}}}
+    conf.reset()
+    queue = Queue("spread")
     refs: list[str] = []
-    for deps, fails, policy in graph:
-        handler = jobs.fails_with if fails else jobs.noop
+    for deps, fails, policy, lane in graph:
+        handler = (jobs.fails_with if fails else jobs.noop).using(queue="spread", lane=lane or None)
         args = ("planned",) if fails else ()
         if deps:
             handler = handler.using(depends_on=[refs[d] for d in deps], on_failure=policy)
@@ -227,9 +245,9 @@ def test_random_dags_run_as_their_policies_say(valkey_server: Any, graph: Any, o
     def shuffle(leases: list[Lease]) -> None:
         order.shuffle(leases)
 
-    for lease in run_all(queue, shuffle=shuffle):
+    for lease in run_all(queue, shuffle=shuffle, relays=relays):
         i = index[lease.job_id]
-        deps, _, policy = graph[i]
+        deps, _, policy, _ = graph[i]
         before = [ended.get(d) for d in deps]
         if policy == "continue" and "failed" in before:
             pass  # released at the first failure
@@ -243,7 +261,7 @@ def test_random_dags_run_as_their_policies_say(valkey_server: Any, graph: Any, o
             if j not in ended and info is not None and info.state == "cancelled":
                 ended[j] = "failed"
     succeeded: dict[int, bool] = {}
-    for i, (deps, fails, policy) in enumerate(graph):
+    for i, (deps, fails, policy, _) in enumerate(graph):
         runs_now = policy != "fail" or all(succeeded[d] for d in deps)
         succeeded[i] = runs_now and not fails
         assert runs.count(i) == (1 if runs_now else 0), (i, graph, runs)

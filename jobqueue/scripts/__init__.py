@@ -34,6 +34,7 @@ TRANSITIONS = {
     "heads": "heads.lua",
     "set_lane_concurrency": "set_lane_concurrency.lua",
     "flow": "flow.lua",
+    "deliver": "deliver.lua",
     "watch": "watch.lua",
     "progress": "progress.lua",
 }

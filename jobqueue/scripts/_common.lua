@@ -19,7 +19,11 @@ in the shard's slot:
   base:deps:<id>    SET   a waiting job's members not yet done
   base:results:<id> HASH  a waiting job's members' outcomes by slot (JSON: a result, or an
                           error object for a member that failed under 'ignore' / 'continue')
-  base:flow:<id>    ZSET  a flow's jobs -> their position in it (the console's flow page)
+  base:flow:<id>    ZSET  a flow's jobs on this shard -> their position in it (the console's
+                          flow page merges every shard's)
+  base:forward      STREAM "member done" entries for dependents on other shards of the queue
+                          (dep, shard, slot, policy, member, state, value), until a relay
+                          delivers them (deliver.lua, relay.py)
 Tenant controls (claim.lua takes lanes off the ring; whatever frees a slot or a token puts them
 back, so the ring holds exactly the lanes with ready work that are not held back):
   base:slots        HASH  lane -> its jobs active now that hold a slot of its cap (the claim marks
@@ -250,38 +254,70 @@ local function release_job(base, dep, now)
   wake_workers(base .. ':wake', 1)
 end
 
--- A member of a flow finished: each job waiting on it (`dependents`: '<id>:<slot>:<policy>' …)
--- takes its outcome into the slot and drops it from its set of pending members (a set: a
--- replayed finish removes nothing twice); a job whose set empties is released here, in the
--- member's own script call. A member that failed (dead, cancelled) cancels the job under policy
--- 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases it at once
--- under 'c' (continue). Returns the jobs to cancel (finish() does, and so on down the flow).
--- `err`: a failed member's last error when its row is not in Valkey (a durable queue's restore).
-local function member_done(base, id, state, result, dependents, now, retention_ms, err)
-  local doomed, ok = {}, state == 'succeeded'
-  local slot = result or 'null'
-  if not ok then
-    err = err or redis.call('HGET', job_key(base, id), 'last_error') or ''
-    slot = cjson.encode({error = string.sub(err, -1000), state = state, job = id})
+-- A finished member's outcome as it goes in a dependent's slot: its result (JSON), or for a
+-- member that failed an error object naming it (`err`: its last error when Valkey lacks its row).
+local function outcome_slot(base, id, state, result, err)
+  if state == 'succeeded' then return result or 'null' end
+  err = err or redis.call('HGET', job_key(base, id), 'last_error') or ''
+  return cjson.encode({error = string.sub(err, -1000), state = state, job = id})
+end
+
+-- How many "member done" entries this call wrote to base:forward (the ack's answer flags them, so
+-- the worker relays at once: relay.py).
+local forwarded = 0
+
+-- A member finished and a job waiting on it lives on another shard (`shard`) of the queue: the
+-- outcome waits in this shard's base:forward STREAM (written in the member's own script call, so
+-- it is as durable as the outcome) until a relay delivers it there (deliver.lua) and deletes it.
+local function forward(base, dep, shard, index, policy, id, state, slot)
+  redis.call('XADD', base .. ':forward', '*', 'dep', dep, 'shard', shard, 'slot', index,
+    'policy', policy, 'member', id, 'state', state, 'value', slot)
+  forwarded = forwarded + 1
+end
+
+-- One edge member -> dependent, the dependent on this shard: it takes the member's outcome into
+-- its slot and drops the member from its set of pending members (a set: a replayed finish or a
+-- replayed delivery removes nothing twice, so it releases nothing twice); a job whose set
+-- empties is released here. A member that failed (dead, cancelled) cancels the job under
+-- policy 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases it at
+-- once under 'c' (continue). Returns true when the job is to be cancelled (the caller's
+-- finish() does, and so on down the flow).
+local function edge_done(base, id, state, slot, dep, index, policy, now, retention_ms)
+  local ok = state == 'succeeded'
+  local dk, pending = job_key(base, dep), base .. ':deps:' .. dep
+  local row = redis.call('HMGET', dk, 'state', 'blocked_by')
+  local blocked = row[1] == 'cancelled' and row[2] and row[2] ~= ''
+  if row[1] == 'waiting' and not ok and policy == 'f' then
+    redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state, 'blocked_by', id)
+    redis.call('SREM', base .. ':waiting', dep)
+    if retention_ms and retention_ms > 0 then
+      redis.call('PEXPIRE', pending, retention_ms)
+      redis.call('PEXPIRE', base .. ':results:' .. dep, retention_ms)
+    end
+    return true
+  elseif row[1] == 'waiting' or (ok and blocked) then
+    redis.call('HSET', base .. ':results:' .. dep, index, slot)
+    local removed = redis.call('SREM', pending, id) == 1
+    if (removed or blocked) and ((not ok and policy == 'c') or redis.call('SCARD', pending) == 0) then
+      release_job(base, dep, now)
+    end
   end
-  for dep, index, policy in string.gmatch(dependents, '(%w+):(%d+):(%a)') do
-    local dk, pending = job_key(base, dep), base .. ':deps:' .. dep
-    local row = redis.call('HMGET', dk, 'state', 'blocked_by')
-    local blocked = row[1] == 'cancelled' and row[2] and row[2] ~= ''
-    if row[1] == 'waiting' and not ok and policy == 'f' then
-      redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state, 'blocked_by', id)
-      redis.call('SREM', base .. ':waiting', dep)
-      if retention_ms and retention_ms > 0 then
-        redis.call('PEXPIRE', pending, retention_ms)
-        redis.call('PEXPIRE', base .. ':results:' .. dep, retention_ms)
-      end
+  return false
+end
+
+-- A member of a flow finished: each job waiting on it (`dependents`: '<id>:<slot>:<policy>' for
+-- one on this shard, '<id>:<slot>:<policy>:<shard>' for one on another shard of the queue) has
+-- the outcome applied here, in the member's own script call (edge_done), or forwarded to its
+-- shard (forward). Returns the jobs of this shard to cancel. `err`: a failed member's last error
+-- when its row is not in Valkey (a durable queue's restore).
+local function member_done(base, id, state, result, dependents, now, retention_ms, err)
+  local doomed = {}
+  local slot = outcome_slot(base, id, state, result, err)
+  for dep, index, policy, shard in string.gmatch(dependents, '(%w+):(%d+):(%a):?(%d*)') do
+    if shard ~= '' then
+      forward(base, dep, shard, index, policy, id, state, slot)
+    elseif edge_done(base, id, state, slot, dep, index, policy, now, retention_ms) then
       doomed[#doomed + 1] = dep
-    elseif row[1] == 'waiting' or (ok and blocked) then
-      redis.call('HSET', base .. ':results:' .. dep, index, slot)
-      redis.call('SREM', pending, id)
-      if (not ok and policy == 'c') or redis.call('SCARD', pending) == 0 then
-        release_job(base, dep, now)
-      end
     end
   end
   return doomed
@@ -346,7 +382,8 @@ local function bury(base, dead, done, meta, jk, id, field, now, retention_ms)
 end
 
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
--- per job. Answers per job: 1 recorded (succeeded, or cancelled when an operator flagged it; also
+-- per job. Answers per job: 2 recorded, and it forwarded outcomes to dependents on other shards
+-- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an operator flagged it; also
 -- when this attempt already succeeded: a retry after a lost reply) or 0 (stale: the lease was
 -- lost and the job may have run again elsewhere).
 local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
@@ -359,11 +396,12 @@ local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
     local jk = job_key(base, id)
     local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'slot', 'lane')
     if row[1] == 'active' and row[2] == token then
+      local before = forwarded
       redis.call('ZREM', active, id)
       free_slot(base, ring, wake, jk, row[4], row[5])
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
         retention, result, true)
-      out[#out + 1] = 1
+      out[#out + 1] = (forwarded > before) and 2 or 1
     elseif row[2] == token and row[1] == 'succeeded' then
       out[#out + 1] = 1  -- this very success, sent again after its reply was lost
     else

@@ -3,8 +3,8 @@ becomes cancelled at once; an active one is flagged, and its worker's ack, nack 
 records it as cancelled. The jobs that depend on a cancelled one follow their failure policy.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                           base:lane:<l>, base:turns, base:capped, base:rated (a lane emptied),
-                          base:waiting, base:deps:<id>, base:results:<id>; as a job finishes
-                          base:hist, base:m:<minute>, base:uniq:<key>, base:uniqs,
+                          base:waiting, base:deps:<id>, base:results:<id>, base:forward; as a
+                          job finishes base:hist, base:m:<minute>, base:uniq:<key>, base:uniqs,
                           base:notify:<id>, base:flow:<id>, base:wake (a dependent released)
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] ring      LIST    lanes with ready work

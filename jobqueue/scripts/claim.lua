@@ -5,7 +5,7 @@ moveToFinished fetches the next job.
 KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                         base:lane:<l>, and as a job finishes base:hist, base:m:<minute>,
                         base:uniq:<key>, base:uniqs, base:notify:<id>, base:flow:<id>, and for
-                        its dependents base:deps:<id>, base:results:<id>, base:waiting
+                        its dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting
 KEYS[2] ring    LIST    lanes with ready work; rotated one step per turn with LMOVE
 KEYS[3] active  ZSET    id -> lease deadline ms (server clock)
 KEYS[4] meta    HASH    paused; caps = '1' while base:caps holds a cap set live
@@ -32,9 +32,10 @@ leaves the ring (base:capped, base:rated) and is not looked at again until a tra
 slot (_common.lua's free_slot) or its next token is due (moved back here or by promote.lua), so
 a claim's cost does not grow with the lanes held back. A job past its `expires_at` is not run:
 it ends `expired` in this call.
-Returns: n, the n answers of the successes (1 recorded, 0 stale), the ms until the rate limit
-        admits another job (0: not limited now; when the claim came back short, also the ms
-        until a lane held by its rate has a token), then 5 entries per claimed job: id, token
+Returns: n, the n answers of the successes (1 recorded, 2 recorded and forwarded to another
+        shard: relay.py, 0 stale), the ms until the rate limit admits another job (0: not
+        limited now; when the claim came back short, also the ms until a lane held by its rate
+        has a token), then 5 entries per claimed job: id, token
         (the new `attempts`: the fencing token), payload, checkpoint ('' = none), lease ms. No
         job is claimed when the queue is paused or nothing is ready.
         A popped row with a corrupt state, count, priority, lane or expires_at is buried (dead,

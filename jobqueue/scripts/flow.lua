@@ -1,12 +1,18 @@
---[[ flow: write a flow's jobs on one shard in one step: jobs without dependencies become ready
+--[[ flow: write a flow's jobs of one shard in one step: jobs without dependencies become ready
 (or scheduled), the others wait (state 'waiting') until every job they depend on is done. Each
 dependency is an edge member -> dependent: the member's row lists its dependents, the
 dependent's base:deps:<id> SET holds its members not yet done; finish() walks the edges (see
-member_done in _common.lua). A member named here must be written earlier in this call, live on
-this shard, or come with its outcome (a durable queue's member that finished and that Valkey no
-longer holds: its database row's); one that already finished is applied at once.
+member_done in _common.lua). A member on this shard must be written earlier in this call, live
+here, or come with its outcome (a durable queue's member that finished and that Valkey no longer
+holds: its database row's); one that already finished is applied at once. A member on another
+shard is only named in the dependent's set here: its edge is written by a link in the call on
+its own shard (dag.py sends that call once the dependent is written). A link adds the edge
+'<dep>:<slot>:<policy>:<shard>' to a member of this shard (written in this call, or live here;
+once only), or, for a member that finished already (or has a given outcome), forwards that
+outcome at once (base:forward, relay.py).
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
-                          base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>, and
+                          base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>,
+                          base:forward (outcomes for dependents on other shards), and
                           as a job finishes at once base:hist, base:m:<minute>, base:uniq:<key>,
                           base:uniqs, base:notify:<id>
 KEYS[2] ring      LIST    lanes with ready work
@@ -21,27 +27,31 @@ ARGV[1] flow id ('' = none: no base:flow:<id> index), ARGV[2] retention ms, ARGV
         n, then per job: id, payload (JSON), priority, lane, max_attempts and backoff_ms ('' =
         the queue's), lease_ms, delay_ms, takes ('' | 'first' | 'list': what its members'
         outcomes become, see release_job), slots (how many), position (in the flow's index), d
-        = number of members, then 3 per member: id, slot, policy ('f' fail | 'i' ignore | 'c'
-        continue); then k = number of outcomes, then 3 per outcome: member id, state
-        ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (its result as JSON when it
-        succeeded, else its last error): used only for a member Valkey does not hold
-Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written}, or {0, 'moved'}
-        (the shard is draining: re-read the layout), {0, 'exists', id} (mode 'new': a job id
-        already taken), {0, 'missing', id} (a member that is neither in this call, nor live
-        here, nor given an outcome); nothing is written then
+        = number of members, then 4 per member: id, slot, policy ('f' fail | 'i' ignore | 'c'
+        continue), its shard ('' this one, else the index of the other shard it is on); then
+        k = number of outcomes, then 3 per outcome: member id, state ('succeeded' | 'dead' |
+        'cancelled' | 'expired'), value (its result as JSON when it succeeded, else its last
+        error): used only for a member Valkey does not hold; then l = number of links, then 5
+        per link: member id (of this shard), dependent id, slot, policy, the dependent's shard
+Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written, entries forwarded},
+        or {0, 'moved'} (the shard is draining and jobs were to be written: re-read the
+        layout), {0, 'exists', id} (mode 'new': a job id already taken), {0, 'missing', id} (a
+        member that is neither in this call, nor live here, nor given an outcome); nothing is
+        written then
 ]]
 local base, ring, schedule, wake, meta, done, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6], KEYS[7]
 local flow, retention, again, n = ARGV[1], tonumber(ARGV[2]), ARGV[3] == 'again', tonumber(ARGV[4])
 local flags = redis.call('HMGET', meta, 'draining', 'listed')
-if flags[1] then return {0, 'moved'} end
+if flags[1] and n > 0 then return {0, 'moved'} end
 
--- The outcomes of members Valkey may no longer hold, by id.
+-- The outcomes of members Valkey may no longer hold, by id; where the links start.
 local known, o = {}, 5
-for _ = 1, n do o = o + 12 + tonumber(ARGV[o + 11]) * 3 end
+for _ = 1, n do o = o + 12 + tonumber(ARGV[o + 11]) * 4 end
 for i = 0, tonumber(ARGV[o]) - 1 do
   known[ARGV[o + 1 + i * 3]] = {ARGV[o + 2 + i * 3], ARGV[o + 3 + i * 3]}
 end
+local links = o + 1 + tonumber(ARGV[o]) * 3
 
 -- The jobs as {at = first ARGV index, d = members, kept = Valkey holds it already}, checked
 -- before anything is written.
@@ -53,14 +63,21 @@ for _ = 1, n do
   if kept and not again then return {0, 'exists', ARGV[o]} end
   jobs[#jobs + 1] = {at = o, d = d, kept = kept}
   for m = 0, d - 1 do
-    local member = ARGV[o + 12 + m * 3]
-    if not kept and not mine[member] and not known[member]
+    local member = ARGV[o + 12 + m * 4]
+    if not kept and ARGV[o + 15 + m * 4] == '' and not mine[member] and not known[member]
         and redis.call('EXISTS', job_key(base, member)) == 0 then
       return {0, 'missing', member}
     end
   end
   mine[ARGV[o]] = true
-  o = o + 12 + d * 3
+  o = o + 12 + d * 4
+end
+for i = 0, tonumber(ARGV[links]) - 1 do
+  local member = ARGV[links + 1 + i * 5]
+  if not mine[member] and not known[member]
+      and redis.call('EXISTS', job_key(base, member)) == 0 then
+    return {0, 'missing', member}
+  end
 end
 
 local now, ready, written, finished = now_ms(), 0, 0, {}
@@ -80,12 +97,14 @@ local function write_job(job)
   redis.call('HSET', job_key(base, id), unpack(row))
   if flow ~= '' then redis.call('ZADD', base .. ':flow:' .. flow, ARGV[a + 10], id) end
   for m = 0, job.d - 1 do
-    local member, slot, policy = ARGV[a + 12 + m * 3], ARGV[a + 13 + m * 3], ARGV[a + 14 + m * 3]
+    local member, slot, policy = ARGV[a + 12 + m * 4], ARGV[a + 13 + m * 4], ARGV[a + 14 + m * 4]
     local mk, edge = job_key(base, member), id .. ':' .. slot .. ':' .. policy
-    local before = redis.call('HMGET', mk, 'dependents', 'state', 'result')
     redis.call('SADD', base .. ':deps:' .. id, member)
-    local outcome = not before[2] and known[member]
-    if outcome then  -- finished, and gone from Valkey: its database row's outcome, applied below
+    local before = ARGV[a + 15 + m * 4] == '' and redis.call('HMGET', mk, 'dependents', 'state',
+      'result')
+    local outcome = before and not before[2] and known[member]
+    if not before then  -- on another shard: its link there writes the edge
+    elseif outcome then  -- finished, and gone from Valkey: its database row's outcome, applied below
       local ok = outcome[1] == 'succeeded'
       finished[#finished + 1] = {member, outcome[1], ok and outcome[2] or nil, edge,
         not ok and outcome[2] or nil}
@@ -114,5 +133,27 @@ for _, f in ipairs(finished) do
     finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
   end
 end
+-- The links: an edge on a member that has yet to finish, else its outcome forwarded now.
+for i = 0, tonumber(ARGV[links]) - 1 do
+  local at = links + 1 + i * 5
+  local member, dep, slot, policy, shard = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
+    ARGV[at + 4]
+  local mk, edge = job_key(base, member), dep .. ':' .. slot .. ':' .. policy .. ':' .. shard
+  local row = redis.call('HMGET', mk, 'state', 'dependents', 'result')
+  if row[1] == 'pending' or row[1] == 'scheduled' or row[1] == 'active' or row[1] == 'waiting' then
+    if not row[2] then
+      redis.call('HSET', mk, 'dependents', edge)
+    elseif not string.find(' ' .. row[2] .. ' ', ' ' .. edge .. ' ', 1, true) then
+      redis.call('HSET', mk, 'dependents', row[2] .. ' ' .. edge)
+    end
+  elseif row[1] then
+    forward(base, dep, shard, slot, policy, member, row[1],
+      outcome_slot(base, member, row[1], row[3]))
+  else
+    local k = known[member]
+    forward(base, dep, shard, slot, policy, member, k[1],
+      outcome_slot(base, member, k[1], k[1] == 'succeeded' and k[2] or nil, k[2]))
+  end
+end
 wake_workers(wake, ready)
-return {flags[2] and 1 or 0, 'ok', written}
+return {flags[2] and 1 or 0, 'ok', written, forwarded}

@@ -3,7 +3,7 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           base:lane:<l>, base:slots, base:capped, base:rated (a slot freed),
                           and as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                           base:uniqs, base:notify:<id>, base:flow:<id>, and for its
-                          dependents base:deps:<id>, base:results:<id>, base:waiting
+                          dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting
 KEYS[2] active    ZSET    id -> lease deadline ms
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] dead      ZSET    id -> finished ms

@@ -5,7 +5,7 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:lane:<l>, base:slots, base:capped, base:rated (a slot freed), and
                         as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                         base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
-                        base:deps:<id>, base:results:<id>, base:waiting (_common.lua)
+                        base:deps:<id>, base:results:<id>, base:forward, base:waiting (_common.lua)
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] dead    ZSET    id -> finished ms
 KEYS[4] done    STREAM  terminal events

@@ -5,8 +5,8 @@ of the served queues, the worker's presence), the schedules' ticks, and the summ
 Owns those timers, when the next scheduled job is due, and the rate the console shows. It may
 change what the worker serves (`Served`: a queue created since it started, a shard count that
 changed), reads the held jobs and the counts of recorded outcomes, and calls the queues'
-maintenance transitions, `layouts`, `schedule`, `autoscale`, `presence` and (to end a burst)
-`outbox`. It claims and records nothing.
+maintenance transitions, `layouts`, `schedule`, `autoscale`, `relay` (flows' "member done"
+entries across shards), `presence` and (to end a burst) `outbox`. It claims and records nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError
 
-from .. import autoscale, backlog, layouts, outbox, schedule
+from .. import autoscale, backlog, layouts, outbox, relay, schedule
 from ..conf import get_client, get_config
 from ..store import Queue, known_queues
 from . import presence
@@ -71,8 +71,8 @@ class Maintenance:
         return wait
 
     def turn(self) -> None:
-        """promote + reap on every shard (idempotent, cheap), list the served queues again where
-        the registry lost them, and advertise this worker."""
+        """promote + reap + relay on every shard (idempotent, cheap), list the served queues
+        again where the registry lost them, and advertise this worker."""
         self._serve_new_queues()
         next_due: float | None = None
         for queue in self._served.queues:
@@ -87,6 +87,8 @@ class Maintenance:
                 if wait is not None:
                     next_due = wait if next_due is None else min(next_due, wait)
             queue.reap(shards=shards)
+            relay.relay_queue(queue)  # (what a finisher recorded but did not relay; retired
+            # shards too: an entry left there is still delivered)
         self.next_due = None if next_due is None else time.monotonic() + next_due
         self._relist()
         self.advertise()
@@ -169,8 +171,9 @@ class Maintenance:
                  rate, processed, failed, len(self._held.jobs), pending, lag)
 
     def nothing_left(self) -> bool:
-        """No durable job left to relay, and no pending (unless paused), scheduled or active
-        job left in the served queues: a burst run is done."""
+        """No durable job left to relay, no flow's entry left to relay (relay.py), and no
+        pending (unless paused), scheduled or active job left in the served queues: a burst run
+        is done."""
         queues = self._served.queues
         if any(q.options.durable for q in queues):
             try:
@@ -181,6 +184,8 @@ class Maintenance:
                 close_db()
                 return False
         for queue in queues:
+            if relay.relay_queue(queue):  # (a dependent released: not done yet)
+                return False
             counts = queue.counts()
             waiting = counts["scheduled"] + (0 if queue.is_paused() else counts["pending"])
             if waiting + counts["active"]:

@@ -7,7 +7,8 @@ recorded. A call that fails (Valkey down, or refusing: full, read-only after a f
 puts what it did not record back on the hand-off, whichever thread made it, so an outcome is
 never dropped nor held in two places; a refused outcome goes back behind the others, so one that
 keeps being refused holds up no other. It touches the held jobs (forgetting what was recorded),
-the queues' ack and nack, and the `job_finished` signal; it claims nothing.
+the queues' ack and nack, the `job_finished` signal, and relays what a recorded outcome forwarded
+to another shard (relay.py); it claims nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from queue import Empty, SimpleQueue
 
 from redis.exceptions import RedisError
 
-from .. import signals
+from .. import relay, signals
 from ..exceptions import VALKEY_DOWN
 from ..records import Lease
 from ..states import State
@@ -149,6 +150,8 @@ class Outcomes:
         state = self._served.queue(lease.queue).nack(lease, out.error, out.retry_in,
                                                      fatal=out.fatal)
         _log(lease, out, state or "stale")
+        if state in (State.DEAD, State.CANCELLED):  # (a member's failure may be forwarded)
+            relay.after(self._served, [lease])
         self._held.forget((lease,))
         with self._lock:
             self.failed += 1
@@ -192,10 +195,14 @@ class Outcomes:
     def ack(self, queue: Queue, items: list[Finished]) -> None:
         self.acked(items, queue.ack_encoded([(lease, out.result) for lease, out in items]))
 
-    def acked(self, items: list[Finished], answers: list[bool]) -> None:
-        """Log recorded successes and forget their jobs."""
+    def acked(self, items: list[Finished], answers: list[int]) -> None:
+        """Log recorded successes and forget their jobs; relay the outcomes their acks forwarded
+        to dependents on other shards (answer 2: relay.py)."""
         for (lease, out), recorded in zip(items, answers, strict=True):
             _log(lease, out, State.SUCCEEDED if recorded else "stale")
+        if 2 in answers:
+            pairs = zip(items, answers, strict=True)
+            relay.after(self._served, [lease for (lease, _), answer in pairs if answer == 2])
         # (most were forgotten already: their slots went to the claim)
         self._held.forget(lease for lease, _ in items)
         if items:

@@ -1,0 +1,108 @@
+"""Delivers "member done" across shards: a flow's member that finished on one shard of a queue
+while a job waiting for it lives on another (dag.py) left, in the same script call that recorded
+its outcome, an entry in its shard's `:forward` STREAM (`forward` in `_common.lua`). `relay_shard`
+applies each entry on the dependent's shard (`deliver.lua`) and only then deletes it; a
+delivery that ends jobs there (a cascade of cancels) may forward in turn, and is relayed on.
+
+Who relays: the worker that recorded the outcome, right after (its ack's answer flags a job that
+forwarded, a terminal nack is checked: `after`); the writer of a flow whose link found a member
+finished already (dag.py); `flows.cancel`; and every worker's maintenance turn, for the shards
+it serves (`relay_queue`), so an entry left by a finisher killed before its relay, or
+found after a restart from the AOF (entries are plain keys), is delivered all the same. Two
+relays may deliver one entry: the delivery is idempotent (a set, not a counter). An entry whose
+dependent is not on its shard yet (a flow still being written) is kept, until the retention
+has passed (a flow whose writer died before writing it: nothing will ever wait for it).
+
+Touches `:forward` (read, delete) and, through `deliver`, the dependents' shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from .conf import get_config
+from .records import Lease
+from .scripts import caller
+from .store import Queue
+
+log = logging.getLogger("jobqueue.relay")
+BATCH = 200
+"""Entries read from a stream at a time."""
+FIELDS = ("dep", "slot", "policy", "member", "state", "value")
+
+
+def relay_shard(queue: Queue, index: int) -> int:
+    """Deliver the entries of shard `index`'s stream (and of the shards their deliveries
+    forwarded to); how many it took off (delivered, or dropped: see `_relay_batch`)."""
+    delivered, todo = 0, [(index, "-")]
+    while todo:
+        shard, start = todo.pop()
+        count, onward, last = _relay_batch(queue, shard, start)
+        delivered += count
+        todo.extend((i, "-") for i in onward if all(i != s for s, _ in todo))
+        if last is not None:  # (a full batch: read on after it)
+            todo.append((shard, "(" + last))
+    return delivered
+
+
+def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], str | None]:
+    """One batch of a stream from `start`: (delivered, shards that forwarded in turn, the last
+    entry's id when the batch was full)."""
+    client, key = queue.client, queue.shard(index).key("forward")
+    entries = client.xrange(key, min=start, count=BATCH)
+    if not entries:
+        return 0, set(), None
+    by_shard: dict[int, list[tuple[str, dict[str, str]]]] = defaultdict(list)
+    gone, onward = [], set()
+    for entry_id, fields in entries:
+        if str(fields.get("shard", "")).isdigit() and all(name in fields for name in FIELDS):
+            by_shard[int(fields["shard"])].append((entry_id, fields))
+        else:  # (hand-written or corrupt: it could never be delivered)
+            log.warning("queue=%s shard %d: dropped a malformed entry %s", queue.name, index,
+                        entry_id)
+            gone.append(entry_id)
+    retention = round(get_config().retention * 1000)
+    for target, batch in by_shard.items():
+        args: list[Any] = [retention, len(batch)]
+        for _, fields in batch:
+            args += [fields[name] for name in FIELDS]
+        reply = caller.run(client, "deliver", queue.shard(target), args)
+        if int(reply[0]):
+            onward.add(target)
+        for (entry_id, fields), applied in zip(batch, reply[1:], strict=True):
+            if int(applied) or _stale(entry_id, retention):
+                gone.append(entry_id)
+                if not int(applied):
+                    log.warning("queue=%s: job %s never reached shard %d; dropped its member "
+                                "%s's outcome", queue.name, fields["dep"], target, fields["member"])
+    if gone:
+        client.xdel(key, *gone)
+    return len(gone), onward, entries[-1][0] if len(entries) == BATCH else None
+
+
+def _stale(entry_id: str, retention_ms: int) -> bool:
+    """Whether an entry is older than the retention (its id starts with its ms time)."""
+    return time.time() * 1000 - int(entry_id.split("-")[0]) > max(retention_ms, 60_000)
+
+
+def relay_queue(queue: Queue, shards: int | None = None) -> int:
+    """Deliver the entries of every shard of `queue` (`shards`: how many; else all it has)."""
+    return sum(relay_shard(queue, index) for index in range(shards or queue.all_shards()))
+
+
+def after(queues: Any, leases: Iterable[Lease]) -> None:
+    """The finisher's relay: the shards of `leases` (whose outcomes forwarded entries),
+    each once; `queues.queue(name)` gives a served queue. A failure is left to the next
+    maintenance turn (the entries stay)."""
+    from redis.exceptions import RedisError
+
+    for name, index in {(lease.queue, lease.shard) for lease in leases}:
+        try:
+            relay_shard(queues.queue(name), index)
+        except RedisError as exc:
+            log.warning("queue=%s shard %d: relay failed (%s); the next maintenance turn "
+                        "relays it", name, index, exc)

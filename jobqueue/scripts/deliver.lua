@@ -1,0 +1,38 @@
+--[[ deliver: "member done" entries relayed from another shard's base:forward STREAM (a member
+finished there; see forward and member_done in _common.lua) applied to the jobs of this shard
+that wait for it, as member_done applies them on the member's own shard: the outcome goes in the
+job's slot, the member leaves the job's set of pending members (SREM: a replayed entry finds it
+gone and changes nothing), the job is released once when its set empties, and a failed member's
+policy is applied ('f' cancels the job, and what waits for it, here or forwarded on; 'i' leaves an
+error object; 'c' releases it). relay.py deletes an entry from its stream once this answered 1.
+KEYS[1] base    prefix  emq:{q#k}; derives rows base:job:<id>, base:deps:<id>, base:results:<id>,
+                        base:waiting, lanes base:pending / base:lane:<l>, base:ring, base:wake (a
+                        job released), base:forward (a cancel forwarded on), and as a job is
+                        cancelled base:hist, base:m:<minute>, base:uniq:<key>, base:uniqs,
+                        base:notify:<id>, base:flow:<id>
+KEYS[2] done    STREAM  terminal events (a job cancelled by its member's failure)
+KEYS[3] meta    HASH    counters n_<state>
+ARGV[1] retention ms, ARGV[2] n, then 6 per entry: dependent id, slot, policy ('f' | 'i' | 'c'),
+        member id, member's state ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (the
+        slot's JSON: its result, or an error object)
+Returns: {entries this call forwarded in turn (to relay from this shard), then per entry 1
+        (applied, or nothing left to apply: a replay, a job no longer waiting) or 0 (no such job
+        here yet: a flow still being written; the relay keeps the entry)}
+]]
+local base, done, meta = KEYS[1], KEYS[2], KEYS[3]
+local retention, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, out = now_ms(), {0}
+for i = 0, n - 1 do
+  local a = 3 + i * 6
+  local dep, index, policy = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  if redis.call('EXISTS', job_key(base, dep)) == 0 then
+    out[#out + 1] = 0
+  else
+    if edge_done(base, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], dep, index, policy, now, retention) then
+      finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
+    end
+    out[#out + 1] = 1
+  end
+end
+out[1] = forwarded
+return out
