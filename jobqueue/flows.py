@@ -1,14 +1,26 @@
-"""Workflows: `chain`, `group` and `chord` of signatures (`handler.s(...)`), and reading or
-cancelling a flow.
+"""Workflows: `chain`, `group` and `chord` of signatures (`handler.s(...)`) and of each other,
+and reading or cancelling a flow.
 
     chain(fetch.s(url), parse.s(), store.s()).enqueue()   # each step gets the previous result first
     group([resize.s(i) for i in range(100)]).enqueue()    # GroupRef: result() is the list, in order
     chord([count.s(i) for i in range(100)], total.s()).enqueue()  # total(results) once all are done
+    chain(a.s(), group([b.s(), c.s()]), d.s())             # b(a), c(a), then d([b, c])
 
-A flow's jobs share one queue and are written on one of its shards in one script call
-(`dag.py`); the flow's id is the id of the job the call returns (a chain's last step, a
-chord's callback) or, for a group, an id of its own. `on_failure` ("fail", "ignore",
-"continue": `dag.POLICIES`) is the flow's policy for members whose own signature sets none.
+A composite, however nested, compiles (`_Build`) to one list of `dag.Node`s, each waiting only
+for nodes before it, written in one script call on one shard of its queue (`dag.py`). What a
+part hands on to the jobs that wait for it: a signature its result; a chain its last step's; a
+chord its callback's; a group the list of its members' (a nested group's spliced in, as Celery
+unrolls them), so the step after a group gets a list, as Celery's `group | task` chord does.
+The flow's id is that of the job whose result the call returns (a chain's last step, a chord's
+callback), or an id of its own when the result is a list (a GroupRef).
+
+`on_failure` ("fail", "ignore", "continue": `dag.POLICIES`) on a composite rules the edges it
+makes (a chain's from one step to the next, a chord's from its header to its callback) and what
+its result jobs hand on to an outer composite that sets none: an edge takes its member's own
+policy (its signature's), else that of the nearest composite around the member that sets one,
+up to the composite that makes the edge; else "fail". An outer policy does not reach into the
+edges an inner composite makes: a chain inside a chord's header stops at its failed step, and
+the chord's policy says what that does to the callback.
 
 Reads `:flow:<id>` (its jobs, in order) on the flow's shard.
 """
@@ -39,7 +51,11 @@ def _queue(steps: Sequence[Signature]) -> Queue:
 
 def _parts(items: Iterable[Part], what: str) -> list[Part]:
     """The parts of a composite, checked: at least one, each a signature or a composite."""
-    found = list(items)
+    try:
+        found = list(items)
+    except TypeError:
+        raise InvalidFlow(f"{what} takes a list of signatures (handler.s(...)) or "
+                          f"chain/group/chord, got {items!r}") from None
     if not found:
         raise InvalidFlow(f"{what} needs at least one signature")
     for item in found:
@@ -98,6 +114,7 @@ class _Build:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.signatures: list[Signature] = []
+        self.ids: set[str] = set()
 
     def add(self, part: Part, waits: _Out | None, near: str) -> _Out:
         """`part`'s jobs, the first ones waiting for `waits` (its jobs' policies settled) and
@@ -111,8 +128,9 @@ class _Build:
         node = part.node(members, "" if waits is None else "list" if waits.many else "first",
                          near or "f")
         job_id = str(node.spec.job_id)
-        if any(str(n.spec.job_id) == job_id for n in self.nodes):
+        if job_id in self.ids:  # (a signature reused with its own job_id)
             raise InvalidFlow(f"job id {job_id} appears twice in one flow")
+        self.ids.add(job_id)
         self.nodes.append(node)
         self.signatures.append(part)
         return _Out(((job_id, part.handler.options.on_failure or ""),), False)
@@ -151,6 +169,7 @@ class Chain:
         return _Build().enqueue(self)
 
     def into(self, build: _Build, waits: _Out | None, near: str) -> _Out:
+        """Its steps in `build`: the first waits for `waits`, each next for the one before."""
         code = _code(self.on_failure)
         out = build.add(self.steps[0], waits, code or near)
         for step in self.steps[1:]:
@@ -166,11 +185,13 @@ class Group:
     on_failure: str | None = None
 
     def enqueue(self) -> GroupRef:
+        """A GroupRef: its id is the flow's, its refs those whose results make the list."""
         ref = _Build().enqueue(self)
         assert isinstance(ref, GroupRef)  # (a group's result is a list)
         return ref
 
     def into(self, build: _Build, waits: _Out | None, near: str) -> _Out:
+        """Its members in `build`, each waiting for `waits`; its result is their list."""
         code = _code(self.on_failure)
         outs = [build.add(member, waits, code or near) for member in self.members]
         return _Out(tuple(job for out in outs for job in out.jobs), True).ruled(code)
@@ -190,6 +211,7 @@ class Chord:
         return _Build().enqueue(self)
 
     def into(self, build: _Build, waits: _Out | None, near: str) -> _Out:
+        """Its header in `build` (each member waiting for `waits`), then its callback."""
         code = _code(self.on_failure)
         header = Group(self.header).into(build, waits, code or near)
         return build.add(self.callback, _settled(header, code), code or near).ruled(code)

@@ -213,6 +213,9 @@ def test_a_group_inside_a_chain_gives_each_member_the_result_and_the_next_step_t
     assert isinstance(ending, GroupRef)  # a chain that ends in a group: its list
     run_all(queue)
     assert ending.result(timeout=5) == [6, 9] and len(flows.members(ending.id)) == 3
+    alone = chain(jobs.add.s(1, 2), group([jobs.mul.s(2)]), jobs.total.s()).enqueue()
+    ran = run_all(queue)
+    assert alone.result(timeout=5) == 6 and ran[-1].payload["args"][0] == [6]  # a group of one: a list
 
 
 def test_a_group_of_chains_answers_each_chains_last_result_in_order(valkey_url: str) -> None:
@@ -249,6 +252,8 @@ def test_a_chord_inside_a_chain_and_a_chain_inside_a_chain(valkey_url: str) -> N
     assert len(flows.members(flat.id)) == 4 and states(flat.id).count("waiting") == 3
     run_all(queue)
     assert flat.result(timeout=5) == 120
+    gone = group([chain(jobs.add.s(1, 1), jobs.mul.s(2)), jobs.add.s(2, 2)]).enqueue()
+    assert flows.cancel(gone.id) == 3 and states(gone.id) == ["cancelled"] * 3
 
 
 def test_a_failure_inside_a_nested_member_under_each_policy(valkey_url: str) -> None:
@@ -340,6 +345,8 @@ def test_bad_nested_flows_are_refused_with_one_clear_error(valkey_url: str) -> N
         chord([chain(jobs.add.s(1, 2))], "tests.jobapp.jobs.total")  # type: ignore[arg-type]
     with pytest.raises(InvalidFlow, match="on_failure"):
         group([jobs.add.s(1, 2)], on_failure="skip")
+    with pytest.raises(InvalidFlow, match="a list of signatures"):
+        group(jobs.add.s(1, 2))  # type: ignore[arg-type]
     with pytest.raises(InvalidFlow, match="cannot take the previous result"):
         chain(jobs.add.s(1, 2), group([jobs.mul.s(2), jobs.add.s(1, 2)])).enqueue()
     with pytest.raises(InvalidFlow, match="one queue"):
