@@ -300,6 +300,12 @@ def test_a_policy_set_on_an_inner_composite_rules_its_own_failures(valkey_url: s
     run_all(queue)
     [error, two] = ref.result(timeout=5)
     assert two == 2 and error["state"] == "dead" and "inner" in error["error"]
+    # a member's own policy comes first, however deep: the chord's "fail" does not stop it
+    own = chord([chain(jobs.add.s(1, 1), jobs.fails_with.s().using(on_failure="ignore")),
+                 jobs.add.s(1, 1)], jobs.total.s(), on_failure="fail").enqueue()
+    run_all(queue)
+    [error, two] = own.result(timeout=5)
+    assert two == 2 and error["state"] == "dead" and error["job"] == flows.members(own.id)[1].id
     # a group's "ignore" inside a chain: the step after it gets the failed member's error object
     after = chain(jobs.add.s(1, 2), group([jobs.fails_with.s(), jobs.mul.s(2)], on_failure="ignore"),
                   jobs.total.s()).enqueue()
