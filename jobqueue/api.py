@@ -194,10 +194,12 @@ class Signature:
             _check_takes(handler, self.args, self.kwargs)
         spec = JobSpec(self.payload(), **handler.options.spec)
         own = handler.options.on_failure or policy or "f"
-        after = tuple((member, slot, own) for slot, member in enumerate(handler.options.after))
-        return dag.Node(spec._replace(job_id=spec.job_id or ids.new_id()),
-                        (*after, *((m, s + len(after), p) for m, s, p in members)), takes,
-                        len(after) + len(members) if takes == "list" else int(bool(takes)))
+        # Its `depends_on` jobs only hold it back (as they do a job enqueued alone): their
+        # slots come after the members' and are not passed to it.
+        after = tuple((member, slot + len(members), own)
+                      for slot, member in enumerate(handler.options.after))
+        return dag.Node(spec._replace(job_id=spec.job_id or ids.new_id()), (*members, *after),
+                        takes, len(members) if takes == "list" else int(bool(takes)))
 
 
 def _check_takes(handler: JobFunction, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from jobqueue import Queue, chain, chord, flows, group, relay
 from jobqueue.api import JobFunction, JobOptions
 from jobqueue.exceptions import InvalidFlow, InvalidJobId, JobFailed, UnknownHandler
+from jobqueue.flows import GroupRef
 from jobqueue.handler import write_progress
 from jobqueue.records import Lease
+from jobqueue.refs import JobRef
 from jobqueue.worker.executor import execute
 from tests.jobapp import jobs
 
@@ -201,6 +203,173 @@ def test_bad_flows_are_refused_with_one_clear_error(valkey_url: str) -> None:
     assert queue.counts()["pending"] == 0 and queue.counts()["waiting"] == 0  # nothing written
 
 
+def states(ref_id: str, queue: str = "default") -> list[str]:
+    return [info.state for info in flows.members(ref_id, queue)]
+
+
+def test_a_group_inside_a_chain_gives_each_member_the_result_and_the_next_step_the_list(
+        valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chain(jobs.add.s(1, 2), group([jobs.mul.s(2), jobs.mul.s(10)]), jobs.total.s()).enqueue()
+    assert isinstance(ref, JobRef)
+    ran = run_all(queue)
+    assert ref.result(timeout=5) == 36
+    assert [lease.payload["args"][0] for lease in ran[1:]] == [3, 3, [6, 30]]
+    assert [lease.job_id for lease in ran] == [info.id for info in flows.members(ref.id)]
+    ending = chain(jobs.add.s(1, 2), group([jobs.mul.s(2), jobs.mul.s(3)])).enqueue()
+    assert isinstance(ending, GroupRef)  # a chain that ends in a group: its list
+    run_all(queue)
+    assert ending.result(timeout=5) == [6, 9] and len(flows.members(ending.id)) == 3
+    alone = chain(jobs.add.s(1, 2), group([jobs.mul.s(2)]), jobs.total.s()).enqueue()
+    ran = run_all(queue)
+    assert alone.result(timeout=5) == 6 and ran[-1].payload["args"][0] == [6]  # a group of one: a list
+
+
+def test_a_group_of_chains_answers_each_chains_last_result_in_order(valkey_url: str) -> None:
+    queue = Queue("wide")
+    add, mul = jobs.add.using(queue="wide"), jobs.mul.using(queue="wide")
+    ref = group([chain(add.s(1, 1), mul.s(3)), chain(add.s(2, 2), mul.s(5)),
+                 group([add.s(0, 7), add.s(0, 8)])]).enqueue()  # a nested group is spliced in
+    assert len(ref.refs) == 4 and len({queue.locate(r.id) for r in ref.refs}) == 1
+    run_all(queue, shuffle=lambda leases: leases.reverse())
+    assert ref.result(timeout=5) == [6, 20, 7, 8]
+    order = [info.id for info in flows.members(ref.id, "wide")]
+    assert [order[1], order[3], order[4], order[5]] == [r.id for r in ref.refs]
+    assert states(ref.id, "wide") == ["succeeded"] * 6
+
+
+def test_chains_inside_a_chord_header_hand_their_last_result_to_the_callback(
+        valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chord([chain(jobs.add.s(1, 1), jobs.mul.s(10)), jobs.add.s(3, 4),
+                 chord([jobs.add.s(1, 0), jobs.add.s(2, 0)], jobs.total.s())], jobs.total.s()).enqueue()
+    ran = run_all(queue, shuffle=lambda leases: leases.reverse())
+    assert ref.result(timeout=5) == 20 + 7 + 3 and ran[-1].job_id == ref.id
+    assert ran[-1].payload["args"][0] == [20, 7, 3]
+    assert [lease.job_id for lease in ran].count(ref.id) == 1 and len(flows.members(ref.id)) == 7
+
+
+def test_a_chord_inside_a_chain_and_a_chain_inside_a_chain(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chain(jobs.add.s(1, 1), chord([jobs.mul.s(2), jobs.mul.s(3)], jobs.total.s()),
+                jobs.mul.s(10)).enqueue()
+    run_all(queue)
+    assert ref.result(timeout=5) == (2 * 2 + 2 * 3) * 10
+    flat = chain(jobs.add.s(1, 1), chain(jobs.mul.s(2), chain(jobs.mul.s(3))), jobs.mul.s(10)).enqueue()
+    assert len(flows.members(flat.id)) == 4 and states(flat.id).count("waiting") == 3
+    run_all(queue)
+    assert flat.result(timeout=5) == 120
+    gone = group([chain(jobs.add.s(1, 1), jobs.mul.s(2)), jobs.add.s(2, 2)]).enqueue()
+    assert flows.cancel(gone.id) == 3 and states(gone.id) == ["cancelled"] * 3
+
+
+def test_a_failure_inside_a_nested_member_under_each_policy(valkey_url: str) -> None:
+    """The chain inside the header stops at its failed step (its own default); the chord's
+    policy says what the chain's failure does to the callback."""
+    queue = Queue("default")
+
+    def flow(on_failure: str | None) -> Any:
+        return chord([chain(jobs.fails_with.s("boom"), jobs.mul.s(2)), jobs.add.s(1, 1)],
+                     jobs.total.s(), on_failure=on_failure).enqueue()
+
+    failed = flow(None)
+    run_all(queue)
+    with pytest.raises(JobFailed):
+        failed.result(timeout=5)
+    [boom, step, two, callback] = flows.members(failed.id)
+    assert [boom.state, step.state, two.state, callback.state] == [
+        "dead", "cancelled", "succeeded", "cancelled"]
+    assert boom.id in step.last_error and step.id in callback.last_error
+    ignored = flow("ignore")
+    run_all(queue)
+    error, two_again = ignored.result(timeout=5)
+    assert two_again == 2 and error["state"] == "cancelled"
+    assert error["job"] == flows.members(ignored.id)[1].id  # the chain's step it cancelled
+    assert states(ignored.id) == ["dead", "cancelled", "succeeded", "succeeded"]
+    continued = flow("continue")
+    leases = queue.dequeue(count=5)
+    [boom_lease] = [lease for lease in leases if lease.payload["handler"].endswith("fails_with")]
+    queue.nack(boom_lease, "boom", fatal=True)
+    assert queue.get(continued.id).state == "pending"  # type: ignore[union-attr]  # not waiting for add
+    for lease in leases:
+        if lease is not boom_lease:
+            queue.ack(lease, 2)
+    run_all(queue)
+    error, pending = continued.result(timeout=5)
+    assert error["state"] == "cancelled" and pending is None
+
+
+def test_a_policy_set_on_an_inner_composite_rules_its_own_failures(valkey_url: str) -> None:
+    queue = Queue("default")
+    # the inner chain's "ignore": its next step runs with the error object; the chord then runs
+    ref = chord([chain(jobs.fails_with.s("inner"), jobs.total.s(), on_failure="ignore"),
+                 jobs.add.s(1, 1)], jobs.total.s()).enqueue()
+    run_all(queue)
+    [error, two] = ref.result(timeout=5)
+    assert two == 2 and error["state"] == "dead" and "inner" in error["error"]
+    # a member's own policy comes first, however deep: the chord's "fail" does not stop it
+    own = chord([chain(jobs.add.s(1, 1), jobs.fails_with.s().using(on_failure="ignore")),
+                 jobs.add.s(1, 1)], jobs.total.s(), on_failure="fail").enqueue()
+    run_all(queue)
+    [error, two] = own.result(timeout=5)
+    assert two == 2 and error["state"] == "dead" and error["job"] == flows.members(own.id)[1].id
+    # a group's "ignore" inside a chain: the step after it gets the failed member's error object
+    after = chain(jobs.add.s(1, 2), group([jobs.fails_with.s(), jobs.mul.s(2)], on_failure="ignore"),
+                  jobs.total.s()).enqueue()
+    run_all(queue)
+    [error, six] = after.result(timeout=5)
+    assert six == 6 and error["state"] == "dead" and "3" in error["error"]
+    # the same group under the chain's default: the step after it is cancelled, the sibling ran
+    stopped = chain(jobs.add.s(1, 2), group([jobs.fails_with.s(), jobs.mul.s(2)]), jobs.total.s()).enqueue()
+    run_all(queue)
+    assert states(stopped.id) == ["succeeded", "dead", "succeeded", "cancelled"]
+    # a failure before a group cancels every member and what comes after, down the flow
+    early = chain(jobs.fails_with.s("first"), group([jobs.mul.s(2), jobs.mul.s(3)]), jobs.total.s(),
+                  jobs.mul.s(2)).enqueue()
+    run_all(queue)
+    assert states(early.id) == ["dead", "cancelled", "cancelled", "cancelled", "cancelled"]
+    # a group of chains: one chain's failure stops that chain only
+    both = group([chain(jobs.fails_with.s("left"), jobs.mul.s(2)),
+                  chain(jobs.add.s(1, 1), jobs.mul.s(3))]).enqueue()
+    run_all(queue)
+    with pytest.raises(JobFailed):
+        both.result(timeout=5)
+    assert both.refs[1].result(timeout=5) == 6 and queue.counts()["waiting"] == 0
+
+
+def test_a_dependency_of_a_step_does_not_take_the_previous_results_place(valkey_url: str) -> None:
+    queue = Queue("default")
+    other = jobs.add.enqueue(100, 0)
+    ref = chain(jobs.add.s(1, 1), jobs.mul.using(depends_on=[other]).s(10)).enqueue()
+    callback = chord([jobs.add.s(1, 1), jobs.add.s(2, 2)],
+                     jobs.total.using(depends_on=[other]).s()).enqueue()
+    assert queue.get(ref.id).state == "waiting"  # type: ignore[union-attr]
+    run_all(queue)
+    assert ref.result(timeout=5) == 20 and callback.result(timeout=5) == 6
+
+
+def test_bad_nested_flows_are_refused_with_one_clear_error(valkey_url: str) -> None:
+    queue = Queue("default")
+    with pytest.raises(InvalidFlow, match="at least one"):
+        chain(jobs.add.s(1, 2), group([]), jobs.total.s())
+    with pytest.raises(InvalidFlow, match="signatures"):
+        chain(jobs.add.s(1, 2), [jobs.mul.s(2)])  # type: ignore[arg-type]
+    with pytest.raises(InvalidFlow, match="signatures"):
+        chord([chain(jobs.add.s(1, 2))], "tests.jobapp.jobs.total")  # type: ignore[arg-type]
+    with pytest.raises(InvalidFlow, match="on_failure"):
+        group([jobs.add.s(1, 2)], on_failure="skip")
+    with pytest.raises(InvalidFlow, match="a list of signatures"):
+        group(jobs.add.s(1, 2))  # type: ignore[arg-type]
+    with pytest.raises(InvalidFlow, match="cannot take the previous result"):
+        chain(jobs.add.s(1, 2), group([jobs.mul.s(2), jobs.add.s(1, 2)])).enqueue()
+    with pytest.raises(InvalidFlow, match="one queue"):
+        group([chain(jobs.add.s(1, 2), jobs.mul.using(queue="wide").s(2))]).enqueue()
+    twice = jobs.add.using(job_id="JOB0SWpB9z1fMX").s(1, 1)
+    with pytest.raises(InvalidFlow, match="twice"):
+        group([twice, chain(twice, jobs.mul.s(2))]).enqueue()
+    assert queue.counts()["pending"] == 0 and queue.counts()["waiting"] == 0  # nothing written
+
+
 @st.composite
 def dags(draw: Any) -> list[tuple[list[int], bool, str, str]]:
     """Random DAGs: per job, the earlier jobs it depends on, whether it fails, its policy, its
@@ -293,4 +462,7 @@ def test_the_console_shows_a_flow_and_links_it_from_each_job(client: Any) -> Non
     assert 'id="job-progress"' in shown and "pct" in shown
     assert "pct" in client.get(f"{base}/queues/default/?state=active").content.decode()
     assert client.get(f"{base}/flows/default/JOB0000000000a/").status_code == 404
+    nested = group([chain(jobs.add.s(1, 1), jobs.mul.s(2)), jobs.add.s(3, 3)]).enqueue()
+    page = client.get(f"{base}/flows/default/{nested.id}/").content.decode()
+    assert all(info.id in page for info in flows.members(nested.id)) and "waiting: <b>1</b>" in page
     assert client.get(f"{base}/flows/default/nope/").status_code == 404
