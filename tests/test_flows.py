@@ -230,7 +230,7 @@ def test_a_group_of_chains_answers_each_chains_last_result_in_order(valkey_url: 
     add, mul = jobs.add.using(queue="wide"), jobs.mul.using(queue="wide")
     ref = group([chain(add.s(1, 1), mul.s(3)), chain(add.s(2, 2), mul.s(5)),
                  group([add.s(0, 7), add.s(0, 8)])]).enqueue()  # a nested group is spliced in
-    assert len(ref.refs) == 4 and len({queue.locate(r.id) for r in ref.refs}) == 1
+    assert len(ref.refs) == 4
     run_all(queue, shuffle=lambda leases: leases.reverse())
     assert ref.result(timeout=5) == [6, 20, 7, 8]
     order = [info.id for info in flows.members(ref.id, "wide")]
