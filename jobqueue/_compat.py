@@ -70,11 +70,12 @@ def pool_limit(pool: Any) -> int:
 
 
 _MACHINERY = frozenset({
-    "retry", "parser_class", "redis_connect_func", "event_dispatcher", "lib_name", "lib_version",
-    "himport_registry", "maint_notifications_config", "maint_notifications_pool_handler",
-    "orig_host_address", "orig_socket_timeout", "orig_socket_connect_timeout"})
+    "retry", "parser_class", "redis_connect_func", "event_dispatcher", "driver_info", "lib_name",
+    "lib_version", "himport_registry", "maint_notifications_config",
+    "maint_notifications_pool_handler", "orig_host_address", "orig_socket_timeout",
+    "orig_socket_connect_timeout"})
 """Connection settings that belong to the synchronous pool's own machinery: an asyncio twin
-takes its own defaults for them. (`driver_info`, the identity a connection sends, is shared.)"""
+takes its own defaults for them."""
 
 
 def async_connection(pool: Any) -> Any | None:

@@ -231,19 +231,6 @@ CLIENT_OPTIONS: dict[str, Any] = {"decode_responses": True, "encoding_errors": "
 """Replies are text; bytes that are not UTF-8 (a corrupt row) arrive as lone surrogates instead
 of raising, and `records.text` shows them and names the field."""
 
-
-@cache
-def client_options() -> dict[str, Any]:
-    """CLIENT_OPTIONS, and the identity each connection sends (CLIENT SETINFO) made once: without
-    it, redis-py 8 looks its own version up in the installed packages' metadata for every
-    connection a pool opens. Older redis-py has no `DriverInfo` (and no such look-up)."""
-    try:
-        from redis import DriverInfo  # type: ignore[attr-defined]  # (redis-py 8; not in types-redis)
-    except ImportError:
-        return dict(CLIENT_OPTIONS)
-    return {**CLIENT_OPTIONS, "driver_info": DriverInfo()}
-
-
 _clients: dict[str, Any] = {}
 _clients_lock = threading.Lock()
 
@@ -264,7 +251,7 @@ def client_for_url(url: str) -> Any:
             if seeds and not cluster:
                 raise ConfigurationError("a Valkey URL names several nodes only with ?cluster=true")
             # A black-holed host fails in 5 s instead of hanging (a URL's own option wins).
-            opts: dict[str, Any] = {**client_options(), "health_check_interval": 30,
+            opts: dict[str, Any] = {**CLIENT_OPTIONS, "health_check_interval": 30,
                                     "socket_connect_timeout": 5}
             if cluster:
                 others = [ClusterNode(host, port) for host, port in seeds]
@@ -298,7 +285,7 @@ def _client_from_cache(alias: str) -> Any:
     with _clients_lock:
         if key not in _clients:
             base = get_redis_connection(alias)
-            kwargs = {**client_options(), **base.connection_pool.connection_kwargs, **CLIENT_OPTIONS}
+            kwargs = {**base.connection_pool.connection_kwargs, **CLIENT_OPTIONS}
             pool = redis.ConnectionPool(connection_class=base.connection_pool.connection_class,
                                         **kwargs)
             _clients[key] = redis.Redis(connection_pool=pool)

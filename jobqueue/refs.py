@@ -25,7 +25,7 @@ from asgiref.sync import sync_to_async
 from redis.exceptions import NoScriptError
 
 from . import ids, layouts
-from .conf import client_options, get_client, get_config, normalise_url, seed_nodes
+from .conf import CLIENT_OPTIONS, get_client, get_config, normalise_url, seed_nodes
 from .exceptions import JobFailed, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .records import json_field
@@ -166,10 +166,10 @@ def _async_client() -> Any | None:
     if cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        client: Any = RedisCluster.from_url(plain, **client_options())
+        client: Any = RedisCluster.from_url(plain, **CLIENT_OPTIONS)
     else:
         from redis.asyncio import Redis
 
-        client = Redis.from_url(plain, **client_options())
+        client = Redis.from_url(plain, **CLIENT_OPTIONS)
     _async_clients[loop] = (config, client)
     return client

@@ -8,10 +8,9 @@ import threading
 from typing import Any
 
 import pytest
-import redis
 from django.db import connections, transaction
 
-from jobqueue import _compat, conf, spec, wire
+from jobqueue import _compat, spec, wire
 from jobqueue.api import in_transaction
 from jobqueue.conf import get_client
 
@@ -57,20 +56,6 @@ def test_the_worker_gets_an_asyncio_twin_of_the_clients_connection() -> None:
     twin = wire.async_twin(get_client())
     assert twin is not None  # None: the worker's idle wait falls back to threads
     assert twin.port == get_client().connection_pool.connection_kwargs["port"]
-
-
-def test_every_connection_of_jobqueues_clients_shares_one_identity() -> None:
-    """redis-py 8 looks its own version up in the packages' metadata for each connection made
-    without a `DriverInfo`: jobqueue's clients (and the asyncio twin) pass one, made once."""
-    driver_info = getattr(redis, "DriverInfo", None)
-    if driver_info is None:
-        pytest.skip("this redis-py has no DriverInfo (nor the look-up)")
-    client = get_client()
-    made_once = conf.client_options()["driver_info"]
-    assert isinstance(made_once, driver_info)
-    assert client.connection_pool.connection_kwargs["driver_info"] is made_once
-    twin = wire.async_twin(client)
-    assert twin is not None and twin.driver_info is made_once
 
 
 def test_the_wait_line_finds_the_transport_under_a_redis_asyncio_connection() -> None:
