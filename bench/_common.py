@@ -44,6 +44,17 @@ def prepare_database(url: str, root: Path = ROOT) -> None:
                    env=dict(os.environ))
 
 
+def compile_checkout(root: Path = ROOT) -> None:
+    """Bytecode for the checkout's code and the bench's, as a deploy has it (pip compiles what it
+    installs). Run from a checkout with PYTHONDONTWRITEBYTECODE=1 (so no process writes it), each
+    worker compiled jobqueue's modules from source at every start: ~35 ms of its start-up's CPU."""
+    here = Path(__file__).resolve().parent  # (its own files and apps: not node_modules, not venvs)
+    for tree, recurse in ((root / "jobqueue", True), (root / "project", True), (here, False),
+                          (here / "benchapp", True), (here / "vtasks_app", True)):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", *([] if recurse else ["-l"]),
+                        str(tree)], check=True, stdout=subprocess.DEVNULL)
+
+
 def django_setup(valkey_url: str, database_url: str | None = None) -> None:
     os.environ["VALKEY_URL"] = valkey_url
     if database_url:

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import ROOT, prepare_database, valkey
+from _common import ROOT, compile_checkout, prepare_database, valkey
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -520,6 +520,9 @@ def main() -> None:
     peers = [p for p in chosen
              if not args.only or p.name in args.only.split(",") or p is BaselinePeer]
     runs: dict[str, list[dict]] = {p.name: [] for p in peers}
+    compile_checkout()
+    if args.baseline:
+        compile_checkout(BaselinePeer.root)
     with valkey() as url:
         for key, value in env(url).items():
             os.environ.setdefault(key, value)
