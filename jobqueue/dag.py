@@ -189,19 +189,22 @@ class Writing:
         self.placed.update((str(job.job_id), index) for _, job in batch)
         self.todo = [item for item in self.todo if where[item[1].job_id] != index]
         self.linked.update((link[0], link[1]) for link in links)
+        self.linked.update((member, str(job.job_id)) for node, job in batch  # (written here)
+                           for member, _, _ in node.members if where.get(member) in (None, index))
         if int(reply[3]):  # (a link to a member that had finished: its outcome, delivered now)
             relay.relay_shard(self.queue, index)
         return True
 
     def links_due(self, index: int, where: Mapping[str, int | None]) -> list[list[Any]]:
         """The edges member -> dependent to write on shard `index`, the member's: those not
-        sent yet whose member is there and whose dependent is written, on another shard."""
+        written yet whose member is there and whose dependent is written already, on another
+        shard or by an earlier call on this one (the member placed here after its call was
+        turned away: a resize), '' as the shard then."""
         due = []
         for member, slot, pol, dep in self.edges:
             away, home = where.get(member), self.placed.get(dep)
-            if (away == index and home is not None and home != index
-                    and (member, dep) not in self.linked):
-                due.append([member, dep, slot, pol, home])
+            if away == index and home is not None and (member, dep) not in self.linked:
+                due.append([member, dep, slot, pol, "" if home == index else home])
         return due
 
     def links_left(self, where: Mapping[str, int | None]) -> None:

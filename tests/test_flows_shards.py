@@ -291,3 +291,33 @@ def test_a_malformed_entry_is_dropped_and_holds_up_nothing(four: Queue) -> None:
     assert relay.relay_queue(four) == 2 and forward_entries(four) == 0
     run_all(four)
     assert d.result(timeout=5) == 10
+
+
+def _chain_nodes(queue: Queue, lane: str) -> tuple[list[Any], list[Any]]:
+    """chain(M, D) with D on `lane`, as dag's nodes and their prepared jobs."""
+    from jobqueue import dag
+
+    member = jobs.add.using(queue=FOUR).s(2, 3).node()
+    dependent = jobs.mul.using(queue=FOUR, lane=lane).s(10).node(
+        ((str(member.spec.job_id), 0, "f"),), "first")
+    nodes = [member, dependent]
+    return nodes, dag.checked(queue, nodes)
+
+
+def test_a_member_placed_on_its_dependents_shard_after_a_resize_turned_it_away_is_linked(
+        four: Queue) -> None:
+    """D was written on shard 2 naming M on shard 3; M's call was turned away (a shrink) and
+    M placed again on shard 2: its call still writes M's edge to D, and M's success releases D."""
+    from jobqueue import dag
+
+    nodes, prepared = _chain_nodes(four, lane_on(2))
+    m, d = (str(node.spec.job_id) for node in nodes)
+    writing = dag.Writing(four, list(zip(nodes, prepared, strict=True)), "", {}, False)
+    assert writing.call(2, {m: 3, d: 2})  # the dependent first, its member then on shard 3 ...
+    assert writing.call(2, {m: 2, d: 2})  # ... placed again on shard 2 at the next turn
+    writing.links_left({m: 2, d: 2})
+    [lease] = four.dequeue(count=5)
+    assert lease.job_id == m and four.ack_encoded([(lease, "5")]) == [1]  # released in its ack
+    assert four.get(d).state == "pending"  # type: ignore[union-attr]
+    run_all(four)
+    assert four.get(d).result == 50 and forward_entries(four) == 0  # type: ignore[union-attr]

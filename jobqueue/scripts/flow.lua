@@ -9,7 +9,9 @@ shard is only named in the dependent's set here: its edge is written by a link i
 its own shard (dag.py sends that call once the dependent is written). A link adds the edge
 '<dep>:<slot>:<policy>:<shard>' to a member of this shard (written in this call, or live here;
 once only), or, for a member that finished already (or has a given outcome), forwards that
-outcome at once (base:forward, relay.py).
+outcome at once (base:forward, relay.py). A link whose dependent's shard is '' names a dependent
+of this shard written by an earlier call (the member was placed here after a resize turned its
+first call away): its edge is a same-shard one, its outcome applied here.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                           base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>,
                           base:forward (outcomes for dependents on other shards), and
@@ -33,6 +35,7 @@ ARGV[1] flow id ('' = none: no base:flow:<id> index), ARGV[2] retention ms, ARGV
         'cancelled' | 'expired'), value (its result as JSON when it succeeded, else its last
         error): used only for a member Valkey does not hold; then l = number of links, then 5
         per link: member id (of this shard), dependent id, slot, policy, the dependent's shard
+        ('' this one)
 Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written, entries forwarded},
         or {0, 'moved'} (the shard is draining and jobs were to be written: re-read the
         layout), {0, 'exists', id} (mode 'new': a job id already taken), {0, 'missing', id} (a
@@ -133,12 +136,14 @@ for _, f in ipairs(finished) do
     finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
   end
 end
--- The links: an edge on a member that has yet to finish, else its outcome forwarded now.
+-- The links: an edge on a member that has yet to finish, else its outcome applied now (to a
+-- dependent of this shard: shard '') or forwarded.
 for i = 0, tonumber(ARGV[links]) - 1 do
   local at = links + 1 + i * 5
   local member, dep, slot, policy, shard = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
     ARGV[at + 4]
-  local mk, edge = job_key(base, member), dep .. ':' .. slot .. ':' .. policy .. ':' .. shard
+  local mk = job_key(base, member)
+  local edge = dep .. ':' .. slot .. ':' .. policy .. (shard ~= '' and (':' .. shard) or '')
   local row = redis.call('HMGET', mk, 'state', 'dependents', 'result')
   if row[1] == 'pending' or row[1] == 'scheduled' or row[1] == 'active' or row[1] == 'waiting' then
     if not row[2] then
@@ -146,13 +151,14 @@ for i = 0, tonumber(ARGV[links]) - 1 do
     elseif not string.find(' ' .. row[2] .. ' ', ' ' .. edge .. ' ', 1, true) then
       redis.call('HSET', mk, 'dependents', row[2] .. ' ' .. edge)
     end
-  elseif row[1] then
-    forward(base, dep, shard, slot, policy, member, row[1],
-      outcome_slot(base, member, row[1], row[3]))
   else
-    local k = known[member]
-    forward(base, dep, shard, slot, policy, member, k[1],
-      outcome_slot(base, member, k[1], k[1] == 'succeeded' and k[2] or nil, k[2]))
+    local k = row[1] and {row[1], row[3]} or known[member]
+    local ok = k[1] == 'succeeded'
+    local err = not row[1] and not ok and k[2] or nil
+    for _, d in ipairs(member_done(base, member, k[1], ok and k[2] or nil, edge, now, retention,
+        err)) do
+      finish(base, done, meta, job_key(base, d), d, 'cancelled', now, retention)
+    end
   end
 end
 wake_workers(wake, ready)
