@@ -16,8 +16,12 @@ of members to dependents on other shards (links) are written by the member's sha
 the dependent is written, and a link to a member that has finished already forwards its outcome
 at once. So no dependent is released early and no "done" is lost whatever the order; but a
 client that dies between the calls leaves the jobs written so far (waiting for jobs never
-written, or never linked): a durable queue's rows send the flow again (outbox.py); otherwise
-`flows.cancel` clears them. A flow's jobs share one queue (InvalidFlow otherwise).
+written, or never linked): a durable queue's rows send the flow again (outbox.py);
+otherwise `flows.cancel` clears them. Before the first call, the jobs waited for outside the
+flow are located (InvalidFlow: none live) and, for a flow of several calls, its ids checked
+free on every shard (one pipelined read); each call's script checks both again, so an id
+taken or a member gone between the check and a later call is refused there (InvalidFlow)
+with the earlier calls' jobs written. A flow's jobs share one queue (InvalidFlow otherwise).
 `api.submit_flow` decides when a flow is written (now, at the commit, or from a durable queue's
 rows: outbox.py); this module writes it.
 
@@ -123,7 +127,10 @@ def write(queue: Queue, nodes: Sequence[Node], prepared: list[Prepared], flow: s
     for turn in range(1, TURNS + 1):
         live = queue.layout(fresh=turn > 1).live
         where = placement(writing.todo, live, prefer or {}, writing.locate, writing.placed)
-        if all(writing.call(index, where) for index in order(writing.todo, where)):
+        shards = order(writing.todo, where)
+        if turn == 1 and not again and len(shards) > 1 and (taken := writing.held()):
+            raise InvalidFlow(f"job id {min(taken)} is taken already")
+        if all(writing.call(index, where) for index in shards):
             writing.links_left(where)
             return writing.placed, writing.written
     raise InvalidFlow(f"queue {queue.name!r}: a shard of the flow keeps turning it away (it is "
@@ -146,6 +153,23 @@ class Writing:
         self.located: dict[str, int | None] = {}
         self.linked: set[tuple[str, str]] = set()
         self.written = 0
+
+    def held(self) -> dict[str, int]:
+        """The jobs still to write that a shard of the queue holds already, and where (one
+        pipelined read of every shard the queue ever had)."""
+        ids = [str(job.job_id) for _, job in self.todo]
+        shards = range(self.queue.all_shards())
+        pipe = self.queue.client.pipeline(transaction=False)
+        for job_id in ids:
+            for index in shards:
+                pipe.exists(self.queue.shard(index).job(job_id))
+        found = iter(pipe.execute())
+        held: dict[str, int] = {}
+        for job_id in ids:
+            for index in shards:
+                if next(found) and job_id not in held:
+                    held[job_id] = index
+        return held
 
     def locate(self, member: str) -> int | None:
         """The shard of a job outside the flow (looked up once), None when Valkey lacks it and

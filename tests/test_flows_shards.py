@@ -321,3 +321,14 @@ def test_a_member_placed_on_its_dependents_shard_after_a_resize_turned_it_away_i
     assert four.get(d).state == "pending"  # type: ignore[union-attr]
     run_all(four)
     assert four.get(d).result == 50 and forward_entries(four) == 0  # type: ignore[union-attr]
+
+
+def test_a_spread_flow_with_a_taken_id_writes_nothing(four: Queue) -> None:
+    from jobqueue.exceptions import InvalidFlow
+
+    taken = jobs.add.using(queue=FOUR, lane=lane_on(0)).enqueue(1, 1)
+    with pytest.raises(InvalidFlow, match=f"job id {taken.id} is taken"):
+        group([jobs.add.using(queue=FOUR, lane=lane_on(0), job_id=taken.id).s(1, 2),
+               jobs.add.using(queue=FOUR, lane=lane_on(1)).s(2, 2)]).enqueue()
+    assert four.counts()["pending"] == 1 and four.dequeue(count=5)[0].job_id == taken.id
+
