@@ -16,12 +16,13 @@ of members to dependents on other shards (links) are written by the member's sha
 the dependent is written, and a link to a member that has finished already forwards its outcome
 at once. So no dependent is released early and no "done" is lost whatever the order; but a
 client that dies between the calls leaves the jobs written so far (waiting for jobs never
-written, or never linked): a durable queue's rows send the flow again (outbox.py);
-otherwise `flows.cancel` clears them. Before the first call, the jobs waited for outside the
-flow are located (InvalidFlow: none live) and, for a flow of several calls, its ids checked
-free on every shard (one pipelined read); each call's script checks both again, so an id
-taken or a member gone between the check and a later call is refused there (InvalidFlow)
-with the earlier calls' jobs written. A flow's jobs share one queue (InvalidFlow otherwise).
+written, or never linked): a durable queue's rows send the flow again (outbox.py), leaving
+the jobs Valkey holds where they are; otherwise `flows.cancel` clears them. Before the first
+call, the jobs waited for outside the flow are located (InvalidFlow: none live) and, for a flow
+of several calls, its ids checked free on every shard (one pipelined read); each call's script
+checks both again, so an id taken or a member gone between the check and a later call is
+refused there (InvalidFlow) with the earlier calls' jobs written. A flow's jobs share one
+queue (InvalidFlow otherwise).
 `api.submit_flow` decides when a flow is written (now, at the commit, or from a durable queue's
 rows: outbox.py); this module writes it.
 
@@ -124,6 +125,8 @@ def write(queue: Queue, nodes: Sequence[Node], prepared: list[Prepared], flow: s
     those of the members Valkey may no longer hold; `prefer`: the shards their rows name."""
     writing = Writing(queue, list(zip(nodes, prepared, strict=True)), flow, outcomes or {},
                       again)
+    if again:
+        writing.keep(writing.held())
     for turn in range(1, TURNS + 1):
         live = queue.layout(fresh=turn > 1).live
         where = placement(writing.todo, live, prefer or {}, writing.locate, writing.placed)
@@ -170,6 +173,14 @@ class Writing:
                 if next(found) and job_id not in held:
                     held[job_id] = index
         return held
+
+    def keep(self, held: Mapping[str, int]) -> None:
+        """Leave the jobs Valkey holds already where they are (mode 'again': placed under
+        today's layout, a job could be written a second time on another shard); the edges
+        between two of them were written with the later one."""
+        self.placed.update(held)
+        self.todo = [item for item in self.todo if item[1].job_id not in held]
+        self.linked.update((m, dep) for m, _, _, dep in self.edges if m in held and dep in held)
 
     def locate(self, member: str) -> int | None:
         """The shard of a job outside the flow (looked up once), None when Valkey lacks it and
@@ -233,8 +244,9 @@ class Writing:
 
     def links_left(self, where: Mapping[str, int | None]) -> None:
         """Send the links no call of the jobs carried (members outside the flow, or written
-        before their dependents)."""
+        before their dependents, or kept: see `keep`)."""
         self.todo = []
+        where = {**where, **{m: self.locate(m) for m, _, _, _ in self.edges if m not in where}}
         for index in sorted({away for m, _, _, _ in self.edges
                              if (away := where.get(m)) is not None}):
             if self.links_due(index, where):

@@ -21,7 +21,8 @@ through the `flow` script (dag.write), members before the jobs waiting for them;
 Valkey no longer holds and whose row has finished gives the script its outcome (its result, or
 its failure under the edge's policy), so a waiting job comes back waiting only for what has not
 finished. A spread flow whose writer died between its calls is sent again the same way (its
-rows are not marked relayed until a relay pass has sent them).
+rows are marked relayed once every call of its push answered, or once a relay pass sent them);
+a job Valkey holds already is left on its shard (dag.write, mode 'again').
 
 The mirror makes the same rows terminal when jobs finish; an operator's retry makes them
 unfinished again (durable.py, and `recreate` for a job whose Valkey row has expired).
@@ -122,12 +123,17 @@ def push_flow(queue: Queue, nodes: Sequence[dag.Node], prepared: list[Prepared],
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
+    from .models import Job
+
     try:
         _send(queue, nodes, prepared, flow, shards)
     except (ValkeyConnectionError, ValkeyTimeoutError, InvalidFlow) as exc:
         log.warning("queue=%s: flow %s not sent (%s); its %d durable job(s) wait in the "
                     "database for a worker's relay", queue.name, flow or "-", exc, len(nodes))
         return
+    # (every call answered: a relay pass has nothing to send again; a writer that died before
+    # this line leaves its rows to the relay, which sends what Valkey lacks)
+    Job.objects.filter(pk__in=list(shards), relayed=False).update(relayed=True)
     dag.announced([JobRef(job.job_id, queue.name) for job in prepared])
 
 

@@ -332,3 +332,34 @@ def test_a_spread_flow_with_a_taken_id_writes_nothing(four: Queue) -> None:
                jobs.add.using(queue=FOUR, lane=lane_on(1)).s(2, 2)]).enqueue()
     assert four.counts()["pending"] == 1 and four.dequeue(count=5)[0].job_id == taken.id
 
+
+def _copies(queue: Queue, job_id: str) -> int:
+    return sum(queue.client.exists(queue.shard(i).job(job_id)) for i in range(4))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_durable_flow_is_written_once_whatever_its_shards_after_a_resize(
+        settings: Any, valkey_server: Any) -> None:
+    """Its push marks its rows relayed (a relay pass sends nothing again); sent again all the
+    same after a shrink re-placed its lane (and with rows naming other shards), each job Valkey
+    holds stays where it is: one copy of each, and the chain runs once."""
+    from jobqueue import dag, outbox
+    from jobqueue.models import Job
+
+    _durable_chord(settings, valkey_server.url, 1)
+    queue = Queue("durable4")
+    ref = chain(jobs.add.using(queue="durable4", lane=lane_on(3)).s(2, 3),
+                jobs.mul.using(queue="durable4").s(10)).enqueue()  # (pushed at once: no transaction)
+    ids = [info.id for info in flows.members(ref.id, "durable4")]
+    assert not Job.objects.filter(pk__in=ids, relayed=False).exists()
+    assert outbox.relay([queue], grace=0) == 0
+    queue.resize(3)
+    Job.objects.filter(pk__in=ids).update(relayed=False, shard=1)
+    assert outbox.relay([Queue("durable4")], grace=0) == 0
+    assert [_copies(queue, job_id) for job_id in ids] == [1, 1]
+    nodes = [outbox._node(row) for row in Job.objects.filter(pk__in=ids).order_by("enqueued_at")]
+    assert dag.write(queue, nodes, dag.checked(queue, nodes), ref.id, again=True,
+                     prefer={job_id: 2 for job_id in ids})[1] == 0
+    assert [_copies(queue, job_id) for job_id in ids] == [1, 1]
+    run_all(queue)
+    assert ref.result(timeout=5) == 50
