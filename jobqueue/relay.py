@@ -68,8 +68,8 @@ def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], s
     retention = round(get_config().retention * 1000)
     for target, batch in by_shard.items():
         args: list[Any] = [retention, len(batch)]
-        for _, fields in batch:
-            args += [fields[name] for name in FIELDS]
+        for _, fields in batch:  # (an entry written before tokens has none: applied as is)
+            args += [*(fields[name] for name in FIELDS), fields.get("token", "")]
         reply = caller.run(client, "deliver", queue.shard(target), args)
         if int(reply[0]):
             onward.add(target)

@@ -363,3 +363,31 @@ def test_a_durable_flow_is_written_once_whatever_its_shards_after_a_resize(
     assert [_copies(queue, job_id) for job_id in ids] == [1, 1]
     run_all(queue)
     assert ref.result(timeout=5) == 50
+
+
+@pytest.mark.parametrize("policy", ["ignore", "fail"])
+def test_a_stale_delivery_changes_nothing_after_a_retried_members_newer_outcome(
+        four: Queue, policy: str) -> None:
+    """Relay B reads the entry of m1's death; relay A delivers and deletes it; an operator
+    retries m1 (and under "fail" the callback it cancelled), m1 succeeds and that is delivered;
+    then relay B delivers what it read: older than the slot's last outcome, it changes nothing."""
+    ref = chord([jobs.add.using(queue=FOUR, lane=lane_on(0)).s(1, 1),
+                 jobs.add.using(queue=FOUR, lane=lane_on(1)).s(2, 2)],
+                jobs.total.using(queue=FOUR, lane=lane_on(3)).s(), on_failure=policy).enqueue()
+    leases = {lease.shard: lease for lease in four.dequeue(count=5)}
+    assert four.nack(leases[0], "boom", fatal=True) == "dead"
+    read_by_b = [[*(f[name] for name in relay.FIELDS), f.get("token", "")]
+                 for _, f in four.client.xrange(four.shard(0).key("forward"))]
+    assert relay.relay_shard(four, 0) == 1  # relay A
+    if policy == "fail":
+        assert four.get(ref.id).state == "cancelled"  # type: ignore[union-attr]
+        four.retry(ref.id)
+    four.retry(leases[0].job_id)
+    [again] = four.dequeue(count=5)
+    assert four.ack_encoded([(again, "100")]) == [2] and relay.relay_shard(four, 0) == 1
+    for entry in read_by_b:  # relay B, late
+        assert caller.run(four.client, "deliver", four.shard(3), [60_000, 1, *entry]) == [0, 1]
+    assert four.get(ref.id).state == "waiting"  # type: ignore[union-attr]
+    assert four.ack_encoded([(leases[1], "7")]) == [2] and relay.relay_shard(four, 1) == 1
+    [callback] = four.dequeue(count=5)
+    assert callback.job_id == ref.id and callback.payload["args"] == [[100, 7]]

@@ -269,10 +269,25 @@ local forwarded = 0
 -- A member finished and a job waiting on it lives on another shard (`shard`) of the queue: the
 -- outcome waits in this shard's base:forward STREAM (written in the member's own script call, so
 -- it is as durable as the outcome) until a relay delivers it there (deliver.lua) and deletes it.
-local function forward(base, dep, shard, index, policy, id, state, slot)
+-- `token`: the member's attempts when it ended (see fenced).
+local function forward(base, dep, shard, index, policy, id, state, slot, token)
   redis.call('XADD', base .. ':forward', '*', 'dep', dep, 'shard', shard, 'slot', index,
-    'policy', policy, 'member', id, 'state', state, 'value', slot)
+    'policy', policy, 'member', id, 'state', state, 'value', slot, 'token', token or '')
   forwarded = forwarded + 1
+end
+
+-- Whether an outcome for slot `index` of a dependent (its results hash `rk`) is older than the
+-- one applied last: `token` is the member's attempts when it ended (a fencing token that never
+-- goes back: an operator's retry runs it as the next attempt), kept as field 't<slot>'. So a
+-- relay that read an entry before another relay delivered it, and a retry's newer outcome after,
+-- cannot deliver the old one over it. An outcome without one (a durable row's) is applied.
+local function fenced(rk, index, token)
+  local t = tonumber(token)
+  if not t then return false end
+  local seen = tonumber(redis.call('HGET', rk, 't' .. index))
+  if seen and seen > t then return true end
+  redis.call('HSET', rk, 't' .. index, t)
+  return false
 end
 
 -- One edge member -> dependent, the dependent on this shard: it takes the member's outcome into
@@ -280,27 +295,32 @@ end
 -- replayed delivery removes nothing twice, so it releases nothing twice); a job whose set
 -- empties is released here. A member that failed (dead, cancelled) cancels the job under
 -- policy 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases it at
--- once under 'c' (continue). Returns true when the job is to be cancelled (the caller's
--- finish() does, and so on down the flow).
-local function edge_done(base, id, state, slot, dep, index, policy, now, retention_ms)
+-- once under 'c' (continue). An outcome older than the slot's last (`token`: fenced) changes
+-- nothing. Returns true when the job is to be cancelled (the caller's finish() does, and so on
+-- down the flow).
+local function edge_done(base, id, state, slot, dep, index, policy, now, retention_ms, token)
   local ok = state == 'succeeded'
-  local dk, pending = job_key(base, dep), base .. ':deps:' .. dep
+  local dk, pending, rk = job_key(base, dep), base .. ':deps:' .. dep, base .. ':results:' .. dep
   local row = redis.call('HMGET', dk, 'state', 'blocked_by')
   local blocked = row[1] == 'cancelled' and row[2] and row[2] ~= ''
-  if row[1] == 'waiting' and not ok and policy == 'f' then
-    redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state, 'blocked_by', id)
+  if (row[1] ~= 'waiting' and not (ok and blocked)) or fenced(rk, index, token) then
+    return false
+  end
+  if not ok and policy == 'f' then
+    redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state,
+      'blocked_by', id)
     redis.call('SREM', base .. ':waiting', dep)
     if retention_ms and retention_ms > 0 then
       redis.call('PEXPIRE', pending, retention_ms)
-      redis.call('PEXPIRE', base .. ':results:' .. dep, retention_ms)
+      redis.call('PEXPIRE', rk, retention_ms)
     end
     return true
-  elseif row[1] == 'waiting' or (ok and blocked) then
-    redis.call('HSET', base .. ':results:' .. dep, index, slot)
-    local removed = redis.call('SREM', pending, id) == 1
-    if (removed or blocked) and ((not ok and policy == 'c') or redis.call('SCARD', pending) == 0) then
-      release_job(base, dep, now)
-    end
+  end
+  redis.call('HSET', rk, index, slot)
+  local removed = redis.call('SREM', pending, id) == 1
+  if (removed or blocked)
+      and ((not ok and policy == 'c') or redis.call('SCARD', pending) == 0) then
+    release_job(base, dep, now)
   end
   return false
 end
@@ -309,14 +329,14 @@ end
 -- one on this shard, '<id>:<slot>:<policy>:<shard>' for one on another shard of the queue) has
 -- the outcome applied here, in the member's own script call (edge_done), or forwarded to its
 -- shard (forward). Returns the jobs of this shard to cancel. `err`: a failed member's last error
--- when its row is not in Valkey (a durable queue's restore).
-local function member_done(base, id, state, result, dependents, now, retention_ms, err)
+-- when its row is not in Valkey (a durable queue's restore); `token`: its attempts (fenced).
+local function member_done(base, id, state, result, dependents, now, retention_ms, err, token)
   local doomed = {}
   local slot = outcome_slot(base, id, state, result, err)
   for dep, index, policy, shard in string.gmatch(dependents, '(%w+):(%d+):(%a):?(%d*)') do
     if shard ~= '' then
-      forward(base, dep, shard, index, policy, id, state, slot)
-    elseif edge_done(base, id, state, slot, dep, index, policy, now, retention_ms) then
+      forward(base, dep, shard, index, policy, id, state, slot, token)
+    elseif edge_done(base, id, state, slot, dep, index, policy, now, retention_ms, token) then
       doomed[#doomed + 1] = dep
     end
   end
@@ -366,7 +386,8 @@ local function finish(base, done, meta, jk, id, state, now, retention_ms, result
   if f[FOLLOW_AT + 1] then notify_waiters(base, jk, id, f[FOLLOW_AT + 1]) end
   if f[FOLLOW_AT + 3] then keep_flow(base, f[FOLLOW_AT + 3], retention_ms) end
   if f[FOLLOW_AT + 2] then
-    local doomed = member_done(base, id, state, result, f[FOLLOW_AT + 2], now, retention_ms)
+    local doomed = member_done(base, id, state, result, f[FOLLOW_AT + 2], now, retention_ms,
+      nil, f[EVENT_AT.attempts] or '0')
     for _, dep in ipairs(doomed) do
       finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention_ms)
     end

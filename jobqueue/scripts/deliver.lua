@@ -12,23 +12,27 @@ KEYS[1] base    prefix  emq:{q#k}; derives rows base:job:<id>, base:deps:<id>, b
                         base:notify:<id>, base:flow:<id>
 KEYS[2] done    STREAM  terminal events (a job cancelled by its member's failure)
 KEYS[3] meta    HASH    counters n_<state>
-ARGV[1] retention ms, ARGV[2] n, then 6 per entry: dependent id, slot, policy ('f' | 'i' | 'c'),
+ARGV[1] retention ms, ARGV[2] n, then 7 per entry: dependent id, slot, policy ('f' | 'i' | 'c'),
         member id, member's state ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (the
-        slot's JSON: its result, or an error object)
+        slot's JSON: its result, or an error object), token (the member's attempts when it
+        ended; '' none: an entry written before tokens, applied as it is): an outcome older
+        than the slot's last applied one changes nothing (fenced in _common.lua)
 Returns: {entries this call forwarded in turn (to relay from this shard), then per entry 1
-        (applied, or nothing left to apply: a replay, a job no longer waiting) or 0 (no such job
-        here yet: a flow still being written; the relay keeps the entry)}
+        (applied, or nothing left to apply: a replay, an older outcome, a job no longer waiting)
+        or 0 (no such job here: one expired or deleted, or a node that lost data; the relay
+        keeps the entry until it is stale)}
 ]]
 local base, done, meta = KEYS[1], KEYS[2], KEYS[3]
 local retention, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now, out = now_ms(), {0}
 for i = 0, n - 1 do
-  local a = 3 + i * 6
+  local a = 3 + i * 7
   local dep, index, policy = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   if redis.call('EXISTS', job_key(base, dep)) == 0 then
     out[#out + 1] = 0
   else
-    if edge_done(base, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], dep, index, policy, now, retention) then
+    if edge_done(base, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], dep, index, policy, now, retention,
+        ARGV[a + 6]) then
       finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
     end
     out[#out + 1] = 1

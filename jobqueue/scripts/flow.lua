@@ -104,7 +104,7 @@ local function write_job(job)
     local mk, edge = job_key(base, member), id .. ':' .. slot .. ':' .. policy
     redis.call('SADD', base .. ':deps:' .. id, member)
     local before = ARGV[a + 15 + m * 4] == '' and redis.call('HMGET', mk, 'dependents', 'state',
-      'result')
+      'result', 'attempts')
     local outcome = before and not before[2] and known[member]
     if not before then  -- on another shard: its link there writes the edge
     elseif outcome then  -- finished, and gone from Valkey: its database row's outcome, applied below
@@ -115,7 +115,7 @@ local function write_job(job)
       redis.call('HSET', mk, 'dependents', before[1] and (before[1] .. ' ' .. edge) or edge)
       if before[2] ~= 'pending' and before[2] ~= 'scheduled' and before[2] ~= 'active'
           and before[2] ~= 'waiting' then  -- finished already: applied below, once all is written
-        finished[#finished + 1] = {member, before[2], before[3], edge}
+        finished[#finished + 1] = {member, before[2], before[3], edge, nil, before[4] or '0'}
       end
     end
   end
@@ -132,7 +132,7 @@ for _, job in ipairs(jobs) do
   if not job.kept then written = written + 1; write_job(job) end
 end
 for _, f in ipairs(finished) do
-  for _, dep in ipairs(member_done(base, f[1], f[2], f[3], f[4], now, retention, f[5])) do
+  for _, dep in ipairs(member_done(base, f[1], f[2], f[3], f[4], now, retention, f[5], f[6])) do
     finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
   end
 end
@@ -144,7 +144,7 @@ for i = 0, tonumber(ARGV[links]) - 1 do
     ARGV[at + 4]
   local mk = job_key(base, member)
   local edge = dep .. ':' .. slot .. ':' .. policy .. (shard ~= '' and (':' .. shard) or '')
-  local row = redis.call('HMGET', mk, 'state', 'dependents', 'result')
+  local row = redis.call('HMGET', mk, 'state', 'dependents', 'result', 'attempts')
   if row[1] == 'pending' or row[1] == 'scheduled' or row[1] == 'active' or row[1] == 'waiting' then
     if not row[2] then
       redis.call('HSET', mk, 'dependents', edge)
@@ -156,7 +156,7 @@ for i = 0, tonumber(ARGV[links]) - 1 do
     local ok = k[1] == 'succeeded'
     local err = not row[1] and not ok and k[2] or nil
     for _, d in ipairs(member_done(base, member, k[1], ok and k[2] or nil, edge, now, retention,
-        err)) do
+        err, row[1] and (row[4] or '0') or nil)) do
       finish(base, done, meta, job_key(base, d), d, 'cancelled', now, retention)
     end
   end
