@@ -350,8 +350,9 @@ def reopen(client: Any, name: str, configured: int, index: int) -> None:
 
 def settle(client: Any, name: str, configured: int) -> Layout | None:
     """Finish a resize once it has been worked off: no draining shard holds waiting or running
-    jobs, and no lane with ready jobs or live unique key sits on a shard other than its live
-    one. Returns the settled layout, or None (not yet, or nothing to settle)."""
+    jobs or entries to relay (a flow's :forward), and no lane with ready jobs or live unique key
+    sits on a shard other than its live one. Returns the settled layout, or None (not yet, or
+    nothing to settle)."""
     now = read(client, name, configured, fresh=True)
     if not now.settling:
         return None
@@ -362,9 +363,11 @@ def settle(client: Any, name: str, configured: int) -> Layout | None:
 
 
 def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
-    if shard.index >= now.live:
+    if shard.index >= now.live:  # (and no flow's "member done" left to relay from it: workers
+        # relay the shards they claim from, so a retired shard's entries would wait forever)
         counts = dict(zip(COUNTS_REPLY, caller.run(client, "counts", shard, []), strict=True))
-        return not any(int(counts[state]) for state in LIVE_STATES)
+        return (not any(int(counts[state]) for state in LIVE_STATES)
+                and not client.xlen(shard.key("forward")))
     if not now.prior:
         return True
     if any(lane and placement_hash(lane) % now.live != shard.index

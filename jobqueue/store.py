@@ -66,6 +66,21 @@ def _read_claim(name: str, index: int, reply: list[Any], carried: list[int],
                                for r in range(0, len(rows), 5)]
 
 
+def nack_forwarding(queue: Queue, lease: Lease, error: str = "", retry_in: float | None = None,
+                    *, fatal: bool = False) -> tuple[str | None, bool]:
+    """`Queue.nack`, and whether the failure forwarded its outcome to dependents on other
+    shards (the worker relays at once, as after an ack that answered 2: relay.py)."""
+    retry_ms = -1 if retry_in is None else round(
+        _seconds(retry_in, "retry_in", low=0, high=MAX_DELAY) * 1000)
+    reply = caller.run(queue.client, "nack", queue.shard(lease.shard), [
+        lease.job_id, lease.token, str(error)[:65_536], retry_ms, "1" if fatal else "0",
+        _retention_ms(), _dead_retention_ms(), queue.options.max_attempts,
+        round(queue.options.backoff * 1000),
+    ])
+    state, _, flag = str(reply or "").partition(":")
+    return state or None, flag == "forwarded"
+
+
 class Queue:
     """A named queue over N Valkey shards; one method per job-state transition."""
 
@@ -231,14 +246,7 @@ class Queue:
     def nack(self, lease: Lease, error: str = "", retry_in: float | None = None,
              *, fatal: bool = False) -> str | None:
         """Record a failure: the job's new state, or None when the lease is stale."""
-        retry_ms = -1 if retry_in is None else round(
-            _seconds(retry_in, "retry_in", low=0, high=MAX_DELAY) * 1000)
-        state = caller.run(self.client, "nack", self.shard(lease.shard), [
-            lease.job_id, lease.token, str(error)[:65_536], retry_ms, "1" if fatal else "0",
-            _retention_ms(), _dead_retention_ms(), self.options.max_attempts,
-            round(self.options.backoff * 1000),
-        ])
-        return state or None
+        return nack_forwarding(self, lease, error, retry_in, fatal=fatal)[0]
 
     def extend(self, lease: Lease, seconds: float) -> bool:
         """Renew a lease for `seconds` from now (server clock); False when stale."""

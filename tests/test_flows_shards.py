@@ -391,3 +391,32 @@ def test_a_stale_delivery_changes_nothing_after_a_retried_members_newer_outcome(
     assert four.ack_encoded([(leases[1], "7")]) == [2] and relay.relay_shard(four, 1) == 1
     [callback] = four.dequeue(count=5)
     assert callback.job_id == ref.id and callback.payload["args"] == [[100, 7]]
+
+
+def test_a_failure_answers_whether_it_forwarded_to_another_shard(four: Queue) -> None:
+    """The worker relays after a terminal nack only when it forwarded (as after an ack)."""
+    from jobqueue.store import nack_forwarding
+
+    a = jobs.fails_with.using(queue=FOUR, lane=lane_on(0)).enqueue("x")
+    jobs.noop.using(queue=FOUR, lane=lane_on(2), depends_on=[a]).enqueue()
+    b = jobs.fails_with.using(queue=FOUR, lane=lane_on(1)).enqueue("y")
+    jobs.noop.using(queue=FOUR, lane=lane_on(1), depends_on=[b]).enqueue()
+    leases = {lease.job_id: lease for lease in four.dequeue(count=5)}
+    assert nack_forwarding(four, leases[a.id], "x", fatal=True) == ("dead", True)
+    assert nack_forwarding(four, leases[b.id], "y", fatal=True) == ("dead", False)
+    assert forward_entries(four) == 1
+
+
+def test_a_shrink_settles_only_once_the_retired_shards_entries_are_relayed(four: Queue) -> None:
+    from jobqueue import layouts
+
+    a = jobs.add.using(queue=FOUR, lane=lane_on(3)).enqueue(1, 2)
+    stays = next(f"l{n}" for n in itertools.count() if placement_hash(f"l{n}") % 12 == 0)
+    d = jobs.add.using(queue=FOUR, lane=stays, depends_on=[a]).enqueue(5, 5)  # (shard 0 of 4 or 3)
+    [lease] = four.dequeue(count=5)
+    four.resize(3)
+    assert four.ack_encoded([(lease, "3")]) == [2]  # recorded on shard 3, never relayed
+    assert layouts.settle(four.client, FOUR, 4) is None  # its entry holds the resize open
+    assert relay.relay_queue(four, four.claim_shards()) == 1
+    assert layouts.settle(four.client, FOUR, 4) is not None
+    assert four.get(d.id).state == "pending"  # type: ignore[union-attr]

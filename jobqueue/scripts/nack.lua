@@ -14,7 +14,9 @@ KEYS[8] meta      HASH    counters
 ARGV[1] id, ARGV[2] token, ARGV[3] error text, ARGV[4] retry_in ms (-1 = the job's backoff),
 ARGV[5] '1' = fatal (no retry), ARGV[6] retention ms, ARGV[7] dead retention ms,
 ARGV[8] the queue's max_attempts, ARGV[9] its backoff ms (for a row that holds neither)
-Returns: the new state ('pending', 'scheduled', 'dead', 'cancelled'), or '' when stale
+Returns: the new state ('pending', 'scheduled', 'dead', 'cancelled'), or '' when stale; 'dead'
+        and 'cancelled' end in ':forwarded' when the outcome went to dependents on other shards
+        in base:forward (the worker relays it at once: relay.py)
 ]]
 local base, active, schedule, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local done, ring, wake, meta = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -29,7 +31,7 @@ free_slot(base, ring, wake, jk, row[8], row[9])
 redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
 if row[6] == '1' then
   finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]), nil, true)
-  return 'cancelled'
+  return (forwarded > 0) and 'cancelled:forwarded' or 'cancelled'
 end
 -- The budget counts runs, not claims: releases and operator retries are `uncharged`.
 count_minute(base, now, 'failed')
@@ -37,7 +39,7 @@ local used = tonumber(row[2]) - (tonumber(row[3]) or 0)
 if fatal == '1' or used >= (tonumber(row[4]) or tonumber(ARGV[8])) then
   redis.call('ZADD', dead, now, id)
   finish(base, done, meta, jk, id, 'dead', now, tonumber(ARGV[7]), nil, true)
-  return 'dead'
+  return (forwarded > 0) and 'dead:forwarded' or 'dead'
 end
 observe(base, row[7], now)  -- a failed run that will be retried (finish observes the others)
 record_attempt(jk, row[2], err, now)

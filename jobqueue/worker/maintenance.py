@@ -87,8 +87,8 @@ class Maintenance:
                 if wait is not None:
                     next_due = wait if next_due is None else min(next_due, wait)
             queue.reap(shards=shards)
-            relay.relay_queue(queue)  # (what a finisher recorded but did not relay; retired
-            # shards too: an entry left there is still delivered)
+            relay.relay_queue(queue, shards)  # (what a finisher recorded but did not relay;
+            # a shard being retired keeps its place here until its :forward is empty: layouts)
         self.next_due = None if next_due is None else time.monotonic() + next_due
         self._relist()
         self.advertise()
@@ -184,8 +184,8 @@ class Maintenance:
                 close_db()
                 return False
         for queue in queues:
-            if relay.relay_queue(queue):  # (a dependent released: not done yet)
-                return False
+            if relay.relay_queue(queue, queue.claim_shards()):  # (entries delivered: what
+                return False  # they released or cancelled is not counted yet)
             counts = queue.counts()
             waiting = counts["scheduled"] + (0 if queue.is_paused() else counts["pending"])
             if waiting + counts["active"]:

@@ -26,7 +26,7 @@ from .. import relay, signals
 from ..exceptions import VALKEY_DOWN
 from ..records import Lease
 from ..states import State
-from ..store import Queue
+from ..store import Queue, nack_forwarding
 from .executor import Outcome
 from .serving import HeldJobs, Served
 
@@ -147,10 +147,10 @@ class Outcomes:
             raise first
 
     def _nack(self, lease: Lease, out: Outcome) -> None:
-        state = self._served.queue(lease.queue).nack(lease, out.error, out.retry_in,
-                                                     fatal=out.fatal)
+        state, forwarded = nack_forwarding(self._served.queue(lease.queue), lease, out.error,
+                                           out.retry_in, fatal=out.fatal)
         _log(lease, out, state or "stale")
-        if state in (State.DEAD, State.CANCELLED):  # (a member's failure may be forwarded)
+        if forwarded:  # (a member's failure went to dependents on other shards)
             relay.after(self._served, [lease])
         self._held.forget((lease,))
         with self._lock:
