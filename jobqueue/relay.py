@@ -33,6 +33,8 @@ log = logging.getLogger("jobqueue.relay")
 BATCH = 200
 """Entries read from a stream at a time."""
 FIELDS = ("dep", "slot", "policy", "member", "state", "value")
+AOF_WAIT_MS = 2000
+"""How long a relay waits for another node's AOF to hold a delivery (everysec: about 1 s)."""
 
 
 def relay_shard(queue: Queue, index: int) -> int:
@@ -70,11 +72,11 @@ def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], s
         args: list[Any] = [retention, len(batch)]
         for _, fields in batch:  # (an entry written before tokens has none: applied as is)
             args += [*(fields[name] for name in FIELDS), fields.get("token", "")]
-        reply = caller.run(client, "deliver", queue.shard(target), args)
+        reply, kept = _deliver(queue, index, target, args)
         if int(reply[0]):
             onward.add(target)
         for (entry_id, fields), applied in zip(batch, reply[1:], strict=True):
-            if int(applied) or _stale(entry_id, retention):
+            if (int(applied) and kept) or _stale(entry_id, retention):
                 gone.append(entry_id)
                 if not int(applied):
                     log.warning("queue=%s: job %s never reached shard %d; dropped its member "
@@ -82,6 +84,23 @@ def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], s
     if gone:
         client.xdel(key, *gone)
     return len(gone), onward, entries[-1][0] if len(entries) == BATCH else None
+
+
+def _deliver(queue: Queue, source: int, target: int, args: list[Any]) -> tuple[Any, bool]:
+    """The deliver call on shard `target`: (its reply, whether its writes are safe to delete
+    the entries for). On a cluster whose node of `target` is not `source`'s, that node's AOF
+    must hold the delivery first (WAITAOF): were it to restart from an everysec AOF without
+    it while `source`'s node kept the delete, the dependent would wait forever. (One server
+    writes its AOF in order: a lost delivery loses the later delete too.) Not confirmed in
+    time: the entries stay, delivered again (idempotent) at the next relay."""
+    if caller.same_server(queue.client, queue.shard(source), queue.shard(target)):
+        return caller.run(queue.client, "deliver", queue.shard(target), args), True
+    reply, kept = caller.run_on_disk(queue.client, "deliver", queue.shard(target), args,
+                                     AOF_WAIT_MS)
+    if not kept:
+        log.warning("queue=%s shard %d: its node's AOF did not confirm a delivery within %d "
+                    "ms; the entries stay for the next relay", queue.name, target, AOF_WAIT_MS)
+    return reply, kept
 
 
 def _stale(entry_id: str, retention_ms: int) -> bool:

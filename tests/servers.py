@@ -76,7 +76,8 @@ class ValkeyCluster:
     """`size` primaries in cluster mode, each with `replicas` replicas; each node's bus on a free
     port of its own. `kill_primary` SIGKILLs a primary so that its replica takes over."""
 
-    def __init__(self, size: int = 3, replicas: int = 0, node_timeout_ms: int = 2000) -> None:
+    def __init__(self, size: int = 3, replicas: int = 0, node_timeout_ms: int = 2000,
+                 appendonly: bool = False) -> None:
         self.size = size
         count = size * (1 + replicas)
         ports: list[int] = []
@@ -86,7 +87,7 @@ class ValkeyCluster:
         self.nodes = [ValkeyProcess("--cluster-enabled", "yes", "--cluster-port", str(ports[2 * i + 1]),
                                     "--cluster-node-timeout", str(node_timeout_ms),
                                     "--repl-diskless-sync-delay", "0", port=ports[2 * i],
-                                    appendonly=False)
+                                    appendonly=appendonly)
                       for i in range(count)]
 
     @property

@@ -420,3 +420,31 @@ def test_a_shrink_settles_only_once_the_retired_shards_entries_are_relayed(four:
     assert relay.relay_queue(four, four.claim_shards()) == 1
     assert layouts.settle(four.client, FOUR, 4) is not None
     assert four.get(d.id).state == "pending"  # type: ignore[union-attr]
+
+
+def test_a_relay_across_cluster_nodes_waits_for_the_dependents_aof_before_deleting(
+        settings: Any) -> None:
+    """On a cluster whose nodes keep an AOF, the delivery on the dependent's node is on its
+    disk (WAITAOF) before the entry is deleted on the member's node."""
+    import redis
+
+    from .servers import ValkeyCluster
+
+    cluster = ValkeyCluster(appendonly=True).start()
+    try:
+        settings.JOBQUEUE = {"URL": cluster.url, "QUEUES": {FOUR: {"shards": 4}}}
+        conf.reset()
+        queue = Queue(FOUR)
+        node = {i: queue.client.get_node_from_key(queue.shard(i).key("meta")) for i in range(4)}
+        far = next(i for i in range(1, 4) if node[i] != node[0])
+        a = jobs.add.using(queue=FOUR, lane=lane_on(0)).enqueue(1, 2)
+        d = jobs.add.using(queue=FOUR, lane=lane_on(far), depends_on=[a]).enqueue(5, 5)
+        [lease] = queue.dequeue(count=5)
+        assert queue.ack_encoded([(lease, "3")]) == [2]
+        assert relay.relay_shard(queue, 0) == 1 and forward_entries(queue) == 0
+        assert queue.get(d.id).state == "pending"  # type: ignore[union-attr]
+        stats = redis.Redis(host=node[far].host, port=node[far].port).info("commandstats")
+        assert stats["cmdstat_waitaof"]["calls"] == 1
+    finally:
+        cluster.cleanup()
+        conf.reset()

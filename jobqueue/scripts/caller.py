@@ -135,3 +135,35 @@ def run_replicated(client: Any, name: str, shard: ShardKeys, calls: list[list[An
             continue
         return replies, int(acked)
     raise AssertionError("unreachable")
+
+
+def same_server(client: Any, a: ShardKeys, b: ShardKeys) -> bool:
+    """Whether two shards live on one server (always for a standalone client; on a cluster,
+    whether one node owns both slots)."""
+    if not isinstance(client, RedisCluster):
+        return True
+    return bool(client.get_node_from_key(a.key("meta")) == client.get_node_from_key(b.key("meta")))
+
+
+def run_on_disk(client: Any, name: str, shard: ShardKeys, args: Sequence[Any],
+                wait_ms: int) -> tuple[Any, bool]:
+    """A call then `WAITAOF 1 0 wait_ms` on the same connection (WAITAOF waits for this
+    connection's writes): (its reply, whether the node's AOF holds them; True when the node
+    keeps no AOF: nothing to wait for). A cluster client only: a standalone server's AOF keeps
+    its writes in order already. A node gone or moved (a failover): the slot map is read
+    again and the error raised (the relay's caller tries again later)."""
+    keys, script = head(name, shard)[3:], _script(client, name)
+    pipe = client.get_redis_connection(client.get_node_from_key(keys[0])).pipeline(
+        transaction=False)
+    script(keys=keys, args=list(args), client=pipe)
+    pipe.execute_command("WAITAOF", 1, 0, wait_ms)
+    try:
+        reply, synced = pipe.execute(raise_on_error=False)
+        if isinstance(reply, Exception):
+            raise reply
+    except (ValkeyConnectionError, ValkeyTimeoutError, ResponseError):
+        rediscover(client)
+        raise
+    if isinstance(synced, ResponseError):
+        return reply, "appendonly" in str(synced).lower()
+    return reply, int(synced[0]) >= 1
