@@ -3,7 +3,10 @@ with one script call per shard (`flow.lua`), each dependent released once its me
 
 Each job of a flow (a chain, a group, a chord, or one job's `depends_on`) is placed as
 `placement` says: by its lane, else where most of the jobs it waits for are, else by its own id,
-as any job is; so a wide group spreads over the queue's shards, and a chain keeps to one shard.
+as any job is; so a wide group that waits for nothing (a chord's header, a group on its own)
+spreads over the queue's shards, and a chain keeps to one shard. A group that waits for
+something (`chain(a, group([...]))`) does not spread: each member waits for `a`, so all go to
+`a`'s shard and `a`'s own call releases them (the fast path below).
 An edge member -> dependent on one shard is released by the script call that records the
 member's outcome, fenced by its token (the fast path: `member_done` in `_common.lua`). Across
 shards, that same call writes a "member done" entry in the member's shard's `:forward` stream,
@@ -17,7 +20,8 @@ the dependent is written, and a link to a member that has finished already forwa
 at once. So no dependent is released early and no "done" is lost whatever the order; but a
 client that dies between the calls leaves the jobs written so far (waiting for jobs never
 written, or never linked): a durable queue's rows send the flow again (outbox.py), leaving
-the jobs Valkey holds where they are; otherwise `flows.cancel` clears them. Before the first
+the jobs Valkey holds where they are; otherwise `flows.cancel` clears them (a
+`depends_on` job has no flow id, and no `:flow:` index: cancel it by its id). Before the first
 call, the jobs waited for outside the flow are located (InvalidFlow: none live) and, for a flow
 of several calls, its ids checked free on every shard (one pipelined read); each call's script
 checks both again, so an id taken or a member gone between the check and a later call is

@@ -4,14 +4,17 @@ its outcome, an entry in its shard's `:forward` STREAM (`forward` in `_common.lu
 applies each entry on the dependent's shard (`deliver.lua`) and only then deletes it; a
 delivery that ends jobs there (a cascade of cancels) may forward in turn, and is relayed on.
 
-Who relays: the worker that recorded the outcome, right after (its ack's answer flags a job that
-forwarded, a terminal nack is checked: `after`); the writer of a flow whose link found a member
+Who relays: the worker that recorded the outcome, right after (its ack's or terminal nack's
+answer flags a job that forwarded: `after`); the writer of a flow whose link found a member
 finished already (dag.py); `flows.cancel`; and every worker's maintenance turn, for the shards
-it serves (`relay_queue`), so an entry left by a finisher killed before its relay, or
-found after a restart from the AOF (entries are plain keys), is delivered all the same. Two
-relays may deliver one entry: the delivery is idempotent (a set, not a counter). An entry whose
-dependent is not on its shard yet (a flow still being written) is kept, until the retention
-has passed (a flow whose writer died before writing it: nothing will ever wait for it).
+it claims from (`relay_queue`; a resize settles only once its retiring shards' streams are
+empty), so an entry left by a finisher killed before its relay, or found after a restart from
+the AOF (entries are plain keys), is delivered all the same. Two relays may deliver one entry:
+the delivery is idempotent (a set, not a counter) and fenced (an outcome older than the
+slot's last one changes nothing: `fenced` in `_common.lua`). A dependent is written before any
+of its members can forward to it (dag.py writes dependents first), so an entry whose dependent
+is not on its shard names one that expired or was deleted, or a node that lost data: it is
+kept until it is stale (see `_stale`), then dropped with a warning.
 
 Touches `:forward` (read, delete) and, through `deliver`, the dependents' shards.
 """
@@ -22,7 +25,9 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
 
 from .conf import get_config
 from .records import Lease
@@ -104,7 +109,8 @@ def _deliver(queue: Queue, source: int, target: int, args: list[Any]) -> tuple[A
 
 
 def _stale(entry_id: str, retention_ms: int) -> bool:
-    """Whether an entry is older than the retention (its id starts with its ms time)."""
+    """Whether an entry is older than the retention, and at least a minute old (its id starts
+    with its ms time): a queue without retention still gives a delivery a minute."""
     return time.time() * 1000 - int(entry_id.split("-")[0]) > max(retention_ms, 60_000)
 
 
@@ -113,12 +119,15 @@ def relay_queue(queue: Queue, shards: int | None = None) -> int:
     return sum(relay_shard(queue, index) for index in range(shards or queue.all_shards()))
 
 
-def after(queues: Any, leases: Iterable[Lease]) -> None:
-    """The finisher's relay: the shards of `leases` (whose outcomes forwarded entries),
-    each once; `queues.queue(name)` gives a served queue. A failure is left to the next
-    maintenance turn (the entries stay)."""
-    from redis.exceptions import RedisError
+class Queues(Protocol):
+    """What gives the finisher its queue by name (the worker's `Served`)."""
 
+    def queue(self, name: str) -> Queue: ...
+
+
+def after(queues: Queues, leases: Iterable[Lease]) -> None:
+    """The finisher's relay: the shards of `leases` (whose outcomes forwarded entries),
+    each once. A failure is left to the next maintenance turn (the entries stay)."""
     for name, index in {(lease.queue, lease.shard) for lease in leases}:
         try:
             relay_shard(queues.queue(name), index)

@@ -358,7 +358,9 @@ for i, name in ipairs(EVENT_FIELDS) do EVENT_AT[name] = i end
 -- ('<id>:<slot>:<policy>' …) and its flow.
 local FOLLOW_AT = #EVENT_FIELDS
 local FINISH_FIELDS = {unpack(EVENT_FIELDS)}
-for _, name in ipairs({'notify', 'dependents', 'flow'}) do FINISH_FIELDS[#FINISH_FIELDS + 1] = name end
+for _, name in ipairs({'notify', 'dependents', 'flow'}) do
+  FINISH_FIELDS[#FINISH_FIELDS + 1] = name
+end
 local function finish(base, done, meta, jk, id, state, now, retention_ms, result, ran)
   if result then
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)
@@ -404,9 +406,9 @@ end
 
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
 -- per job. Answers per job: 2 recorded, and it forwarded outcomes to dependents on other shards
--- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an operator flagged it; also
--- when this attempt already succeeded: a retry after a lost reply) or 0 (stale: the lease was
--- lost and the job may have run again elsewhere).
+-- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an
+-- operator flagged it; also when this attempt already succeeded: a retry after a lost reply)
+-- or 0 (stale: the lease was lost and the job may have run again elsewhere).
 local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
   if tonumber(ARGV[at]) == 0 then return {} end  -- (an idle worker's claim brings none)
   local now = now_ms()

@@ -118,7 +118,8 @@ for i = 0, n - 1 do
     out[#out + 1] = other; out[#out + 1] = 'debounced'
   elseif other and not debounce then
     out[#out + 1] = other; out[#out + 1] = 'exists'
-  elseif prior and (ARGV[o + 3] == '' or redis.call('EXISTS', lane_key(base, ARGV[o + 3])) == 0) then
+  elseif prior
+      and (ARGV[o + 3] == '' or redis.call('EXISTS', lane_key(base, ARGV[o + 3])) == 0) then
     out[#out + 1] = id; out[#out + 1] = 'absent'
   elseif redis.call('EXISTS', jk) == 1 then
     -- The same minted id with the same payload is our own write, sent again after a lost reply.

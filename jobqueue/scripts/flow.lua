@@ -107,7 +107,7 @@ local function write_job(job)
       'result', 'attempts')
     local outcome = before and not before[2] and known[member]
     if not before then  -- on another shard: its link there writes the edge
-    elseif outcome then  -- finished, and gone from Valkey: its database row's outcome, applied below
+    elseif outcome then  -- finished, gone from Valkey: its database row's outcome, applied below
       local ok = outcome[1] == 'succeeded'
       finished[#finished + 1] = {member, outcome[1], ok and outcome[2] or nil, edge,
         not ok and outcome[2] or nil}

@@ -37,7 +37,8 @@ for _, id in ipairs(expired) do
       redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
       if row[5] == '1' then
         finish(base, done, meta, jk, id, 'cancelled', now, retention, nil, true)
-      elseif attempts - (count_field(row[3]) or 0) >= (count_field(row[4]) or tonumber(ARGV[4])) then
+      elseif attempts - (count_field(row[3]) or 0)
+          >= (count_field(row[4]) or tonumber(ARGV[4])) then
         redis.call('ZADD', dead, now, id)
         finish(base, done, meta, jk, id, 'dead', now, dead_retention, nil, true)
       else

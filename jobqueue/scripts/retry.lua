@@ -9,8 +9,8 @@ KEYS[2] dead    ZSET    id -> finished ms
 KEYS[3] ring    LIST    lanes with ready work
 KEYS[4] wake    LIST    wake tokens
 ARGV[1] id
-Returns: 'ok:pending', 'ok:waiting', 'missing', 'state:<current state>' when the state does not allow it, or
-        'corrupt:attempts' when the row's attempts is unreadable
+Returns: 'ok:pending', 'ok:waiting', 'missing', 'state:<current state>' when the state does not
+        allow it, or 'corrupt:attempts' when the row's attempts is unreadable
 ]]
 local base, dead, ring, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]

@@ -184,8 +184,8 @@ class Maintenance:
                 close_db()
                 return False
         for queue in queues:
-            if relay.relay_queue(queue, queue.claim_shards()):  # (entries delivered: what
-                return False  # they released or cancelled is not counted yet)
+            if relay.relay_queue(queue, queue.claim_shards()):  # (entries delivered: look
+                return False  # again at the next turn, after what they released or forwarded)
             counts = queue.counts()
             waiting = counts["scheduled"] + (0 if queue.is_paused() else counts["pending"])
             if waiting + counts["active"]:
