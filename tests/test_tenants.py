@@ -109,6 +109,57 @@ def test_every_end_of_an_attempt_frees_its_slot_once(make: Make, how: str) -> No
     assert queue.ack(lease) is False and slots(queue) == {"a": 1}  # the old token frees nothing
 
 
+def wake_tokens(queue: Queue) -> int:
+    return queue.client.llen(queue.shard(0).key("wake"))
+
+
+def test_an_ack_wakes_a_worker_per_lane_it_brings_back_and_a_claim_only_for_what_it_leaves(
+        make: Make) -> None:
+    queue = make(lane_concurrency=1)
+    fill(queue, {"a": 3, "b": 3, "c": 3, "d": 1})
+    first = claim(queue)
+    assert lanes_of(first) == {"a": 1, "b": 1, "c": 1, "d": 1} and ring(queue) == []
+    queue.client.delete(queue.shard(0).key("wake"))  # (the enqueue's tokens)
+    by_lane = {lease.payload[0]: lease for lease in first}
+    assert queue.ack(by_lane["d"]) and wake_tokens(queue) == 0  # its lane was not held
+    queue.ack_many([(by_lane[lane], None) for lane in "abc"])  # one call, three lanes back
+    assert sorted(ring(queue)) == ["a", "b", "c"] and wake_tokens(queue) == 3
+    queue.client.delete(queue.shard(0).key("wake"))
+    second = claim(queue)
+    assert lanes_of(second) == {"a": 1, "b": 1, "c": 1} and ring(queue) == []
+    # Successes riding a claim that takes every lane they bring back: nobody else to wake ...
+    answers, third = queue.ack_and_dequeue([(lease, "null") for lease in second], count=10,
+                                           worker="w")
+    assert answers == [True] * 3 and lanes_of(third) == {"a": 1, "b": 1, "c": 1}
+    assert wake_tokens(queue) == 0 and ring(queue) == []
+    # ... and one that takes one of three: a token for each lane it leaves on the ring.
+    fill(queue, {"x": 2, "y": 2, "z": 2})
+    fourth = claim(queue)
+    assert lanes_of(fourth) == {"x": 1, "y": 1, "z": 1} and ring(queue) == []
+    queue.client.delete(queue.shard(0).key("wake"))
+    _, fifth = queue.ack_and_dequeue([(lease, "null") for lease in fourth], count=1, worker="w")
+    assert len(fifth) == 1 and len(ring(queue)) == 2 and wake_tokens(queue) == 2
+
+
+def test_a_slot_mark_left_by_an_earlier_attempt_frees_nothing_once_the_lane_is_uncapped(
+        make: Make) -> None:
+    queue = make()
+    queue.set_lane_concurrency("a", 1)
+    fill(queue, {"a": 1})
+    [first] = claim(queue)
+    assert queue.nack(first, "boom", retry_in=0) == "pending" and slots(queue) == {}
+    queue.set_lane_concurrency("a", None)
+    [again] = claim(queue)  # uncapped now: this attempt takes no slot
+    assert again.job_id == first.job_id and slots(queue) == {}
+    queue.set_lane_concurrency("a", 1)
+    fill(queue, {"a": 2})
+    [held] = claim(queue)
+    assert slots(queue) == {"a": 1}
+    assert queue.ack(again) and slots(queue) == {"a": 1}  # the other job's slot stays taken
+    assert claim(queue) == []  # so the cap holds
+    assert queue.ack(held) and slots(queue) == {} and len(claim(queue)) == 1
+
+
 def test_a_dict_of_caps_names_lanes_and_every_other_named_lane(make: Make) -> None:
     queue = make(lane_concurrency={"vip": 3, "*": 1})
     fill(queue, {"vip": 5, "x": 5, "y": 5})

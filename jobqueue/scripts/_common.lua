@@ -104,17 +104,21 @@ local function wake_workers(wake, n)
 end
 
 -- An attempt ends: if the claim counted it against its lane's cap (`slot` on the row), its slot
--- is freed, once (the caller acts only for the attempt's own token while the row is active, and
--- the field goes with it), and a lane held at its cap comes back on the ring.
-local function free_slot(base, ring, wake, jk, slot, lane)
-  if slot ~= '1' then return end
+-- is freed, once: every caller acts only for the attempt's own token while the row is active,
+-- and moves the row out of `active` in the same call. (The field stays on the row: the claim
+-- that leases the job again rewrites or drops it.) A lane held at its cap comes back on the
+-- ring: it has ready work (`unready` lets go of a held lane it empties) and was held for its
+-- cap alone, unless a rate holds it too. Returns 1 when it came back, so the caller wakes a
+-- worker for it, once per call for all the slots it freed (one RPUSH, not one per lane).
+local function free_slot(base, ring, slot, lane)
+  if slot ~= '1' then return 0 end
   lane = lane or ''
-  redis.call('HDEL', jk, 'slot')
   local slots = base .. ':slots'
   if redis.call('HINCRBY', slots, lane, -1) <= 0 then redis.call('HDEL', slots, lane) end
-  if redis.call('SREM', base .. ':capped', lane) == 1 then
-    wake_workers(wake, lane_back(base, ring, lane))
-  end
+  if redis.call('SREM', base .. ':capped', lane) == 0
+    or redis.call('ZSCORE', base .. ':rated', lane) then return 0 end
+  redis.call('RPUSH', ring, lane)
+  return 1
 end
 
 -- Counters (outcome totals, per-minute counts, the duration histogram): HINCRBY at once, or,
@@ -348,11 +352,12 @@ end
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
 -- per job. Answers per job: 1 recorded (succeeded, or cancelled when an operator flagged it; also
 -- when this attempt already succeeded: a retry after a lost reply) or 0 (stale: the lease was
--- lost and the job may have run again elsewhere).
-local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
-  if tonumber(ARGV[at]) == 0 then return {} end  -- (an idle worker's claim brings none)
+-- lost and the job may have run again elsewhere); and how many lanes held at their cap came
+-- back on the ring (the caller wakes workers for them).
+local function ack_jobs(base, active, done, meta, ring, retention, at)
+  if tonumber(ARGV[at]) == 0 then return {}, 0 end  -- (an idle worker's claim brings none)
   local now = now_ms()
-  local out = {}
+  local out, back = {}, 0
   tally_batch = {}
   for i = 0, tonumber(ARGV[at]) - 1 do
     local id, token, result = ARGV[at + 1 + i * 3], ARGV[at + 2 + i * 3], ARGV[at + 3 + i * 3]
@@ -360,7 +365,7 @@ local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
     local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'slot', 'lane')
     if row[1] == 'active' and row[2] == token then
       redis.call('ZREM', active, id)
-      free_slot(base, ring, wake, jk, row[4], row[5])
+      back = back + free_slot(base, ring, row[4], row[5])
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
         retention, result, true)
       out[#out + 1] = 1
@@ -371,5 +376,5 @@ local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
     end
   end
   flush_tally()
-  return out
+  return out, back
 end

@@ -12,7 +12,8 @@ KEYS[4] meta    HASH    paused; caps = '1' while base:caps holds a cap set live
 KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
 KEYS[6] done    STREAM  terminal events
 KEYS[7] idle    HASH    idle workers (see enqueue.lua): a worker that claims a job is idle no more
-KEYS[8] wake    LIST    wake tokens (for a lane a success brings back from its cap)
+KEYS[8] wake    LIST    wake tokens (for lanes the successes bring back from their cap and this
+                        claim leaves on the ring: one push, not one per lane)
 KEYS[9] slots   HASH    lane -> its active jobs that hold a slot of its cap
 KEYS[10] capped SET     lanes held off the ring at their cap
 KEYS[11] rated  ZSET    lanes held off the ring by their rate: lane -> ms their next token is due
@@ -53,7 +54,7 @@ local at = 12 + ncaps * 2
 local weights, nweights = {}, tonumber(ARGV[at])
 for i = 0, nweights - 1 do weights[ARGV[at + 1 + i * 2]] = tonumber(ARGV[at + 2 + i * 2]) end
 local turns_key = base .. ':turns'
-local out = ack_jobs(base, active, done, meta, ring, wake, retention, at + 1 + nweights * 2)
+local out, back = ack_jobs(base, active, done, meta, ring, retention, at + 1 + nweights * 2)
 table.insert(out, 1, #out)
 out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
 local waited_at = #out
@@ -104,14 +105,15 @@ local function corrupt_field(r)
   return nil
 end
 
--- Lease one popped id (`slot`: it takes a slot of its lane's cap). A lane entry whose row is
--- gone (expired) or no longer pending is a stale index entry and is dropped; a corrupt row is
--- buried; one past its expiry ends `expired`. A missing attempts, max_attempts or priority is
--- its default (the enqueue writes only what differs from one).
+-- Lease one popped id (`slot`: it takes a slot of its lane's cap, marked on the row in the same
+-- HSET; a mark left by an earlier attempt, whose slot was freed already, goes when this one
+-- takes none). A lane entry whose row is gone (expired) or no longer pending is a stale index
+-- entry and is dropped; a corrupt row is buried; one past its expiry ends `expired`. A missing
+-- attempts, max_attempts or priority is its default (the enqueue writes only what differs).
 local function lease_job(id, lane, slot)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
-    'lease_ms', 'backoff_ms', 'priority', 'lane', 'payload', 'checkpoint', 'expires_at')
+    'lease_ms', 'backoff_ms', 'priority', 'lane', 'payload', 'checkpoint', 'expires_at', 'slot')
   if row[1] ~= 'pending' and (not row[1] or STATES[row[1]]) then return end
   local bad = corrupt_field(row)
   if bad then return bury(base, dead, done, meta, jk, id, bad, now, dead_retention) end
@@ -122,11 +124,14 @@ local function lease_job(id, lane, slot)
   local token = (tonumber(row[2]) or 0) + 1
   local lease = tonumber(row[5]) or 0
   if force == '1' or lease <= 0 then lease = default_lease end
-  redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
-    'lease_until', now + lease, 'worker', worker)
   if slot then
-    redis.call('HSET', jk, 'slot', '1')
+    redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
+      'lease_until', now + lease, 'worker', worker, 'slot', '1')
     redis.call('HINCRBY', slots, lane, 1)
+  else
+    redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
+      'lease_until', now + lease, 'worker', worker)
+    if row[12] then redis.call('HDEL', jk, 'slot') end
   end
   redis.call('ZADD', active, now + lease, id)
   out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[9] or ''
@@ -237,6 +242,9 @@ if out[waited_at] == 0 and claimed < count and lane_rate > 0 then
   local nxt = redis.call('ZRANGE', rated, 0, 0, 'WITHSCORES')
   if nxt[2] then out[waited_at] = math.max(tonumber(nxt[2]) - now, 1) end
 end
+-- Lanes the successes brought back that this claim left on the ring: a worker is woken for each
+-- (none when the claim took the ring's last work).
+if back > 0 then wake_workers(wake, math.min(back, redis.call('LLEN', ring))) end
 -- (a claim that finds nothing, an idle worker's maintenance turn, leaves its offer standing)
 if claimed > 0 and worker ~= '' then redis.call('HDEL', KEYS[7], worker) end
 return out
