@@ -107,16 +107,17 @@ end
 -- is freed, once: every caller acts only for the attempt's own token while the row is active,
 -- and moves the row out of `active` in the same call. (The field stays on the row: the claim
 -- that leases the job again rewrites or drops it.) A lane held at its cap comes back on the
--- ring: it has ready work (`unready` lets go of a held lane it empties) and was held for its
--- cap alone, unless a rate holds it too. Returns 1 when it came back, so the caller wakes a
--- worker for it, once per call for all the slots it freed (one RPUSH, not one per lane).
+-- ring without `lane_back`'s checks, which its hold answers: it has ready work (`unready` lets
+-- go of a held lane it empties), and it is held for its cap alone (a claim holds a lane for one
+-- reason, and only a lane on the ring meets a claim). Returns 1 when it came back, so the
+-- caller wakes a worker for it, once per call for all the slots it freed (one push, not one
+-- per lane).
 local function free_slot(base, ring, slot, lane)
   if slot ~= '1' then return 0 end
   lane = lane or ''
   local slots = base .. ':slots'
   if redis.call('HINCRBY', slots, lane, -1) <= 0 then redis.call('HDEL', slots, lane) end
-  if redis.call('SREM', base .. ':capped', lane) == 0
-    or redis.call('ZSCORE', base .. ':rated', lane) then return 0 end
+  if redis.call('SREM', base .. ':capped', lane) == 0 then return 0 end
   redis.call('RPUSH', ring, lane)
   return 1
 end
