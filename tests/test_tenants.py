@@ -160,6 +160,28 @@ def test_a_slot_mark_left_by_an_earlier_attempt_frees_nothing_once_the_lane_is_u
     assert queue.ack(held) and slots(queue) == {} and len(claim(queue)) == 1
 
 
+def test_a_turn_keeps_only_the_slots_of_the_jobs_it_leased(make: Make, valkey: Any) -> None:
+    queue = make(lane_concurrency=3)
+    refs = queue.enqueue_many([JobSpec(["a", i], lane="a", expires=timedelta(hours=1))
+                               for i in range(6)])
+    valkey.delete(queue.shard(0).job(refs[0].id))  # a stale entry: its row is gone
+    valkey.hset(queue.shard(0).job(refs[1].id), "expires_at", 1)  # past its expiry
+    first = claim(queue)  # the lane alone: one turn takes its room (3 slots) at once
+    assert [lease.job_id for lease in first] == [r.id for r in refs[2:5]]
+    assert slots(queue) == {"a": 3}
+    assert queue.get(refs[1].id).state == "expired"  # type: ignore[union-attr]
+    assert claim(queue) == [] and slots(queue) == {"a": 3}  # held: nothing reserved in vain
+    queue.ack_many([(lease, None) for lease in first])
+    assert slots(queue) == {} and len(claim(queue)) == 1 and slots(queue) == {"a": 1}
+
+
+def test_a_lane_rate_below_the_caps_room_leaves_the_rest_of_the_room_free(make: Make) -> None:
+    queue = make(lane_concurrency=5, lane_rate="2/m")
+    fill(queue, {"a": 6})
+    assert len(claim(queue)) == 2 and slots(queue) == {"a": 2}  # two tokens: two slots
+    assert ring(queue) == [] and queue.client.zscore(queue.shard(0).key("rated"), "a")
+
+
 def test_a_dict_of_caps_names_lanes_and_every_other_named_lane(make: Make) -> None:
     queue = make(lane_concurrency={"vip": 3, "*": 1})
     fill(queue, {"vip": 5, "x": 5, "y": 5})

@@ -105,11 +105,12 @@ local function corrupt_field(r)
   return nil
 end
 
--- Lease one popped id (`slot`: it takes a slot of its lane's cap, marked on the row in the same
--- HSET; a mark left by an earlier attempt, whose slot was freed already, goes when this one
--- takes none). A lane entry whose row is gone (expired) or no longer pending is a stale index
--- entry and is dropped; a corrupt row is buried; one past its expiry ends `expired`. A missing
--- attempts, max_attempts or priority is its default (the enqueue writes only what differs).
+-- Lease one popped id (`slot`: it takes a slot of its lane's cap, which the turn reserved, marked
+-- on the row in the same HSET; a mark left by an earlier attempt, whose slot was freed already,
+-- goes when this one takes none). A lane entry whose row is gone (expired) or no longer pending
+-- is a stale index entry and is dropped; a corrupt row is buried; one past its expiry ends
+-- `expired`. A missing attempts, max_attempts or priority is its default (the enqueue writes
+-- only what differs from one).
 local function lease_job(id, lane, slot)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
@@ -127,7 +128,6 @@ local function lease_job(id, lane, slot)
   if slot then
     redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
       'lease_until', now + lease, 'worker', worker, 'slot', '1')
-    redis.call('HINCRBY', slots, lane, 1)
   else
     redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
       'lease_until', now + lease, 'worker', worker)
@@ -154,11 +154,19 @@ local function cap_of(lane)
   return tonumber(cap)
 end
 
+-- Give back `n` slots of a lane's cap that a turn reserved and did not use.
+local function unreserve(lane, n)
+  if n > 0 and redis.call('HINCRBY', slots, lane, -n) <= 0 then redis.call('HDEL', slots, lane) end
+end
+
 -- What a lane's limits let this turn start: (room, cap, tokens), room nil when unlimited. A
--- lane with no room leaves the ring, held (at its cap, or until its next token is due).
-local function lane_room(lane, at_tail)
+-- capped lane's slots for the turn (`want`, or its room if less) are reserved at once: one
+-- HINCRBY both reads how many are taken and takes them (the turn gives back what it does not
+-- lease). A lane with no room leaves the ring, held (at its cap, or until its next token is due).
+local function lane_room(lane, at_tail, want)
   local cap = cap_of(lane)
-  local room = cap and cap - (tonumber(redis.call('HGET', slots, lane)) or 0)
+  local room = cap and cap - (redis.call('HINCRBY', slots, lane, want) - want)
+  if room and room < want then unreserve(lane, want - math.max(room, 0)) end
   if room and room <= 0 then
     leave_ring(lane, at_tail)
     redis.call('SADD', capped, lane)
@@ -166,12 +174,14 @@ local function lane_room(lane, at_tail)
   end
   if lane_rate <= 0 or lane == '' then return room, cap end
   local level = bucket_level(base .. ':lbucket:' .. lane, lane_rate, lane_period)
+  local limited = math.min(room or level, math.floor(level))
+  if room then unreserve(lane, math.min(room, want) - math.max(math.min(limited, want), 0)) end
   if level < 1 then
     leave_ring(lane, at_tail)
     redis.call('ZADD', rated, now + math.ceil((1 - level) * lane_period / lane_rate), lane)
     return 0
   end
-  return math.min(room or level, math.floor(level)), cap, level
+  return limited, cap, level
 end
 
 -- After a turn took `n` jobs of a limited lane: spend its tokens, and hold it back now if it
@@ -212,8 +222,8 @@ while claimed < count and turns < count * 4 do
   if not lane then break end
   local want = single and (count - claimed) or 1
   local room, cap, level = nil, nil, nil
-  if lanes_limited then room, cap, level = lane_room(lane, at_tail) end
-  if room then want = math.min(want, room) end
+  if lanes_limited then room, cap, level = lane_room(lane, at_tail, want) end
+  if room then want = math.min(want, room) end  -- (for a capped lane: what it reserved)
   if want > 0 then
     local lk = lane_key(base, lane)
     local popped = redis.call('ZPOPMIN', lk, want)
@@ -227,9 +237,12 @@ while claimed < count and turns < count * 4 do
         -- not leased go back on their lane, and the lane on the ring, before the error is told.
         for j = i, #popped, 2 do redis.call('ZADD', lk, popped[j + 1], popped[j]) end
         if not redis.call('LPOS', ring, lane) then redis.call('RPUSH', ring, lane) end
+        if cap then unreserve(lane, want - (claimed - before)) end
         error(err)
       end
     end
+    -- (a stale entry, a buried or an expired row took no slot of what the turn reserved)
+    if cap then unreserve(lane, want - (claimed - before)) end
     if room then lane_took(lane, at_tail, claimed - before, room, level, emptied) end
   end
 end
