@@ -202,13 +202,28 @@ def test_caps_hold_with_weighted_lanes_and_the_ring_stays_exact(make: Make) -> N
     assert lanes_of(claim(queue)) == {"vip": 2, "x": 2}
 
 
-def test_claims_skip_capped_lanes_without_looking_at_them(make: Make) -> None:
+def test_a_lane_at_its_cap_leaves_the_ring_at_the_next_look_and_claims_skip_it_after(
+        make: Make) -> None:
     queue = make(lane_concurrency=1)
     fill(queue, {f"t{i}": 2 for i in range(1000)})
-    assert len(claim(queue, 900)) == 900  # 900 lanes at their cap, each with a job waiting
-    assert len(ring(queue)) == 100 and queue.client.scard(queue.shard(0).key("capped")) == 900
-    batch = claim(queue, 50)  # a claim meets only lanes with room
-    assert len(batch) == 50 and len(ring(queue)) == 50 and claim(queue, 100)
+    first = claim(queue, 900)
+    assert len(first) == 900  # 900 lanes at their cap, each with a job waiting
+    assert len(ring(queue)) == 1000  # (still on the ring: a slot may free before the next look)
+    assert len(claim(queue, 150)) == 100  # the 100 with room; each held lane left as it was met
+    assert ring(queue) == [] and queue.client.scard(queue.shard(0).key("capped")) == 1000
+    assert claim(queue, 100) == []  # nothing left to look at until a slot frees
+    assert queue.ack(first[5]) and ring(queue) == [first[5].payload[0]]
+    assert lanes_of(claim(queue, 100)) == {first[5].payload[0]: 1}
+
+
+def test_lanes_met_at_their_cap_do_not_cut_a_claim_short(make: Make) -> None:
+    queue = make(lane_concurrency=1)
+    fill(queue, {f"t{i}": 2 for i in range(7)})
+    held = [lease for _ in range(7) for lease in claim(queue, 1)]  # each lane at its cap
+    assert len(held) == 7 and ring(queue) == [f"t{i}" for i in range(7)]
+    assert queue.ack(held[5])  # t5 has room again, behind five lanes at their cap
+    assert lanes_of(claim(queue, 1)) == {"t5": 1}  # (those five left the ring on the way)
+    assert ring(queue) == ["t6"] and queue.client.scard(queue.shard(0).key("capped")) == 5
 
 
 def test_a_cap_set_live_wins_outlives_the_queue_object_and_can_be_dropped(make: Make) -> None:

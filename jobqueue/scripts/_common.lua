@@ -21,7 +21,8 @@ in the shard's slot:
                           error object for a member that failed under 'ignore' / 'continue')
   base:flow:<id>    ZSET  a flow's jobs -> their position in it (the console's flow page)
 Tenant controls (claim.lua takes lanes off the ring; whatever frees a slot or a token puts them
-back, so the ring holds exactly the lanes with ready work that are not held back):
+back, so the ring holds the lanes with ready work that are not held back, and lanes that reached
+their cap since a claim last met them):
   base:slots        HASH  lane -> its jobs active now that hold a slot of its cap (the claim marks
                           such a job's row `slot` = 1; the transition that ends the attempt frees
                           the slot once: the row's state and token fence it)

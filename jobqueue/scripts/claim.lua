@@ -28,10 +28,13 @@ named lane not listed), cap; then w = number of weighted lanes, then 2 per lane:
 Turns a weighted lane has had in the current round are kept in base:turns (HASH lane -> n); a
 rate limit's token bucket in base:bucket (HASH tokens, at ms), a lane's in base:lbucket:<lane>,
 refilled on the server clock.
-A lane at its cap (a live cap, else ARGV's for the lane, else the '*' one) or out of tokens
-leaves the ring (base:capped, base:rated) and is not looked at again until a transition frees a
-slot (_common.lua's free_slot) or its next token is due (moved back here or by promote.lua), so
-a claim's cost does not grow with the lanes held back. A job past its `expires_at` is not run:
+A lane out of tokens leaves the ring (base:rated) when a turn spends its last one; a lane at its
+cap (a live cap, else ARGV's for the lane, else the '*' one) when a turn meets it there (one a
+turn brings to its cap stays until the next look: a slot often frees first). A held lane is not
+looked at again until a transition frees a slot (_common.lua's free_slot) or its next token is
+due (moved back here or by promote.lua), so a claim's cost does not grow with the lanes held
+back: a lane costs one look after it reached its cap, and such a turn is not counted in the
+claim's limit of turns. A job past its `expires_at` is not run:
 it ends `expired` in this call.
 Returns: n, the n answers of the successes (1 recorded, 0 stale), the ms until the rate limit
         admits another job (0: not limited now; when the claim came back short, also the ms
@@ -184,22 +187,20 @@ local function lane_room(lane, at_tail, want)
   return limited, cap, level
 end
 
--- After a turn took `n` jobs of a limited lane: spend its tokens, and hold it back now if it
--- has work left but no room (so no later turn looks at it in vain).
-local function lane_took(lane, at_tail, n, room, level, emptied)
-  if level then
-    level = level - n
-    local lb = base .. ':lbucket:' .. lane
-    redis.call('HSET', lb, 'tokens', tostring(level), 'at', now)
-    redis.call('PEXPIRE', lb, lane_period)  -- (full again by then: as good as no bucket)
-  end
-  if emptied or n < room then return end
+-- After a turn took `n` jobs of a lane with a rate: spend its tokens, and hold it back now if it
+-- has work left but no token (no later turn need look at it: its next token is a known time
+-- away). A lane the turn brought to its cap stays on the ring: a slot often frees before the
+-- ring comes round to it (the holder's ack rides its next claim), and if none did, the turn that
+-- meets it takes it off then, one look later (`lane_room`). Taking it off at once and back at
+-- each ack cost more than that look (bench/RESULTS.md, issue 26).
+local function lane_took(lane, at_tail, n, level, emptied)
+  level = level - n
+  local lb = base .. ':lbucket:' .. lane
+  redis.call('HSET', lb, 'tokens', tostring(level), 'at', now)
+  redis.call('PEXPIRE', lb, lane_period)  -- (full again by then: as good as no bucket)
+  if emptied or level >= 1 then return end
   leave_ring(lane, at_tail)
-  if level and level < 1 then
-    redis.call('ZADD', rated, now + math.ceil((1 - level) * lane_period / lane_rate), lane)
-  else
-    redis.call('SADD', capped, lane)
-  end
+  redis.call('ZADD', rated, now + math.ceil((1 - level) * lane_period / lane_rate), lane)
 end
 
 while claimed < count and turns < count * 4 do
@@ -224,6 +225,9 @@ while claimed < count and turns < count * 4 do
   local room, cap, level = nil, nil, nil
   if lanes_limited then room, cap, level = lane_room(lane, at_tail, want) end
   if room then want = math.min(want, room) end  -- (for a capped lane: what it reserved)
+  -- (a turn that took a held lane off the ring is not counted: the ring shrank, so the loop
+  -- still ends, and a claim does not come back short for lanes that reached their cap lately)
+  if room == 0 then turns = turns - 1 end
   if want > 0 then
     local lk = lane_key(base, lane)
     local popped = redis.call('ZPOPMIN', lk, want)
@@ -243,7 +247,7 @@ while claimed < count and turns < count * 4 do
     end
     -- (a stale entry, a buried or an expired row took no slot of what the turn reserved)
     if cap then unreserve(lane, want - (claimed - before)) end
-    if room then lane_took(lane, at_tail, claimed - before, room, level, emptied) end
+    if level then lane_took(lane, at_tail, claimed - before, level, emptied) end
   end
 end
 if rate > 0 then
