@@ -70,7 +70,8 @@ class LaneState:
     live: bool
     """Whether the cap was set live (`set_cap`), not by the settings."""
     held: str = ""
-    """"cap" (at its cap, with ready work), "rate" (out of tokens), or "" (on the ring)."""
+    """"cap" (at its cap, with ready work, taken off the ring by the claim that met it there),
+    "rate" (out of tokens), or "" (on the ring)."""
     due_ms: int | None = None
     """For a lane held by its rate: the server time (ms) its next token is due."""
 

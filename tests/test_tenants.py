@@ -109,6 +109,79 @@ def test_every_end_of_an_attempt_frees_its_slot_once(make: Make, how: str) -> No
     assert queue.ack(lease) is False and slots(queue) == {"a": 1}  # the old token frees nothing
 
 
+def wake_tokens(queue: Queue) -> int:
+    return queue.client.llen(queue.shard(0).key("wake"))
+
+
+def test_an_ack_wakes_a_worker_per_lane_it_brings_back_and_a_claim_only_for_what_it_leaves(
+        make: Make) -> None:
+    queue = make(lane_concurrency=1)
+    fill(queue, {"a": 3, "b": 3, "c": 3, "d": 1})
+    first = claim(queue)
+    assert lanes_of(first) == {"a": 1, "b": 1, "c": 1, "d": 1} and ring(queue) == []
+    queue.client.delete(queue.shard(0).key("wake"))  # (the enqueue's tokens)
+    by_lane = {lease.payload[0]: lease for lease in first}
+    assert queue.ack(by_lane["d"]) and wake_tokens(queue) == 0  # its lane was not held
+    queue.ack_many([(by_lane[lane], None) for lane in "abc"])  # one call, three lanes back
+    assert sorted(ring(queue)) == ["a", "b", "c"] and wake_tokens(queue) == 3
+    queue.client.delete(queue.shard(0).key("wake"))
+    second = claim(queue)
+    assert lanes_of(second) == {"a": 1, "b": 1, "c": 1} and ring(queue) == []
+    # Successes riding a claim that takes every lane they bring back: nobody else to wake ...
+    answers, third = queue.ack_and_dequeue([(lease, "null") for lease in second], count=10,
+                                           worker="w")
+    assert answers == [True] * 3 and lanes_of(third) == {"a": 1, "b": 1, "c": 1}
+    assert wake_tokens(queue) == 0 and ring(queue) == []
+    # ... and one that takes one of three: a token for each lane it leaves on the ring.
+    fill(queue, {"x": 2, "y": 2, "z": 2})
+    fourth = claim(queue)
+    assert lanes_of(fourth) == {"x": 1, "y": 1, "z": 1} and ring(queue) == []
+    queue.client.delete(queue.shard(0).key("wake"))
+    _, fifth = queue.ack_and_dequeue([(lease, "null") for lease in fourth], count=1, worker="w")
+    assert len(fifth) == 1 and len(ring(queue)) == 2 and wake_tokens(queue) == 2
+
+
+def test_a_slot_mark_left_by_an_earlier_attempt_frees_nothing_once_the_lane_is_uncapped(
+        make: Make) -> None:
+    queue = make()
+    queue.set_lane_concurrency("a", 1)
+    fill(queue, {"a": 1})
+    [first] = claim(queue)
+    assert queue.nack(first, "boom", retry_in=0) == "pending" and slots(queue) == {}
+    queue.set_lane_concurrency("a", None)
+    [again] = claim(queue)  # uncapped now: this attempt takes no slot
+    assert again.job_id == first.job_id and slots(queue) == {}
+    queue.set_lane_concurrency("a", 1)
+    fill(queue, {"a": 2})
+    [held] = claim(queue)
+    assert slots(queue) == {"a": 1}
+    assert queue.ack(again) and slots(queue) == {"a": 1}  # the other job's slot stays taken
+    assert claim(queue) == []  # so the cap holds
+    assert queue.ack(held) and slots(queue) == {} and len(claim(queue)) == 1
+
+
+def test_a_turn_keeps_only_the_slots_of_the_jobs_it_leased(make: Make, valkey: Any) -> None:
+    queue = make(lane_concurrency=3)
+    refs = queue.enqueue_many([JobSpec(["a", i], lane="a", expires=timedelta(hours=1))
+                               for i in range(6)])
+    valkey.delete(queue.shard(0).job(refs[0].id))  # a stale entry: its row is gone
+    valkey.hset(queue.shard(0).job(refs[1].id), "expires_at", 1)  # past its expiry
+    first = claim(queue)  # the lane alone: one turn takes its room (3 slots) at once
+    assert [lease.job_id for lease in first] == [r.id for r in refs[2:5]]
+    assert slots(queue) == {"a": 3}
+    assert queue.get(refs[1].id).state == "expired"  # type: ignore[union-attr]
+    assert claim(queue) == [] and slots(queue) == {"a": 3}  # held: nothing reserved in vain
+    queue.ack_many([(lease, None) for lease in first])
+    assert slots(queue) == {} and len(claim(queue)) == 1 and slots(queue) == {"a": 1}
+
+
+def test_a_lane_rate_below_the_caps_room_leaves_the_rest_of_the_room_free(make: Make) -> None:
+    queue = make(lane_concurrency=5, lane_rate="2/m")
+    fill(queue, {"a": 6})
+    assert len(claim(queue)) == 2 and slots(queue) == {"a": 2}  # two tokens: two slots
+    assert ring(queue) == [] and queue.client.zscore(queue.shard(0).key("rated"), "a")
+
+
 def test_a_dict_of_caps_names_lanes_and_every_other_named_lane(make: Make) -> None:
     queue = make(lane_concurrency={"vip": 3, "*": 1})
     fill(queue, {"vip": 5, "x": 5, "y": 5})
@@ -129,13 +202,28 @@ def test_caps_hold_with_weighted_lanes_and_the_ring_stays_exact(make: Make) -> N
     assert lanes_of(claim(queue)) == {"vip": 2, "x": 2}
 
 
-def test_claims_skip_capped_lanes_without_looking_at_them(make: Make) -> None:
+def test_a_lane_at_its_cap_leaves_the_ring_at_the_next_look_and_claims_skip_it_after(
+        make: Make) -> None:
     queue = make(lane_concurrency=1)
     fill(queue, {f"t{i}": 2 for i in range(1000)})
-    assert len(claim(queue, 900)) == 900  # 900 lanes at their cap, each with a job waiting
-    assert len(ring(queue)) == 100 and queue.client.scard(queue.shard(0).key("capped")) == 900
-    batch = claim(queue, 50)  # a claim meets only lanes with room
-    assert len(batch) == 50 and len(ring(queue)) == 50 and claim(queue, 100)
+    first = claim(queue, 900)
+    assert len(first) == 900  # 900 lanes at their cap, each with a job waiting
+    assert len(ring(queue)) == 1000  # (still on the ring: a slot may free before the next look)
+    assert len(claim(queue, 150)) == 100  # the 100 with room; each held lane left as it was met
+    assert ring(queue) == [] and queue.client.scard(queue.shard(0).key("capped")) == 1000
+    assert claim(queue, 100) == []  # nothing left to look at until a slot frees
+    assert queue.ack(first[5]) and ring(queue) == [first[5].payload[0]]
+    assert lanes_of(claim(queue, 100)) == {first[5].payload[0]: 1}
+
+
+def test_lanes_met_at_their_cap_do_not_cut_a_claim_short(make: Make) -> None:
+    queue = make(lane_concurrency=1)
+    fill(queue, {f"t{i}": 2 for i in range(7)})
+    held = [lease for _ in range(7) for lease in claim(queue, 1)]  # each lane at its cap
+    assert len(held) == 7 and ring(queue) == [f"t{i}" for i in range(7)]
+    assert queue.ack(held[5])  # t5 has room again, behind five lanes at their cap
+    assert lanes_of(claim(queue, 1)) == {"t5": 1}  # (those five left the ring on the way)
+    assert ring(queue) == ["t6"] and queue.client.scard(queue.shard(0).key("capped")) == 5
 
 
 def test_a_cap_set_live_wins_outlives_the_queue_object_and_can_be_dropped(make: Make) -> None:

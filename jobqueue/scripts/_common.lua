@@ -25,7 +25,8 @@ in the shard's slot:
                           (dep, shard, slot, policy, member, state, value), until a relay
                           delivers them (deliver.lua, relay.py)
 Tenant controls (claim.lua takes lanes off the ring; whatever frees a slot or a token puts them
-back, so the ring holds exactly the lanes with ready work that are not held back):
+back, so the ring holds the lanes with ready work that are not held back, and lanes that reached
+their cap since a claim last met them):
   base:slots        HASH  lane -> its jobs active now that hold a slot of its cap (the claim marks
                           such a job's row `slot` = 1; the transition that ends the attempt frees
                           the slot once: the row's state and token fence it)
@@ -108,17 +109,22 @@ local function wake_workers(wake, n)
 end
 
 -- An attempt ends: if the claim counted it against its lane's cap (`slot` on the row), its slot
--- is freed, once (the caller acts only for the attempt's own token while the row is active, and
--- the field goes with it), and a lane held at its cap comes back on the ring.
-local function free_slot(base, ring, wake, jk, slot, lane)
-  if slot ~= '1' then return end
+-- is freed, once: every caller acts only for the attempt's own token while the row is active,
+-- and moves the row out of `active` in the same call. (The field stays on the row: the claim
+-- that leases the job again rewrites or drops it.) A lane held at its cap comes back on the
+-- ring without `lane_back`'s checks, which its hold answers: it has ready work (`unready` lets
+-- go of a held lane it empties), and it is held for its cap alone (a claim holds a lane for one
+-- reason, and only a lane on the ring meets a claim). Returns 1 when it came back, so the
+-- caller wakes a worker for it, once per call for all the slots it freed (one push, not one
+-- per lane).
+local function free_slot(base, ring, slot, lane)
+  if slot ~= '1' then return 0 end
   lane = lane or ''
-  redis.call('HDEL', jk, 'slot')
   local slots = base .. ':slots'
   if redis.call('HINCRBY', slots, lane, -1) <= 0 then redis.call('HDEL', slots, lane) end
-  if redis.call('SREM', base .. ':capped', lane) == 1 then
-    wake_workers(wake, lane_back(base, ring, lane))
-  end
+  if redis.call('SREM', base .. ':capped', lane) == 0 then return 0 end
+  redis.call('RPUSH', ring, lane)
+  return 1
 end
 
 -- Counters (outcome totals, per-minute counts, the duration histogram): HINCRBY at once, or,
@@ -408,11 +414,12 @@ end
 -- per job. Answers per job: 2 recorded, and it forwarded outcomes to dependents on other shards
 -- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an
 -- operator flagged it; also when this attempt already succeeded: a retry after a lost reply)
--- or 0 (stale: the lease was lost and the job may have run again elsewhere).
-local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
-  if tonumber(ARGV[at]) == 0 then return {} end  -- (an idle worker's claim brings none)
+-- or 0 (stale: the lease was lost and the job may have run again elsewhere); and how many lanes
+-- held at their cap came back on the ring (the caller wakes workers for them).
+local function ack_jobs(base, active, done, meta, ring, retention, at)
+  if tonumber(ARGV[at]) == 0 then return {}, 0 end  -- (an idle worker's claim brings none)
   local now = now_ms()
-  local out = {}
+  local out, back = {}, 0
   tally_batch = {}
   for i = 0, tonumber(ARGV[at]) - 1 do
     local id, token, result = ARGV[at + 1 + i * 3], ARGV[at + 2 + i * 3], ARGV[at + 3 + i * 3]
@@ -421,7 +428,7 @@ local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
     if row[1] == 'active' and row[2] == token then
       local before = forwarded
       redis.call('ZREM', active, id)
-      free_slot(base, ring, wake, jk, row[4], row[5])
+      back = back + free_slot(base, ring, row[4], row[5])
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
         retention, result, true)
       out[#out + 1] = (forwarded > before) and 2 or 1
@@ -432,5 +439,5 @@ local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
     end
   end
   flush_tally()
-  return out
+  return out, back
 end

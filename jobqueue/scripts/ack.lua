@@ -9,10 +9,12 @@ KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] done    STREAM  terminal events for the MySQL mirror
 KEYS[4] meta    HASH    counters n_<state>
 KEYS[5] ring    LIST    lanes with ready work (a lane held at its cap comes back when a slot frees)
-KEYS[6] wake    LIST    wake tokens (for such a lane)
+KEYS[6] wake    LIST    wake tokens (for such lanes: one push per call, however many came back)
 ARGV[1] retention ms of a finished row, ARGV[2] n, then 3 per job: id, token, result (JSON)
 Returns: per job 1 (recorded: succeeded, or cancelled when an operator flagged it), 2 (recorded,
         and outcomes forwarded to dependents on other shards in base:forward: relay.py) or 0
         (stale)
 ]]
-return ack_jobs(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(ARGV[1]), 2)
+local out, back = ack_jobs(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], tonumber(ARGV[1]), 2)
+wake_workers(KEYS[6], back)
+return out

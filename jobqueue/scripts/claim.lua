@@ -12,7 +12,8 @@ KEYS[4] meta    HASH    paused; caps = '1' while base:caps holds a cap set live
 KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
 KEYS[6] done    STREAM  terminal events
 KEYS[7] idle    HASH    idle workers (see enqueue.lua): a worker that claims a job is idle no more
-KEYS[8] wake    LIST    wake tokens (for a lane a success brings back from its cap)
+KEYS[8] wake    LIST    wake tokens (for lanes the successes bring back from their cap and this
+                        claim leaves on the ring: one push, not one per lane)
 KEYS[9] slots   HASH    lane -> its active jobs that hold a slot of its cap
 KEYS[10] capped SET     lanes held off the ring at their cap
 KEYS[11] rated  ZSET    lanes held off the ring by their rate: lane -> ms their next token is due
@@ -27,10 +28,13 @@ named lane not listed), cap; then w = number of weighted lanes, then 2 per lane:
 Turns a weighted lane has had in the current round are kept in base:turns (HASH lane -> n); a
 rate limit's token bucket in base:bucket (HASH tokens, at ms), a lane's in base:lbucket:<lane>,
 refilled on the server clock.
-A lane at its cap (a live cap, else ARGV's for the lane, else the '*' one) or out of tokens
-leaves the ring (base:capped, base:rated) and is not looked at again until a transition frees a
-slot (_common.lua's free_slot) or its next token is due (moved back here or by promote.lua), so
-a claim's cost does not grow with the lanes held back. A job past its `expires_at` is not run:
+A lane out of tokens leaves the ring (base:rated) when a turn spends its last one; a lane at its
+cap (a live cap, else ARGV's for the lane, else the '*' one) when a turn meets it there (one a
+turn brings to its cap stays until the next look: a slot often frees first). A held lane is not
+looked at again until a transition frees a slot (_common.lua's free_slot) or its next token is
+due (moved back here or by promote.lua), so a claim's cost does not grow with the lanes held
+back: a lane costs one look after it reached its cap, and such a turn is not counted in the
+claim's limit of turns. A job past its `expires_at` is not run:
 it ends `expired` in this call.
 Returns: n, the n answers of the successes (1 recorded, 2 recorded and forwarded to another
         shard: relay.py, 0 stale), the ms until the rate limit admits another job (0: not
@@ -54,7 +58,7 @@ local at = 12 + ncaps * 2
 local weights, nweights = {}, tonumber(ARGV[at])
 for i = 0, nweights - 1 do weights[ARGV[at + 1 + i * 2]] = tonumber(ARGV[at + 2 + i * 2]) end
 local turns_key = base .. ':turns'
-local out = ack_jobs(base, active, done, meta, ring, wake, retention, at + 1 + nweights * 2)
+local out, back = ack_jobs(base, active, done, meta, ring, retention, at + 1 + nweights * 2)
 table.insert(out, 1, #out)
 out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
 local waited_at = #out
@@ -105,14 +109,16 @@ local function corrupt_field(r)
   return nil
 end
 
--- Lease one popped id (`slot`: it takes a slot of its lane's cap). A lane entry whose row is
--- gone (expired) or no longer pending is a stale index entry and is dropped; a corrupt row is
--- buried; one past its expiry ends `expired`. A missing attempts, max_attempts or priority is
--- its default (the enqueue writes only what differs from one).
+-- Lease one popped id (`slot`: it takes a slot of its lane's cap, which the turn reserved, marked
+-- on the row in the same HSET; a mark left by an earlier attempt, whose slot was freed already,
+-- goes when this one takes none). A lane entry whose row is gone (expired) or no longer pending
+-- is a stale index entry and is dropped; a corrupt row is buried; one past its expiry ends
+-- `expired`. A missing attempts, max_attempts or priority is its default (the enqueue writes
+-- only what differs from one).
 local function lease_job(id, lane, slot)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
-    'lease_ms', 'backoff_ms', 'priority', 'lane', 'payload', 'checkpoint', 'expires_at')
+    'lease_ms', 'backoff_ms', 'priority', 'lane', 'payload', 'checkpoint', 'expires_at', 'slot')
   if row[1] ~= 'pending' and (not row[1] or STATES[row[1]]) then return end
   local bad = corrupt_field(row)
   if bad then return bury(base, dead, done, meta, jk, id, bad, now, dead_retention) end
@@ -123,11 +129,13 @@ local function lease_job(id, lane, slot)
   local token = (tonumber(row[2]) or 0) + 1
   local lease = tonumber(row[5]) or 0
   if force == '1' or lease <= 0 then lease = default_lease end
-  redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
-    'lease_until', now + lease, 'worker', worker)
   if slot then
-    redis.call('HSET', jk, 'slot', '1')
-    redis.call('HINCRBY', slots, lane, 1)
+    redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
+      'lease_until', now + lease, 'worker', worker, 'slot', '1')
+  else
+    redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
+      'lease_until', now + lease, 'worker', worker)
+    if row[12] then redis.call('HDEL', jk, 'slot') end
   end
   redis.call('ZADD', active, now + lease, id)
   out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[9] or ''
@@ -150,11 +158,19 @@ local function cap_of(lane)
   return tonumber(cap)
 end
 
+-- Give back `n` slots of a lane's cap that a turn reserved and did not use.
+local function unreserve(lane, n)
+  if n > 0 and redis.call('HINCRBY', slots, lane, -n) <= 0 then redis.call('HDEL', slots, lane) end
+end
+
 -- What a lane's limits let this turn start: (room, cap, tokens), room nil when unlimited. A
--- lane with no room leaves the ring, held (at its cap, or until its next token is due).
-local function lane_room(lane, at_tail)
+-- capped lane's slots for the turn (`want`, or its room if less) are reserved at once: one
+-- HINCRBY both reads how many are taken and takes them (the turn gives back what it does not
+-- lease). A lane with no room leaves the ring, held (at its cap, or until its next token is due).
+local function lane_room(lane, at_tail, want)
   local cap = cap_of(lane)
-  local room = cap and cap - (tonumber(redis.call('HGET', slots, lane)) or 0)
+  local room = cap and cap - (redis.call('HINCRBY', slots, lane, want) - want)
+  if room and room < want then unreserve(lane, want - math.max(room, 0)) end
   if room and room <= 0 then
     leave_ring(lane, at_tail)
     redis.call('SADD', capped, lane)
@@ -162,30 +178,30 @@ local function lane_room(lane, at_tail)
   end
   if lane_rate <= 0 or lane == '' then return room, cap end
   local level = bucket_level(base .. ':lbucket:' .. lane, lane_rate, lane_period)
+  local limited = math.min(room or level, math.floor(level))
+  if room then unreserve(lane, math.min(room, want) - math.max(math.min(limited, want), 0)) end
   if level < 1 then
     leave_ring(lane, at_tail)
     redis.call('ZADD', rated, now + math.ceil((1 - level) * lane_period / lane_rate), lane)
     return 0
   end
-  return math.min(room or level, math.floor(level)), cap, level
+  return limited, cap, level
 end
 
--- After a turn took `n` jobs of a limited lane: spend its tokens, and hold it back now if it
--- has work left but no room (so no later turn looks at it in vain).
-local function lane_took(lane, at_tail, n, room, level, emptied)
-  if level then
-    level = level - n
-    local lb = base .. ':lbucket:' .. lane
-    redis.call('HSET', lb, 'tokens', tostring(level), 'at', now)
-    redis.call('PEXPIRE', lb, lane_period)  -- (full again by then: as good as no bucket)
-  end
-  if emptied or n < room then return end
+-- After a turn took `n` jobs of a lane with a rate: spend its tokens, and hold it back now if it
+-- has work left but no token (no later turn need look at it: its next token is a known time
+-- away). A lane the turn brought to its cap stays on the ring: a slot often frees before the
+-- ring comes round to it (the holder's ack rides its next claim), and if none did, the turn that
+-- meets it takes it off then, one look later (`lane_room`). Taking it off at once and back at
+-- each ack cost more than that look (bench/RESULTS.md, issue 26).
+local function lane_took(lane, at_tail, n, level, emptied)
+  level = level - n
+  local lb = base .. ':lbucket:' .. lane
+  redis.call('HSET', lb, 'tokens', tostring(level), 'at', now)
+  redis.call('PEXPIRE', lb, lane_period)  -- (full again by then: as good as no bucket)
+  if emptied or level >= 1 then return end
   leave_ring(lane, at_tail)
-  if level and level < 1 then
-    redis.call('ZADD', rated, now + math.ceil((1 - level) * lane_period / lane_rate), lane)
-  else
-    redis.call('SADD', capped, lane)
-  end
+  redis.call('ZADD', rated, now + math.ceil((1 - level) * lane_period / lane_rate), lane)
 end
 
 while claimed < count and turns < count * 4 do
@@ -208,8 +224,11 @@ while claimed < count and turns < count * 4 do
   if not lane then break end
   local want = single and (count - claimed) or 1
   local room, cap, level = nil, nil, nil
-  if lanes_limited then room, cap, level = lane_room(lane, at_tail) end
-  if room then want = math.min(want, room) end
+  if lanes_limited then room, cap, level = lane_room(lane, at_tail, want) end
+  if room then want = math.min(want, room) end  -- (for a capped lane: what it reserved)
+  -- (a turn that took a held lane off the ring is not counted: the ring shrank, so the loop
+  -- still ends, and a claim does not come back short for lanes that reached their cap lately)
+  if room == 0 then turns = turns - 1 end
   if want > 0 then
     local lk = lane_key(base, lane)
     local popped = redis.call('ZPOPMIN', lk, want)
@@ -223,10 +242,13 @@ while claimed < count and turns < count * 4 do
         -- not leased go back on their lane, and the lane on the ring, before the error is told.
         for j = i, #popped, 2 do redis.call('ZADD', lk, popped[j + 1], popped[j]) end
         if not redis.call('LPOS', ring, lane) then redis.call('RPUSH', ring, lane) end
+        if cap then unreserve(lane, want - (claimed - before)) end
         error(err)
       end
     end
-    if room then lane_took(lane, at_tail, claimed - before, room, level, emptied) end
+    -- (a stale entry, a buried or an expired row took no slot of what the turn reserved)
+    if cap then unreserve(lane, want - (claimed - before)) end
+    if level then lane_took(lane, at_tail, claimed - before, level, emptied) end
   end
 end
 if rate > 0 then
@@ -238,6 +260,9 @@ if out[waited_at] == 0 and claimed < count and lane_rate > 0 then
   local nxt = redis.call('ZRANGE', rated, 0, 0, 'WITHSCORES')
   if nxt[2] then out[waited_at] = math.max(tonumber(nxt[2]) - now, 1) end
 end
+-- Lanes the successes brought back that this claim left on the ring: a worker is woken for each
+-- (none when the claim took the ring's last work).
+if back > 0 then wake_workers(wake, math.min(back, redis.call('LLEN', ring))) end
 -- (a claim that finds nothing, an idle worker's maintenance turn, leaves its offer standing)
 if claimed > 0 and worker ~= '' then redis.call('HDEL', KEYS[7], worker) end
 return out

@@ -27,7 +27,7 @@ local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attem
 if row[1] ~= 'active' or row[2] ~= token then return '' end
 local now = now_ms()
 redis.call('ZREM', active, id)
-free_slot(base, ring, wake, jk, row[8], row[9])
+wake_workers(wake, free_slot(base, ring, row[8], row[9]))
 redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
 if row[6] == '1' then
   finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]), nil, true)

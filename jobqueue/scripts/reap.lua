@@ -29,7 +29,7 @@ for _, id in ipairs(expired) do
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel',
     'slot', 'lane')
   if row[1] == 'active' then
-    free_slot(base, ring, wake, jk, row[6], row[7])
+    ready = ready + free_slot(base, ring, row[6], row[7])
     local attempts = count_field(row[2])
     if not attempts then
       bury(base, dead, done, meta, jk, id, 'attempts', now, dead_retention)

@@ -23,7 +23,7 @@ for i = 0, n - 1 do
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'uncharged', 'slot', 'lane')
   if row[1] == 'active' and row[2] == token then
     redis.call('ZREM', active, id)
-    free_slot(base, ring, wake, jk, row[5], row[6])
+    ready = ready + free_slot(base, ring, row[5], row[6])
     redis.call('HSET', jk, 'uncharged', (count_field(row[4]) or 0) + 1, 'lease_until', '',
       'worker', '')
     if row[3] == '1' then

@@ -30,6 +30,10 @@ from .serving import HeldJobs, Served, WorkerConfig
 log = logging.getLogger("jobqueue.worker")
 SETTLE_EVERY = 2.0
 """Seconds between checks of a settling resize (one worker per queue does it)."""
+BURST_CHECK = 0.02
+"""Seconds a burst worker that holds nothing waits before it first asks again whether the run is
+done, doubled at each ask up to the maintenance interval: other workers' last jobs (or a lane
+held at its cap, whose slots they hold) may end in milliseconds, and no token tells of them."""
 
 
 class Maintenance:
@@ -46,6 +50,7 @@ class Maintenance:
         """When the next scheduled job is due (monotonic clock), as of the last turn."""
         self._advertised = (time.monotonic(), 0)
         """(when, jobs done) at the last advertisement: the rate the console shows."""
+        self._burst_check = BURST_CHECK
 
     def run_due(self) -> bool:
         """Whatever is due now; True when a maintenance turn ran (the served queues may have
@@ -63,11 +68,18 @@ class Maintenance:
         return turned
 
     def next_wake(self) -> float:
-        """Seconds until the next maintenance turn, scheduled job or schedule tick."""
+        """Seconds until the next maintenance turn, scheduled job or schedule tick; in a burst
+        run holding nothing, until the next ask whether the run is done (BURST_CHECK)."""
         now = time.monotonic()
         wait = min(self._config.maintenance_every, max(self._next_fire - now, 0.001))
         if self.next_due is not None:
             wait = min(wait, max(self.next_due - now, 0.001))
+        if self._config.burst:
+            if self._held.jobs:
+                self._burst_check = BURST_CHECK
+            else:
+                wait = min(wait, self._burst_check)
+                self._burst_check = min(self._burst_check * 2, self._config.maintenance_every)
         return wait
 
     def turn(self) -> None:
