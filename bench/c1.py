@@ -58,9 +58,9 @@ def one_run(url: str, root: Path, n: int, handler: str, mirror: bool) -> dict[st
     client.config_resetstat()
     calls0, cpu0 = snapshot(client)
     started = time.perf_counter()
-    proc = subprocess.Popen([PY, str(root / "manage.py"), "runworker", "--burst", "--workers", "1",
-                             "--concurrency", "1", "--log-level", "WARNING", *([] if mirror else ["--no-mirror"])],
-                            env=env(url, root, mirror), cwd=HERE)
+    argv = [PY, str(root / "manage.py"), "runworker", "--burst", "--workers", "1",
+            "--concurrency", "1", "--log-level", "WARNING", *([] if mirror else ["--no-mirror"])]
+    proc = subprocess.Popen(argv, env=env(url, root, mirror), cwd=HERE)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
@@ -97,7 +97,7 @@ def throughput(args: argparse.Namespace, roots: list[Path]) -> None:
                 big = one_run(url, root, args.jobs, args.handler, args.mirror)
                 m = marginal(big, small, args.jobs)
                 results[root].append(m)
-                print(f"{str(root):<16} worker {m['worker_us']:6.1f} µs/job  valkey "
+                print(f"{root!s:<16} worker {m['worker_us']:6.1f} µs/job  valkey "
                       f"{m['valkey_us']:6.1f} µs/job (commands {m['cmd_usec']:5.1f})  client "
                       f"calls {m['client_calls']:5.2f}/job  script calls {m['script_calls']:5.2f}"
                       f"/job  {m['rate']:7,.0f} jobs/s (wall, load-dependent)", flush=True)

@@ -14,6 +14,7 @@ import pstats
 
 from _common import valkey
 
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=20_000)
