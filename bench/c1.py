@@ -70,7 +70,7 @@ def one_run(url: str, root: Path, n: int, handler: str, mirror: bool) -> dict[st
              for k, v in calls1.items()}
     calls.pop("info", None)
     calls.pop("config|resetstat", None)
-    return {"wall": wall, "worker_cpu": usage.ru_utime + usage.ru_stime,
+    return {"wall": wall, "worker_cpu": usage.ru_utime + usage.ru_stime, "worker_sys": usage.ru_stime,
             "valkey_cpu": cpu1 - cpu0, "calls": calls}
 
 
@@ -82,6 +82,7 @@ def marginal(big: dict, small: dict, n: int) -> dict[str, object]:  # type: igno
     per = {k: v for k, v in per.items() if abs(v[0]) >= 0.005}
     inner = sum(v[0] for k, v in per.items() if k in SCRIPT_INNER)
     return {"worker_us": (big["worker_cpu"] - small["worker_cpu"]) / n * 1e6,
+            "worker_sys_us": (big["worker_sys"] - small["worker_sys"]) / n * 1e6,
             "valkey_us": (big["valkey_cpu"] - small["valkey_cpu"]) / n * 1e6,
             "rate": n / (big["wall"] - small["wall"]),
             "client_calls": sum(v[0] for v in per.values()) - inner, "script_calls": inner,

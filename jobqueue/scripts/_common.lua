@@ -348,10 +348,10 @@ end
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
 -- per job. Answers per job: 1 recorded (succeeded, or cancelled when an operator flagged it; also
 -- when this attempt already succeeded: a retry after a lost reply) or 0 (stale: the lease was
--- lost and the job may have run again elsewhere).
-local function ack_jobs(base, active, done, meta, ring, wake, retention, at)
+-- lost and the job may have run again elsewhere). `now`: the caller's clock reading, if it has one.
+local function ack_jobs(base, active, done, meta, ring, wake, retention, at, now)
   if tonumber(ARGV[at]) == 0 then return {} end  -- (an idle worker's claim brings none)
-  local now = now_ms()
+  now = now or now_ms()
   local out = {}
   tally_batch = {}
   for i = 0, tonumber(ARGV[at]) - 1 do
