@@ -185,8 +185,8 @@ def test_successes_ride_in_the_next_claim_and_a_repeated_ack_counts_once(queue: 
 def test_a_claim_that_carries_a_success_costs_the_commands_of_one_job(queue: Queue,
                                                                       valkey: Any) -> None:
     """Concurrency 1's path: one script call that records a success and claims the next job,
-    inside it one clock reading, one read of the row, and the 18 commands listed here (a job's Valkey time is mostly
-    each command's cost inside a script: bench/RESULTS.md)."""
+    inside it one clock reading, one read of the row and the 18 commands listed here (a job's
+    Valkey time is mostly each command's cost inside a script: bench/RESULTS.md)."""
     queue.enqueue_many([JobSpec(n) for n in range(3)])
     [a] = queue.dequeue(count=1, worker="w")
     every = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(valkey, RedisCluster) else {}
