@@ -303,19 +303,13 @@ for i, name in ipairs(EVENT_FIELDS) do EVENT_AT[name] = i end
 local FOLLOW_AT = #EVENT_FIELDS
 local FINISH_FIELDS = {unpack(EVENT_FIELDS)}
 for _, name in ipairs({'notify', 'dependents', 'flow'}) do FINISH_FIELDS[#FINISH_FIELDS + 1] = name end
--- `f`: FINISH_FIELDS as the caller read them before this call, if it did (an ack reads them
--- with its fence: one command fewer a job).
-local function finish(base, done, meta, jk, id, state, now, retention_ms, result, ran, f)
+local function finish(base, done, meta, jk, id, state, now, retention_ms, result, ran)
   if result then
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '', 'result', result)
   else
     redis.call('HSET', jk, 'state', state, 'finished_at', now, 'lease_until', '')
   end
-  if not f then
-    f = redis.call('HMGET', jk, unpack(FINISH_FIELDS))
-  elseif result then
-    f[EVENT_AT.result] = result
-  end
+  local f = redis.call('HMGET', jk, unpack(FINISH_FIELDS))
   local event = {'id', id, 'state', state, 'finished_at', now}
   for i, name in ipairs(EVENT_FIELDS) do
     if f[i] and f[i] ~= '' then event[#event + 1] = name; event[#event + 1] = f[i] end
@@ -363,13 +357,12 @@ local function ack_jobs(base, active, done, meta, ring, wake, retention, at, now
   for i = 0, tonumber(ARGV[at]) - 1 do
     local id, token, result = ARGV[at + 1 + i * 3], ARGV[at + 2 + i * 3], ARGV[at + 3 + i * 3]
     local jk = job_key(base, id)
-    local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'slot', 'lane',
-      unpack(FINISH_FIELDS))
+    local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'slot', 'lane')
     if row[1] == 'active' and row[2] == token then
       redis.call('ZREM', active, id)
       free_slot(base, ring, wake, jk, row[4], row[5])
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
-        retention, result, true, {select(6, unpack(row))})
+        retention, result, true)
       out[#out + 1] = 1
     elseif row[2] == token and row[1] == 'succeeded' then
       out[#out + 1] = 1  -- this very success, sent again after its reply was lost
