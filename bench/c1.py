@@ -47,6 +47,15 @@ def snapshot(client) -> tuple[dict[str, tuple[int, int]], float]:  # type: ignor
     return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
+def mariadb_cpu() -> float:
+    """CPU seconds the MariaDB server has used (0 when it is not running here)."""
+    found = subprocess.run(["pidof", "mariadbd"], capture_output=True, text=True).stdout.split()
+    if not found:
+        return 0.0
+    fields = Path(f"/proc/{found[0]}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one_run(url: str, root: Path, n: int, handler: str, mirror: bool) -> dict[str, object]:
     import redis
 
@@ -57,6 +66,7 @@ def one_run(url: str, root: Path, n: int, handler: str, mirror: bool) -> dict[st
                        cwd=HERE, check=True, capture_output=True)
     client.config_resetstat()
     calls0, cpu0 = snapshot(client)
+    db0 = mariadb_cpu()
     started = time.perf_counter()
     argv = [PY, str(root / "manage.py"), "runworker", "--burst", "--workers", "1",
             "--concurrency", "1", "--log-level", "WARNING", *([] if mirror else ["--no-mirror"])]
@@ -66,12 +76,13 @@ def one_run(url: str, root: Path, n: int, handler: str, mirror: bool) -> dict[st
     wall = time.perf_counter() - started
     assert proc.returncode == 0, proc.returncode
     calls1, cpu1 = snapshot(client)
+    db = mariadb_cpu() - db0
     calls = {k: (v[0] - calls0.get(k, (0, 0))[0], v[1] - calls0.get(k, (0, 0))[1])
              for k, v in calls1.items()}
     calls.pop("info", None)
     calls.pop("config|resetstat", None)
     return {"wall": wall, "worker_cpu": usage.ru_utime + usage.ru_stime, "worker_sys": usage.ru_stime,
-            "valkey_cpu": cpu1 - cpu0, "calls": calls}
+            "valkey_cpu": cpu1 - cpu0, "db_cpu": db, "calls": calls}
 
 
 def marginal(big: dict, small: dict, n: int) -> dict[str, object]:  # type: ignore[type-arg]
@@ -84,6 +95,7 @@ def marginal(big: dict, small: dict, n: int) -> dict[str, object]:  # type: igno
     return {"worker_us": (big["worker_cpu"] - small["worker_cpu"]) / n * 1e6,
             "worker_sys_us": (big["worker_sys"] - small["worker_sys"]) / n * 1e6,
             "valkey_us": (big["valkey_cpu"] - small["valkey_cpu"]) / n * 1e6,
+            "db_us": (big["db_cpu"] - small["db_cpu"]) / n * 1e6,
             "rate": n / (big["wall"] - small["wall"]),
             "client_calls": sum(v[0] for v in per.values()) - inner, "script_calls": inner,
             "cmd_usec": sum(v[1] for v in per.values()), "per": per}
@@ -99,7 +111,8 @@ def throughput(args: argparse.Namespace, roots: list[Path]) -> None:
                 m = marginal(big, small, args.jobs)
                 results[root].append(m)
                 print(f"{root!s:<16} worker {m['worker_us']:6.1f} µs/job  valkey "
-                      f"{m['valkey_us']:6.1f} µs/job (commands {m['cmd_usec']:5.1f})  client "
+                      f"{m['valkey_us']:6.1f} µs/job (commands {m['cmd_usec']:5.1f})  MariaDB "
+                      f"{m['db_us']:5.1f} µs/job  client "
                       f"calls {m['client_calls']:5.2f}/job  script calls {m['script_calls']:5.2f}"
                       f"/job  {m['rate']:7,.0f} jobs/s (wall, load-dependent)", flush=True)
     for root, runs in results.items():
