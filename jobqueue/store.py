@@ -81,6 +81,28 @@ def nack_forwarding(queue: Queue, lease: Lease, error: str = "", retry_in: float
     return state or None, flag == "forwarded"
 
 
+def _most_shard(acks: Sequence[tuple[Lease, str]]) -> int:
+    """The shard that most of `acks` are on."""
+    if len(acks) == 1:
+        return acks[0][0].shard
+    return Counter(held.shard for held, _ in acks).most_common(1)[0][0]
+
+
+def _claim_head(queue: Queue, lease: float | None, override: bool, worker: str) -> list[Any]:
+    """A claim's arguments after its count (claim.lua, ARGV[2] on, up to the successes), kept
+    on the queue while the config, these and its live shard count stay the same: a worker at
+    concurrency 1 claims once per job."""
+    config, live = get_config(), queue.shards
+    key = (lease, override, worker, live)
+    kept = queue.claim_head
+    if kept is not None and kept[0] is config and kept[1] == key:
+        return kept[2]
+    head = [queue.lease_ms(lease), "1" if override else "0", worker, _dead_retention_ms(),
+            _retention_ms(), *spec.claim_policy(queue.options, live)]
+    queue.claim_head = (config, key, head)
+    return head
+
+
 class Queue:
     """A named queue over N Valkey shards; one method per job-state transition."""
 
@@ -91,6 +113,7 @@ class Queue:
         """The shard count until the queue's first resize (then the live count in Valkey rules)."""
         self._client = client
         self._next_shard = 0
+        self.claim_head: tuple[Any, tuple[Any, ...], list[Any]] | None = None  # (_claim_head)
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit (or, when it came back short, a lane's
         rate) admits another job (0: not limited)."""
@@ -188,23 +211,21 @@ class Queue:
         `ack_encoded`'s, leases)."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
-        lease_ms = self.lease_ms(lease)
         total = shards or self.claim_shards()
         if only is not None:
             start = only % total
         elif acks:  # start where most successes are: they ride along
-            start = Counter(held.shard for held, _ in acks).most_common(1)[0][0] % total
+            start = _most_shard(acks) % total
         else:
             start = self._next_shard = (self._next_shard + 1) % total
         riding = [i for i, (held, _) in enumerate(acks) if held.shard == start]
-        others = [i for i, (held, _) in enumerate(acks) if held.shard != start]
         answers = [0] * len(acks)
-        for i, ok in zip(others, self.ack_encoded([acks[i] for i in others]), strict=True):
-            answers[i] = ok
+        if len(riding) < len(acks):
+            others = [i for i, (held, _) in enumerate(acks) if held.shard != start]
+            for i, ok in zip(others, self.ack_encoded([acks[i] for i in others]), strict=True):
+                answers[i] = ok
         out: list[Lease] = []
-        waits = []
-        head = [lease_ms, "1" if override_lease else "0", worker, _dead_retention_ms(),
-                _retention_ms(), *spec.claim_policy(self.options, self.shards)]
+        waits, head = [], _claim_head(self, lease, override_lease, worker)
         for step in range(1 if only is not None else total):
             if len(out) >= count:
                 break

@@ -182,6 +182,38 @@ def test_successes_ride_in_the_next_claim_and_a_repeated_ack_counts_once(queue: 
     assert answers == [True] and b.job_id != a.job_id
 
 
+def test_a_claim_that_carries_a_success_costs_the_commands_of_one_job(queue: Queue,
+                                                                      valkey: Any) -> None:
+    """Concurrency 1's path: one script call that records a success and claims the next job,
+    inside it one clock reading and the 19 commands listed here."""
+    queue.enqueue_many([JobSpec(n) for n in range(3)])
+    [a] = queue.dequeue(count=1, worker="w")
+    every = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(valkey, RedisCluster) else {}
+    valkey.config_resetstat(**every)
+    answers, [b] = queue.ack_and_dequeue([(a, "1")], count=1, worker="w")
+    stats = valkey.info("commandstats", **every)
+    calls: Counter[str] = Counter()
+    for node in stats.values() if every else [stats]:
+        calls.update({name.removeprefix("cmdstat_"): v["calls"] for name, v in node.items()})
+    calls.pop("config|resetstat", None)
+    assert answers == [True] and b.job_id != a.job_id
+    assert calls == {"evalsha": 1, "time": 1, "hmget": 4, "hincrby": 4, "hset": 2, "zrem": 1,
+                     "xadd": 1, "pexpire": 1, "expire": 1, "lmove": 1, "zpopmin": 1,
+                     "zcard": 1, "zadd": 1, "hdel": 1}
+
+
+def test_a_queue_keeps_its_claims_head_until_what_it_holds_changes(queue: Queue) -> None:
+    queue.dequeue(count=1, lease=30, worker="w")
+    head = queue.claim_head
+    queue.dequeue(count=1, lease=30, worker="w")
+    assert head is not None and queue.claim_head is head  # (the kept one: not built again)
+    queue.dequeue(count=1, lease=60, worker="w")
+    assert queue.claim_head is not head and queue.claim_head[2][0] == 60_000  # type: ignore[index]
+    conf.reset()
+    queue.dequeue(count=1, lease=60, worker="w")
+    assert queue.claim_head[0] is conf.get_config()  # type: ignore[index]
+
+
 def test_nack_retries_with_exponential_backoff_then_dies(queue: Queue, valkey: Any) -> None:
     ref = queue.enqueue("p", max_attempts=3, backoff=10)
     [lease] = claim_all(queue)

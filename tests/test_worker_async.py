@@ -112,3 +112,12 @@ def test_a_stopping_worker_lets_async_jobs_finish_or_cancels_and_releases_them(
     stop_twice(worker, log)  # the second: release now; the task is cancelled
     assert worker.wait(10) == 0
     assert (info := get_job(long.id)) and info.state == "pending" and info.attempts == 1
+
+
+def test_an_async_handler_that_never_awaits_runs_at_concurrency_1(
+        valkey_server: ValkeyProcess) -> None:
+    # Each job ends within its eager start, inside the claim that the previous job's outcome
+    # made: its outcome must wait for the loop's next turn, or the worker waits on itself.
+    refs = jobs.ainterpreter_state.enqueue_many([() for _ in range(30)])
+    assert run_burst(valkey_server.url, "--concurrency", "1", timeout=60) == 0
+    assert all(Job.objects.get(pk=ref.id).state == "succeeded" for ref in refs)

@@ -415,10 +415,11 @@ end
 -- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an
 -- operator flagged it; also when this attempt already succeeded: a retry after a lost reply)
 -- or 0 (stale: the lease was lost and the job may have run again elsewhere); and how many lanes
--- held at their cap came back on the ring (the caller wakes workers for them).
-local function ack_jobs(base, active, done, meta, ring, retention, at)
+-- held at their cap came back on the ring (the caller wakes workers for them). `now`: the
+-- caller's clock reading, if it has one.
+local function ack_jobs(base, active, done, meta, ring, retention, at, now)
   if tonumber(ARGV[at]) == 0 then return {}, 0 end  -- (an idle worker's claim brings none)
-  local now = now_ms()
+  now = now or now_ms()
   local out, back = {}, 0
   tally_batch = {}
   for i = 0, tonumber(ARGV[at]) - 1 do

@@ -58,13 +58,13 @@ local at = 12 + ncaps * 2
 local weights, nweights = {}, tonumber(ARGV[at])
 for i = 0, nweights - 1 do weights[ARGV[at + 1 + i * 2]] = tonumber(ARGV[at + 2 + i * 2]) end
 local turns_key = base .. ':turns'
-local out, back = ack_jobs(base, active, done, meta, ring, retention, at + 1 + nweights * 2)
+local now = now_ms()  -- (one clock reading for the acks and the claim)
+local out, back = ack_jobs(base, active, done, meta, ring, retention, at + 1 + nweights * 2, now)
 table.insert(out, 1, #out)
 out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
 local waited_at = #out
 local flags = redis.call('HMGET', meta, 'paused', 'caps')
 if flags[1] == '1' then return out end
-local now = now_ms()
 local live_caps = flags[2] == '1'
 local lanes_limited = live_caps or ncaps > 0 or lane_rate > 0
 

@@ -201,6 +201,11 @@ class EventLoop:
         self._loop = loop_factory()()
         self._tracer = tracing.worker_tracer()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._starting = False
+        """While `_start` starts tasks eagerly: a job that ends within its eager start (a handler
+        that never awaits) reports its outcome at the loop's next turn, not inside its caller,
+        which may hold the worker's claim lock (at concurrency 1 the caller is the claim that
+        the previous job's outcome made: a deadlock)."""
         self._thread = threading.Thread(target=self._loop.run_forever, name="jobqueue-asyncio",
                                         daemon=True)
         self._thread.start()
@@ -227,22 +232,30 @@ class EventLoop:
         tasks); a batch from the main loop starts at the loop's next turn: eager starts for every
         batch measured slower on a busy worker (bench/RESULTS.md, "The idle worker and the idle
         wait's read path")."""
-        for lease, prepared in jobs:
-            coroutine = self._run(lease, prepared)
-            task = (asyncio.Task(coroutine, loop=self._loop, eager_start=True) if eager
-                    else self._loop.create_task(coroutine))
-            if not task.done():
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+        self._starting = eager
+        try:
+            for lease, prepared in jobs:
+                coroutine = self._run(lease, prepared)
+                task = (asyncio.Task(coroutine, loop=self._loop, eager_start=True) if eager
+                        else self._loop.create_task(coroutine))
+                if not task.done():
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        finally:
+            self._starting = False
 
     async def _run(self, lease: Lease, prepared: Prepared) -> None:
         if signals.job_started.receivers:  # (looked at here: per job, and most workers have none)
             signals.send(signals.job_started, Queue, lease=lease)
         if self._tracer is None:
-            self._done(lease, await execute_async(lease, prepared))
+            outcome = await execute_async(lease, prepared)
         else:
-            self._done(lease, await tracing.run_async(self._tracer, lease,
-                                                      partial(execute_async, lease, prepared)))
+            outcome = await tracing.run_async(self._tracer, lease,
+                                              partial(execute_async, lease, prepared))
+        if self._starting:  # (it never awaited: see `_starting`)
+            self._loop.call_soon(self._done, lease, outcome)
+        else:
+            self._done(lease, outcome)
 
     def _watch(self) -> None:
         """Once a second, ask the loop to answer. When it does not within BLOCKED seconds, a

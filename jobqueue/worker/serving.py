@@ -144,7 +144,8 @@ class HeldJobs:
             for lease in leases:
                 if self.jobs.pop(lease.job_id, None) is not None:
                     self.per_queue[lease.queue] -= 1
-            self.room.set()
+            if not self.room.is_set():  # (set() takes its lock and notifies even when set)
+                self.room.set()
 
     def leases(self, most: int | None = None) -> list[Lease]:
         """The leases held (the first `most` of them)."""

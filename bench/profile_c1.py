@@ -1,0 +1,61 @@
+"""A cProfile of one worker at concurrency 1 over N waiting jobs, every thread profiled (the
+job runs on a runner thread, or on the event loop's for an `async def` handler: Python 3.12's
+cProfile sees every thread through sys.monitoring):
+
+    .venv/bin/python bench/profile_c1.py [--jobs 20000] [--handler noop] [--top 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+from _common import valkey
+
+if "--root" in sys.argv:  # (another checkout's code: before anything imports jobqueue)
+    sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--handler", default="noop")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--root", help="the checkout whose code runs (default: this one)")
+    parser.add_argument("--sort", default="tottime")
+    parser.add_argument("--cpu", action="store_true",
+                        help="no profile: print the worker's CPU per job (its process, no start-up)")
+    args = parser.parse_args()
+    with valkey() as url:
+        os.environ.update(VALKEY_URL=url, BENCH_URL=url, DJANGO_SETTINGS_MODULE="bench_settings")
+        import django
+
+        django.setup()
+        from benchapp import jobs
+
+        import jobqueue
+        from jobqueue.worker.core import Worker
+        from jobqueue.worker.serving import WorkerConfig
+
+        getattr(jobs, args.handler).enqueue_many([() for _ in range(args.jobs)])
+        worker = Worker(WorkerConfig(concurrency=1, burst=True, mirror=False))
+        profile = cProfile.Profile()
+        cpu, wall = time.process_time(), time.perf_counter()
+        if not args.cpu:
+            profile.enable()
+        worker.run()
+        profile.disable()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if args.cpu:
+        print(f"{jobqueue.__file__.rsplit('/', 2)[0]}: {cpu / args.jobs * 1e6:.1f} µs CPU per job "
+              f"(worker process, Valkey apart), {args.jobs / wall:,.0f} jobs/s")
+    else:
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
