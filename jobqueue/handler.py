@@ -168,6 +168,10 @@ class ProgressBoard:
             self._changed[id(ctx)] = ctx
         self._wake.set()
 
+    def wake(self) -> None:
+        """End `run`'s wait now (its stop event was just set)."""
+        self._wake.set()
+
     def run(self, stop: threading.Event) -> None:
         """Write what changed, at most every PROGRESS_EVERY seconds, until `stop` is set."""
         self.attached = True

@@ -352,12 +352,13 @@ class Worker:
     def _stop_threads(self) -> None:
         self._threads_stop.set()
         self.held.room.set()
+        PROGRESS.wake()
         deadline = time.monotonic() + 15
         for thread in self._threads:
             while thread.is_alive() and time.monotonic() < deadline:
-                thread.join(timeout=0.2)
-                with contextlib.suppress(RedisError):  # (a wait that began after the last unblock)
+                with contextlib.suppress(RedisError):  # (again: a wait that began after the last)
                     self.waiters.unblock(every=True)
+                thread.join(timeout=0.2)
         if self._mirror is not None:
             self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
         if self._runners is not None:

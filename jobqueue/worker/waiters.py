@@ -50,6 +50,9 @@ IDLE_WAIT = 5
 token or hand-off ends the wait at once, and the worker unblocks it when it stops (or falls
 idle, for a wait without an offer). The main loop's claims each maintenance turn catch anything
 a token did not announce."""
+BURST_WAIT = 0.2
+"""Seconds a burst run's plain wait blocks: nothing can end it early, and the run's end waits
+for it."""
 Take = Callable[[Queue, list[Lease]], None]
 Waits = dict[tuple[str, int], tuple[Any, int]]
 
@@ -162,7 +165,7 @@ class Waiters:
         """One wait on a shard, in the form the module's docstring says."""
         queue, index = lines.queue, lines.index
         if lines.plain:
-            got = queue.client.blpop([queue.shard(index).key("wake")], timeout=1)
+            got = queue.client.blpop([queue.shard(index).key("wake")], timeout=BURST_WAIT)
             return Woke.TOKEN if got else Woke.TIMEOUT
         if lines.conn is None:
             lines.node = _node(queue, index)
