@@ -335,14 +335,16 @@ end
 -- one on this shard, '<id>:<slot>:<policy>:<shard>' for one on another shard of the queue) has
 -- the outcome applied here, in the member's own script call (edge_done), or forwarded to its
 -- shard (forward). Returns the jobs of this shard to cancel. `err`: a failed member's last error
--- when its row is not in Valkey (a durable queue's restore); `token`: its attempts (fenced).
+-- when its row is not in Valkey (a durable queue's restore); `token`: its attempts, which a
+-- forwarded outcome carries to be fenced there (one applied here, in the member's own call,
+-- cannot be stale: it needs no fence).
 local function member_done(base, id, state, result, dependents, now, retention_ms, err, token)
   local doomed = {}
   local slot = outcome_slot(base, id, state, result, err)
   for dep, index, policy, shard in string.gmatch(dependents, '(%w+):(%d+):(%a):?(%d*)') do
     if shard ~= '' then
       forward(base, dep, shard, index, policy, id, state, slot, token)
-    elseif edge_done(base, id, state, slot, dep, index, policy, now, retention_ms, token) then
+    elseif edge_done(base, id, state, slot, dep, index, policy, now, retention_ms) then
       doomed[#doomed + 1] = dep
     end
   end
