@@ -62,6 +62,10 @@ class _Route(NamedTuple):
     now: bool
     """Whether its jobs go to Valkey at once even inside a transaction."""
 
+    def template(self) -> Prepared | None:
+        """`ready`, when this call may take it: now, not at a transaction's commit."""
+        return self.ready if self.now or not in_transaction() else None
+
 
 class JobFunction:
     """A registered handler: call it to run inline, `.enqueue(...)` to run it on a worker."""
@@ -110,8 +114,8 @@ class JobFunction:
         if self.options.after:
             return self._enqueue_after([payload])[0]
         route = self._routed()
-        if route.ready is not None and (route.now or not in_transaction()):
-            return route.queue.enqueue_encoded(route.ready, ids.new_id(),
+        if (ready := route.template()) is not None:
+            return route.queue.enqueue_encoded(ready, ids.new_id(),
                                                encode_payload(payload, route.config.max_payload),
                                                route.tail)
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
@@ -130,10 +134,10 @@ class JobFunction:
         if self.options.after:
             return self._enqueue_after([_payload(self.name, *_split(call)) for call in calls])
         route = self._routed()
-        if route.ready is not None and (route.now or not in_transaction()):
+        if (ready := route.template()) is not None:
             # The handler's template, validated once: each job only mints its id and encodes
             # its payload (as `enqueue` does).
-            ready, limit = route.ready, route.config.max_payload
+            limit = route.config.max_payload
             return route.queue.enqueue_prepared([
                 ready._replace(job_id=ids.new_id(),
                                payload=encode_payload(_payload(self.name, *_split(call)), limit))
