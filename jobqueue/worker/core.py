@@ -31,7 +31,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from .. import tracing
+from .. import collector, tracing
 from ..exceptions import VALKEY_DOWN
 from ..handler import PROGRESS
 from ..records import Lease
@@ -42,7 +42,7 @@ from .heartbeat import Heartbeat
 from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
 from .outcomes import Carried, Finished, Outcomes
-from .runners import EventLoop, Runners, settle_gc
+from .runners import EventLoop, Runners
 from .serving import HeldJobs, Served, WorkerConfig, find_queues
 from .waiters import Waiters
 
@@ -149,13 +149,13 @@ class Worker:
         from django.utils.module_loading import autodiscover_modules
 
         autodiscover_modules("jobs")
+        collector.settle()  # (before waiting for Valkey, which may take long)
         found = find_queues(self.config, self._stop_claiming)
         if found is None:
             log.info("worker %s stopped before Valkey answered", self.config.name)
             return False
         for queue, shards in found:
             self.served.add(queue, shards)
-        settle_gc()
         done = self._finished_one if self.config.concurrency == 1 else self.outcomes.finished
         self._runners = Runners(self.config.concurrency, done, processes=self.config.processes)
         self.held.room.set()

@@ -23,7 +23,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 from redis.exceptions import RedisError
 
-from .. import outbox
+from .. import collector, outbox
 from ..exceptions import VALKEY_DOWN
 from ..layouts import known_queues
 from ..mirror import Mirror, record_shards
@@ -162,6 +162,7 @@ def _serve(config: WorkerConfig) -> int:
     """In the mirror's process: mirror until the first stop signal, then make the final pass
     until it ends or a second signal comes. Signals are taken by `sigwait` on this thread, so
     no handler runs while the mirror's thread holds a lock."""
+    collector.settle()  # (forked before the worker settled it)
     stops = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # (the mirror's thread inherits the mask)
     stop, abort = threading.Event(), threading.Event()

@@ -14,15 +14,13 @@ job lets the handler keep async clients (redis.asyncio, httpx, asyncpg pools) be
 watchdog thread logs the call a handler is in when it holds the loop (a blocking call in an
 async handler stalls every async job).
 
-The interpreter settings that suit these threads live here too: the cyclic collector's
-(`settle_gc`, once the handlers are loaded) and the GIL's switch interval (with the first
-`async def` handler).
+The GIL's switch interval that suits these threads is set here too (with the first `async def`
+handler); the cyclic collector's settings are `jobqueue.collector`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import sys
@@ -62,22 +60,6 @@ T = TypeVar("T")
 BLOCKED = 0.5
 """Seconds the event loop may go without running a callback before its watchdog logs where the
 loop's thread is: an async handler that makes a blocking call stalls every async job."""
-GC_GEN0 = 10_000
-"""The worker's threshold for collecting its youngest objects (CPython 3.12 starts at 700)."""
-
-
-def settle_gc() -> None:
-    """Once the handlers' modules are loaded: hide what start-up made (Django, the app, ~70k
-    objects) from the cyclic collector, and run its youngest pass less often. A job makes and
-    frees dozens of objects (tasks, futures, replies): at CPython's defaults a no-op job spent
-    ~8 % of its time in collections, most of it in full passes over start-up's objects, each a
-    pause of ~20 ms. An application that set a higher threshold keeps its own. (No collection
-    first: one pass over start-up's objects costs ~30 ms of the worker's start and finds a few
-    dozen to free.)"""
-    gc.freeze()
-    gen0, *older = gc.get_threshold()
-    if 0 < gen0 < GC_GEN0:  # (0: the application turned collection off)
-        gc.set_threshold(GC_GEN0, *older)
 
 
 class Runners:

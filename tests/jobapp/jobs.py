@@ -57,8 +57,11 @@ def interpreter_state() -> dict[str, Any]:
     import gc
     import sys
 
+    from jobqueue import collector
+
     return {"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(),
-            "switch": sys.getswitchinterval()}
+            "switch": sys.getswitchinterval(), "collecting": gc.isenabled(),
+            "paused_at_start": collector.paused_at_start}
 
 
 @job

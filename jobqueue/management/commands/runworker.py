@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from django.utils.module_loading import autodiscover_modules
 
+from jobqueue import collector
 from jobqueue.exceptions import JobQueueError
 from jobqueue.keys import queue_list
 from jobqueue.worker import Worker, WorkerConfig
@@ -138,12 +139,19 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self._run(options)
+        finally:  # (a worker that failed before it settled the collector: see jobqueue.collector)
+            collector.resume()
+
+    def _run(self, options: dict[str, Any]) -> None:
         self._configure_logging(options["log_level"])
         config = self.config(options)
         workers = options["workers"] or default_workers()
         if workers > 1:
             autodiscover_modules("jobs")  # (once, here: each forked child starts with them)
             connections.close_all()  # (a child must not share a connection with another)
+            collector.settle()  # (before forking: the children share start-up's objects)
             supervisor = Supervisor([_child_argv(options, config.name, i) for i in range(workers)],
                                     burst=config.burst,
                                     run_child=lambda i: self._child(config, i))
