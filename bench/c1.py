@@ -13,6 +13,7 @@ their jobs taking turns every 10 ms, S jobs each: p50 / p90 ms from enqueue to h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -122,27 +123,29 @@ def throughput(args: argparse.Namespace, roots: list[Path]) -> None:
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and its descendants (those alive now)."""
-    stats = {}
+    """CPU seconds of a process and its descendants (those alive now; their threads alive now,
+    from schedstat: nanoseconds, where rusage counts 10 ms ticks)."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-            stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
     todo, total = [pid], 0
     while todo:
         current = todo.pop()
-        total += stats.get(current, (0, 0))[1]
-        todo.extend(child for child, (parent, _) in stats.items() if parent == current)
-    return total / os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{current}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError):
+                total += int(task.read_text().split()[0])
+        todo.extend(child for child, parent in parents.items() if parent == current)
+    return total / 1e9
 
 
 def latency_costs(clients: dict, pids: dict, before: dict | None, n: int) -> dict:  # type: ignore[type-arg]
     """Per system: Valkey's calls and usec by command, Valkey's CPU, its worker's and sender's
     CPU; with `before`, printed per job since then."""
-    now = {name: (snapshot(client), sum(tree_cpu(pid) for pid in pids[name]))
+    now = {name: (snapshot(client), [tree_cpu(pid) for pid in pids[name]])
            for name, client in clients.items()}
     if before is None:
         return now
@@ -152,8 +155,9 @@ def latency_costs(clients: dict, pids: dict, before: dict | None, n: int) -> dic
                for k, v in calls.items() if k not in ("info", "llen", "lrange")}
         shown = "  ".join(f"{k} {c:.2f}×{u / max(c * n, 1):.1f}µs" for k, (c, u) in
                           sorted(per.items(), key=lambda kv: -kv[1][0]) if c >= 0.05)
-        print(f"{name:<16} valkey {(vcpu - vcpu0) / n * 1e6:6.1f} µs/job  worker+sender "
-              f"{(cpu - cpu0) / n * 1e6:6.1f} µs/job (10 ms ticks)  calls/job: {shown}")
+        worker, *sender = ((b - a) / n * 1e6 for a, b in zip(cpu0, cpu, strict=True))
+        print(f"{name:<16} valkey {(vcpu - vcpu0) / n * 1e6:6.1f} µs/job  worker {worker:6.1f} "
+              f"µs/job{f'  sender {sender[0]:6.1f} µs/job' if sender else ''}  calls/job: {shown}")
     return now
 
 
