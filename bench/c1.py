@@ -7,7 +7,9 @@ worker's CPU per job (its rusage), each the marginal cost of a job: a `runworker
                                  [--roots /work/main,.]   # checkouts, alternating, each round
 
 `--latency S`: instead, an idle worker per checkout and the raw floor, each on its own Valkey,
-their jobs taking turns every 10 ms, S jobs each: p50 / p90 ms from enqueue to handler start.
+their jobs taking turns every 10 ms, S jobs each: p50 / p90 ms from enqueue to handler start, and
+per job and system its Valkey's calls by command (usec per call), Valkey's CPU, its worker's and
+its sender's CPU (schedstat of their threads alive at the end).
 """
 
 from __future__ import annotations
