@@ -7,12 +7,15 @@ worker's CPU per job (its rusage), each the marginal cost of a job: a `runworker
                                  [--roots /work/main,.]   # checkouts, alternating, each round
 
 `--latency S`: instead, an idle worker per checkout and the raw floor, each on its own Valkey,
-their jobs taking turns every 10 ms, S jobs each: p50 / p90 ms from enqueue to handler start.
+their jobs taking turns every 10 ms, S jobs each: p50 / p90 ms from enqueue to handler start, and
+per job and system its Valkey's calls by command (usec per call), Valkey's CPU, its worker's and
+its sender's CPU (schedstat of their threads alive at the end).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -121,6 +124,45 @@ def throughput(args: argparse.Namespace, roots: list[Path]) -> None:
             print(f"  {name:<22} {count:6.2f} calls  {usec:6.1f} µs")
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and its descendants (those alive now; their threads alive now,
+    from schedstat: nanoseconds, where rusage counts 10 ms ticks)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    todo, total = [pid], 0
+    while todo:
+        current = todo.pop()
+        for task in Path(f"/proc/{current}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError):
+                total += int(task.read_text().split()[0])
+        todo.extend(child for child, parent in parents.items() if parent == current)
+    return total / 1e9
+
+
+def latency_costs(clients: dict, pids: dict, before: dict | None, n: int) -> dict:  # type: ignore[type-arg]
+    """Per system: Valkey's calls and usec by command, Valkey's CPU, its worker's and sender's
+    CPU; with `before`, printed per job since then."""
+    now = {name: (snapshot(client), [tree_cpu(pid) for pid in pids[name]])
+           for name, client in clients.items()}
+    if before is None:
+        return now
+    for name, ((calls, vcpu), cpu) in now.items():
+        (calls0, vcpu0), cpu0 = before[name]
+        per = {k: ((v[0] - calls0.get(k, (0, 0))[0]) / n, v[1] - calls0.get(k, (0, 0))[1])
+               for k, v in calls.items() if k not in ("info", "llen", "lrange")}
+        shown = "  ".join(f"{k} {c:.2f}×{u / max(c * n, 1):.1f}µs" for k, (c, u) in
+                          sorted(per.items(), key=lambda kv: -kv[1][0]) if c >= 0.05)
+        worker, *sender = ((b - a) / n * 1e6 for a, b in zip(cpu0, cpu, strict=True))
+        print(f"{name:<16} valkey {(vcpu - vcpu0) / n * 1e6:6.1f} µs/job  worker {worker:6.1f} "
+              f"µs/job{f'  sender {sender[0]:6.1f} µs/job' if sender else ''}  calls/job: {shown}")
+    return now
+
+
 def latency(args: argparse.Namespace, roots: list[Path]) -> None:
     import redis
 
@@ -146,6 +188,9 @@ def latency(args: argparse.Namespace, roots: list[Path]) -> None:
             assert senders[name].stdout.readline().strip() == "ready"  # type: ignore[union-attr]
         try:
             time.sleep(3)
+            pids = {name: [proc.pid, *([senders[name].pid] if name in senders else [])]
+                    for name, proc in zip(names, procs, strict=True)}
+            before = latency_costs(clients, pids, None, args.latency)
             for i in range(args.latency):
                 for name in names if i % 2 == 0 else names[::-1]:
                     if name == "raw":
@@ -162,6 +207,7 @@ def latency(args: argparse.Namespace, roots: list[Path]) -> None:
             while any(clients[n].llen(key[n]) < args.latency for n in names):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
+            latency_costs(clients, pids, before, args.latency)
             values = {n: sorted(float(v) * 1000 for v in clients[n].lrange(key[n], 0, -1))
                       for n in names}
         finally:

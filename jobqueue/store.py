@@ -360,8 +360,14 @@ class Queue:
             self.client.hset(self.shard(i).key("meta"), "paused", "1")
 
     def resume(self) -> None:
-        for i in range(self.all_shards()):
-            self.client.hdel(self.shard(i).key("meta"), "paused")
+        """Let workers claim from this queue again; a wake token per shard tells the idle ones
+        (a worker skips a drained queue until a token or its next maintenance turn)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for i in range(self.all_shards()):
+                pipe.hdel(self.shard(i).key("meta"), "paused")
+                pipe.rpush(self.shard(i).key("wake"), "1")
+                pipe.ltrim(self.shard(i).key("wake"), -16, -1)  # (capped as enqueues cap it)
+            pipe.execute()
 
     def set_lane_concurrency(self, lane: str, cap: int | None) -> None:
         """Set one lane's cap live, kept in Valkey ("*": every named lane's; None: back to the

@@ -389,6 +389,14 @@ def test_pause_stops_claims_but_not_enqueue(queue: Queue) -> None:
     assert len(claim_all(queue)) == 1
 
 
+def test_resume_leaves_a_wake_token_on_every_shard(queue: Queue) -> None:
+    # (an idle worker skips a drained queue until a token or its next maintenance turn)
+    queue.pause()
+    queue.resume()
+    wakes = [queue.client.lrange(queue.shard(i).key("wake"), 0, -1) for i in range(queue.all_shards())]
+    assert wakes and all(wake == ["1"] for wake in wakes)
+
+
 def test_cancel_retry_reprioritize(queue: Queue) -> None:
     low = queue.enqueue("low", priority=0)
     high = queue.enqueue("high", priority=5)

@@ -330,3 +330,43 @@ def test_an_idle_worker_on_a_valkey_cluster_offers_itself_on_each_shards_node(
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
     assert [queue.client.hlen(key) for key in idle] == [0, 0, 0]  # (withdrawn on stop)
+
+
+def _idle_worker(maintenance_every: float) -> tuple[Any, threading.Thread]:
+    """An in-process worker on `default` whose maintenance turn comes once, at its start."""
+    from jobqueue.worker import Worker, WorkerConfig
+
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=1, mirror=False,
+                                 maintenance_every=maintenance_every))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread
+
+
+def test_an_idle_worker_runs_a_resumed_queues_job_before_its_next_maintenance_turn(
+        valkey_server: ValkeyProcess) -> None:
+    queue = Queue("default")
+    worker, thread = _idle_worker(3600)
+    try:
+        wait_for(lambda: queue.client.hlen(queue.shard(0).key("idle")) == 1)  # idle, offering
+        queue.pause()
+        ref = jobs.add.enqueue(1, 2)  # its token finds the queue paused: drained
+        wait_for(lambda: queue.client.llen(queue.shard(0).key("wake")) == 0)
+        queue.resume()
+        wait_for(lambda: (get_job(ref.id) or ref).state == "succeeded")  # type: ignore[union-attr]
+    finally:
+        worker.request_stop()
+        thread.join(20)
+
+
+def test_an_idle_worker_promotes_a_scheduled_job_when_it_is_due_not_at_a_later_turn(
+        valkey_server: ValkeyProcess) -> None:
+    queue = Queue("default")
+    ref = jobs.add.using(delay=0.5).enqueue(1, 2)  # (known at the worker's first turn)
+    worker, thread = _idle_worker(3600)
+    try:
+        wait_for(lambda: (get_job(ref.id) or ref).state == "succeeded")  # type: ignore[union-attr]
+        assert worker.maintenance.next_due is None and queue.counts()["scheduled"] == 0
+    finally:
+        worker.request_stop()
+        thread.join(20)

@@ -43,14 +43,10 @@ from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
 from .outcomes import Carried, Finished, Outcomes
 from .runners import EventLoop, Runners
-from .serving import HeldJobs, Served, WorkerConfig, find_queues
+from .serving import DRAINED, Drained, HeldJobs, Served, WorkerConfig, find_queues
 from .waiters import Waiters
 
 log = logging.getLogger("jobqueue.worker")
-DRAINED = 0.05
-"""Seconds a queue whose claim came back short is not asked again, unless a wake token for it
-arrives first: a busy worker serving many queues then does not make a round trip per idle
-queue per claim (an enqueue wakes an idle worker at once through its shard's wake list)."""
 
 def _wait_for_valkey(served: Served, stop: threading.Event, exc: Exception) -> None:
     """Until Valkey answers again (or a stop)."""
@@ -85,8 +81,7 @@ class Worker:
                                threads_stop=self._threads_stop, take=self._take,
                                claim=self._claim_woken, loop=self._loop)
         self._claim_lock = threading.Lock()
-        self._drained_until: dict[str, float] = {}
-        """Queues whose last claim came back short, not asked again until then (or a wake)."""
+        self._drained = Drained()
         self._rotation = 0
         self._abort = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -197,10 +192,9 @@ class Worker:
         next token, or the acks held for a claim."""
         now = time.monotonic()
         wait = self.maintenance.next_wake()
-        refills = [until for q in self.served.queues if q.rate_wait
-                   and (until := self._drained_until.get(q.name, 0.0)) > now]
-        if refills:
-            wait = min(wait, max(min(refills) - now, 0.001))
+        refill = self._drained.refill(self.served.queues, now)
+        if refill is not None:
+            wait = min(wait, max(refill - now, 0.001))
         ack_due = self.outcomes.ack_due()
         if ack_due is not None:
             wait = min(wait, max(ack_due - now, 0.0005))
@@ -254,7 +248,7 @@ class Worker:
         # busy queue cannot take every slot from the others (Pacer's isolation).
         limit = queue.options.concurrency or self.config.capacity
         take = min(room, limit - self.held.per_queue[queue.name])
-        if take <= 0 or now < self._drained_until.get(queue.name, 0.0):
+        if take <= 0 or self._drained.skip(queue.name, now):
             return 0  # (its successes are acked with the rest)
         answers, leases = queue.ack_and_dequeue(
             [(lease, outcome.result) for lease, outcome in items],
@@ -265,10 +259,10 @@ class Worker:
         carried.by_queue.pop(queue.name, None)
         self.outcomes.acked(items, answers)
         if queue.rate_wait:  # its rate limit holds the rest back: serve the others meanwhile
-            self._drained_until[queue.name] = now + queue.rate_wait
-        elif len(leases) < take:  # drained: skip the queue a moment (see DRAINED; after a
-            # waiter's claim of one shard too: work on the others wakes their own waiters)
-            self._drained_until[queue.name] = now + DRAINED
+            self._drained.mark(queue.name, now + queue.rate_wait)
+        elif len(leases) < take:  # drained (see `Drained`; after a waiter's claim of one shard
+            # too: work on the others wakes their own waiters)
+            self._drained.mark(queue.name, max(self.maintenance.next_look(), now + DRAINED))
         self._submit(leases)
         return len(leases)
 
@@ -286,8 +280,9 @@ class Worker:
             pass
         except RedisError:
             log.exception("Valkey refused a command")
-        if self.outcomes.unrecorded() or not self.held.jobs:  # (the main loop's now; idle:
-            self._tick.set()  # it ends the waiters' plain waits, to wait with an offer again)
+        if (self.outcomes.unrecorded() or (self.config.burst and not self.held.jobs)
+                or (not self.held.jobs and not self.waiters.idle_again())):
+            self._tick.set()  # (the main loop's now: to record, end a burst run, or unblock)
 
     def _submit(self, leases: list[Lease]) -> None:
         assert self._runners is not None
@@ -299,7 +294,7 @@ class Worker:
         does those a stopping waiter found handed to it)."""
         with self._claim_lock:
             if not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
-                self._drained_until.pop(queue.name, None)
+                self._drained.clear(queue.name)
                 self._submit(leases)
                 return
         self._release(leases)
@@ -307,7 +302,7 @@ class Worker:
     def _claim_woken(self, queue: Queue, index: int) -> None:
         """A waiter got a token: claim from its shard on its thread rather than wake the main
         loop to do it, so an enqueue reaches a worker's runner in one hop."""
-        self._drained_until.pop(queue.name, None)
+        self._drained.clear(queue.name)
         self._claim(woken=(queue, index))
 
     # -- stopping ----------------------------------------------------------------------------

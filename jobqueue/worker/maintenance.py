@@ -1,6 +1,7 @@
 """The worker's turns besides claiming, each on its own timer, run by the main loop: maintenance
 (new queues, settling resizes, automatic shard counts, promote and reap, the registry's entries
-of the served queues, the worker's presence), the schedules' ticks, and the summary line.
+of the served queues, the worker's presence), the promotion of scheduled jobs as they come due,
+the schedules' ticks, and the summary line.
 
 Owns those timers, when the next scheduled job is due, and the rate the console shows. It may
 change what the worker serves (`Served`: a queue created since it started, a shard count that
@@ -60,12 +61,19 @@ class Maintenance:
         if turned:
             self.turn()
             self._next_turn = now + self._config.maintenance_every
+        elif self.next_due is not None and now >= self.next_due:
+            self.promote()  # (its wake tokens, or the claim that follows, take the jobs)
         if now >= self._next_fire:
             self.fire_schedule()
         if now >= self._next_summary:
             self.summary()
             self._next_summary = now + self._config.summary_every
         return turned
+
+    def next_look(self) -> float:
+        """When the main loop next finds work no wake token announces (`serving.Drained`): the
+        next maintenance turn, or the next scheduled job's promotion (monotonic clock)."""
+        return self._next_turn if self.next_due is None else min(self._next_turn, self.next_due)
 
     def next_wake(self) -> float:
         """Seconds until the next maintenance turn, scheduled job or schedule tick; in a burst
@@ -86,24 +94,32 @@ class Maintenance:
         """promote + reap + relay on every shard (idempotent, cheap), list the served queues
         again where the registry lost them, and advertise this worker."""
         self._serve_new_queues()
-        next_due: float | None = None
         for queue in self._served.queues:
             self._settle(queue)
             if queue.options.auto_shards and not self._config.burst:
                 resized = autoscale.check(queue, get_config().auto_shards)
                 if resized:
                     log.info("queue %s: %d → %d shards (automatic)", queue.name, *resized)
-            shards = self._served.shards[queue.name] = queue.claim_shards()
-            for index in range(shards):
-                _, wait = queue.promote_shard(index)
-                if wait is not None:
-                    next_due = wait if next_due is None else min(next_due, wait)
+            self._served.shards[queue.name] = queue.claim_shards()
+        self.promote()
+        for queue in self._served.queues:
+            shards = self._served.shards[queue.name]
             queue.reap(shards=shards)
             relay.relay_queue(queue, shards)  # (what a finisher recorded but did not relay;
             # a shard being retired keeps its place here until its :forward is empty: layouts)
-        self.next_due = None if next_due is None else time.monotonic() + next_due
         self._relist()
         self.advertise()
+
+    def promote(self) -> None:
+        """Move the served queues' due scheduled jobs to ready (promote.lua pushes their wake
+        tokens) and note when the next one is due."""
+        next_due: float | None = None
+        for queue in self._served.queues:
+            for index in range(self._served.shards[queue.name]):
+                _, wait = queue.promote_shard(index)
+                if wait is not None:
+                    next_due = wait if next_due is None else min(next_due, wait)
+        self.next_due = None if next_due is None else time.monotonic() + next_due
 
     def _relist(self) -> None:
         """List the served queues again where the registry lost them (`layouts.list_missing`)."""

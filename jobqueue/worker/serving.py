@@ -1,5 +1,6 @@
 """What every room of the worker reads: how it runs (`WorkerConfig`), the queues it serves
-(`Served`, found at start by `find_queues`) and the jobs it holds (`HeldJobs`).
+(`Served`, found at start by `find_queues`), the jobs it holds (`HeldJobs`) and the queues it
+does not ask for now (`Drained`).
 
 No thread of its own, and no call to Valkey but reading which queues there are and their shard
 counts. `Served` changes on the main loop only (its start and maintenance turns); `HeldJobs`
@@ -151,3 +152,34 @@ class HeldJobs:
         """The leases held (the first `most` of them)."""
         with self.lock:
             return [held.lease for held in list(self.jobs.values())[:most]]
+
+
+DRAINED = 0.05
+"""Seconds a drained queue is skipped at least (when the main loop's next look is overdue)."""
+
+
+class Drained:
+    """Queues whose last claim came back short, not asked again until a wake token for one
+    arrives or a hand-off brings one of its jobs (`clear`), or until the main loop's next look
+    (`Maintenance.next_look`: the maintenance turn, or the next scheduled job's promotion), which
+    finds what no token announces; and queues their rate limit holds back, until its next token.
+    A busy worker serving many queues then makes no round trip per empty queue per claim, and an
+    idle one none per empty queue per job (an enqueue wakes a worker through its shard's wake
+    list: `waiters.py`)."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def skip(self, name: str, now: float) -> bool:
+        return now < self._until.get(name, 0.0)
+
+    def mark(self, name: str, until: float) -> None:
+        self._until[name] = until
+
+    def clear(self, name: str) -> None:
+        self._until.pop(name, None)
+
+    def refill(self, queues: Iterable[Queue], now: float) -> float | None:
+        """When the first queue held back by its rate limit may be asked again (None: none)."""
+        return min((until for q in queues if q.rate_wait
+                    and (until := self._until.get(q.name, 0.0)) > now), default=None)
