@@ -1,6 +1,7 @@
-"""A cProfile of one worker at concurrency 1 (or `--concurrency N`) over N waiting jobs, every thread profiled (the
-job runs on a runner thread, or on the event loop's for an `async def` handler: Python 3.12's
-cProfile sees every thread through sys.monitoring):
+"""A cProfile of one worker at concurrency 1 (or `--concurrency N`) over N waiting jobs, every
+thread profiled (the job runs on a runner thread, or on the event loop's for an `async def`
+handler: Python 3.12's cProfile sees every thread through sys.monitoring); `--cpu` prints the
+worker process's CPU per job (user and system) and its context switches instead:
 
     .venv/bin/python bench/profile_c1.py [--jobs 20000] [--handler noop] [--top 40]
         [--concurrency 1] [--cpu]
