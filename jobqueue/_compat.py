@@ -1,10 +1,13 @@
 """Every read of another library's private parts, in one place, each with a public fallback.
 
-The hot path takes three short cuts through internals that no public API offers:
+The hot path takes four short cuts through internals that no public API offers:
 
 - `in_transaction`: Django's connections, kept by asgiref's `Local` in a `threading.local`, read
   directly (Django's `transaction.get_connection()` goes through that `Local`, whose test for a
   running event loop raises and catches an exception at every call);
+- `connection_closer`: the same storage, looked at after each plain job: a runner thread that
+  holds no connection has none to close (Django's `close_old_connections` walks every alias
+  through that `Local` to find so);
 - `c_json_encoder`: the json module's C encoder, made once (`JSONEncoder.encode` makes one per
   call, which costs more than encoding a small payload);
 - `pool_limit` and `async_connection`: redis-py's pool settings, read to borrow connections
@@ -30,6 +33,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from django import db
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 
@@ -40,12 +44,37 @@ def in_transaction() -> bool:
     `threading.local`, read here directly; a connection this thread never opened is in no
     transaction. Anywhere else (an event loop runs, or asgiref keeps them some other way)
     Django is asked."""
-    local = getattr(connections, "_connections", None)  # (private to Django and to asgiref)
-    storage = vars(local).get("_storage") if local is not None else None
-    if type(storage) is threading.local and asyncio._get_running_loop() is None:
+    storage = _thread_connections()
+    if storage is not None:
         connection = getattr(storage, DEFAULT_DB_ALIAS, None)
         return connection is not None and connection.in_atomic_block
     return transaction.get_connection().in_atomic_block
+
+
+def connection_closer() -> Callable[[], None]:
+    """Django's `close_old_connections` (what a request's end does) for this thread, made once
+    per runner thread: the thread's own connection storage, found here, tells at each call
+    whether it holds any connection at all; with none there is nothing to close or check."""
+    storage = _thread_connections()
+    if storage is None:
+        return db.close_old_connections
+    held = vars(storage)  # (this thread's dict of connections by alias)
+
+    def close() -> None:
+        if held:
+            db.close_old_connections()
+
+    return close
+
+
+def _thread_connections() -> threading.local | None:
+    """The `threading.local` that holds this thread's Django connections (by alias, once made),
+    when there is no event loop here and asgiref keeps them there; else None."""
+    local = getattr(connections, "_connections", None)  # (private to Django and to asgiref)
+    storage = vars(local).get("_storage") if local is not None else None
+    if type(storage) is threading.local and asyncio._get_running_loop() is None:
+        return storage
+    return None
 
 
 def _refuse(value: object) -> Any:

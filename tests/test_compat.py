@@ -40,6 +40,31 @@ def test_in_transaction_answers_as_django_does_inside_atomic() -> None:
     assert in_transaction() is False
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_runner_threads_connection_closer_looks_at_its_own_connections() -> None:
+    """A runner thread that holds no connection skips Django's walk over every alias (the
+    short cut: not Django's function itself), and one it opens later is still closed at the
+    end of a job, as at the end of a request (CONN_MAX_AGE 0)."""
+    from django import db
+
+    seen: list[Any] = []
+
+    def runner() -> None:
+        close = _compat.connection_closer()
+        seen.append(close is not db.close_old_connections)
+        close()
+        seen.append(connections.all(initialized_only=True))
+        connections["default"].ensure_connection()
+        seen.append(connections["default"].connection is not None)
+        close()
+        seen.append(connections["default"].connection)
+
+    thread = threading.Thread(target=runner)
+    thread.start()
+    thread.join()
+    assert seen == [True, [], True, None]
+
+
 def test_payloads_are_encoded_by_jsons_c_encoder() -> None:
     assert spec._c_encoder is not None
     value = {"handler": "a.b", "args": [1, "é", None, 2.5, [True]], "kwargs": {"k": "v"}}

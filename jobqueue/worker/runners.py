@@ -34,9 +34,8 @@ from functools import partial
 from queue import Empty, SimpleQueue
 from typing import Any, TypeVar
 
-from django.db import close_old_connections
-
 from .. import signals, tracing
+from .._compat import connection_closer
 from ..conf import loop_factory
 from ..records import Lease
 from ..store import Queue
@@ -140,9 +139,11 @@ class Runners:
             self._pool.shutdown(wait=wait, cancel_futures=True)
 
     def _loop_thread(self) -> None:
+        close_old_connections = connection_closer()
         while (job := self._inbox.get()) is not None:
             lease, prepared = job
-            signals.send(signals.job_started, Queue, lease=lease)
+            if signals.job_started.receivers:  # (looked at here: per job, and most have none)
+                signals.send(signals.job_started, Queue, lease=lease)
             outcome = (self._run(lease, prepared) if self._tracer is None
                        else tracing.run(self._tracer, lease, partial(self._run, lease, prepared)))
             # A job ends like a request: its thread's database connection is closed unless
