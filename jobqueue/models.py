@@ -7,11 +7,12 @@ import json
 from collections.abc import Callable, Collection, Iterable
 from contextlib import nullcontext
 from functools import cache, lru_cache
+from operator import itemgetter
 from typing import Any
 
 from django.db import connection, models, transaction
 
-from .records import JobInfo, attempt_history
+from .records import EncodedJSON, JobInfo, attempt_history
 from .states import State
 
 
@@ -144,10 +145,6 @@ class Shard(models.Model):
         return f"{self.queue}#{self.index}"
 
 
-class EncodedJSON(str):
-    """JSON text already encoded (a payload as enqueued): written to a JSON column as it is."""
-
-
 def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) -> int:
     """Write `Job` rows (dicts with every column) as one multi-row INSERT; rows whose id exists
     get the `update` columns overwritten (none: the INSERT fails on a duplicate id). Raw SQL
@@ -158,17 +155,23 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
     adapt_datetime = lru_cache(maxsize=256)(db.ops.adapt_datetimefield_value)
 
     def adapt_json(value: Any) -> Any:
-        if value is None or isinstance(value, EncodedJSON):
-            return value
-        return db.ops.adapt_json_value(value, None)
+        return value if isinstance(value, EncodedJSON) else db.ops.adapt_json_value(value, None)
 
     adapters: dict[type, Callable[[Any], Any]] = {models.DateTimeField: adapt_datetime,
                                                   models.JSONField: adapt_json}
     if db.vendor == "postgresql":  # it stores no NUL character, in text or in jsonb
         adapters.update({models.CharField: _text_without_nul, models.TextField: _text_without_nul,
                          models.JSONField: _json_without_nul})
-    columns = [(f.attname, adapters.get(type(f))) for f in Job._meta.concrete_fields]
-    values = [[adapt(row[name]) if adapt else row[name] for name, adapt in columns] for row in rows]
+    fields = Job._meta.concrete_fields
+    take = itemgetter(*(f.attname for f in fields))
+    adapted = [(i, adapt) for i, f in enumerate(fields) if (adapt := adapters.get(type(f)))]
+    values = []
+    for row in rows:
+        value = list(take(row))
+        for i, adapt in adapted:
+            if value[i] is not None:  # (None is NULL whatever the column)
+                value[i] = adapt(value[i])
+        values.append(value)
     head, tail = _insert_sql(db.vendor, tuple(sorted(update)))
     if db.vendor == "mysql":
         _execute_mysql(db, head, tail, values)
