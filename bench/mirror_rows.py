@@ -1,11 +1,12 @@
 """The mirror's CPU per row, in isolation: a queue's `done` stream filled with real terminal
 events (jobs enqueued, claimed and acknowledged through the store, no mirror running), then
-`Mirror.step()` timed in-process (`time.process_time`, the least of `--repeat` times) into MariaDB, whose own CPU (its `/proc`
-stat) is counted beside it. Each round puts the same events back into the stream and empties the
-table, so every round inserts the same rows.
+`Mirror.step()` timed in-process (`time.process_time`, the least of `--repeat` times) into
+MariaDB, whose own CPU (its `/proc` stat) is counted beside it (other clients of the same server
+count too). Each time puts the same events back into the stream and empties the table, so every
+time inserts the same rows.
 
-    .venv/bin/python bench/mirror_rows.py [--rows 20000] [--batches 1000,50] [--rounds 3] [--repeat 3]
-                                          [--roots /work/main,.] [--profile 50]
+    .venv/bin/python bench/mirror_rows.py [--rows 20000] [--batches 1000,50] [--rounds 3]
+                                          [--repeat 3] [--roots /work/main,.] [--profile 50]
 
 `--roots`: checkouts measured in turn, alternating, each round (each in a process of its own).
 `--profile B`: instead, a cProfile of one round at batch B in this checkout.
@@ -23,19 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, prepare_database, valkey
+from c1 import mariadb_cpu
 
 HERE = Path(__file__).resolve().parent
 DATABASE_URL = "mysql://root@127.0.0.1:3306/jq_mirror"
 QUEUE = "mirrorbench"
-
-
-def mariadb_cpu() -> float:
-    """CPU seconds the MariaDB server has used (0 when it is not running here)."""
-    found = subprocess.run(["pidof", "mariadbd"], capture_output=True, text=True).stdout.split()
-    if not found:
-        return 0.0
-    fields = Path(f"/proc/{found[0]}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def fill(rows: int) -> list[tuple[str, dict[str, str]]]:
@@ -139,10 +132,10 @@ def main() -> None:
         for _ in range(args.rounds):
             for root in roots:
                 env = {**os.environ, "PYTHONPATH": f"{root}"}
-                out = subprocess.run([sys.executable, str(HERE / "mirror_rows.py"), "--inner",
-                                      "--root", str(root), "--repeat", str(args.repeat), "--rows", str(args.rows), "--batches",
-                                      ",".join(map(str, args.batches))],
-                                     env=env, cwd=root, capture_output=True, text=True)
+                argv = [sys.executable, str(HERE / "mirror_rows.py"), "--inner", "--root",
+                        str(root), "--repeat", str(args.repeat), "--rows", str(args.rows),
+                        "--batches", ",".join(map(str, args.batches))]
+                out = subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True)
                 if out.returncode:
                     sys.exit(out.stderr)
                 results[str(root)].append(json.loads(out.stdout.strip().splitlines()[-1]))
