@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable
+from contextlib import nullcontext
 from functools import cache, lru_cache
+from operator import itemgetter
 from typing import Any
 
 from django.db import connection, models, transaction
 
-from .records import JobInfo, attempt_history
+from .records import EncodedJSON, JobInfo, attempt_history
 from .states import State
 
 
@@ -143,10 +145,6 @@ class Shard(models.Model):
         return f"{self.queue}#{self.index}"
 
 
-class EncodedJSON(str):
-    """JSON text already encoded (a payload as enqueued): written to a JSON column as it is."""
-
-
 def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) -> int:
     """Write `Job` rows (dicts with every column) as one multi-row INSERT; rows whose id exists
     get the `update` columns overwritten (none: the INSERT fails on a duplicate id). Raw SQL
@@ -157,25 +155,64 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
     adapt_datetime = lru_cache(maxsize=256)(db.ops.adapt_datetimefield_value)
 
     def adapt_json(value: Any) -> Any:
-        if value is None or isinstance(value, EncodedJSON):
-            return value
-        return db.ops.adapt_json_value(value, None)
+        return value if isinstance(value, EncodedJSON) else db.ops.adapt_json_value(value, None)
 
     adapters: dict[type, Callable[[Any], Any]] = {models.DateTimeField: adapt_datetime,
                                                   models.JSONField: adapt_json}
     if db.vendor == "postgresql":  # it stores no NUL character, in text or in jsonb
         adapters.update({models.CharField: _text_without_nul, models.TextField: _text_without_nul,
                          models.JSONField: _json_without_nul})
-    columns = [(f.attname, adapters.get(type(f))) for f in Job._meta.concrete_fields]
-    values = [[adapt(row[name]) if adapt else row[name] for name, adapt in columns] for row in rows]
-    sql = _insert_sql(db.vendor, tuple(sorted(update)))
-    if len(values) == 1:  # one statement is atomic by itself: no BEGIN/COMMIT round trips
+    fields = Job._meta.concrete_fields
+    take = itemgetter(*(f.attname for f in fields))
+    adapted = [(i, adapt) for i, f in enumerate(fields) if (adapt := adapters.get(type(f)))]
+    values = []
+    for row in rows:
+        value = list(take(row))
+        for i, adapt in adapted:
+            if value[i] is not None:  # (None is NULL whatever the column)
+                value[i] = adapt(value[i])
+        values.append(value)
+    head, tail = _insert_sql(db.vendor, tuple(sorted(update)))
+    if db.vendor == "mysql":
+        _execute_mysql(db, head, tail, values)
+    elif len(values) == 1:  # one statement is atomic by itself: no BEGIN/COMMIT round trips
         with db.cursor() as cursor:
-            cursor.execute(sql, values[0])
+            cursor.execute(head + _placeholders() + tail, values[0])
     elif values:  # the driver may split a long batch into several statements
         with transaction.atomic(savepoint=False), db.cursor() as cursor:
-            cursor.executemany(sql, values)
+            cursor.executemany(head + _placeholders() + tail, values)
     return len(values)
+
+
+STATEMENT_BYTES = 512 * 1024
+"""The longest multi-row INSERT sent to MySQL (more rows go in more statements, in one
+transaction): below every server's default `max_allowed_packet`."""
+
+
+def _execute_mysql(db: Any, head: str, tail: str, values: list[list[Any]]) -> None:
+    """The rows as few INSERT statements as fit STATEMENT_BYTES, each value quoted by the
+    driver's own `string_literal` (what its `executemany` calls too, through a Python function
+    per value that costs more than the quoting). A batch in one statement needs no transaction."""
+    if not values:
+        return
+    with db.cursor() as cursor:
+        raw = db.connection  # (the MySQLdb connection the cursor opened)
+        quote, encoding, literal = raw.string_literal, raw.encoding, raw.literal
+        rows = [b"(" + b",".join([
+            quote(v.encode(encoding)) if isinstance(v, str) else b"NULL" if v is None
+            else b"%d" % v if type(v) is int or type(v) is bool else literal(v) for v in row
+        ]) + b")" for row in values]
+        statements, start, size = [], 0, 0
+        for end, row in enumerate(rows):
+            if size and size + len(row) > STATEMENT_BYTES:
+                statements.append(rows[start:end])
+                start, size = end, 0
+            size += len(row) + 1
+        statements.append(rows[start:])
+        first, last = head.encode(encoding), tail.encode(encoding)
+        with transaction.atomic(savepoint=False) if len(statements) > 1 else nullcontext():
+            for chunk in statements:
+                cursor.execute(first + b",".join(chunk) + last)
 
 
 def _text_without_nul(value: Any) -> Any:
@@ -204,16 +241,21 @@ def _strings_without_nul(value: Any) -> Any:
     return value
 
 
+def _placeholders() -> str:
+    return f"({', '.join(['%s'] * len(Job._meta.concrete_fields))})"
+
+
 @cache
-def _insert_sql(vendor: str, update: tuple[str, ...]) -> str:
+def _insert_sql(vendor: str, update: tuple[str, ...]) -> tuple[str, str]:
+    """The INSERT of `Job` rows before its VALUES' rows and after them (the upsert's clause
+    overwriting the `update` columns)."""
     quote = connection.ops.quote_name
     columns = [quote(str(f.column)) for f in Job._meta.concrete_fields]
-    sql = (f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(columns)}) "
-           f"VALUES ({', '.join(['%s'] * len(columns))})")
+    head = f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(columns)}) VALUES "
     if not update:
-        return sql
+        return head, ""
     changed = [quote(name) for name in update]
     if vendor == "mysql":
-        return sql + " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in changed)
-    return sql + f" ON CONFLICT ({quote('id')}) DO UPDATE SET " + ", ".join(
+        return head, " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in changed)
+    return head, f" ON CONFLICT ({quote('id')}) DO UPDATE SET " + ", ".join(
         f"{c} = excluded.{c}" for c in changed)

@@ -184,6 +184,10 @@ def attempt_history(value: Any) -> tuple[Any, ...]:
                  for item in value if isinstance(item, dict))
 
 
+class EncodedJSON(str):
+    """JSON text already encoded (a payload as enqueued): written to a JSON column as it is."""
+
+
 class RowFields:
     """Reads the fields of one row or event, noting each that is corrupt."""
 
@@ -220,6 +224,16 @@ class RowFields:
             self.corrupt.append(name)
         return value
 
+    def encoded_json(self, name: str) -> Any:
+        """A JSON field for a JSON column: its text as stored when it is valid (a database
+        takes it without its being decoded and encoded again), else what `json` reads."""
+        raw = self.row.get(name)
+        value, problem = json_field(raw, name)
+        if problem:
+            self.corrupt.append(name)
+            return value
+        return None if value is None else EncodedJSON(raw)
+
 
 INT_MAX = 2**31 - 1
 
@@ -240,12 +254,12 @@ def mirror_columns(event: Mapping[str, str], queue: str, shard: int,
         "state": fields.text("state")[:16], "priority": _clamp(fields.int("priority"), -100, 100),
         "attempts": _clamp(fields.int("attempts"), 0, INT_MAX),
         "max_attempts": _clamp(fields.int("max_attempts") or max_attempts, 0, INT_MAX),
-        "payload": fields.json("payload"), "result": fields.json("result"),
+        "payload": fields.encoded_json("payload"), "result": fields.encoded_json("result"),
         "last_error": fields.text("last_error"), "unique_key": fields.text("unique_key")[:200],
         "worker": fields.text("worker")[:200],
         "enqueued_at": fields.time("enqueued_at", str(event["id"])),
         "started_at": fields.time("started_at"), "finished_at": fields.time("finished_at"),
-        "history": fields.json("history"), "progress": fields.json("progress"),
+        "history": fields.encoded_json("history"), "progress": fields.encoded_json("progress"),
     }
     if fields.corrupt:
         note = f"corrupt field(s) in the row: {', '.join(fields.corrupt)}"

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from jobqueue import Queue
 from jobqueue.mirror import Mirror, upsert
-from jobqueue.models import Job, insert_jobs
+from jobqueue.models import EncodedJSON, Job, insert_jobs
 from tests.jobapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,3 +77,50 @@ def test_a_batch_inside_the_callers_transaction_rolls_back_with_it() -> None:
         assert Job.objects.count() == 3
         raise RuntimeError("rollback")
     assert not Job.objects.exists()
+
+
+def row(job_id: str, **columns: Any) -> dict[str, Any]:
+    """A `Job` row as `insert_jobs` takes it: every column."""
+    return {**{f.attname: None for f in Job._meta.concrete_fields}, "id": job_id,
+            "queue": "default", "shard": 0, "lane": "", "state": "succeeded", "priority": 0,
+            "attempts": 1, "max_attempts": 3, "last_error": "", "unique_key": "", "worker": "",
+            "mirrored_at": datetime.now(UTC), "durable": False, "relayed": True, **columns}
+
+
+AWKWARD = ["it's", 'say "hi"', "back\\slash", "\\'", "\\", "''", "%s %(x)s %%", "tab\tnew\nline\r",
+           "ctrl-z \x1a", "ünï 中文 🚀", "", "NULL", "); DROP TABLE jobqueue_job; --"]
+
+
+def test_awkward_text_json_and_datetimes_come_back_exactly() -> None:
+    nul = "\ufffd" if connection.vendor == "postgresql" else "\x00"
+    when = datetime(2026, 3, 4, 5, 6, 7, 891011, tzinfo=UTC)
+    rows = [row(f"JOB00000000{i:03d}", lane=text[:128], last_error=f"{text} nul\x00", worker=text,
+                unique_key=text, payload={"args": [text, i, -1.5, None, True], text: [text]},
+                result=text, history=[{"error": text}], progress=EncodedJSON('{"p": "\\"%s\\""}'),
+                priority=-100 + i, attempts=2**31 - 1, enqueued_at=when, started_at=when,
+                finished_at=when.replace(microsecond=i))
+            for i, text in enumerate(AWKWARD)]
+    assert insert_jobs(rows) == len(AWKWARD)
+    for i, text in enumerate(AWKWARD):
+        got = Job.objects.get(pk=f"JOB00000000{i:03d}")
+        assert (got.lane, got.worker, got.unique_key) == (text, text, text)
+        assert got.last_error == f"{text} nul{nul}"
+        assert got.payload == {"args": [text, i, -1.5, None, True], text: [text]}
+        assert got.result == text and got.history == [{"error": text}]
+        assert got.progress == {"p": '"%s"'}
+        assert (got.priority, got.attempts, got.durable, got.relayed) == (-100 + i, 2**31 - 1,
+                                                                          False, True)
+        assert got.enqueued_at == when and got.finished_at == when.replace(microsecond=i)
+        assert got.run_after is None and got.flow is None
+
+
+def test_a_batch_longer_than_one_statement_is_written_whole_or_not_at_all() -> None:
+    big = "x" * 20_000
+    rows = [row(f"JOB0000000{i:04d}", last_error=big) for i in range(60)]  # > 1 MB in all
+    assert insert_jobs(rows[:50]) == 50
+    assert Job.objects.count() == 50 and {j.last_error for j in Job.objects.all()} == {big}
+    Job.objects.filter(pk__in=[r["id"] for r in rows[:40]]).delete()
+    with pytest.raises(IntegrityError):  # the last rows are there already: the INSERT fails
+        insert_jobs(rows)
+    assert Job.objects.count() == 10
+    assert insert_jobs(rows, update=["last_error"]) == 60 and Job.objects.count() == 60

@@ -34,6 +34,25 @@ def test_malformed_ids_are_rejected_with_value_error(bad: str) -> None:
         ids.decode(bad)
 
 
+def test_an_ids_mint_time_is_read_the_same_whatever_was_read_before() -> None:
+    """`minted_ms` keeps the last leading digits it worked out: ids sharing them, ids that do
+    not, text that is no id and ids past 63 bits all answer as decoding the whole id does."""
+    def decoded(text: str) -> int | None:
+        try:
+            return ids.parts(ids.decode(text)[1])[0]
+        except ValueError:
+            return None
+
+    rng = random.Random(27)
+    start = 123_456_789 << 22
+    texts = [ids.encode("JOB", v) for v in range(start, start + 3_000_000, 997)]
+    texts += [ids.encode("JOB", rng.randrange(ids.MAX_SNOWFLAKE + 1)) for _ in range(2000)]
+    texts += ["JOB" + "".join(rng.choices(ids.ALPHABET, k=11)) for _ in range(2000)]
+    texts += ["JOBzzzzzzzzzzz", "JOB7zzzzzzzzzz", *VECTORS["invalid_branded"]]
+    for text in texts + rng.sample(texts, len(texts)):  # (in order, then shuffled)
+        assert ids.minted_ms(text) == decoded(text), text
+
+
 @pytest.mark.parametrize("case", VECTORS["slots"], ids=lambda c: c["key"])
 def test_slot_vectors(case: dict) -> None:
     assert keys.slot(case["key"]) == case["slot"]
