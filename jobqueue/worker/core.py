@@ -280,9 +280,8 @@ class Worker:
             pass
         except RedisError:
             log.exception("Valkey refused a command")
-        if (self.outcomes.unrecorded() or (self.config.burst and not self.held.jobs)
-                or (not self.held.jobs and not self.waiters.idle_again())):
-            self._tick.set()  # (the main loop's now: to record, end a burst run, or unblock)
+        if self.outcomes.unrecorded() or not self.held.jobs:  # (the main loop's now; idle:
+            self._tick.set()  # it ends the waiters' plain waits, to wait with an offer again)
 
     def _submit(self, leases: list[Lease]) -> None:
         assert self._runners is not None

@@ -250,17 +250,6 @@ class Waiters:
             log.warning("could not withdraw the idle offer on %s: a job handed over meanwhile "
                         "waits for its lease to expire", lines.queue.name)
 
-    def idle_again(self) -> bool:
-        """The worker fell idle: end its waiters' plain waits from the caller's thread, so that
-        they wait with an offer again (waking the main loop to do it costs more CPU); False
-        when Valkey refused (the main loop's turn tries again)."""
-        if self._plain_waits:
-            try:
-                self.unblock()
-            except RedisError:
-                return False
-        return True
-
     def unblock(self, every: bool = False) -> None:
         """The worker fell idle: end its waiters' plain waits, so that they wait with an offer;
         `every`: it stops, end every wait. An unblocked BLPOP returns as if it timed out."""
