@@ -48,6 +48,8 @@ def _runs_runworker() -> bool:
     command = getattr(sys, "argv", [])[1:2]  # (an embedded interpreter may have no argv)
     if command != ["runworker"] or "django.core.management" not in sys.modules:
         return False
+    if "--multiprocessing-fork" in getattr(sys, "orig_argv", ()):  # (spawned: before its
+        return False  # parent_process() is set, it may import jobqueue to unpickle its target)
     spawned = sys.modules.get("multiprocessing.process")
     return spawned is None or spawned.parent_process() is None
 

@@ -19,7 +19,7 @@ MAX_SNOWFLAKE = (1 << 63) - 1
 NODE_BITS = 10
 SEQ_BITS = 12
 _INDEX = {ch: i for i, ch in enumerate(ALPHABET)}
-_BRANDED = re.compile(r"^[A-Z]{3}[0-9A-Za-z]{11}$")
+_BRANDED = re.compile(r"[A-Z]{3}[0-9A-Za-z]{11}")
 _MASK64 = (1 << 64) - 1
 
 
@@ -58,7 +58,7 @@ def _base62(value: int) -> str:
 
 def decode(branded: str) -> tuple[str, int]:
     """Split a branded id into (namespace, snowflake); ValueError when malformed."""
-    if not isinstance(branded, str) or not _BRANDED.match(branded):
+    if not isinstance(branded, str) or not _BRANDED.fullmatch(branded):
         raise ValueError(
             f"malformed id {branded!r}: expected 3 uppercase letters and 11 base62 digits"
         )
@@ -97,7 +97,7 @@ in a row share them: they change every ~3.5 ms of minting)."""
 def minted_ms(branded: str) -> int | None:
     """The unix ms an id was minted at, or None when the text is not an id."""
     global _minted_high
-    if not isinstance(branded, str) or not _BRANDED.match(branded):
+    if not isinstance(branded, str) or not _BRANDED.fullmatch(branded):
         return None
     high, known = branded[3:10], _minted_high
     if known[0] != high:

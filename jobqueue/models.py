@@ -174,7 +174,9 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
         values.append(value)
     head, tail = _insert_sql(db.vendor, tuple(sorted(update)))
     if db.vendor == "mysql":
-        _execute_mysql(db, head, tail, values)
+        db.ensure_connection()  # (the driver's connection quotes the values)
+    if db.vendor == "mysql" and hasattr(db.connection, "string_literal"):  # (mysqlclient's; not
+        _execute_mysql(db, head, tail, values)  # PyMySQL's, installed as MySQLdb)
     elif len(values) == 1:  # one statement is atomic by itself: no BEGIN/COMMIT round trips
         with db.cursor() as cursor:
             cursor.execute(head + _placeholders() + tail, values[0])
@@ -196,7 +198,7 @@ def _execute_mysql(db: Any, head: str, tail: str, values: list[list[Any]]) -> No
     if not values:
         return
     with db.cursor() as cursor:
-        raw = db.connection  # (the MySQLdb connection the cursor opened)
+        raw = db.connection  # (mysqlclient's connection)
         quote, encoding, literal = raw.string_literal, raw.encoding, raw.literal
         rows = [b"(" + b",".join([
             quote(v.encode(encoding)) if isinstance(v, str) else b"NULL" if v is None

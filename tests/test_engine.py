@@ -390,7 +390,7 @@ def test_pause_stops_claims_but_not_enqueue(queue: Queue) -> None:
 
 
 def test_resume_leaves_a_wake_token_on_every_shard(queue: Queue) -> None:
-    # (an idle worker skips a drained queue until a token or its next maintenance turn)
+    # (a token wakes an idle worker; without one it finds the queue at its next maintenance turn)
     queue.pause()
     queue.resume()
     wakes = [queue.client.lrange(queue.shard(i).key("wake"), 0, -1) for i in range(queue.all_shards())]

@@ -48,7 +48,7 @@ def test_an_ids_mint_time_is_read_the_same_whatever_was_read_before() -> None:
     texts = [ids.encode("JOB", v) for v in range(start, start + 3_000_000, 997)]
     texts += [ids.encode("JOB", rng.randrange(ids.MAX_SNOWFLAKE + 1)) for _ in range(2000)]
     texts += ["JOB" + "".join(rng.choices(ids.ALPHABET, k=11)) for _ in range(2000)]
-    texts += ["JOBzzzzzzzzzzz", "JOB7zzzzzzzzzz", *VECTORS["invalid_branded"]]
+    texts += ["JOBzzzzzzzzzzz", "JOB7zzzzzzzzzz", texts[0] + "\n", *VECTORS["invalid_branded"]]
     for text in texts + rng.sample(texts, len(texts)):  # (in order, then shuffled)
         assert ids.minted_ms(text) == decoded(text), text
 

@@ -106,14 +106,39 @@ if __name__ == "__main__":
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         print(*pool.apply(child))
 """
+SPAWNS_WITH_JOBQUEUE_TO_UNPICKLE = """
+import multiprocessing
+import sys
+
+import django.core.management  # (at the top: a spawned process imports it again, as __mp_main__)
+
+
+def child():
+    import gc
+    from jobqueue import collector
+
+    return gc.isenabled(), collector.paused_at_start
+
+
+if __name__ == "__main__":
+    sys.argv = ["manage.py", "runworker"]
+    from jobqueue.keys import queue_list
+
+    # A pool's initializer from jobqueue (as the worker's --processes pool has): the process
+    # imports jobqueue to unpickle it, before multiprocessing has set its parent_process().
+    with multiprocessing.get_context("spawn").Pool(1, queue_list, ("default",)) as pool:
+        print(*pool.apply(child))
+"""
 PROJECT = {"DJANGO_SETTINGS_MODULE": "project.settings", "VALKEY_URL": "redis://127.0.0.1:1/0",
            "DATABASE_URL": "sqlite:///:memory:"}
 
 
-def test_a_process_a_worker_spawns_is_left_with_the_collector_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", [SPAWNS_FROM_A_WORKER, SPAWNS_WITH_JOBQUEUE_TO_UNPICKLE])
+def test_a_process_a_worker_spawns_is_left_with_the_collector_on(tmp_path: Path,
+                                                                 source: str) -> None:
     # multiprocessing hands its parent's argv (`manage.py runworker`) to a process it spawns.
     script = tmp_path / "spawns.py"
-    script.write_text(SPAWNS_FROM_A_WORKER)
+    script.write_text(source)
     done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **PROJECT, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -48,6 +48,7 @@ from .waiters import Waiters
 
 log = logging.getLogger("jobqueue.worker")
 
+
 def _wait_for_valkey(served: Served, stop: threading.Event, exc: Exception) -> None:
     """Until Valkey answers again (or a stop)."""
     log.warning("Valkey unreachable (%s); retrying", exc)
@@ -248,7 +249,7 @@ class Worker:
         # busy queue cannot take every slot from the others (Pacer's isolation).
         limit = queue.options.concurrency or self.config.capacity
         take = min(room, limit - self.held.per_queue[queue.name])
-        if take <= 0 or self._drained.skip(queue.name, now):
+        if take <= 0 or (only is None and self._drained.skip(queue.name, now)):
             return 0  # (its successes are acked with the rest)
         answers, leases = queue.ack_and_dequeue(
             [(lease, outcome.result) for lease, outcome in items],
@@ -260,9 +261,9 @@ class Worker:
         self.outcomes.acked(items, answers)
         if queue.rate_wait:  # its rate limit holds the rest back: serve the others meanwhile
             self._drained.mark(queue.name, now + queue.rate_wait)
-        elif len(leases) < take:  # drained (see `Drained`; after a waiter's claim of one shard
-            # too: work on the others wakes their own waiters)
-            self._drained.mark(queue.name, max(self.maintenance.next_look(), now + DRAINED))
+        elif len(leases) < take:  # drained: skip the queue a moment (see `Drained`; after a
+            # waiter's claim of one shard too: work on the others wakes their own waiters)
+            self._drained.mark(queue.name, now + DRAINED)
         self._submit(leases)
         return len(leases)
 

@@ -141,8 +141,7 @@ def _failed(exc: Exception, started: float, ctx: JobContext | None = None) -> Ou
 
 
 def _succeeded(result: Any, started: float, ctx: JobContext | None = None) -> Outcome:
-    if ctx is not None:
-        _write_progress(ctx)
+    _write_progress(ctx)
     try:
         encoded = "null" if result is None else dumps(result, "result")  # (most jobs: None)
     except JobQueueError as exc:

@@ -1,7 +1,7 @@
 """The worker's turns besides claiming, each on its own timer, run by the main loop: maintenance
 (new queues, settling resizes, automatic shard counts, promote and reap, the registry's entries
-of the served queues, the worker's presence), the promotion of scheduled jobs as they come due,
-the schedules' ticks, and the summary line.
+of the served queues, the worker's presence), the promotion of scheduled jobs whose due time the
+last sweep saw (PROMOTE_GAP), the schedules' ticks, and the summary line.
 
 Owns those timers, when the next scheduled job is due, and the rate the console shows. It may
 change what the worker serves (`Served`: a queue created since it started, a shard count that
@@ -31,6 +31,11 @@ from .serving import HeldJobs, Served, WorkerConfig
 log = logging.getLogger("jobqueue.worker")
 SETTLE_EVERY = 2.0
 """Seconds between checks of a settling resize (one worker per queue does it)."""
+PROMOTE_GAP = 0.1
+"""Seconds at least between two promotions of due scheduled jobs (outside maintenance turns): a
+delayed or retried job starts at most this late on an idle worker, and a stream of due times
+(lane rates' next tokens, retries) costs each worker no more than a sweep of its shards this
+often."""
 BURST_CHECK = 0.02
 """Seconds a burst worker that holds nothing waits before it first asks again whether the run is
 done, doubled at each ask up to the maintenance interval: other workers' last jobs (or a lane
@@ -69,11 +74,6 @@ class Maintenance:
             self.summary()
             self._next_summary = now + self._config.summary_every
         return turned
-
-    def next_look(self) -> float:
-        """When the main loop next finds work no wake token announces (`serving.Drained`): the
-        next maintenance turn, or the next scheduled job's promotion (monotonic clock)."""
-        return self._next_turn if self.next_due is None else min(self._next_turn, self.next_due)
 
     def next_wake(self) -> float:
         """Seconds until the next maintenance turn, scheduled job or schedule tick; in a burst
@@ -119,7 +119,7 @@ class Maintenance:
                 _, wait = queue.promote_shard(index)
                 if wait is not None:
                     next_due = wait if next_due is None else min(next_due, wait)
-        self.next_due = None if next_due is None else time.monotonic() + next_due
+        self.next_due = None if next_due is None else time.monotonic() + max(next_due, PROMOTE_GAP)
 
     def _relist(self) -> None:
         """List the served queues again where the registry lost them (`layouts.list_missing`)."""

@@ -34,7 +34,7 @@ from functools import partial
 from queue import Empty, SimpleQueue
 from typing import Any, TypeVar
 
-from .. import signals, tracing
+from .. import collector, signals, tracing
 from .._compat import connection_closer
 from ..conf import loop_factory
 from ..records import Lease
@@ -293,3 +293,4 @@ def _init_process(settings_module: str | None) -> None:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", settings_module)
     django.setup()
     autodiscover_modules("jobs")
+    collector.resume()  # (a spawned process given a runworker's argv: see jobqueue.collector)

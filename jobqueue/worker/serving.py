@@ -155,17 +155,16 @@ class HeldJobs:
 
 
 DRAINED = 0.05
-"""Seconds a drained queue is skipped at least (when the main loop's next look is overdue)."""
+"""Seconds a queue whose claim came back short is not asked again by the main loop, unless a
+wake token for it arrives or a hand-off brings one of its jobs first."""
 
 
 class Drained:
-    """Queues whose last claim came back short, not asked again until a wake token for one
-    arrives or a hand-off brings one of its jobs (`clear`), or until the main loop's next look
-    (`Maintenance.next_look`: the maintenance turn, or the next scheduled job's promotion), which
-    finds what no token announces; and queues their rate limit holds back, until its next token.
-    A busy worker serving many queues then makes no round trip per empty queue per claim, and an
-    idle one none per empty queue per job (an enqueue wakes a worker through its shard's wake
-    list: `waiters.py`)."""
+    """Queues the main loop does not ask for now: those whose last claim came back short, for
+    DRAINED (a busy worker serving many queues then does not make a round trip per empty queue
+    per claim; an enqueue wakes a worker at once through its shard's wake list: `waiters.py`),
+    and those their rate limit holds back, until its next token. A claim after a wake token asks
+    its shard whatever this says (the token is news of work)."""
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
