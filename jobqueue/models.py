@@ -211,10 +211,9 @@ def _execute_mysql(db: Any, head: str, tail: str, values: list[list[Any]]) -> No
                 start, size = end, 0
             size += len(row) + 1
         statements.append(rows[start:])
-        first, last = head.encode(encoding), tail.encode(encoding)
         with transaction.atomic(savepoint=False) if len(statements) > 1 else nullcontext():
-            for chunk in statements:
-                cursor.execute(first + b",".join(chunk) + last)
+            for chunk in statements:  # (as text, no parameters: what SQL wrappers expect)
+                cursor.execute(head + b",".join(chunk).decode(encoding) + tail)
 
 
 def _text_without_nul(value: Any) -> Any:
