@@ -361,7 +361,7 @@ class Queue:
 
     def resume(self) -> None:
         """Let workers claim from this queue again; a wake token per shard tells the idle ones
-        (a worker skips a drained queue until a token or its next maintenance turn)."""
+        (an idle worker's main loop sleeps until a token or its next maintenance turn)."""
         with self.client.pipeline(transaction=False) as pipe:
             for i in range(self.all_shards()):
                 pipe.hdel(self.shard(i).key("meta"), "paused")
