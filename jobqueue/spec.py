@@ -31,6 +31,8 @@ _c_encoder = _compat.c_json_encoder()  # made once: see _compat.py
 
 def dumps(value: Any, what: str) -> str:
     """Compact JSON, or InvalidPayload naming what could not be encoded (never pickle)."""
+    if value is None:  # (what most handlers return)
+        return "null"
     try:
         if _c_encoder is not None:
             return "".join(_c_encoder(value, 0))

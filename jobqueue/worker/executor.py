@@ -143,7 +143,7 @@ def _failed(exc: Exception, started: float, ctx: JobContext | None = None) -> Ou
 def _succeeded(result: Any, started: float, ctx: JobContext | None = None) -> Outcome:
     _write_progress(ctx)
     try:
-        encoded = "null" if result is None else dumps(result, "result")  # (most jobs: None)
+        encoded = dumps(result, "result")
     except JobQueueError as exc:
         return Outcome(False, error=str(exc), fatal=True, duration=time.monotonic() - started)
     return Outcome(True, result=encoded, duration=time.monotonic() - started)

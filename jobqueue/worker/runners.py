@@ -142,8 +142,7 @@ class Runners:
         close_old_connections = connection_closer()
         while (job := self._inbox.get()) is not None:
             lease, prepared = job
-            if signals.job_started.receivers:  # (looked at here: per job, and most have none)
-                signals.send(signals.job_started, Queue, lease=lease)
+            signals.send(signals.job_started, Queue, lease=lease)
             outcome = (self._run(lease, prepared) if self._tracer is None
                        else tracing.run(self._tracer, lease, partial(self._run, lease, prepared)))
             # A job ends like a request: its thread's database connection is closed unless
