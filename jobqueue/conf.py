@@ -260,7 +260,13 @@ def client_for_url(url: str) -> Any:
                 except RedisClusterException as exc:  # no seed node answered: Valkey is down
                     raise redis.ConnectionError(str(exc)) from None
             else:
-                _clients[url] = redis.Redis.from_url(plain, socket_keepalive=True, **opts)
+                # One retry, at once, on a new connection: a pooled connection the server closed
+                # while it sat idle (a restart, a kill) fails its next command otherwise, as
+                # redis-py's from_url gives no retry (a black-holed host then fails in 10 s).
+                from redis.backoff import NoBackoff
+                from redis.retry import Retry
+                _clients[url] = redis.Redis.from_url(plain, socket_keepalive=True,
+                                                     retry=Retry(NoBackoff(), 1), **opts)
         return _clients[url]
 
 
