@@ -250,7 +250,7 @@ def client_for_url(url: str) -> Any:
             plain, seeds = seed_nodes(plain)
             if seeds and not cluster:
                 raise ConfigurationError("a Valkey URL names several nodes only with ?cluster=true")
-            # A black-holed host fails in 5 s instead of hanging (a URL's own option wins).
+            # A black-holed host fails in 10 s (two tries) instead of hanging (a URL's own option wins).
             opts: dict[str, Any] = {**CLIENT_OPTIONS, "health_check_interval": 30,
                                     "socket_connect_timeout": 5}
             if cluster:
@@ -260,14 +260,20 @@ def client_for_url(url: str) -> Any:
                 except RedisClusterException as exc:  # no seed node answered: Valkey is down
                     raise redis.ConnectionError(str(exc)) from None
             else:
-                # One retry, at once, on a new connection: a pooled connection the server closed
-                # while it sat idle (a restart, a kill) fails its next command otherwise, as
-                # redis-py's from_url gives no retry (a black-holed host then fails in 10 s).
-                from redis.backoff import NoBackoff
-                from redis.retry import Retry
                 _clients[url] = redis.Redis.from_url(plain, socket_keepalive=True,
-                                                     retry=Retry(NoBackoff(), 1), **opts)
+                                                     retry=_one_retry(), **opts)
         return _clients[url]
+
+
+def _one_retry() -> Any:
+    """A standalone client's retry: once, at once, on a new connection. A pooled connection the
+    server closed while it sat idle (a restart, a kill) fails its next command otherwise, and
+    redis-py gives a client made from a URL or a pool no retry (a black-holed host then fails
+    in twice the connect timeout)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 1)
 
 
 def get_client() -> Any:
@@ -291,7 +297,8 @@ def _client_from_cache(alias: str) -> Any:
     with _clients_lock:
         if key not in _clients:
             base = get_redis_connection(alias)
-            kwargs = {**base.connection_pool.connection_kwargs, **CLIENT_OPTIONS}
+            kwargs = {"retry": _one_retry(), **base.connection_pool.connection_kwargs,
+                      **CLIENT_OPTIONS}  # (the cache's own retry, when it sets one)
             pool = redis.ConnectionPool(connection_class=base.connection_pool.connection_class,
                                         **kwargs)
             _clients[key] = redis.Redis(connection_pool=pool)

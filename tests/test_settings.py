@@ -44,6 +44,19 @@ def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_ser
     settings.JOBQUEUE = {"CACHE_ALIAS": "jq"}
     ref = Queue("default").enqueue({"x": 1})
     assert Queue("default").get(ref.id).payload == {"x": 1}  # type: ignore[union-attr]
+    # a retry on a new connection, as a client made from a URL has (the cache set none)
+    assert conf.get_client().connection_pool.connection_kwargs["retry"].get_retries() == 1
+
+
+def test_a_django_redis_cache_keeps_its_own_retry(settings: Any, valkey_server: ValkeyProcess) -> None:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    location = valkey_server.url[:-1] + "3"  # (django-redis keeps one pool per URL)
+    settings.CACHES = {"jq3": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": location,
+                               "OPTIONS": {"CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 3)}}}}
+    settings.JOBQUEUE = {"CACHE_ALIAS": "jq3"}
+    assert conf.get_client().connection_pool.connection_kwargs["retry"].get_retries() == 3
 
 
 @pytest.mark.parametrize(("jobqueue", "fragment"), [
