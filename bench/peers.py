@@ -115,6 +115,8 @@ class JobQueuePeer(Peer):
     one_concurrency = 128
     """In one process: measured best of 32/64/128/192/256 (64 and 128 close; 32 a fifth slower)."""
 
+    options: tuple[str, ...] = ()
+    """More runworker options for the "one" and "best" configurations."""
     root = ROOT
     """The checkout whose code runs (another one for `--baseline`)."""
     separate = False
@@ -134,15 +136,16 @@ class JobQueuePeer(Peer):
         return timed(lambda: tick.enqueue_many([() for _ in range(n)]))
 
     def configs(self) -> dict[str, Config]:
-        def run(workers: int, concurrency: int) -> list[str]:
+        def run(workers: int, concurrency: int, *options: str) -> list[str]:
             return [PY, str(self.root / "manage.py"), "runworker", "--workers", str(workers),
-                    "--concurrency", str(concurrency), "--log-level", "WARNING",
+                    "--concurrency", str(concurrency), *options, "--log-level", "WARNING",
                     *([] if MIRROR else ["--no-mirror"])]
 
-        return {"one": Config(f"1 proc, c={self.one_concurrency}", run(1, self.one_concurrency),
-                              root=self.root),
-                "best": Config(f"--workers 2, c={self.best_concurrency}",
-                               run(2, self.best_concurrency), root=self.root),
+        shown = "".join(f" {option}" for option in self.options)
+        return {"one": Config(f"1 proc, c={self.one_concurrency}{shown}",
+                              run(1, self.one_concurrency, *self.options), root=self.root),
+                "best": Config(f"--workers 2, c={self.best_concurrency}{shown}",
+                               run(2, self.best_concurrency, *self.options), root=self.root),
                 "c1": Config("c=1", run(1, 1), root=self.root)}
 
     def reset(self) -> None:
@@ -158,6 +161,10 @@ class JobQueuePeer(Peer):
 class JobQueueSyncPeer(JobQueuePeer):
     name, handler = "jq-sync", "tick"
     best_concurrency = one_concurrency = 32
+    options = ("--prefetch", "96")
+    """Runner threads starve less with a deeper prefetch (bench/RESULTS.md, "Plain `def` handlers
+    on runner threads"): `--workers 2`, 10,000 jobs, four alternating rounds, 4,614 jobs/s from
+    spawn (median) against 4,293 with the default (= concurrency) and 4,478 at c=16 prefetch 64."""
 
 
 class BaselinePeer(JobQueuePeer):
