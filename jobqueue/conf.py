@@ -250,7 +250,7 @@ def client_for_url(url: str) -> Any:
             plain, seeds = seed_nodes(plain)
             if seeds and not cluster:
                 raise ConfigurationError("a Valkey URL names several nodes only with ?cluster=true")
-            # A black-holed host fails in 10 s (two tries) instead of hanging (a URL's own option wins).
+            # A black-holed host fails in 5 s instead of hanging (a URL's own option wins).
             opts: dict[str, Any] = {**CLIENT_OPTIONS, "health_check_interval": 30,
                                     "socket_connect_timeout": 5}
             if cluster:
@@ -266,14 +266,16 @@ def client_for_url(url: str) -> Any:
 
 
 def _one_retry() -> Any:
-    """A standalone client's retry: once, at once, on a new connection. A pooled connection the
-    server closed while it sat idle (a restart, a kill) fails its next command otherwise, and
-    redis-py gives a client made from a URL or a pool no retry (a black-holed host then fails
-    in twice the connect timeout)."""
+    """A standalone client's retry: once, at once, on a new connection, after a connection
+    error. A pooled connection the server closed while it sat idle (a restart, a kill) fails its
+    next command otherwise, and redis-py gives a client made from a URL or a pool no retry. Not
+    after a timeout: a slow server may have run the command (a claim sent twice would lease jobs
+    nobody runs until their lease ends)."""
     from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.retry import Retry
 
-    return Retry(NoBackoff(), 1)
+    return Retry(NoBackoff(), 1, supported_errors=(ValkeyConnectionError,))
 
 
 def get_client() -> Any:
