@@ -115,8 +115,8 @@ class JobQueuePeer(Peer):
     one_concurrency = 128
     """In one process: measured best of 32/64/128/192/256 (64 and 128 close; 32 a fifth slower)."""
 
-    options: tuple[str, ...] = ()
-    """More runworker options for the "one" and "best" configurations."""
+    best_options: tuple[str, ...] = ()
+    """More runworker options for the "best" configuration."""
     root = ROOT
     """The checkout whose code runs (another one for `--baseline`)."""
     separate = False
@@ -141,11 +141,11 @@ class JobQueuePeer(Peer):
                     "--concurrency", str(concurrency), *options, "--log-level", "WARNING",
                     *([] if MIRROR else ["--no-mirror"])]
 
-        shown = "".join(f" {option}" for option in self.options)
-        return {"one": Config(f"1 proc, c={self.one_concurrency}{shown}",
-                              run(1, self.one_concurrency, *self.options), root=self.root),
+        shown = "".join(f" {option}" for option in self.best_options)
+        return {"one": Config(f"1 proc, c={self.one_concurrency}", run(1, self.one_concurrency),
+                              root=self.root),
                 "best": Config(f"--workers 2, c={self.best_concurrency}{shown}",
-                               run(2, self.best_concurrency, *self.options), root=self.root),
+                               run(2, self.best_concurrency, *self.best_options), root=self.root),
                 "c1": Config("c=1", run(1, 1), root=self.root)}
 
     def reset(self) -> None:
@@ -161,7 +161,7 @@ class JobQueuePeer(Peer):
 class JobQueueSyncPeer(JobQueuePeer):
     name, handler = "jq-sync", "tick"
     best_concurrency = one_concurrency = 32
-    options = ("--prefetch", "96")
+    best_options = ("--prefetch", "96")
     """Runner threads starve less with a deeper prefetch (bench/RESULTS.md, "Plain `def` handlers
     on runner threads"): `--workers 2`, 10,000 jobs, four alternating rounds, 4,614 jobs/s from
     spawn (median) against 4,293 with the default (= concurrency) and 4,478 at c=16 prefetch 64."""
@@ -409,11 +409,13 @@ def measure(peer: Peer, n: int) -> dict[str, object]:
 
     client = redis.Redis.from_url(peer.url)
     out: dict[str, object] = {}
-    # Memory per waiting job: after a first batch of the same jobs, flushed, so what one batch
-    # leaves for good (loaded scripts, the keyspace's grown table) counts for nobody, whichever
-    # system runs first. SYNC: a plain FLUSHALL frees in the background (Valkey's default
-    # lazyfree-lazy-user-flush), and memory read meanwhile still holds what is being freed.
+    # Memory per waiting job: after a first batch of the same jobs (and a few single enqueues,
+    # so every system's measured path is as warm), flushed: what a first batch leaves behind a
+    # flush (~30 bytes a job at 10,000 here, the scripts' cache among it) counts for nobody,
+    # whichever system runs first. SYNC: a plain FLUSHALL frees in the background (Valkey's
+    # default lazyfree-lazy-user-flush), and memory read meanwhile still holds what is being freed.
     peer.enqueue(n, single=not peer.bulk)
+    peer.enqueue(100, single=True)
     flush(client)
     before = int(client.info("memory")["used_memory"])
     out["enqueue_single"] = n / peer.enqueue(n, single=True)
@@ -427,7 +429,7 @@ def measure(peer: Peer, n: int) -> dict[str, object]:
             out["enqueue_bulk"] = count / seconds
         out[role] = {"label": config.label, **process(peer, config, count)}
         run = out[role]
-        print(f"  {peer.name:<9} {config.label:<18} {run['rate']:>9,.0f} jobs/s from spawn,"  # type: ignore[index]
+        print(f"  {peer.name:<9} {config.label:<32} {run['rate']:>9,.0f} jobs/s from spawn,"  # type: ignore[index]
               f" {run['steady']:>7,.0f} steady, start {run['start']:.2f} s", flush=True)  # type: ignore[index]
     return out
 

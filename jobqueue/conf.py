@@ -269,8 +269,9 @@ def _one_retry() -> Any:
     """A standalone client's retry: once, at once, on a new connection, after a connection
     error. A pooled connection the server closed while it sat idle (a restart, a kill) fails its
     next command otherwise, and redis-py gives a client made from a URL or a pool no retry. Not
-    after a timeout: a slow server may have run the command (a claim sent twice would lease jobs
-    nobody runs until their lease ends)."""
+    after a timeout: the server is slow or gone, and a second try would only double the wait
+    (a black-holed host's 5 s). A command whose connection broke after it went out may run
+    twice; every script is fenced or keyed by id for that (docs/howto/connect.md)."""
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.retry import Retry

@@ -609,8 +609,11 @@ def test_script_calls_borrow_a_bounded_share_of_the_pool_and_survive_a_dropped_c
 
 
 def test_a_client_for_a_url_retries_once_on_a_new_connection(valkey_server: Any) -> None:
+    import redis
+
     client = conf.client_for_url(valkey_server.url + "?client_name=retry-once")
-    assert client.connection_pool.connection_kwargs["retry"].get_retries() == 1
+    retry = client.connection_pool.connection_kwargs["retry"]
+    assert retry.get_retries() == 1 and retry._supported_errors == (redis.ConnectionError,)
     for _ in range(200):  # on a loaded machine a few pings find their connection not yet closed
         client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "no")
         assert client.ping()

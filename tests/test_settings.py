@@ -48,12 +48,14 @@ def test_a_django_redis_cache_connection_can_be_reused(settings: Any, valkey_ser
     assert conf.get_client().connection_pool.connection_kwargs["retry"].get_retries() == 1
 
 
-def test_a_django_redis_cache_keeps_its_own_retry(settings: Any, valkey_server: ValkeyProcess) -> None:
+def test_a_django_redis_cache_keeps_its_own_retry(settings: Any, valkey_server: ValkeyProcess,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_redis.pool import ConnectionFactory
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    location = valkey_server.url[:-1] + "3"  # (django-redis keeps one pool per URL)
-    settings.CACHES = {"jq3": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": location,
+    monkeypatch.setattr(ConnectionFactory, "_pools", {})  # (django-redis keeps one pool per URL)
+    settings.CACHES = {"jq3": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": valkey_server.url,
                                "OPTIONS": {"CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 3)}}}}
     settings.JOBQUEUE = {"CACHE_ALIAS": "jq3"}
     assert conf.get_client().connection_pool.connection_kwargs["retry"].get_retries() == 3
