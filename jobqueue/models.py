@@ -173,10 +173,8 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
                 value[i] = adapt(value[i])
         values.append(value)
     head, tail = _insert_sql(db.vendor, tuple(sorted(update)))
-    if db.vendor == "mysql":
-        db.ensure_connection()  # (the driver's connection quotes the values)
-    if db.vendor == "mysql" and hasattr(db.connection, "string_literal"):  # (mysqlclient's; not
-        _execute_mysql(db, head, tail, values)  # PyMySQL's, installed as MySQLdb)
+    if db.vendor == "mysql" and _quotes_values(db):
+        _execute_mysql(db, head, tail, values)
     elif len(values) == 1:  # one statement is atomic by itself: no BEGIN/COMMIT round trips
         with db.cursor() as cursor:
             cursor.execute(head + _placeholders() + tail, values[0])
@@ -189,6 +187,13 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
 STATEMENT_BYTES = 512 * 1024
 """The longest multi-row INSERT sent to MySQL (more rows go in more statements, in one
 transaction): below every server's default `max_allowed_packet`."""
+
+
+def _quotes_values(db: Any) -> bool:
+    """Whether a MySQL connection's driver quotes values itself (mysqlclient's `string_literal`;
+    not PyMySQL's, installed as MySQLdb): `_execute_mysql` then builds the statements."""
+    db.ensure_connection()
+    return hasattr(db.connection, "string_literal")
 
 
 def _execute_mysql(db: Any, head: str, tail: str, values: list[list[Any]]) -> None:
