@@ -124,3 +124,17 @@ def test_a_batch_longer_than_one_statement_is_written_whole_or_not_at_all() -> N
         insert_jobs(rows)
     assert Job.objects.count() == 10
     assert insert_jobs(rows, update=["last_error"]) == 60 and Job.objects.count() == 60
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL's driver quoting")
+def test_mysqlclient_quotes_a_batch_itself_into_one_statement() -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    from jobqueue.models import _quotes_values
+
+    mysqlclient = _quotes_values(connection)  # (opens the connection)
+    assert mysqlclient == type(connection.connection).__module__.startswith("MySQLdb")
+    with CaptureQueriesContext(connection) as queries:
+        assert insert_jobs([row(f"JOB0000000000{i}", last_error="it's") for i in range(3)]) == 3
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 1 and ("it''s" in inserts[0] or "it\\'s" in inserts[0]) == mysqlclient
