@@ -10,6 +10,10 @@ concurrency 1) is measured for jobqueue and the raw floor side by side, their jo
 
     .venv/bin/pip install -r bench/requirements.txt && (cd bench/node && npm install)
     python3.12 -m venv bench/.venv-bullmq && bench/.venv-bullmq/bin/pip install bullmq
+    python3.12 -m venv bench/.venv-deploy && bench/.venv-deploy/bin/pip install '.[mysql,metrics]' \
+        && bench/.venv-deploy/bin/pip uninstall -y jobqueue
+    python3.12 -m venv bench/.venv-vtasks && bench/.venv-vtasks/bin/pip install \
+        'django-vtasks[valkey]>=3.2,<4' 'valkey-glide>=2.0,<3' 'redis[hiredis]>=7.0,<9'
     .venv/bin/python bench/peers.py [--jobs 20000] [--only jobqueue,bullmq,vtasks,raw] [--rounds 3]
 
 `--baseline PATH` adds peer jq-base: jobqueue as another checkout has it (say, `git worktree
@@ -24,8 +28,11 @@ same code 22 % below its copy measured second).
 
 jobqueue runs as deployed, its mirror on: each finished job is written to MariaDB
 (`--database`, created and migrated here; `--no-mirror` turns the mirror off, as the peers
-keep no history). BullMQ for Python (peer bullmq-py) runs from its own venv, made by the
-command above.
+keep no history). Every system's workers run from a venv of their own, holding what its deploy
+has (made by the commands above; `_common.DEPLOYED` says why): jobqueue's with its runtime
+requirements (the code from the checkout), django-vtasks' with its package, BullMQ for Python's
+with `bullmq`; the raw floor's worker uses jobqueue's (redis-py). Enqueues from this process run
+in the development venv.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import ROOT, compile_checkout, prepare_database, valkey
+from _common import ROOT, compile_checkout, deployed_python, prepare_database, valkey
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -126,7 +133,8 @@ class JobQueuePeer(Peer):
 
     def enqueue(self, n: int, single: bool) -> float:
         if self.separate:
-            argv = [PY, "jq_enqueue.py", str(n), "single" if single else "bulk", self.handler]
+            argv = [deployed_python("deploy"), "jq_enqueue.py", str(n), "single" if single else "bulk",
+                    self.handler]
             done = subprocess.run(argv, env=env(self.url, self.root), cwd=HERE, check=True,
                                   capture_output=True, text=True)
             return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
@@ -139,7 +147,8 @@ class JobQueuePeer(Peer):
 
     def configs(self) -> dict[str, Config]:
         def run(workers: int, concurrency: int, *options: str) -> list[str]:
-            return [PY, str(self.root / "manage.py"), "runworker", "--workers", str(workers),
+            return [deployed_python("deploy"), str(self.root / "manage.py"), "runworker",
+                    "--workers", str(workers),
                     "--concurrency", str(concurrency), *options, "--log-level", "WARNING",
                     *([] if MIRROR else ["--no-mirror"])]
 
@@ -211,10 +220,10 @@ class VTasksPeer(Peer):
     name = "vtasks"
 
     def enqueue(self, n: int, single: bool) -> float:
-        return self.subprocess_seconds([PY, "vtasks_enqueue.py", str(n)])
+        return self.subprocess_seconds([deployed_python("vtasks"), "vtasks_enqueue.py", str(n)])
 
     def configs(self) -> dict[str, Config]:
-        argv = [PY, "-m", "django", "runworker", "--concurrency", "200"]
+        argv = [deployed_python("vtasks"), "-m", "django", "runworker", "--concurrency", "200"]
         settings = {"DJANGO_SETTINGS_MODULE": "vtasks_settings"}
         return {"one": Config("1 proc, c=200", argv, extra_env=settings),
                 "best": Config("2 procs, c=200", argv, procs=2, extra_env=settings)}
@@ -237,8 +246,8 @@ class RawPeer(Peer):
         return timed(bulk)
 
     def configs(self) -> dict[str, Config]:
-        return {"one": Config("1 proc", [PY, "raw_worker.py"]),
-                "best": Config("2 procs", [PY, "raw_worker.py"], procs=2)}
+        worker = [deployed_python("deploy"), "raw_worker.py"]  # (redis-py, as jobqueue's deploy has it)
+        return {"one": Config("1 proc", worker), "best": Config("2 procs", worker, procs=2)}
 
 
 class CeleryPeer(Peer):

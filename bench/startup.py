@@ -1,15 +1,23 @@
 """Start-up of `runworker`: spawn to the first finished job, and the CPU the start costs.
 
 Each run enqueues `--jobs` async no-op jobs (the peers' `atick`), spawns `manage.py runworker
---burst` with the bench settings (mirror into MariaDB on, as bench/peers.py runs it), notes when
-the first job has finished (the job INCRs `bench:done`), reads the CPU time the worker's
-processes (the mirror's, `--workers` children) have used by then, and waits for the burst to
-end: the last column is the user+sys time of the worker and every process it waited for, start
-to exit. CPU time moves less than wall time on a machine others share. With `--baseline PATH`
-another checkout's code takes turns with this one's, run after run, so both are measured in the
-same minutes.
+--burst` with the bench settings (mirror into MariaDB on, from the venv of a deploy: as
+bench/peers.py runs it), notes when the first job has finished (the job INCRs `bench:done`),
+reads the CPU time the worker's processes (the mirror's, `--workers` children) have used by
+then, and waits for the burst to end: the last column is the user+sys time of the worker and
+every process it waited for, start to exit. CPU time moves less than wall time on a machine
+others share. With `--baseline PATH` another checkout's code takes turns with this one's, run
+after run, so both are measured in the same minutes.
+
+With `--floor`, each run also times what every Django process that talks to Valkey through
+redis-py pays before it could run a job, whatever its queue: `python -c` importing Django's
+command line and setting Django up with the same settings (which imports the installed apps,
+jobqueue and redis-py with them), with the cyclic collector off as runworker's start has it; and
+the same for django-vtasks' two-app project in this bench, from its own venv. The first job's
+time minus the floor is what runworker itself adds.
 
     .venv/bin/python bench/startup.py [--runs 10] [--jobs 300] [--workers 1] [--baseline PATH]
+                                      [--floor]
 """
 
 from __future__ import annotations
@@ -19,11 +27,10 @@ import os
 import resource
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, compile_checkout, prepare_database, valkey
+from _common import ROOT, compile_checkout, deployed_python, prepare_database, valkey
 
 HERE = Path(__file__).resolve().parent
 DATABASE_URL = "mysql://root@127.0.0.1:3306/jqstartup"
@@ -56,9 +63,10 @@ def one_run(url: str, root: Path, jobs: int, workers: int, concurrency: int) -> 
 
     client = redis.Redis.from_url(url)
     client.set("bench:done", 0)
-    subprocess.run([sys.executable, "jq_enqueue.py", str(jobs), "bulk", "atick"],
+    python = deployed_python("deploy")
+    subprocess.run([python, "jq_enqueue.py", str(jobs), "bulk", "atick"],
                    env=env(url, root), cwd=HERE, check=True, capture_output=True)
-    argv = [sys.executable, str(root / "manage.py"), "runworker", "--burst", "--workers", str(workers),
+    argv = [python, str(root / "manage.py"), "runworker", "--burst", "--workers", str(workers),
             "--concurrency", str(concurrency), "--log-level", "WARNING"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     spawned = time.perf_counter()
@@ -76,6 +84,21 @@ def one_run(url: str, root: Path, jobs: int, workers: int, concurrency: int) -> 
     return first, cpu_first, cpu
 
 
+FLOOR = "import gc, os; gc.disable(); import django.core.management, django; django.setup(); os._exit(0)"
+"""The floor's process: Django's command line imported and Django set up, the collector off;
+it ends there (`os._exit`: the interpreter's own teardown is no part of anyone's start)."""
+
+
+def floor_run(url: str, root: Path, settings: str) -> float:
+    """Seconds from spawn to the end of the floor's process with `settings` (each system's from
+    its own venv, as bench/peers.py runs them)."""
+    python = deployed_python("vtasks" if settings == "vtasks_settings" else "deploy")
+    spawned = time.perf_counter()
+    subprocess.run([python, "-c", FLOOR], env={**env(url, root), "DJANGO_SETTINGS_MODULE": settings},
+                   cwd=HERE, check=True)
+    return time.perf_counter() - spawned
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
@@ -83,6 +106,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=0, help="default: 128 / workers")
     parser.add_argument("--baseline", type=Path, help="another checkout, taking turns with this one")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time Django's floor with these settings, and a two-app project's")
     parser.add_argument("--source", action="store_true",
                         help="compile no bytecode first (bytecode left by an earlier run is used)")
     args = parser.parse_args()
@@ -95,9 +120,12 @@ def main() -> None:
         os.environ.update(env(url, ROOT))
         prepare_database(DATABASE_URL, ROOT)
         found: dict[str, list[tuple[float, float, float]]] = {name: [] for name in roots}
+        floors: dict[str, list[float]] = {"bench_settings": [], "vtasks_settings": []}
         for run in range(args.runs):
             for name, root in (roots.items() if run % 2 == 0 else reversed(roots.items())):
                 found[name].append(one_run(url, root, args.jobs, args.workers, concurrency))
+            for settings in floors if args.floor else ():
+                floors[settings].append(floor_run(url, ROOT, settings))
     print(f"start-up, --workers {args.workers} --concurrency {concurrency}, {args.jobs} jobs waiting,"
           f" {args.runs} runs: spawn → first finished job (s), the workers' CPU until then (s), "
           f"CPU of the whole burst (s); min / median")
@@ -106,6 +134,13 @@ def main() -> None:
         print(f"  {name:5} first job {min(walls):.3f} / {statistics.median(walls):.3f}"
               f" | CPU to it {min(firsts):.3f} / {statistics.median(firsts):.3f}"
               f" | CPU of the burst {min(cpus):.3f} / {statistics.median(cpus):.3f}")
+    if args.floor:
+        print("  floor, spawn → Django set up (s), min / median:")
+        for settings, walls in floors.items():
+            print(f"    {settings:16} {min(walls):.3f} / {statistics.median(walls):.3f}")
+        first = statistics.median(w for w, _, _ in found["this"])
+        print(f"  runworker's own, first job's median minus the bench settings' floor median:"
+              f" {first - statistics.median(floors['bench_settings']):.3f} s")
 
 if __name__ == "__main__":
     main()

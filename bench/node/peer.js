@@ -1,5 +1,6 @@
 // BullMQ side of bench/peers.py: `node peer.js enqueue N [single]` prints {"seconds": …};
-// `node peer.js work CONCURRENCY` runs a worker until SIGTERM.
+// `node peer.js work CONCURRENCY` runs a worker until SIGTERM. BENCH_PRIORITY (bench/memory.py)
+// gives the enqueued jobs that priority (BullMQ keeps such jobs in a sorted set, not a list).
 const { Queue, Worker } = require("bullmq");
 const url = new URL(process.env.BENCH_URL || "redis://127.0.0.1:6399/0");
 const connection = { host: url.hostname, port: Number(url.port) };
@@ -11,13 +12,15 @@ async function main() {
     await queue.waitUntilReady();
     const n = Number(arg);
     const single = process.argv[4] === "single";
+    const opts = { removeOnComplete: true };
+    if (Number(process.env.BENCH_PRIORITY || 0) > 0) opts.priority = Number(process.env.BENCH_PRIORITY);
     const started = process.hrtime.bigint();
     if (single) {
-      for (let i = 0; i < n; i++) await queue.add("tick", {}, { removeOnComplete: true });
+      for (let i = 0; i < n; i++) await queue.add("tick", {}, { ...opts });
     } else {
       for (let i = 0; i < n; i += 1000) {
         const batch = [];
-        for (let j = i; j < Math.min(n, i + 1000); j++) batch.push({ name: "tick", data: {}, opts: { removeOnComplete: true } });
+        for (let j = i; j < Math.min(n, i + 1000); j++) batch.push({ name: "tick", data: {}, opts: { ...opts } });
         await queue.addBulk(batch);
       }
     }
