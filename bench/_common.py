@@ -61,9 +61,9 @@ DEPLOYED = {
 }
 """The venvs whose Python runs a system's workers as a deploy has them: only what the system
 and the bench's job need (jobqueue's code itself comes from the checkout, PYTHONPATH), not the
-development venv's test tools. That venv has the OpenTelemetry SDK, which redis-py imports
-whenever it is installed (~35 ms of every start), and an editable install's import hook (~17
-ms at interpreter start): costs a deploy of either system does not pay. Each is made by
+development venv's test tools and editable install. That venv has the OpenTelemetry SDK, which
+redis-py imports whenever it is installed (~35 ms of every start), and an editable install's
+import hook (~17 ms at interpreter start): costs a deploy of either system does not pay. Each is made by
 `python3.12 -m venv bench/.venv-<name> && bench/.venv-<name>/bin/<the command>`, run from the
 checkout's root."""
 
@@ -72,8 +72,8 @@ def deployed_python(name: str) -> str:
     """The Python of venv `name` (`DEPLOYED`); exits with the command that makes it if absent."""
     python = Path(__file__).resolve().parent / f".venv-{name}" / "bin" / "python"
     if not python.exists():
-        sys.exit(f"bench/.venv-{name} is missing: python3.12 -m venv bench/.venv-{name} && "
-                 f"bench/.venv-{name}/bin/{DEPLOYED[name]}")
+        sys.exit(f"bench/.venv-{name} is missing; from the checkout's root: python3.12 -m venv "
+                 f"bench/.venv-{name} && bench/.venv-{name}/bin/{DEPLOYED[name]}")
     return str(python)
 
 

@@ -1,9 +1,12 @@
 """Valkey memory per waiting job, jobqueue beside BullMQ, with and without a priority, and what
 a jobqueue job's bytes are made of.
 
-The same measurement as bench/peers.py's "bytes" column (single enqueues of the no-op job after
-a warm-up of the same jobs, Valkey emptied with FLUSHALL SYNC, `used_memory` before and after),
-once with the default priority and once with priority 1. BullMQ keeps a job without a priority
+Each system enqueues `--jobs` no-op jobs one at a time, then 100 more (a warm-up), Valkey is
+emptied with FLUSHALL SYNC, and `used_memory` is read before and after `--jobs` more single
+enqueues: once with the default priority and once with priority 1. (bench/peers.py's "bytes"
+column warms up with a bulk enqueue and measures as many jobs as its run processes: a count
+changes the bytes a job costs, as Valkey's tables grow in steps, BullMQ's more than jobqueue's:
+199 bytes at 20,000 jobs there, 213–215 at 10,000.) BullMQ keeps a job without a priority
 on a list and a job with one in a sorted set; jobqueue keeps every waiting job in its lane's
 sorted set (the score is its priority), so its cost does not change with a priority but for
 the row's `priority` field. Then jobqueue's parts: the row (MEMORY USAGE of a sample of job

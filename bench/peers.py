@@ -28,11 +28,15 @@ same code 22 % below its copy measured second).
 
 jobqueue runs as deployed, its mirror on: each finished job is written to MariaDB
 (`--database`, created and migrated here; `--no-mirror` turns the mirror off, as the peers
-keep no history). Every system's workers run from a venv of their own, holding what its deploy
-has (made by the commands above; `_common.DEPLOYED` says why): jobqueue's with its runtime
-requirements (the code from the checkout), django-vtasks' with its package, BullMQ for Python's
-with `bullmq`; the raw floor's worker uses jobqueue's (redis-py). Enqueues from this process run
-in the development venv.
+keep no history). The workers of jobqueue, django-vtasks and BullMQ for Python run from venvs
+of their own holding what each one's deploy has (made by the commands above, from the
+checkout's root; `_common.DEPLOYED` says why): jobqueue's with its runtime requirements (the
+code from the checkout), django-vtasks' with its package, BullMQ for Python's with `bullmq`; the
+raw floor's worker uses jobqueue's (redis-py). Celery's, RQ's, Dramatiq's and Huey's still run
+from the development venv. Enqueues from this process (jobqueue's, the raw floor's) run in the
+development venv too; jq-base's, django-vtasks' and BullMQ for Python's enqueue from
+processes of their own, from their venvs. An enqueue rate is timed inside its process: its
+start-up is not in it.
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ class Peer:
 
     name = ""
     bulk = False
+    venv: str | None = None
+    """The venv (`_common.DEPLOYED`) its workers run from; None: the development venv's Python."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -116,7 +122,7 @@ class JobQueuePeer(Peer):
     """jobqueue with the job as an `async def` handler on the worker's event loop, as BullMQ's
     runs on Node's (its fastest here); `jq-sync` runs the plain function on runner threads."""
 
-    name, bulk = "jobqueue", True
+    name, bulk, venv = "jobqueue", True, "deploy"
     handler = "atick"
     best_concurrency = 64
     """Per process with --workers 2: measured best of 16/32/64/128/256 (async jobs are tasks,
@@ -133,7 +139,7 @@ class JobQueuePeer(Peer):
 
     def enqueue(self, n: int, single: bool) -> float:
         if self.separate:
-            argv = [deployed_python("deploy"), "jq_enqueue.py", str(n), "single" if single else "bulk",
+            argv = [deployed_python(self.venv), "jq_enqueue.py", str(n), "single" if single else "bulk",
                     self.handler]
             done = subprocess.run(argv, env=env(self.url, self.root), cwd=HERE, check=True,
                                   capture_output=True, text=True)
@@ -147,7 +153,7 @@ class JobQueuePeer(Peer):
 
     def configs(self) -> dict[str, Config]:
         def run(workers: int, concurrency: int, *options: str) -> list[str]:
-            return [deployed_python("deploy"), str(self.root / "manage.py"), "runworker",
+            return [deployed_python(self.venv), str(self.root / "manage.py"), "runworker",
                     "--workers", str(workers),
                     "--concurrency", str(concurrency), *options, "--log-level", "WARNING",
                     *([] if MIRROR else ["--no-mirror"])]
@@ -217,20 +223,20 @@ class BullMQPyPeer(Peer):
 
 
 class VTasksPeer(Peer):
-    name = "vtasks"
+    name, venv = "vtasks", "vtasks"
 
     def enqueue(self, n: int, single: bool) -> float:
-        return self.subprocess_seconds([deployed_python("vtasks"), "vtasks_enqueue.py", str(n)])
+        return self.subprocess_seconds([deployed_python(self.venv), "vtasks_enqueue.py", str(n)])
 
     def configs(self) -> dict[str, Config]:
-        argv = [deployed_python("vtasks"), "-m", "django", "runworker", "--concurrency", "200"]
+        argv = [deployed_python(self.venv), "-m", "django", "runworker", "--concurrency", "200"]
         settings = {"DJANGO_SETTINGS_MODULE": "vtasks_settings"}
         return {"one": Config("1 proc, c=200", argv, extra_env=settings),
                 "best": Config("2 procs, c=200", argv, procs=2, extra_env=settings)}
 
 
 class RawPeer(Peer):
-    name, bulk = "raw", True
+    name, bulk, venv = "raw", True, "deploy"  # (redis-py, as jobqueue's deploy has it)
 
     def enqueue(self, n: int, single: bool) -> float:
         import redis
@@ -246,7 +252,7 @@ class RawPeer(Peer):
         return timed(bulk)
 
     def configs(self) -> dict[str, Config]:
-        worker = [deployed_python("deploy"), "raw_worker.py"]  # (redis-py, as jobqueue's deploy has it)
+        worker = [deployed_python(self.venv), "raw_worker.py"]
         return {"one": Config("1 proc", worker), "best": Config("2 procs", worker, procs=2)}
 
 
@@ -549,6 +555,8 @@ def main() -> None:
         chosen.insert(1, BaselinePeer)  # beside jobqueue: the two measured minutes apart at most
     peers = [p for p in chosen
              if not args.only or p.name in args.only.split(",") or p is BaselinePeer]
+    for venv in {p.venv for p in peers if p.venv}:
+        deployed_python(venv)  # (a missing venv stops the run now, not at its system's turn)
     runs: dict[str, list[dict]] = {p.name: [] for p in peers}
     compile_checkout()
     if args.baseline:

@@ -12,9 +12,9 @@ after run, so both are measured in the same minutes.
 With `--floor`, each run also times what every Django process that talks to Valkey through
 redis-py pays before it could run a job, whatever its queue: `python -c` importing Django's
 command line and setting Django up with the same settings (which imports the installed apps,
-jobqueue and redis-py with them), with the cyclic collector off as runworker's start has it; and
-the same for django-vtasks' two-app project in this bench, from its own venv. The first job's
-time minus the floor is what runworker itself adds.
+jobqueue and redis-py with them; `FLOORS` says how the collector is set); and the same for
+django-vtasks' two-app project in this bench, from its own venv. The first job's time minus the
+floor is what runworker itself adds.
 
     .venv/bin/python bench/startup.py [--runs 10] [--jobs 300] [--workers 1] [--baseline PATH]
                                       [--floor]
@@ -84,18 +84,24 @@ def one_run(url: str, root: Path, jobs: int, workers: int, concurrency: int) -> 
     return first, cpu_first, cpu
 
 
-FLOOR = "import gc, os; gc.disable(); import django.core.management, django; django.setup(); os._exit(0)"
-"""The floor's process: Django's command line imported and Django set up, the collector off;
-it ends there (`os._exit`: the interpreter's own teardown is no part of anyone's start)."""
+FLOORS = {
+    "bench_settings": ("deploy", "import gc, os, django.core.management, django; gc.disable(); "
+                                 "django.setup(); os._exit(0)"),
+    "vtasks_settings": ("vtasks", "import os, django.core.management, django; django.setup(); "
+                                  "os._exit(0)"),
+}
+"""Each floor's venv and process: Django's command line imported and Django set up, ending
+there (`os._exit`: the interpreter's teardown is no part of anyone's start). For jobqueue's the
+cyclic collector is off from `django.setup()` on, about where runworker's start turns it off
+(as Django imports jobqueue); django-vtasks' start leaves it on."""
 
 
 def floor_run(url: str, root: Path, settings: str) -> float:
-    """Seconds from spawn to the end of the floor's process with `settings` (each system's from
-    its own venv, as bench/peers.py runs them)."""
-    python = deployed_python("vtasks" if settings == "vtasks_settings" else "deploy")
+    """Seconds from spawn to the end of the floor's process with `settings`."""
+    venv, code = FLOORS[settings]
     spawned = time.perf_counter()
-    subprocess.run([python, "-c", FLOOR], env={**env(url, root), "DJANGO_SETTINGS_MODULE": settings},
-                   cwd=HERE, check=True)
+    subprocess.run([deployed_python(venv), "-c", code],
+                   env={**env(url, root), "DJANGO_SETTINGS_MODULE": settings}, cwd=HERE, check=True)
     return time.perf_counter() - spawned
 
 
@@ -120,7 +126,7 @@ def main() -> None:
         os.environ.update(env(url, ROOT))
         prepare_database(DATABASE_URL, ROOT)
         found: dict[str, list[tuple[float, float, float]]] = {name: [] for name in roots}
-        floors: dict[str, list[float]] = {"bench_settings": [], "vtasks_settings": []}
+        floors: dict[str, list[float]] = {settings: [] for settings in FLOORS}
         for run in range(args.runs):
             for name, root in (roots.items() if run % 2 == 0 else reversed(roots.items())):
                 found[name].append(one_run(url, root, args.jobs, args.workers, concurrency))
