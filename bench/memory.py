@@ -21,7 +21,10 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from _common import ROOT, valkey
 
@@ -29,8 +32,8 @@ HERE = Path(__file__).resolve().parent
 NODE = ["node", str(HERE / "node" / "peer.js")]
 
 
-def used(client: object) -> int:
-    return int(client.info("memory")["used_memory"])  # type: ignore[attr-defined]
+def used(client: Any) -> int:
+    return int(client.info("memory")["used_memory"])
 
 
 def jobqueue_enqueue(n: int, priority: int) -> None:
@@ -46,13 +49,13 @@ def bullmq_enqueue(url: str, n: int, priority: int) -> None:
                    env={**os.environ, "BENCH_URL": url, "BENCH_PRIORITY": str(priority)})
 
 
-def per_job(client: object, enqueue: object, n: int) -> float:
+def per_job(client: Any, enqueue: Callable[[int], None], n: int) -> float:
     """Bytes per job of `n` single enqueues, after a warm-up of the same jobs."""
-    enqueue(n)  # type: ignore[operator]
-    enqueue(100)  # type: ignore[operator]
-    client.execute_command("FLUSHALL", "SYNC")  # type: ignore[attr-defined]
+    enqueue(n)
+    enqueue(100)
+    client.execute_command("FLUSHALL", "SYNC")
     before = used(client)
-    enqueue(n)  # type: ignore[operator]
+    enqueue(n)
     return (used(client) - before) / n
 
 
@@ -72,8 +75,8 @@ def main() -> None:
         client = redis.Redis.from_url(url)
         print(f"Valkey bytes per waiting job, {args.jobs:,} single enqueues:")
         for priority in (0, 1):
-            mine = per_job(client, lambda k, p=priority: jobqueue_enqueue(k, p), args.jobs)
-            bull = per_job(client, lambda k, p=priority: bullmq_enqueue(url, k, p), args.jobs)
+            mine = per_job(client, partial(jobqueue_enqueue, priority=priority), args.jobs)
+            bull = per_job(client, partial(bullmq_enqueue, url, priority=priority), args.jobs)
             print(f"  priority {priority}: jobqueue {mine:6.1f}   BullMQ {bull:6.1f}")
         client.execute_command("FLUSHALL", "SYNC")
         jobqueue_enqueue(args.jobs, 0)

@@ -10,10 +10,7 @@ concurrency 1) is measured for jobqueue and the raw floor side by side, their jo
 
     .venv/bin/pip install -r bench/requirements.txt && (cd bench/node && npm install)
     python3.12 -m venv bench/.venv-bullmq && bench/.venv-bullmq/bin/pip install bullmq
-    python3.12 -m venv bench/.venv-deploy && bench/.venv-deploy/bin/pip install '.[mysql,metrics]' \
-        && bench/.venv-deploy/bin/pip uninstall -y jobqueue
-    python3.12 -m venv bench/.venv-vtasks && bench/.venv-vtasks/bin/pip install \
-        'django-vtasks[valkey]>=3.2,<4' 'valkey-glide>=2.0,<3' 'redis[hiredis]>=7.0,<9'
+    (bench/.venv-deploy and bench/.venv-vtasks: `_common.DEPLOYED`; a run missing one prints how)
     .venv/bin/python bench/peers.py [--jobs 20000] [--only jobqueue,bullmq,vtasks,raw] [--rounds 3]
 
 `--baseline PATH` adds peer jq-base: jobqueue as another checkout has it (say, `git worktree
@@ -29,8 +26,8 @@ same code 22 % below its copy measured second).
 jobqueue runs as deployed, its mirror on: each finished job is written to MariaDB
 (`--database`, created and migrated here; `--no-mirror` turns the mirror off, as the peers
 keep no history). The workers of jobqueue, django-vtasks and BullMQ for Python run from venvs
-of their own holding what each one's deploy has (made by the commands above, from the
-checkout's root; `_common.DEPLOYED` says why): jobqueue's with its runtime requirements (the
+of their own holding what each one's deploy has (made from the checkout's root;
+`_common.DEPLOYED` says how and why): jobqueue's with its runtime requirements (the
 code from the checkout), django-vtasks' with its package, BullMQ for Python's with `bullmq`; the
 raw floor's worker uses jobqueue's (redis-py). Celery's, RQ's, Dramatiq's and Huey's still run
 from the development venv. Enqueues from this process (jobqueue's, the raw floor's) run in the
