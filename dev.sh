@@ -96,7 +96,9 @@ test_suite() {
   "$VENV/bin/python" manage.py makemigrations --check --dry-run jobqueue >/dev/null
   # The docs site, in strict mode: a broken link or anchor fails the run (site/ is ignored).
   NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir site
-  "$VENV/bin/pytest" "$@"
+  # Two processes (pytest-xdist): the suite mostly waits on real servers and workers, and each
+  # process starts its own Valkey, cluster and test database (TEST_PROCESSES=1: one process).
+  "$VENV/bin/pytest" -n "${TEST_PROCESSES:-2}" "$@"
 }
 
 case "${1:-}" in
