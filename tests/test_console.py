@@ -395,3 +395,40 @@ def test_expired_jobs_are_counted_shown_and_retryable(admin_client: Client) -> N
     assert "expired" in page and 'value="Retry"' in page
     admin_client.post(f"/admin/jobqueue/job/live/jobs/default/{ref.id}/retry/")
     assert get_job(ref.id).state == "pending"  # type: ignore[union-attr]
+
+
+def test_the_flow_page_pages_a_large_flow_and_a_job_page_bounds_what_it_waits_for(
+        admin_client: Client) -> None:
+    from jobqueue import chord
+
+    ref = chord([jobs.add.s(i, 1) for i in range(130)], jobs.total.s()).enqueue()
+    base = "/admin/jobqueue/job/live"
+    first = admin_client.get(f"{base}/flows/default/{ref.id}/").content.decode()
+    assert first.count("<code>tests.jobapp.jobs.add</code>") == 50 and "page 1 of 3" in first
+    assert "pending: <b>130</b>" in first and "waiting: <b>1</b>" in first  # the whole flow
+    assert f'id="flow-callback">{ref.id}' in first
+    last = admin_client.get(f"{base}/flows/default/{ref.id}/?page=3").content.decode()
+    assert last.count("<code>tests.jobapp.jobs.add</code>") == 30 and "page 3 of 3" in last
+    assert "<code>tests.jobapp.jobs.total</code>" in last and "130 jobs" in last
+    assert last.count(f"{base}/jobs/default/JOB") <= 32 + 20  # its rows, at most 20 it waits for
+    page = admin_client.get(f"{base}/jobs/default/{ref.id}/").content.decode()
+    waits = page[page.index('id="job-flow"'):page.index("</tr>", page.index('id="job-flow"'))]
+    assert "130 jobs" in waits and waits.count(f"{base}/jobs/default/JOB") == 20
+    assert admin_client.get(f"{base}/flows/default/{ref.id}/?page=zz").status_code == 200
+
+
+def test_the_stuck_and_queue_pages_never_pull_the_payloads_they_do_not_show(
+        admin_client: Client) -> None:
+    queue = Queue("default")
+    jobs.add.enqueue_many([("x" * 200_000, i) for i in range(5)])
+    assert len(queue.dequeue(count=5, lease=60)) == 5
+
+    def sent() -> int:
+        return int(queue.client.info("stats")["total_net_output_bytes"])
+
+    for url in ("/admin/jobqueue/job/live/stuck/?running_over=1",
+                "/admin/jobqueue/job/live/queues/default/?state=active"):
+        before = sent()
+        assert admin_client.get(url).status_code == 200
+        assert sent() - before < 100_000, url  # five payloads are a million bytes
+
