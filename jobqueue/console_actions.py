@@ -31,7 +31,6 @@ from .models import Job, Shard
 from .states import State
 from .store import JobInfo, Queue
 
-
 VIEW, CHANGE = "jobqueue.view_job", "jobqueue.change_job"
 """Django's own permissions on jobs; either lets a staff user see the console."""
 

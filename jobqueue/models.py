@@ -17,7 +17,6 @@ from django.db.models.functions import Left
 from .records import EncodedJSON, JobInfo, attempt_history
 from .states import State
 
-
 HANDLER_LENGTH = 200
 """Characters of a handler's name that `Job.handler` keeps (an index on more would pass MySQL's
 limit of 3,072 bytes a key); the console searches no longer text."""
