@@ -35,14 +35,14 @@ takes (and Python refuses to read a number of 4,300 digits or more)."""
 
 def typed_number(raw: str) -> int | str:
     """What an operator typed in a number field: the whole number when it is ASCII digits (at
-    most MAX_DIGITS), else the text as the error that refuses it quotes it (`shown`)."""
+    most MAX_DIGITS), else the text as the error that refuses it quotes it (`cut_short`)."""
     text = raw.strip()
     if text.isascii() and text.isdecimal() and len(text) <= MAX_DIGITS:
         return int(text)
-    return shown(text)
+    return cut_short(text)
 
 
-def shown(text: str, limit: int = 40) -> str:
+def cut_short(text: str, limit: int = 40) -> str:
     """Text an operator typed, cut short for a message that quotes it."""
     return text if len(text) <= limit else text[:limit] + "…"
 
@@ -75,7 +75,7 @@ def reprioritize_job(queue: Queue, job_id: str, raw: str) -> str:
     try:
         priority = int(raw)
     except ValueError:
-        raise InvalidPriority(f"priority must be an integer in -100…100, got {shown(raw)!r}") from None
+        raise InvalidPriority(f"priority must be an integer in -100…100, got {cut_short(raw)!r}") from None
     queue.reprioritize(job_id, priority)
     return f"Job {job_id} now has priority {priority}."
 
