@@ -63,7 +63,7 @@ demo_cleanup() {
 
 demo() {
   setup
-  export DJANGO_SETTINGS_MODULE=project.settings
+  export DJANGO_SETTINGS_MODULE=project.settings DJANGO_DEBUG=true  # (the demo only: runserver serves the admin's files)
   unset VALKEY_URL DATABASE_URL
   local port=${DEMO_PORT:-8000}
   pidfile=var/valkey/valkey.pid started_valkey=1 jobs_started=()  # globals: for the EXIT trap

@@ -28,6 +28,25 @@ JOB_STATES = {"retry": frozenset({State.DEAD, State.CANCELLED, State.EXPIRED}),
 """The states in which each action on one job is offered."""
 
 
+MAX_DIGITS = 9
+"""The most digits a number typed into a form may have: more is beyond every range a form
+takes (and Python refuses to read a number of 4,300 digits or more)."""
+
+
+def typed_number(raw: str) -> int | str:
+    """What an operator typed in a number field: the whole number when it is ASCII digits (at
+    most MAX_DIGITS), else the text as the error that refuses it quotes it (`cut_short`)."""
+    text = raw.strip()
+    if text.isascii() and text.isdecimal() and len(text) <= MAX_DIGITS:
+        return int(text)
+    return cut_short(text)
+
+
+def cut_short(text: str, limit: int = 40) -> str:
+    """Text an operator typed, cut short for a message that quotes it."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def retry_job(queue: Queue, job_id: str) -> State:
     """Retry a dead, cancelled or expired job: in place while Valkey has its row, else created
     again from its mirror row under the same id, with every option the row keeps (its attempts
@@ -56,7 +75,7 @@ def reprioritize_job(queue: Queue, job_id: str, raw: str) -> str:
     try:
         priority = int(raw)
     except ValueError:
-        raise InvalidPriority(f"priority must be an integer in -100…100, got {raw!r}") from None
+        raise InvalidPriority(f"priority must be an integer in -100…100, got {cut_short(raw)!r}") from None
     queue.reprioritize(job_id, priority)
     return f"Job {job_id} now has priority {priority}."
 
@@ -78,10 +97,9 @@ def pause_queue(queue: Queue, paused: bool) -> str:
 
 def set_lane_concurrency(queue: Queue, lane: str, raw: str) -> str:
     """Set a lane's cap live from what an operator typed (blank: back to the settings' cap)."""
-    text = raw.strip()
-    if text and not text.isdecimal():
-        raise InvalidOption(f"a lane's cap must be a whole number ≥ 1 (or blank), got {raw!r}")
-    cap = int(text) if text else None
+    cap = typed_number(raw) if raw.strip() else None
+    if isinstance(cap, str):
+        raise InvalidOption(f"a lane's cap must be a whole number ≥ 1 (or blank), got {cap!r}")
     queue.set_lane_concurrency(lane, cap)
     shown = "every named lane" if lane == EVERY_LANE else f"lane {lane or '(default)'}"
     if cap is None:

@@ -50,7 +50,7 @@ class AutoShards:
 class Config:
     """Everything jobqueue reads from `settings.JOBQUEUE`, read-only (its mappings too)."""
 
-    url: str = "embedded"
+    url: str = field(default="embedded", repr=False)  # (its password: not in error reports)
     cache_alias: str | None = None
     defaults: QueueOptions = field(default_factory=QueueOptions)
     queues: Mapping[str, QueueOptions] = field(default_factory=lambda: MappingProxyType({}))
@@ -61,7 +61,7 @@ class Config:
     """Largest encoded payload (bytes) enqueue accepts: Valkey holds every waiting job in RAM."""
     schedule: Mapping[str, Entry] = field(default_factory=lambda: MappingProxyType({}))
     """Periodic jobs by name (schedule.py)."""
-    metrics_token: str | None = None
+    metrics_token: str | None = field(default=None, repr=False)
     """When set, /metrics wants `Authorization: Bearer <token>`."""
     auto_shards: AutoShards = AutoShards()
     event_loop: str = "auto"

@@ -1,14 +1,17 @@
 """The console's POST handlers, and the plumbing every console page shares.
 
-Every action is a POST with CSRF, needs staff plus the permission its
-`has_<action>_permission` asks for (as a `ModelAdmin` does), goes through `actions` (one call
-into `Queue` or the schedule), reports with the messages framework and records an admin LogEntry.
-`ConsoleActions` also renders in the admin's chrome and finds the queue or job a URL names;
-views.py's `Console` adds the pages. `console_reverse` links within the mount that served them.
+Every page and every action needs staff and Django's view permission on jobs (`viewed`: what
+the console shows, payloads and errors, is what the job changelist shows). Every action is a POST
+with CSRF, needs the permission its `has_<action>_permission` asks for too (as a `ModelAdmin`
+does), goes through `actions` (one call into `Queue` or the schedule), reports with the messages
+framework and records an admin LogEntry. `ConsoleActions` also renders in the admin's chrome and
+finds the queue or job a URL names; views.py's `Console` adds the pages. `console_reverse` links
+within the mount that served them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +30,9 @@ from .keys import validate_queue
 from .models import Job, Shard
 from .states import State
 from .store import JobInfo, Queue
+
+VIEW, CHANGE = "jobqueue.view_job", "jobqueue.change_job"
+"""Django's own permissions on jobs; either lets a staff user see the console."""
 
 
 def console_reverse(request: HttpRequest, name: str, *args: Any) -> str:
@@ -51,6 +57,21 @@ class ConsoleActions:
         }, status=status)
 
     # -- permissions (as ModelAdmin's has_<action>_permission) --------------------------------
+
+    def has_view_permission(self, request: HttpRequest) -> bool:
+        """Any page or action of the console: view (or change) permission on jobs, as the job
+        changelist asks (`ModelAdmin.has_view_permission`)."""
+        return request.user.has_perm(VIEW) or request.user.has_perm(CHANGE)
+
+    def viewed(self, view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        """`view`, refused (403) to a user without `has_view_permission`."""
+        @functools.wraps(view)
+        def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not self.has_view_permission(request):
+                raise PermissionDenied("the console needs the jobqueue.view_job permission")
+            return view(request, *args, **kwargs)
+
+        return guarded
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(actions.PERMISSIONS["retry"])
@@ -143,7 +164,7 @@ class ConsoleActions:
         back = console_reverse(request, "jobqueue_queue", name)
         raw = request.POST.get("count", "").strip()
         try:
-            count = layouts.validate_count(int(raw) if raw.isdecimal() else raw)
+            count = layouts.validate_count(actions.typed_number(raw))
             before = layouts.before_resize(queue.client, name, queue.configured, count)
             layouts.plan(before, count)
         except JobQueueError as exc:
@@ -199,8 +220,8 @@ class ConsoleActions:
             info = self._queue(queue).get(job_id)
         except JobQueueError as exc:
             raise Http404(str(exc)) from None
-        if info is None:
-            row = Job.objects.filter(pk=job_id).first()
+        if info is None:  # (its history row, of this queue: an action logs the URL's queue)
+            row = Job.objects.filter(pk=job_id, queue=queue).first()
             if row is None:
                 raise Http404(f"No job {job_id} in queue {queue!r}, live or mirrored.")
             info = row.info()

@@ -252,7 +252,8 @@ def _flow_shards(queue: Queue, flow_id: str) -> list[int]:
 
 def members(flow_id: str, queue: str = "default") -> list[JobInfo]:
     """A flow's jobs, in the flow's order, as Valkey holds them now, from every shard they are
-    on (rows that expired are left out)."""
+    on (rows that expired are left out); the rows are read in one pipeline (the console's flow
+    page reads a page at a time: `readmodels.flow_page`)."""
     target = Queue(queue)
     placed = []
     for index in _flow_shards(target, flow_id):
@@ -260,12 +261,12 @@ def members(flow_id: str, queue: str = "default") -> list[JobInfo]:
         for job_id, position in target.client.zrange(shard.key(f"flow:{flow_id}"), 0, -1,
                                                      withscores=True):
             placed.append((position, job_id, index))
-    found = []
-    for _, job_id, index in sorted(placed):
-        row = target.client.hgetall(target.shard(index).job(job_id))
-        if row:
-            found.append(JobInfo.from_row(job_id, queue, row, index, target.options.max_attempts))
-    return found
+    placed.sort()
+    pipe = target.client.pipeline(transaction=False)
+    for _, job_id, index in placed:
+        pipe.hgetall(target.shard(index).job(job_id))
+    return [JobInfo.from_row(job_id, queue, row, index, target.options.max_attempts)
+            for (_, job_id, index), row in zip(placed, pipe.execute(), strict=True) if row]
 
 
 def waits_for(info: JobInfo) -> list[str]:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.debug import sensitive_variables
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -104,12 +105,25 @@ class ValkeyCollector:
         yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes)
 
 
+@sensitive_variables("token")
 def view(request: HttpRequest) -> HttpResponse:
     """Prometheus' text format; with METRICS_TOKEN set, only for `Authorization: Bearer <token>`."""
     token = get_config().metrics_token
-    if token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"):
+    if token and not _bears(request.headers.get("Authorization", ""), token):
         return HttpResponse("metrics: a bearer token is required\n", status=401,
                             content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ValkeyCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+@sensitive_variables("token")
+def _bears(header: str, token: str) -> bool:
+    """Whether an Authorization header is `Bearer <token>`, compared in constant time as bytes:
+    the header as the client sent it (WSGI and ASGI hand header bytes over as Latin-1 text),
+    the token as UTF-8. `compare_digest` refuses text outside ASCII, which anyone can send."""
+    try:
+        sent = header.encode("latin-1")
+    except UnicodeEncodeError:  # (no server hands such text over; a test client may)
+        return False
+    return hmac.compare_digest(sent, f"Bearer {token}".encode())

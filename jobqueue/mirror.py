@@ -29,12 +29,12 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
     """Write a batch of one shard's events as one multi-row upsert keyed by job id. The last
     event of a job wins, so replays and re-runs after an operator retry converge on the newest
     state."""
-    from .models import Job, insert_jobs
+    from .models import insert_jobs, written_fields
 
     latest = {event["id"]: event for event in events}
     now = datetime.now(UTC)
     kept = {"id", *NOT_DURABLE}  # a durable row keeps its outbox columns
-    update = [f.attname for f in Job._meta.concrete_fields if f.attname not in kept]
+    update = [f.attname for f in written_fields() if f.attname not in kept]
     options = get_config().queue(queue)
     rows = {job_id: {**NOT_DURABLE, **mirror_columns(event, queue, shard, options.max_attempts),
                      "mirrored_at": now} for job_id, event in latest.items()}

@@ -11,9 +11,15 @@ from operator import itemgetter
 from typing import Any
 
 from django.db import connection, models, transaction
+from django.db.models.fields.json import KT
+from django.db.models.functions import Left
 
 from .records import EncodedJSON, JobInfo, attempt_history
 from .states import State
+
+HANDLER_LENGTH = 200
+"""Characters of a handler's name that `Job.handler` keeps (an index on more would pass MySQL's
+limit of 3,072 bytes a key); the console searches no longer text."""
 
 
 class CaseSensitiveCharField(models.CharField):
@@ -80,6 +86,11 @@ class Job(models.Model):
     """A durable flow's job: its place in the flow, to write it again (outbox.py): `flow` (the
     flow's id, '' for `depends_on` alone), `position`, `members` ([id, slot, policy] each),
     `takes` and `slots` (what their outcomes become). None for any other job."""
+    handler = models.GeneratedField(
+        expression=Left(KT("payload__handler"), HANDLER_LENGTH),
+        output_field=models.CharField(max_length=HANDLER_LENGTH, null=True), db_persist=True)
+    """Its payload's handler (the first HANDLER_LENGTH characters), written by the database
+    itself: an indexed column the console's search finds a handler's jobs by."""
 
     class Meta:
         ordering = ["-finished_at"]
@@ -90,6 +101,8 @@ class Job(models.Model):
             models.Index(fields=["lane", "finished_at"], name="jq_job_lane"),
             models.Index(fields=["relayed", "enqueued_at"], name="jq_job_relay"),
             models.Index(fields=["durable", "state"], name="jq_job_durable"),
+            models.Index(fields=["unique_key", "finished_at"], name="jq_job_unique_key"),
+            models.Index(fields=["handler", "finished_at"], name="jq_job_handler"),
         ]
         permissions = [
             ("retry_job", "Can retry jobs"),
@@ -162,7 +175,7 @@ def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) ->
     if db.vendor == "postgresql":  # it stores no NUL character, in text or in jsonb
         adapters.update({models.CharField: _text_without_nul, models.TextField: _text_without_nul,
                          models.JSONField: _json_without_nul})
-    fields = Job._meta.concrete_fields
+    fields = written_fields()
     take = itemgetter(*(f.attname for f in fields))
     adapted = [(i, adapt) for i, f in enumerate(fields) if (adapt := adapters.get(type(f)))]
     values = []
@@ -247,8 +260,13 @@ def _strings_without_nul(value: Any) -> Any:
     return value
 
 
+def written_fields() -> list[Any]:
+    """The `Job` columns a row is written with: every one but those the database computes."""
+    return [f for f in Job._meta.concrete_fields if not f.generated]
+
+
 def _placeholders() -> str:
-    return f"({', '.join(['%s'] * len(Job._meta.concrete_fields))})"
+    return f"({', '.join(['%s'] * len(written_fields()))})"
 
 
 @cache
@@ -256,7 +274,7 @@ def _insert_sql(vendor: str, update: tuple[str, ...]) -> tuple[str, str]:
     """The INSERT of `Job` rows before its VALUES' rows and after them (the upsert's clause
     overwriting the `update` columns)."""
     quote = connection.ops.quote_name
-    columns = [quote(str(f.column)) for f in Job._meta.concrete_fields]
+    columns = [quote(str(f.column)) for f in written_fields()]
     head = f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(columns)}) VALUES "
     if not update:
         return head, ""

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from . import backlog
+from . import backlog, ids
 from .exceptions import JobQueueError
 from .keys import ShardKeys
 from .spec import rate as spec_rate
@@ -17,14 +18,16 @@ from .states import State
 from .store import JobInfo, Queue
 
 LIST_FIELDS = ("state", "attempts", "priority", "lane", "enqueued_at", "run_after", "started_at",
-               "lease_until", "finished_at", "worker", "last_error", "payload", "max_attempts",
-               "progress")
+               "lease_until", "finished_at", "worker", "last_error", "max_attempts", "progress")
+"""What a list of jobs shows of each: never its payload (up to MAX_PAYLOAD bytes; a list of a
+thousand running jobs would pull a gigabyte), which only the job's own page shows."""
 PAGE_STATES: dict[str, str] = {State.PENDING: "pending", State.SCHEDULED: "schedule",
                                State.ACTIVE: "active", State.DEAD: "dead"}
 """The shard index (sorted set) that lists the jobs of each state a page shows; pending jobs are
 listed per lane, in the order they will be claimed."""
 DEFAULT_LANE = "(default)"
 """How the console names the default lane (parentheses are not allowed in a lane name)."""
+EPOCH = datetime.fromtimestamp(0, UTC)
 MAX_LANES = 500
 MAX_ACTIVE_SCAN = 1000
 
@@ -135,14 +138,21 @@ def lanes_in_flight(queue: Queue, index: int) -> Counter[str]:
 
 
 def _rows(queue: Queue, shard: ShardKeys, ids: list[str]) -> list[JobInfo]:
+    return rows_of(queue, [(shard.index, job_id) for job_id in ids])
+
+
+def rows_of(queue: Queue, placed: list[tuple[int, str]], fields: tuple[str, ...] = LIST_FIELDS
+            ) -> list[JobInfo]:
+    """The `fields` of the jobs at (shard, id), read in one pipeline, in that order; jobs whose
+    row is gone are left out."""
     pipe = queue.client.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hmget(shard.job(job_id), LIST_FIELDS)
+    for index, job_id in placed:
+        pipe.hmget(queue.shard(index).job(job_id), fields)
     rows = []
-    for job_id, values in zip(ids, pipe.execute(), strict=True):
-        row = {k: v for k, v in zip(LIST_FIELDS, values, strict=True) if v is not None}
+    for (index, job_id), values in zip(placed, pipe.execute(), strict=True):
+        row = {k: v for k, v in zip(fields, values, strict=True) if v is not None}
         if row:
-            rows.append(JobInfo.from_row(job_id, queue.name, row, shard.index,
+            rows.append(JobInfo.from_row(job_id, queue.name, row, index,
                                          queue.options.max_attempts))
     return rows
 
@@ -236,10 +246,8 @@ def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 5
 def search(text: str, limit: int = 50) -> list[JobInfo]:
     """Jobs whose lane, unique key or handler is `text`: live ones (lanes and unique keys of
     every queue, newest state from Valkey) first, then finished ones from the mirror."""
-    from django.db.models import Q
-
     from .keys import validate_lane
-    from .models import Job
+    from .models import HANDLER_LENGTH, Job
     from .store import known_queues
 
     found: dict[str, JobInfo] = {}
@@ -256,9 +264,103 @@ def search(text: str, limit: int = 50) -> list[JobInfo]:
                 ids += queue.client.zrange(shard.lane(lane), 0, limit - 1)
             for info in _rows(queue, shard, [i for i in ids if i and i not in found]):
                 found[info.id] = info
-    if len(text) <= 200:
-        rows = (Job.objects.filter(Q(lane=text) | Q(unique_key=text) | Q(payload__handler=text))
-                .order_by("-finished_at")[:limit])
+    if len(text) <= HANDLER_LENGTH:  # (no lane, unique key or handler kept is longer)
+        # One query per column, each served by its index on (column, finished_at): an OR of
+        # the three, or a handler read out of the payload, scans the table when nothing matches.
+        rows = [row for column in ("lane", "unique_key", "handler")
+                for row in Job.objects.filter(**{column: text}).order_by("-finished_at")[:limit]]
+        rows.sort(key=lambda row: row.finished_at or EPOCH, reverse=True)
         for row in rows:
             found.setdefault(row.id, row.info())
     return list(found.values())[:limit]
+
+
+FLOW_PAGE = 50
+"""Jobs per page of a flow."""
+WAITS_SHOWN = 20
+"""Ids shown of the jobs a waiting job still waits for (a chord's callback may wait for
+thousands), beside how many there are."""
+MAX_FLOW_COUNTED = 50_000
+"""The jobs of a flow whose states its page counts: the first ones, in the flow's order."""
+
+
+@dataclass(frozen=True)
+class Waits:
+    """What a waiting job still waits for: how many jobs, and up to WAITS_SHOWN of their ids."""
+
+    count: int = 0
+    ids: tuple[str, ...] = ()
+
+    @property
+    def more(self) -> int:
+        return self.count - len(self.ids)
+
+
+@dataclass
+class FlowPage:
+    """One page of a flow: its jobs there (position in the flow, row, what it waits for), and
+    the whole flow's counts by state."""
+
+    jobs: list[tuple[int, JobInfo, Waits]]
+    total: int
+    by_state: dict[str, int]
+    counted: int
+    """How many of its jobs `by_state` counts (at most MAX_FLOW_COUNTED)."""
+    callback: JobInfo | None
+    """The job the flow ends with (the flow's id is its id), unless the flow ends in a group."""
+    number: int
+    last: int
+
+
+def flow_page(queue: Queue, flow_id: str, number: int, per_page: int = FLOW_PAGE) -> FlowPage:
+    """Page `number` of a flow, its jobs in the flow's order (positions 1…n, over every shard
+    that holds some), read in a handful of pipelines whatever the flow's size. A page of the
+    flow's jobs shows each one's handler, so it reads their payloads (a page's worth only)."""
+    ids.validate_job_id(flow_id)
+    keys = [queue.shard(index).key(f"flow:{flow_id}") for index in range(queue.all_shards())]
+    pipe = queue.client.pipeline(transaction=False)
+    for key in keys:
+        pipe.zcard(key).zrevrange(key, 0, 0, withscores=True).zscore(key, flow_id)
+    replies = pipe.execute()
+    sizes, tops, callback_at = replies[0::3], replies[1::3], replies[2::3]
+    shards = [index for index, size in enumerate(sizes) if size]
+    highest = max((int(top[0][1]) for top in tops if top), default=0)
+    last = max((highest + per_page - 1) // per_page, 1)
+    number = min(max(number, 1), last)
+    placed = _by_position(queue, keys, shards, (number - 1) * per_page + 1, number * per_page)
+    where = {job_id: position for position, _, job_id in placed}
+    rows = rows_of(queue, [(index, job_id) for _, index, job_id in placed],
+                   (*LIST_FIELDS, "payload"))
+    waits = waits_of(queue, [row for row in rows if row.state == State.WAITING])
+    counted = _by_position(queue, keys, shards, 1, MAX_FLOW_COUNTED)
+    pipe = queue.client.pipeline(transaction=False)
+    for _, index, job_id in counted:
+        pipe.hget(queue.shard(index).job(job_id), "state")
+    by_state = Counter(state for state in pipe.execute() if state)
+    callback = [(index, flow_id) for index in shards if callback_at[index] is not None]
+    return FlowPage([(where[row.id], row, waits.get(row.id, Waits())) for row in rows],
+                    sum(sizes), dict(by_state), len(counted),
+                    next(iter(rows_of(queue, callback[:1])), None), number, last)
+
+
+def _by_position(queue: Queue, keys: list[str], shards: list[int], low: int, high: int
+                 ) -> list[tuple[int, int, str]]:
+    """(position, shard, id) of a flow's jobs at positions low…high, in order."""
+    pipe = queue.client.pipeline(transaction=False)
+    for index in shards:
+        pipe.zrangebyscore(keys[index], low, high, withscores=True)
+    return sorted((int(position), index, job_id) for index, found in zip(shards, pipe.execute(),
+                                                                          strict=True)
+                  for job_id, position in found)
+
+
+def waits_of(queue: Queue, jobs: list[JobInfo]) -> dict[str, Waits]:
+    """What each of these waiting jobs still waits for (how many, and up to WAITS_SHOWN ids),
+    read in one pipeline."""
+    pipe = queue.client.pipeline(transaction=False)
+    for job in jobs:
+        key = queue.shard(job.shard).key(f"deps:{job.id}")
+        pipe.scard(key).srandmember(key, WAITS_SHOWN)
+    replies = pipe.execute()
+    return {job.id: Waits(int(count), tuple(sorted(shown)))
+            for job, count, shown in zip(jobs, replies[0::2], replies[1::2], strict=True)}

@@ -14,9 +14,11 @@ Pages link within the mount that served them (`views.console_reverse`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.admin import AdminSite
+from django.http import HttpResponse
 from django.urls import path
 from django.views.decorators.http import require_POST
 
@@ -24,8 +26,13 @@ from .views import Console
 
 
 def console_urls(site: AdminSite) -> list[Any]:
-    """The console's pages on `site`, each behind its login (`admin_view`); actions take POSTs."""
-    views, wrap = Console(site), site.admin_view
+    """The console's pages on `site`, each behind its login (`admin_view`) and the view
+    permission on jobs (`Console.viewed`); actions take POSTs."""
+    views = Console(site)
+
+    def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        return site.admin_view(views.viewed(view))
+
     return [
         path("", wrap(views.dashboard), name="jobqueue_dashboard"),
         path("find/", wrap(views.find), name="jobqueue_find"),

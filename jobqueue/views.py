@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from . import actions, flows, ids, lanes, layouts, readmodels, schedule
+from . import actions, ids, lanes, layouts, readmodels, schedule
 from .api import lookup
 from .conf import get_client, get_config
 from .console_actions import ConsoleActions, console_reverse
@@ -182,25 +182,25 @@ class Console(ConsoleActions):
             request, "job.html", f"Job {job_id}", job=info, actions=allowed, timeline=timeline,
             payload=_pretty(info.payload), result=_pretty(info.result),
             checkpoint=_pretty(info.checkpoint), progress=_pretty(info.progress),
-            waits_for=flows.waits_for(info),
+            waits=readmodels.waits_of(Queue(info.queue), [info]).get(info.id)
+            if info.state == State.WAITING and info.source == "valkey" else None,
             mirror_url=reverse(f"{self.site.name}:jobqueue_job_changelist") + f"?q={job_id}",
         )
 
     def flow_page(self, request: HttpRequest, queue: str, flow_id: str) -> HttpResponse:
-        """A flow's jobs in order: each one's state, what it still waits for, its progress."""
+        """A flow's jobs in order, a page at a time: each one's state, what it still waits
+        for, its progress; the whole flow's counts by state."""
+        number = _int(request.GET.get("page"), 1, 1, 10**9)
         try:
-            members = flows.members(flow_id, validate_queue(queue))
+            found = readmodels.flow_page(Queue(validate_queue(queue)), flow_id, number)
         except JobQueueError as exc:
             raise Http404(str(exc)) from None
-        if not members:
+        if not found.total:
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
-        by_state: dict[str, int] = {}
-        for info in members:
-            by_state[info.state] = by_state.get(info.state, 0) + 1
-        rows = [(info, flows.waits_for(info)) for info in members]
-        last = members[-1] if members[-1].id == flow_id else None
-        return self._render(request, "flow.html", f"Flow {flow_id}", queue=queue, rows=rows,
-                            by_state=by_state, callback=last)
+        return self._render(request, "flow.html", f"Flow {flow_id}", queue=queue, flow=found,
+                            prev_page=found.number - 1 if found.number > 1 else None,
+                            next_page=found.number + 1 if found.number < found.last else None)
+
 
 def _pretty(value: Any) -> str:
     if value is None:

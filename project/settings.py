@@ -13,8 +13,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="insecure-development-key-change-me")
-DEBUG = env.bool("DJANGO_DEBUG", default=True)
+DEBUG = env.bool("DJANGO_DEBUG", default=False)  # (`./dev.sh demo` turns it on)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+# Error reports (the debug page, mailed or logged reports) hide the password in VALKEY_URL too.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "jobqueue.debug.SafeExceptionReporterFilter"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

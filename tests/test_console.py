@@ -395,3 +395,105 @@ def test_expired_jobs_are_counted_shown_and_retryable(admin_client: Client) -> N
     assert "expired" in page and 'value="Retry"' in page
     admin_client.post(f"/admin/jobqueue/job/live/jobs/default/{ref.id}/retry/")
     assert get_job(ref.id).state == "pending"  # type: ignore[union-attr]
+
+
+def test_the_flow_page_pages_a_large_flow_and_a_job_page_bounds_what_it_waits_for(
+        admin_client: Client) -> None:
+    from jobqueue import chord
+
+    ref = chord([jobs.add.s(i, 1) for i in range(130)], jobs.total.s()).enqueue()
+    base = "/admin/jobqueue/job/live"
+    first = admin_client.get(f"{base}/flows/default/{ref.id}/").content.decode()
+    assert first.count("<code>tests.jobapp.jobs.add</code>") == 50 and "page 1 of 3" in first
+    assert "pending: <b>130</b>" in first and "waiting: <b>1</b>" in first  # the whole flow
+    assert f'id="flow-callback">{ref.id}' in first
+    last = admin_client.get(f"{base}/flows/default/{ref.id}/?page=3").content.decode()
+    assert last.count("<code>tests.jobapp.jobs.add</code>") == 30 and "page 3 of 3" in last
+    assert "<code>tests.jobapp.jobs.total</code>" in last and "130 jobs" in last
+    assert last.count(f"{base}/jobs/default/JOB") <= 32 + 20  # its rows, at most 20 it waits for
+    page = admin_client.get(f"{base}/jobs/default/{ref.id}/").content.decode()
+    waits = page[page.index('id="job-flow"'):page.index("</tr>", page.index('id="job-flow"'))]
+    assert "130 jobs" in waits and waits.count(f"{base}/jobs/default/JOB") == 20
+    assert admin_client.get(f"{base}/flows/default/{ref.id}/?page=zz").status_code == 200
+
+
+def test_the_stuck_and_queue_pages_never_pull_the_payloads_they_do_not_show(
+        admin_client: Client) -> None:
+    queue = Queue("default")
+    jobs.add.enqueue_many([("x" * 200_000, i) for i in range(5)])
+    assert len(queue.dequeue(count=5, lease=60)) == 5
+
+    def sent() -> int:
+        return int(queue.client.info("stats")["total_net_output_bytes"])
+
+    for url in ("/admin/jobqueue/job/live/stuck/?running_over=1",
+                "/admin/jobqueue/job/live/queues/default/?state=active"):
+        before = sent()
+        assert admin_client.get(url).status_code == 200
+        assert sent() - before < 100_000, url  # five payloads are a million bytes
+
+
+def test_a_search_reads_the_history_through_indexes_only(admin_client: Client) -> None:
+    """The history search (lane, unique key, handler) runs no scan of the table, on any of the
+    databases: a search that matches nothing costs as little as one that matches."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobqueue import readmodels
+
+    Job.objects.bulk_create(
+        [Job(id=f"JOB{n:011d}", queue="default", state="succeeded", lane=f"tenant-{n % 30}",
+             unique_key=f"order-{n}", payload={"handler": f"app.jobs.h{n % 7}", "args": [n]})
+         for n in range(1, 301)])
+    for text, found in (("nothing-matches", 0), ("tenant-3", 10), ("order-42", 1),
+                        ("app.jobs.h2", 43)):
+        with CaptureQueriesContext(connection) as queries:
+            assert len(readmodels.search(text)) == found, text
+        selects = [q["sql"] for q in queries.captured_queries if "jobqueue_job" in q["sql"]]
+        assert selects and all(_reads_through_an_index(sql) for sql in selects), selects
+
+
+
+def test_a_payload_of_any_shape_is_mirrored_and_its_handler_found() -> None:
+    """The handler column the search uses is the database's own reading of the payload: a
+    payload without one, or with a long or odd one, is mirrored all the same."""
+    import json
+
+    from jobqueue import readmodels
+
+    long = "app.jobs." + "x" * 300
+    payloads = ['{"handler": "app.jobs.a", "args": []}', "[1, 2]", '"text"', '{"handler": 5}',
+                '{"handler": {"x": 1}}', json.dumps({"handler": long}), "", "{}"]
+    ids = [f"JOB{n:011d}" for n in range(1, len(payloads) + 1)]
+    upsert([{"id": job_id, "state": "dead", "payload": payload}
+            for job_id, payload in zip(ids, payloads, strict=True)], "default")
+    handlers = dict(Job.objects.values_list("id", "handler"))
+    assert len(handlers) == len(payloads)
+    assert handlers[ids[0]] == "app.jobs.a" and handlers[ids[5]] == long[:200]
+    assert handlers[ids[1]] is None and handlers[ids[2]] is None and handlers[ids[6]] is None
+    assert [info.id for info in readmodels.search("app.jobs.a")] == [ids[0]]
+    assert [info.id for info in readmodels.search(long[:200])] == [ids[5]]
+
+def _reads_through_an_index(sql: str) -> bool:
+    """Whether the database's plan for `sql` reads `jobqueue_job` only through an index lookup
+    (no scan of the table, nor of a whole index)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("EXPLAIN " + sql)
+            names = [column[0] for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            return all(row["type"] not in ("ALL", "index") for row in rows
+                       if row["table"] == "jobqueue_job")
+        if connection.vendor == "sqlite":
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            steps = [row[-1] for row in cursor.fetchall() if "jobqueue_job" in row[-1]]
+            return bool(steps) and all(step.startswith("SEARCH") for step in steps)
+        cursor.execute("SET enable_seqscan = off")  # (a tiny table is scanned whatever its indexes)
+        try:
+            cursor.execute("EXPLAIN " + sql)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("RESET enable_seqscan")
+        return "Seq Scan" not in plan and "Filter:" not in plan

@@ -30,7 +30,7 @@ from ..mirror import Mirror, record_shards
 from ..scripts import caller
 from ..store import Queue
 from .serving import WorkerConfig
-from .supervisor import Forked, fork
+from .supervisor import Forked, fork, forkable
 
 log = logging.getLogger("jobqueue.worker")
 RELAY_EVERY = 2.0
@@ -137,7 +137,7 @@ class MirrorProcess:
     def start(cls, config: WorkerConfig) -> MirrorProcess | None:
         """Fork the mirror of the worker `config` describes; None when another thread runs here
         (the worker then mirrors in a thread)."""
-        if threading.active_count() > 1:
+        if not forkable():
             return None
         connections.close_all()  # (the mirror opens its own)
         return cls(fork(partial(_serve, config)))

@@ -14,8 +14,10 @@ it (an application's, started by the settings), a fork could copy a lock that th
 each child is then started as a new `runworker` process instead.
 
 Children run in their own process group, so a Ctrl-C in a terminal reaches them once (through
-the supervisor), not twice (which would be the "release now" second stop), and each asks the
-kernel for SIGTERM should the supervisor die, so none outlives it.
+the supervisor), not twice (which would be the "release now" second stop), and none outlives
+the supervisor, even one killed with SIGKILL: each gets SIGTERM (a drain) when it dies, from the
+kernel on Linux (the parent-death signal), elsewhere from a thread of the child's that watches
+for it (`watch_parent`). The same holds between a worker and its mirror's process (`fork`).
 """
 
 from __future__ import annotations
@@ -46,11 +48,39 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the supervisor dies (Linux prctl PDEATHSIG)."""
-    # Not Linux: no prctl, and a child outlives a supervisor killed with SIGKILL.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+PR_SET_PDEATHSIG = 1
+PARENT_WATCHER = "jobqueue-parent-watch"
+"""The name of the thread `watch_parent` starts."""
+
+
+def _die_with_parent() -> bool:
+    """In a child: ask the kernel for SIGTERM when its parent dies (Linux's prctl); whether it
+    will send one (elsewhere: False, and `fork` watches for it instead)."""
+    with contextlib.suppress(OSError, AttributeError):  # (not Linux: no prctl)
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM) == 0)
+    return False
+
+
+def watch_parent(parent: int, every: float = 0.5) -> threading.Thread:
+    """Where the kernel sends no parent-death signal: a thread that sends this process SIGTERM
+    once `parent` has died (this process is then handed to another parent), within `every`
+    seconds. It blocks the stop signals itself, so they reach the thread that waits for them."""
+    def watch() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        while os.getppid() == parent:
+            time.sleep(every)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name=PARENT_WATCHER, daemon=True)
+    thread.start()
+    return thread
+
+
+def forkable() -> bool:
+    """Whether this process may fork: no thread runs in it but the caller (and a parent watcher,
+    which holds no lock a fork could copy)."""
+    return all(thread is threading.current_thread() or thread.name == PARENT_WATCHER
+               for thread in threading.enumerate())
 
 
 class Process(Protocol):
@@ -101,7 +131,8 @@ def fork(run: Callable[[], int], closing: tuple[int, ...] = ()) -> Forked:
         for fd in closing:
             os.close(fd)
         os.setpgid(0, 0)
-        _die_with_parent()
+        if not _die_with_parent():
+            watch_parent(supervisor)
         code = run() if os.getppid() == supervisor else 0  # (else it died before the prctl)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
@@ -176,10 +207,12 @@ class Supervisor:
         if self._stopping.is_set():
             child.finished = True
             return
-        if self._run_child is not None and threading.active_count() == 1:
+        if self._run_child is not None and forkable():
             run_child = self._run_child
             child.proc = fork(lambda: run_child(index), self._signals or ())
         else:
+            # (where the kernel has no parent-death signal, a child started this way outlives
+            # a supervisor killed with SIGKILL: threads do not survive its exec)
             child.proc = subprocess.Popen(child.argv, process_group=0, preexec_fn=_die_with_parent)
         child.started = time.monotonic()
         log.info("supervisor: worker %d started (pid %d)", index, child.proc.pid)
