@@ -212,10 +212,17 @@ def _forged(queue: str, payload: Any, **columns: Any) -> str:
     from datetime import UTC, datetime, timedelta
 
     job_id = ids.new_id()
+    row = {"max_attempts": 1, **columns}
     Job.objects.create(id=job_id, queue=queue, state="pending", payload=payload, durable=True,
-                       relayed=False, enqueued_at=datetime.now(UTC) - timedelta(minutes=1),
-                       max_attempts=1, **columns)
+                       relayed=False, enqueued_at=datetime.now(UTC) - timedelta(minutes=1), **row)
     return job_id
+
+
+BAD_COLUMNS: list[dict[str, Any]] = [
+    {"priority": 500}, {"priority": -32768}, {"lease_ms": 10**9}, {"backoff_ms": 10**9},
+    {"max_attempts": 10**6}, {"lane": "no spaces allowed"},
+]
+"""Columns of a durable row out of what an enqueue accepts (the database's types allow them)."""
 
 
 @pytest.mark.slow
@@ -225,6 +232,9 @@ def test_forged_rows_of_the_durable_outbox_end_alone_and_the_queue_goes_on(setti
                 if not (isinstance(name, str) and ("\x00" in name or "\ud800" in name))]  # surrogate)
     forged = {_forged("durable", {"handler": name, "args": [1]}): name for name in storable}
     shapes = {_forged("durable", payload): payload for payload in WRONG_SHAPES}
+    add = {"handler": "tests.jobapp.jobs.add", "args": [1, 2]}
+    columns = {_forged("durable", add, **bad): bad for bad in BAD_COLUMNS}
+    columns[_forged("durable", {**add, "pad": "x" * (2 << 20)})] = "a payload past MAX_PAYLOAD"
     fine = [_forged("durable", {"handler": "tests.jobapp.jobs.add", "args": [i, 1]}) for i in range(3)]
     good = [jobs.add.using(queue="durable").enqueue(i, 2).id for i in range(3)]
     burst("durable")
@@ -238,6 +248,10 @@ def test_forged_rows_of_the_durable_outbox_end_alone_and_the_queue_goes_on(setti
     for job_id, payload in shapes.items():
         info = get_job(job_id, "durable")
         assert info is not None and info.state == "dead", (payload, info)
+    for job_id, bad in columns.items():  # (never sent: Valkey would not take them)
+        info = get_job(job_id, "durable")
+        assert info is not None and info.state == "dead", (bad, info)
+        assert "cannot be sent to Valkey" in info.last_error, (bad, info.last_error)
 
 
 @pytest.mark.slow
