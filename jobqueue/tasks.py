@@ -179,7 +179,7 @@ def registered(name: str) -> Task:
         task = _tasks.get(path)
     if task is None:
         raise UnknownHandler(
-            f"no django.tasks task {path!r} is defined in this process (a worker knows the tasks "
+            f"no django.tasks task {path[:200]!r} is defined in this process (a worker knows the tasks "
             "of the modules it imports: each installed app's jobs and tasks modules, and what "
             "they import; never a module a job names)")
     return task

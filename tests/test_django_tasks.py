@@ -34,7 +34,7 @@ except ImportError:  # Django 5.2: the django-tasks backport
         from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
     LOGGER = "django_tasks"
 
-from jobqueue import Queue, ids
+from jobqueue import Queue, get_job, ids
 from jobqueue.tasks import ValkeyBackend
 from tests.jobapp import jobs
 from tests.jobapp.django_tasks import (
@@ -56,6 +56,8 @@ from tests.jobapp.django_tasks import (
 )
 
 from .inprocess import burst
+from .servers import ValkeyProcess
+from .workers import run_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
@@ -320,3 +322,15 @@ def test_each_run_sends_task_started_and_task_finished_and_djangos_log_lines(cap
         assert f"Task id={result.id} path={task.module_path} state=RUNNING" in caplog.text
         assert f"Task id={result.id} path={task.module_path} state={status}" in caplog.text
     assert "This task failed due to ValueError" in caplog.text  # (the failure's traceback)
+
+
+@pytest.mark.slow
+def test_a_worker_finds_the_tasks_of_an_apps_tasks_module_that_nothing_imported(
+        valkey_server: ValkeyProcess) -> None:
+    """A job names its task and the worker imports no module a job names; an installed app's
+    `tasks` module is the worker's own to import (once, when a job names a task not seen yet)."""
+    ref = Queue("default").enqueue({"handler": "django.tasks:tests.jobapp.tasks.shout",
+                                    "args": ["hi"]})
+    assert run_burst(valkey_server.url) == 0
+    info = get_job(ref.id)
+    assert info is not None and info.state == "succeeded" and info.result == "HI", info
