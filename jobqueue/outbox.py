@@ -211,6 +211,30 @@ def spec_of(row: Job) -> JobSpec:
     )
 
 
+def _sendable(queue: Queue, rows: Sequence[Job]) -> list[Job]:
+    """The rows whose job an enqueue accepts. A row written otherwise (by hand, or by another
+    program: an option out of range, a payload past MAX_PAYLOAD) ends dead with the reason,
+    rather than holding back the rows sent with it."""
+    from .conf import get_config
+    from .exceptions import JobQueueError
+    from .models import Job
+    from .spec import prepare
+
+    sendable = []
+    for row in rows:
+        try:
+            prepare(spec_of(row), queue.options, get_config().max_payload)
+        except JobQueueError as exc:
+            log.warning("queue=%s job=%s: its durable row cannot be sent to Valkey (%s): dead",
+                        queue.name, row.pk, exc)
+            Job.objects.filter(pk=row.pk, state__in=UNFINISHED).update(
+                state=State.DEAD, finished_at=datetime.now(UTC), relayed=True,
+                last_error=f"cannot be sent to Valkey: {exc}")
+        else:
+            sendable.append(row)
+    return sendable
+
+
 def recreate(queue: Queue, row: Job) -> None:
     """An operator's retry of a finished job that Valkey no longer holds: the job is created
     again from its row, same id and every option the row keeps (lane, priority, retry policy,
@@ -331,7 +355,7 @@ def relay(queues: Iterable[Queue], grace: float = RELAY_GRACE, limit: int = 2000
                                        state__in=UNFINISHED).order_by("enqueued_at", "pk")[:limit])
         plain = [row for row in rows if row.flow is None]
         if plain:  # first: a flow's job may wait for them
-            sent += _resend(queue, plain)
+            sent += _resend(queue, _sendable(queue, plain))
         if len(plain) < len(rows):
             sent += _resend_flows(queue, [row for row in rows if row.flow is not None])
     if sent:
@@ -353,7 +377,7 @@ def restore(queues: Iterable[Queue], batch: int = 500,
             rows = list(unfinished.filter(flow__isnull=True, pk__gt=last).order_by("pk")[:batch])
             if not rows:
                 break
-            restored += _resend(queue, rows)
+            restored += _resend(queue, _sendable(queue, rows))
             seen += len(rows)
             last = rows[-1].pk
             if progress:

@@ -51,10 +51,14 @@ def json_field(raw: str | None, field: str) -> tuple[Any, str | None]:
             return value, None
     except (StopIteration, ValueError):
         pass
+    except RecursionError:  # (arrays or objects nested deeper than Python's stack allows)
+        return raw, f"corrupt field {field}: stored JSON nests too deep to read"
     try:  # (anything else, e.g. JSON with spaces around it, goes the usual way)
         return json.loads(raw), None
     except ValueError as exc:
         return raw, f"corrupt field {field}: stored JSON is corrupt ({exc})"
+    except RecursionError:
+        return raw, f"corrupt field {field}: stored JSON nests too deep to read"
 
 
 def int_field(raw: str | None) -> int | None:

@@ -112,11 +112,15 @@ class JobTask(Task):
 
 
 def handler_for(name: str, lease: Lease) -> JobFunction:
-    """A JobFunction running the registered Celery task `name` with a request context."""
-    current_app.loader.import_default_modules()
-    task = current_app.tasks.get(name[len(PREFIX):])
-    if task is None:
-        raise UnknownHandler(f"no Celery task registered as {name[len(PREFIX):]!r}")
+    """A JobFunction running the registered Celery task `name` with a request context: a task
+    of this process's Celery app that runs on jobqueue (a JobTask), never one of Celery's own
+    (`celery.*`, which take signatures to call)."""
+    task_name = name[len(PREFIX):]
+    current_app.loader.import_default_modules()  # (the modules the app itself names)
+    task = current_app.tasks.get(task_name)
+    if not isinstance(task, JobTask) or task_name.startswith("celery."):
+        raise UnknownHandler(f"no Celery task registered as {task_name[:200]!r} runs on jobqueue "
+                             "(a task of the worker's Celery app whose class is JobTask)")
 
     def run(*args: Any, **kwargs: Any) -> Any:
         task.push_request(id=lease.job_id, retries=lease.token - 1, args=args, kwargs=kwargs,

@@ -17,7 +17,8 @@ Threads, each with one job:
 - the mirror moves terminal events into MySQL and relays durable jobs (`mirror_thread.py`: a
   slow database never slows claiming; `runworker` runs it in a process of its own).
 What every room reads (the config, the queues served, the jobs held) is in `serving.py`;
-worker presence (what the console lists) in `presence.py`.
+worker presence (what the console lists) in `presence.py`. A thread of these that dies of an
+error stops the worker, which says so (`threads.py`): it never goes on short of a thread.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Any
 
 from redis.exceptions import RedisError
 
 from .. import collector, tracing
-from ..exceptions import VALKEY_DOWN
+from ..exceptions import VALKEY_DOWN, JobQueueError
 from ..handler import PROGRESS
 from ..records import Lease
 from ..store import Queue
@@ -44,6 +44,7 @@ from .mirror_thread import MirrorThread
 from .outcomes import Carried, Finished, Outcomes
 from .runners import EventLoop, Runners
 from .serving import DRAINED, Drained, HeldJobs, Served, WorkerConfig, find_queues
+from .threads import Threads
 from .waiters import Waiters
 
 log = logging.getLogger("jobqueue.worker")
@@ -85,7 +86,7 @@ class Worker:
         self._drained = Drained()
         self._rotation = 0
         self._abort = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads = Threads(stop=self._stop_claiming, wake=self._tick)
         self._runners: Runners | None = None
         self._mirror: MirrorThread | None = None
 
@@ -113,7 +114,8 @@ class Worker:
         self._tick.set()
 
     def run(self) -> None:
-        """The main loop; returns when stopped (or when a burst run has nothing left)."""
+        """The main loop; returns when stopped (or when a burst run has nothing left). Raises
+        JobQueueError when a thread of the worker died, which stopped it."""
         if not self._start():
             return
         try:
@@ -137,6 +139,9 @@ class Worker:
             self._drain()
         finally:
             self._stop_threads()
+        if self._threads.broken is not None:
+            raise JobQueueError(f"worker {self.config.name} stopped: its thread "
+                                f"{self._threads.broken} died (the log above says of what)")
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -157,12 +162,12 @@ class Worker:
         self.held.room.set()
         heartbeat = Heartbeat(self.held, self.served.queue, self._threads_stop,
                               default_lease=self.config.lease or 30.0)
-        self._spawn(heartbeat.run, "heartbeat")
-        self._spawn(PROGRESS.run, "progress", self._threads_stop)
+        self._threads.start(heartbeat.run, "heartbeat")
+        self._threads.start(PROGRESS.run, "progress", self._threads_stop)
         if self.config.mirror:
             self._mirror = MirrorThread(lambda: list(self.served.queues), self.config.name,
                                         self._threads_stop)
-            self._spawn(self._mirror.run, "mirror")
+            self._threads.start(self._mirror.run, "mirror")
         self._ensure_waiters()
         log.info("worker %s serving %s with concurrency %d%s", self.config.name,
                  ",".join(q.name for q in self.served.queues) or "(no queues yet)",
@@ -171,7 +176,7 @@ class Worker:
 
     def _ensure_waiters(self) -> None:
         for queue, index in self.waiters.missing(self.served.queues, self.served.shards):
-            self._spawn(self.waiters.serve, f"wake-{queue.name}#{index}", queue, index)
+            self._threads.start(self.waiters.serve, f"wake-{queue.name}#{index}", queue, index)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -339,17 +344,12 @@ class Worker:
         release(self.served, leases)
         self.held.forget(leases)
 
-    def _spawn(self, target: Any, name: str, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=f"jobqueue-{name}", daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
     def _stop_threads(self) -> None:
         self._threads_stop.set()
         self.held.room.set()
         PROGRESS.wake()
         deadline = time.monotonic() + 15
-        for thread in self._threads:
+        for thread in self._threads.started:
             while thread.is_alive() and time.monotonic() < deadline:
                 with contextlib.suppress(RedisError):  # (again: a wait that began after the last)
                     self.waiters.unblock(every=True)

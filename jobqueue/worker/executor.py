@@ -60,13 +60,20 @@ Prepared = tuple[JobFunction, list[Any], dict[str, Any]]
 
 def prepare(lease: Lease) -> Prepared | Outcome:
     """The handler and arguments of a claimed job, or the fatal Outcome of a job that can
-    never run (an unknown handler, a corrupt payload)."""
+    never run (an unknown handler, a corrupt payload, a handler whose lookup failed)."""
     try:
         return resolve(lease)
     except UnknownHandler as exc:
         return Outcome(False, error=f"{exc}: the job can never run", fatal=True)
     except JobQueueError as exc:
         return Outcome(False, error=str(exc), fatal=True)
+    except Exception as exc:  # noqa: BLE001 - a payload's handler name is data: whatever its
+        # lookup raises (a bridge's import, an app's tasks module) ends that job, never the
+        # thread that claimed it
+        name = lease.payload.get("handler") if isinstance(lease.payload, dict) else None
+        return Outcome(False, error=f"the handler {str(name)[:200]!r} could not be looked up "
+                                    f"({type(exc).__qualname__}: {exc}): the job can never run",
+                       fatal=True)
 
 
 def is_async(prepared: Prepared | Outcome) -> TypeGuard[Prepared]:

@@ -36,6 +36,9 @@ PROMOTE_GAP = 0.1
 delayed or retried job starts at most this late on an idle worker, and a stream of due times
 (lane rates' next tokens, retries) costs each worker no more than a sweep of its shards this
 often."""
+BURST_HORIZON = 60.0
+"""Seconds ahead a burst run waits for scheduled jobs: retries' backoff and short delays are
+run, a job due later (a task's run_after hours ahead) waits for a later run."""
 BURST_CHECK = 0.02
 """Seconds a burst worker that holds nothing waits before it first asks again whether the run is
 done, doubled at each ask up to the maintenance interval: other workers' last jobs (or a lane
@@ -200,8 +203,8 @@ class Maintenance:
 
     def nothing_left(self) -> bool:
         """No durable job left to relay, no flow's entry left to relay (relay.py), and no
-        pending (unless paused), scheduled or active job left in the served queues: a burst run
-        is done."""
+        pending (unless paused) or active job left in the served queues, nor a scheduled one
+        due within BURST_HORIZON: a burst run is done."""
         queues = self._served.queues
         if any(q.options.durable for q in queues):
             try:
@@ -211,11 +214,26 @@ class Maintenance:
                 log.warning("relay: %s; retrying", exc)
                 close_db()
                 return False
+        later = 0
         for queue in queues:
             if relay.relay_queue(queue, queue.claim_shards()):  # (entries delivered: look
                 return False  # again at the next turn, after what they released or forwarded)
             counts = queue.counts()
-            waiting = counts["scheduled"] + (0 if queue.is_paused() else counts["pending"])
-            if waiting + counts["active"]:
+            if counts["active"] + (0 if queue.is_paused() else counts["pending"]):
                 return False
+            if counts["scheduled"] and self._due_soon(queue):
+                return False
+            later += counts["scheduled"]
+        if later:
+            log.info("burst done; %d scheduled job(s) due more than %.0fs from now wait for a "
+                     "later run", later, BURST_HORIZON)
         return True
+
+    def _due_soon(self, queue: Queue) -> bool:
+        """Whether a scheduled job of `queue` is due within BURST_HORIZON (those due already
+        are promoted: the next claim takes them)."""
+        for index in range(self._served.shards.get(queue.name, 1)):
+            moved, wait = queue.promote_shard(index)
+            if moved or (wait is not None and wait <= BURST_HORIZON):
+                return True
+        return False

@@ -110,7 +110,9 @@ class Command(BaseCommand):
         parser.add_argument("--prefetch", type=_whole(0), default=None,
                             help="jobs claimed ahead of free threads (default: the concurrency; 0: none)")
         parser.add_argument("--burst", action="store_true",
-                            help="exit 0 once the queues are empty and every finished job is mirrored")
+                            help="exit 0 once the queues hold no ready or running job, nor one "
+                                 "scheduled within 60 s (a retry's backoff; jobs due later wait "
+                                 "for a later run), and every finished job is mirrored")
         parser.add_argument("--lease", type=_seconds,
                             help="lease seconds, overriding the job's and the queue's")
         parser.add_argument("--processes", action="store_true",
