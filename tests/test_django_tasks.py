@@ -147,7 +147,8 @@ def test_get_result_answers_the_enqueued_result_with_its_using_options() -> None
 
 
 @pytest.mark.parametrize("result_id", [ids.new_id(), str(uuid.uuid4()), "", "not a job id",
-                                       "JOB" + "x" * 100, "../../etc/passwd"])
+                                       "JOB" + "x" * 100, "../../etc/passwd"],
+                         ids=["unknown-job-id", "uuid", "empty", "words", "long", "path"])
 def test_get_result_of_an_unknown_id_raises_does_not_exist(result_id: str) -> None:
     backend = _backend_()
     with pytest.raises(TaskResultDoesNotExist):
