@@ -309,7 +309,8 @@ class Worker:
 
     def _drain(self) -> None:
         """Hand back prefetched jobs at once, let running jobs finish within the grace period,
-        then release the rest."""
+        then end what still runs where it can be ended (a pool process, an async task) and
+        release the rest."""
         with contextlib.suppress(RedisError):
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
         unstarted = self._runners.take_unstarted() if self._runners else []
@@ -326,6 +327,8 @@ class Worker:
             with contextlib.suppress(RedisError):
                 self.outcomes.record()
             self._tick.wait(0.1)
+        if self.held.jobs and self._runners is not None:
+            self._runners.abandon()  # (ended before they are handed back: none runs on)
         try:
             self.outcomes.record()
             leftovers = self.held.leases()
