@@ -69,3 +69,15 @@ def test_under_testcase_jobs_go_when_the_test_runs_the_commit_callbacks(
     now = jobs.add.enqueue(2, 2)
     assert (info := get_job(now.id)) and info.state == "pending"
     assert Queue("default").counts()["pending"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_run_in_the_test_process_runs_what_the_test_enqueued() -> None:
+    """The recipe of docs/howto/testing.md: after the commit, a burst worker in the test's own
+    process runs the jobs (no mirror: the test reads results from Valkey)."""
+    from jobqueue.worker import Worker, WorkerConfig
+
+    with transaction.atomic():
+        ref = jobs.add.enqueue(2, 3)
+    Worker(WorkerConfig(queues=("default",), burst=True, mirror=False)).run()
+    assert ref.result(timeout=1) == 5

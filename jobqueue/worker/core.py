@@ -5,8 +5,9 @@ Threads, each with one job:
 - the main loop claims work when there is room (`Worker.run`), records what finished
   (`outcomes.py`: it is the only thread that takes outcomes off their hand-off) and runs
   maintenance, schedules and the summary when due (`maintenance.py`);
-- `concurrency` runner threads run the claimed jobs, and `async def` ones run on one event loop
-  (`runners.py`), each handing its outcome to `outcomes.py`;
+- `concurrency` runner threads run the claimed jobs (with `--processes`, each through a process
+  of its own: `pool.py`), and `async def` ones run on one event loop, at most `concurrency` at
+  once (`runners.py`), each handing its outcome to `outcomes.py`;
 - a heartbeat renews the lease of every held job at a third of its length (`heartbeat.py`);
 - a progress writer writes what handlers gave `ctx.progress`, a few times a second
   (`handler.ProgressBoard`);
