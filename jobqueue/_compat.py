@@ -50,9 +50,12 @@ def in_transaction() -> bool:
     Django is asked."""
     storage = _thread_connections()
     if storage is not None:
-        return any(isinstance(held, BaseDatabaseWrapper) and held.in_atomic_block
-                   for held in vars(storage).values())  # (by alias; and asgiref's `cvar` once
-        # an event loop ran in this thread)
+        # By alias (and asgiref's `cvar`, once an event loop ran in this thread). A loop, not
+        # any(): a generator costs more than the look itself, at every enqueue.
+        for held in vars(storage).values():
+            if isinstance(held, BaseDatabaseWrapper) and held.in_atomic_block:
+                return True
+        return False
     return any(connection.in_atomic_block for connection in connections.all(initialized_only=True))
 
 
@@ -73,7 +76,10 @@ def connection_closer() -> Callable[[], None]:
 
     def close() -> None:
         if held:
-            end_of_use()
+            for connection in list(held.values()):
+                if isinstance(connection, BaseDatabaseWrapper) and connection.in_atomic_block:
+                    _leave_atomic(connection)
+            db.close_old_connections()
 
     return close
 

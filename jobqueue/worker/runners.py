@@ -178,9 +178,10 @@ class Runners:
                     return
                 lease, prepared = job
                 signals.send(signals.job_started, Queue, lease=lease)
-                run = partial(self._run, lease, prepared, process)
                 try:
-                    outcome = run() if self._tracer is None else tracing.run(self._tracer, lease, run)
+                    outcome = (self._run(lease, prepared, process) if self._tracer is None else
+                               tracing.run(self._tracer, lease,
+                                           partial(self._run, lease, prepared, process)))
                 except Abandoned:  # (ended by the stopping worker, which hands the job back)
                     continue
                 close_old_connections()
@@ -272,34 +273,27 @@ class EventLoop:
 
     async def _run(self, lease: Lease, prepared: Prepared) -> None:
         try:
-            outcome = await self._execute(lease, prepared)
+            if signals.job_started.receivers:  # (off the loop: a receiver may use the ORM)
+                await asyncio.to_thread(signals.send_from_worker, signals.job_started, Queue,
+                                        lease=lease)
+            if self._tracer is None:
+                outcome = await execute_async(lease, prepared)
+            else:
+                outcome = await tracing.run_async(self._tracer, lease,
+                                                  partial(execute_async, lease, prepared))
         finally:
             self._running -= 1
-        if outcome is not None:
-            if self._starting:  # (it never awaited: see `_starting`)
-                self._loop.call_soon(self._done, lease, outcome)
-            else:
-                self._done(lease, outcome)
+        if self._abandoning and _cancelled():  # (the stopping worker's cancel: it hands the
+            return  # job back; a run that ended before it did reports its outcome)
+        if self._starting:  # (it never awaited: see `_starting`)
+            self._loop.call_soon(self._done, lease, outcome)
+        else:
+            self._done(lease, outcome)
         if self._waiting:  # (its room goes to the next; inside an eager start, at the next turn)
             if self._starting:
                 self._loop.call_soon(self._fill)
             else:
                 self._fill()
-
-    async def _execute(self, lease: Lease, prepared: Prepared) -> Outcome | None:
-        """Run the job; None when the stopping worker cancelled it (it hands the job back)."""
-        if signals.job_started.receivers:  # (off the loop: a receiver may use the ORM)
-            await asyncio.to_thread(signals.send_from_worker, signals.job_started, Queue,
-                                    lease=lease)
-        if self._tracer is None:
-            outcome = await execute_async(lease, prepared)
-        else:
-            outcome = await tracing.run_async(self._tracer, lease,
-                                              partial(execute_async, lease, prepared))
-        task = asyncio.current_task()
-        if self._abandoning and task is not None and task.cancelling():
-            return None  # (only the worker's own cancel ends a run so: see `abandon`)
-        return outcome
 
     def abandon(self, wait: float = ABANDON_WAIT) -> None:
         """Cancel the running jobs (the stopping worker hands them back) and give them `wait`
@@ -358,6 +352,12 @@ class EventLoop:
         self._thread.join(timeout=STOP_WAIT if wait else BLOCKED)
         if wait and not self._thread.is_alive():
             self._loop.close()
+
+
+def _cancelled() -> bool:
+    """Whether the running task was asked to cancel (only the stopping worker asks)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _ended(tasks: set[asyncio.Task[None]]) -> None:
