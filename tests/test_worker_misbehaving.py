@@ -165,3 +165,24 @@ def test_async_jobs_run_at_most_concurrency_at_once_and_prefetched_ones_are_hand
     assert {i.state for r, i in states.items() if r in started} == {"succeeded"}  # type: ignore[union-attr]
     assert {(i.state, i.attempts, i.last_error)  # type: ignore[union-attr]
             for r, i in states.items() if r not in started} == {("pending", 1, "")}
+
+
+def test_a_pool_process_that_dies_fails_its_own_job_only(
+        valkey_server: ValkeyProcess, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    innocent = jobs.waits_for_file.enqueue(str(go))
+    worker = start_worker(valkey_server.url, "--processes", "--concurrency", "2")
+    try:
+        wait_for(lambda: getattr(get_job(innocent.id), "progress", None) == "started", timeout=60)
+        crash = jobs.misbehaves.enqueue("exit")  # (in the other process, meanwhile)
+        wait_for(lambda: (get_job(crash.id) or crash).state == "dead", timeout=60)  # type: ignore[union-attr]
+        go.touch()
+        wait_for(lambda: (get_job(innocent.id) or innocent).state != "active")  # type: ignore[union-attr]
+        after = jobs.add.enqueue(2, 2)  # (the next job gets a new process)
+        wait_for(lambda: (get_job(after.id) or after).state == "succeeded", timeout=60)  # type: ignore[union-attr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    info = get_job(innocent.id)
+    assert info and info.state == "succeeded" and info.attempts == 1, info
+    assert (info := get_job(crash.id)) and info.attempts == 1 and "exited with code 7" in info.last_error
