@@ -180,9 +180,10 @@ def test_a_pool_process_that_dies_fails_its_own_job_only(
         wait_for(lambda: (get_job(innocent.id) or innocent).state != "active")  # type: ignore[union-attr]
         after = jobs.add.enqueue(2, 2)  # (the next job gets a new process)
         wait_for(lambda: (get_job(after.id) or after).state == "succeeded", timeout=60)  # type: ignore[union-attr]
-    finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
+    finally:
+        worker.kill()
     info = get_job(innocent.id)
     assert info and info.state == "succeeded" and info.attempts == 1, info
     assert (info := get_job(crash.id)) and info.attempts == 1 and "exited with code 7" in info.last_error
