@@ -62,26 +62,30 @@ class PoolProcess:
 
     def run(self, lease: Lease) -> Outcome:
         """Run a job in the process; its outcome. Abandoned when the worker ended it."""
-        if self._process is None:
-            failed = self._start()
-            if failed is not None:
-                return failed
-        assert self._pipe is not None
         self._busy = True
         try:
+            if self._process is None:
+                problem = self._start()
+                if problem is not None:
+                    return Outcome(False, error=f"the worker's pool process could not start: "
+                                                f"{problem}")
+            assert self._pipe is not None
+            if self._ending:  # (the worker stopped while the process started)
+                raise Abandoned
             self._pipe.send(lease)
             outcome: Outcome = self._pipe.recv()
             return outcome
-        except (EOFError, OSError):
-            return self._died()
+        except (EOFError, OSError) as exc:
+            return self._died(exc)
         finally:
             self._busy = False
 
     def end(self) -> None:
-        """Kill the process if it runs a job (the stopping worker hands the job back)."""
+        """Kill the process if it runs (or is starting for) a job: the stopping worker hands
+        the job back. A job that comes after has no outcome either."""
+        self._ending = True
         process = self._process
         if self._busy and process is not None:
-            self._ending = True
             process.kill()
 
     def close(self) -> None:
@@ -98,9 +102,9 @@ class PoolProcess:
         pipe.close()
         self._process = self._pipe = None
 
-    def _start(self) -> Outcome | None:
-        """Start the process and wait until Django is set up there; a failed Outcome for the
-        job when it could not start."""
+    def _start(self) -> str | None:
+        """Start the process and wait until Django is set up there; why it could not start,
+        if it could not."""
         context = multiprocessing.get_context("spawn")
         pipe, theirs = context.Pipe()
         process = context.Process(target=serve, name="jobqueue-pool", args=(
@@ -113,26 +117,29 @@ class PoolProcess:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         theirs.close()
+        self._process, self._pipe = process, pipe  # (from here on, `end` can kill it)
         try:
             problem: str | None = pipe.recv()  # None once Django is set up there
         except (EOFError, OSError):
-            process.join()
-            problem = _ended(process)
-        if problem is not None:
             process.join(CLOSE_WAIT)
-            pipe.close()
-            log.error("a pool process could not start: %s", problem)
-            return Outcome(False, error=f"the worker's pool process could not start: {problem}")
-        self._process, self._pipe = process, pipe
-        return None
+            problem = _ended(process)
+        if problem is None:
+            return None
+        self.close()
+        if self._ending:
+            raise Abandoned
+        log.error("a pool process could not start: %s", problem)
+        return problem
 
-    def _died(self) -> Outcome:
+    def _died(self, exc: Exception) -> Outcome:
         """The process ended while it ran the job: Abandoned when the worker ended it, else
         the job's failure (a handler ended it: its job is charged, once)."""
-        process = self._process
-        assert process is not None and self._pipe is not None
+        process, pipe = self._process, self._pipe
+        if process is None or pipe is None:  # (it could not even be started: no fork, no pipe)
+            log.error("a pool process could not start: %r", exc)
+            return Outcome(False, error=f"the worker's pool process could not start: {exc!r}")
         process.join(CLOSE_WAIT)
-        self._pipe.close()
+        pipe.close()
         self._process = self._pipe = None
         if self._ending:
             raise Abandoned
