@@ -22,7 +22,7 @@ from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
-from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, int_field, ms_to_dt, text
+from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, ms_to_dt, text
 from .refs import JobRef
 from .scripts import caller
 from .spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
@@ -286,12 +286,6 @@ class Queue:
         cancel, attempts = self.client.hmget(self.shard(lease.shard).job(lease.job_id),
                                              "cancel", "attempts")
         return cancel == "1" and attempts == str(lease.token)
-
-    def charged_runs(self, lease: Lease) -> int:
-        """How many earlier runs of the job used up its budget: not a stopping worker's
-        hand-backs, nor the runs an operator's retry forgave (a plain read)."""
-        uncharged = self.client.hget(self.shard(lease.shard).job(lease.job_id), "uncharged")
-        return max(lease.token - 1 - (int_field(uncharged) or 0), 0)
 
     def checkpoint(self, lease: Lease, data: Any, extend: float | None = None) -> bool:
         """Store a running job's progress on its row; a re-run sees it. False when stale."""

@@ -33,6 +33,7 @@ from .. import ids
 from ..api import JobFunction, JobOptions, get_job, submit
 from ..exceptions import InvalidJobId, InvalidOption, JobFailed, UnknownHandler
 from ..handler import RetryLater, Unretryable
+from ..records import int_field
 from ..refs import JobRef
 from ..spec import MAX_ATTEMPTS
 from ..states import State
@@ -180,6 +181,14 @@ def _budget(max_retries: int | None) -> int:
     return MAX_ATTEMPTS if max_retries is None else min(max_retries + 1, MAX_ATTEMPTS)
 
 
+def _charged_runs(lease: Lease) -> int:
+    """How many earlier runs of the job used up its budget: not a stopping worker's hand-backs,
+    nor the runs an operator's retry forgave (both counted in the row's `uncharged`)."""
+    queue = Queue(lease.queue)
+    uncharged = queue.client.hget(queue.shard(lease.shard).job(lease.job_id), "uncharged")
+    return max(lease.token - 1 - (int_field(uncharged) or 0), 0)
+
+
 def handler_for(name: str, lease: Lease) -> JobFunction:
     """A JobFunction running the registered Celery task `name` with a request context."""
     current_app.loader.import_default_modules()
@@ -188,7 +197,7 @@ def handler_for(name: str, lease: Lease) -> JobFunction:
         raise UnknownHandler(f"no Celery task registered as {name[len(PREFIX):]!r}")
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        retries = 0 if lease.token <= 1 else Queue(lease.queue).charged_runs(lease)
+        retries = 0 if lease.token <= 1 else _charged_runs(lease)
         task.push_request(id=lease.job_id, retries=retries, args=args, kwargs=kwargs,
                           called_directly=False, jobqueue=True,
                           delivery_info={"routing_key": lease.queue})

@@ -310,8 +310,7 @@ class Worker:
 
     def _drain(self) -> None:
         """Hand back prefetched jobs at once, let running jobs finish within the grace period,
-        then end what still runs where it can be ended (a pool process, an async task) and
-        release the rest."""
+        then end what still runs where it can (`Runners.abandon`) and release it."""
         with contextlib.suppress(RedisError):
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
         unstarted = self._runners.take_unstarted() if self._runners else []
