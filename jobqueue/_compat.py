@@ -7,7 +7,9 @@ The hot path takes four short cuts through internals that no public API offers:
   running event loop raises and catches an exception at every call);
 - `connection_closer`: the same storage, looked at after each plain job: a runner thread that
   holds no connection has none to close (Django's `close_old_connections` walks every alias
-  through that `Local` to find so);
+  through that `Local` to find so). A transaction a job left open is rolled back through the
+  atomic blocks Django keeps on the connection (`atomic_blocks`, private to Django), as each
+  block's own exit would;
 - `c_json_encoder`: the json module's C encoder, made once (`JSONEncoder.encode` makes one per
   call, which costs more than encoding a small payload);
 - `pool_limit` and `async_connection`: redis-py's pool settings, read to borrow connections
@@ -34,11 +36,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from django import db
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 def in_transaction() -> bool:
-    """Whether this thread's default database connection is inside `transaction.atomic()`.
+    """Whether any of this thread's database connections (whatever its alias) is inside
+    `transaction.atomic()`.
 
     In a thread with no event loop, asgiref's `Local` keeps Django's connections in a plain
     `threading.local`, read here directly; a connection this thread never opened is in no
@@ -46,25 +50,66 @@ def in_transaction() -> bool:
     Django is asked."""
     storage = _thread_connections()
     if storage is not None:
-        connection = getattr(storage, DEFAULT_DB_ALIAS, None)
-        return connection is not None and connection.in_atomic_block
-    return transaction.get_connection().in_atomic_block
+        # By alias (and asgiref's `cvar`, once an event loop ran in this thread). A loop, not
+        # any(): a generator costs more than the look itself, at every enqueue.
+        for held in vars(storage).values():
+            if isinstance(held, BaseDatabaseWrapper) and held.in_atomic_block:
+                return True
+        return False
+    return any(connection.in_atomic_block for connection in connections.all(initialized_only=True))
+
+
+def open_transactions() -> list[str]:
+    """The aliases of this thread's connections that are inside `transaction.atomic()`."""
+    return [connection.alias for connection in connections.all(initialized_only=True)
+            if connection.in_atomic_block]
 
 
 def connection_closer() -> Callable[[], None]:
-    """Django's `close_old_connections` (what a request's end does) for this thread, made once
-    per runner thread: the thread's own connection storage, found here, tells at each call
-    whether it holds any connection at all; with none there is nothing to close or check."""
+    """`end_of_use` for this thread, made once per runner thread: the thread's own connection
+    storage, found here, tells at each call whether it holds any connection at all; with none
+    there is nothing to close or check."""
     storage = _thread_connections()
     if storage is None:
-        return db.close_old_connections
+        return end_of_use
     held = vars(storage)  # (this thread's dict of connections by alias)
 
     def close() -> None:
         if held:
+            for connection in list(held.values()):
+                if isinstance(connection, BaseDatabaseWrapper) and connection.in_atomic_block:
+                    _leave_atomic(connection)
             db.close_old_connections()
 
     return close
+
+
+def end_of_use() -> None:
+    """What a request's start and end do to this thread's connections (Django's
+    `close_old_connections`: closed unless CONN_MAX_AGE keeps them, a kept one health-checked at
+    its next use with CONN_HEALTH_CHECKS), after rolling back a transaction left open: a job
+    that entered `atomic()` and never left it must not leave its writes, or a connection that
+    every later job finds broken, to the next job."""
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            _leave_atomic(connection)
+    db.close_old_connections()
+
+
+def _leave_atomic(connection: Any) -> None:
+    """Leave every atomic block still open on `connection`, innermost first, as an exception in
+    each would (rolled back). A block whose exit fails (a broken connection) closes the
+    connection, so the server rolls back and the outer blocks only unwind; without Django's
+    list of blocks, the connection is closed."""
+    blocks = getattr(connection, "atomic_blocks", None)  # (private to Django)
+    if blocks is None:
+        connection.close()
+        return
+    while blocks and connection.in_atomic_block:
+        try:
+            blocks[-1].__exit__(RuntimeError, RuntimeError("left open by a job"), None)
+        except Exception:  # noqa: BLE001 - (each exit takes its block off the list first)
+            connection.close()
 
 
 def _thread_connections() -> threading.local | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple, overload
 from django.db import transaction
 
 from . import dag, ids, outbox, tracing
-from ._compat import in_transaction
+from ._compat import in_transaction, open_transactions
 from .conf import Config, get_client, get_config
 from .exceptions import InvalidFlow, InvalidOption, UnknownHandler
 from .keys import validate_queue
@@ -27,6 +28,7 @@ from .refs import JobRef
 from .spec import JobSpec, Prepared, encode_payload, prepare
 from .store import Queue
 
+log = logging.getLogger("jobqueue.enqueue")
 _registry: dict[str, JobFunction] = {}
 Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any]]
 """One call of a handler: a tuple of args, a dict of kwargs, or (args, kwargs)."""
@@ -253,7 +255,8 @@ def _check_spec_options(spec: Mapping[str, Any]) -> None:
 
 
 def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
-    """Enqueue now, or — inside a transaction — once it commits (nothing if it rolls back).
+    """Enqueue now, or — inside a transaction (on any database alias) — once it commits
+    (nothing if it rolls back; `after_commit` says what a Valkey error then does).
 
     The ids are minted now so the caller gets them at once; validation also happens now. A
     durable queue's jobs are first written to the database (in the transaction, if any) and
@@ -273,12 +276,13 @@ def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]
         return queue.enqueue_many(specs)
     prepared = [prepare(spec, queue.options, get_config().max_payload) for spec in specs]
     minted = [spec._replace(job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
+    refs = [JobRef(p.job_id, queue.name) for p in prepared]
     if durable:
         outbox.write(queue, prepared)
-        transaction.on_commit(lambda: outbox.push(queue, minted))  # now, outside a transaction
-    else:
-        transaction.on_commit(lambda: queue.enqueue_many(minted), robust=False)
-    return [JobRef(p.job_id, queue.name) for p in prepared]
+        after_commit(lambda: outbox.push(queue, minted), refs, durable=True)  # (now, outside
+    else:  # a transaction)
+        after_commit(lambda: queue.enqueue_many(minted), refs, durable=False)
+    return refs
 
 
 def submit_flow(queue: Queue, nodes: list[dag.Node], flow: str = "",
@@ -287,14 +291,50 @@ def submit_flow(queue: Queue, nodes: list[dag.Node], flow: str = "",
     does; its refs either way (ids are minted now). A durable queue's flow is first written to
     the database (in the transaction, if any) and reaches Valkey after the commit: outbox.py."""
     prepared = dag.checked(queue, nodes)
+    refs = [JobRef(job.job_id, queue.name) for job in prepared]
     if queue.options.durable:
         shards = outbox.write_flow(queue, nodes, prepared, flow)
-        transaction.on_commit(lambda: outbox.push_flow(queue, nodes, prepared, flow, shards))
+        after_commit(lambda: outbox.push_flow(queue, nodes, prepared, flow, shards), refs,
+                     durable=True)
     elif immediate or not get_config().on_commit or not in_transaction():
         return dag.enqueue(queue, nodes, prepared, flow)
     else:
-        transaction.on_commit(lambda: dag.enqueue(queue, nodes, prepared, flow), robust=False)
-    return [JobRef(job.job_id, queue.name) for job in prepared]
+        after_commit(lambda: dag.enqueue(queue, nodes, prepared, flow), refs, durable=False)
+    return refs
+
+
+def after_commit(send: Callable[[], object], refs: list[JobRef], durable: bool) -> None:
+    """Call `send` once every transaction open in this thread has committed, whatever database
+    alias each is on (at once when none is: an error then is the caller's); never when one of
+    them rolls back. Registered as
+    Django's robust on-commit callbacks (so `captureOnCommitCallbacks(execute=True)` sends the
+    jobs in a test). A failure to send is logged (ERROR, logger `jobqueue.enqueue`, naming the
+    jobs) and never raised: the transaction has committed, and the other callbacks it holds
+    must still run. The jobs of a plain queue are then lost; a durable queue's rows are in the
+    database, and a worker's relay sends them."""
+    aliases = open_transactions()
+    left = len(aliases)
+
+    def committed() -> None:
+        nonlocal left
+        left -= 1
+        if left <= 0:
+            _send_logged(send, refs, durable)
+
+    if not aliases:
+        send()
+    for alias in aliases:
+        transaction.on_commit(committed, using=alias, robust=True)
+
+
+def _send_logged(send: Callable[[], object], refs: list[JobRef], durable: bool) -> None:
+    try:
+        send()
+    except Exception as exc:  # noqa: BLE001 - logged: an error here would drop other callbacks
+        fate = ("their rows are in the database: a worker's relay sends them" if durable else
+                "they are lost (a durable queue keeps its jobs through such an error)")
+        log.error("could not send job(s) %s of queue %s to Valkey after the commit (%r); %s",
+                  ", ".join(ref.id for ref in refs), refs[0].queue if refs else "?", exc, fate)
 
 
 @overload

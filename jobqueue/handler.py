@@ -1,7 +1,8 @@
 """The handler's API: what an `@job` function may use while it runs.
 
 `RetryLater` and `JobCancelled` are exceptions a handler raises; `JobContext` is the `ctx` a
-`takes_context=True` handler gets. All three are re-exported from `jobqueue`.
+`takes_context=True` handler gets. All three are re-exported from `jobqueue`. (`Unretryable` is
+for bridges: contrib/celery.py.)
 
 `ctx.progress(value)` only notes the value: the process's `PROGRESS` board keeps the latest per
 job and a worker thread (`ProgressBoard.run`) writes them a few times a second, one script call
@@ -43,6 +44,13 @@ class RetryLater(Exception):
 
 class JobCancelled(Exception):
     """Raised by `ctx.raise_if_cancelled()`: the job is recorded as cancelled."""
+
+
+class Unretryable(Exception):
+    """Raised from the handler's error (`raise Unretryable() from exc`) to end the job's run as a
+    failure no retry follows, whatever budget is left: a bridge's tasks whose own semantics say
+    so (a Celery task that raises without `self.retry` fails once). The job's error is the
+    cause's traceback."""
 
 
 class JobContext:

@@ -43,6 +43,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
     DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4"}
 
+# A second alias on the same database (its own connections and transactions), for the tests of
+# a transaction on another alias than `default`.
+DATABASES["other"] = {**DATABASES["default"], "TEST": {**DATABASES["default"].get("TEST", {}),
+                                                       "MIRROR": "default"}}
+
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.jobapp"]  # noqa: F405
 
 # Fixtures fill in the URL of the Valkey they start (and pass it to worker subprocesses).

@@ -65,6 +65,32 @@ def test_a_runner_threads_connection_closer_looks_at_its_own_connections() -> No
     assert seen == [True, [], True, None]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_a_job_left_open_is_rolled_back_through_djangos_atomic_blocks() -> None:
+    """A job that entered `atomic()` and never left it: the runner's closer leaves each block
+    as an exception in it would (rolled back), through the list Django keeps on the connection;
+    the connection is then as after any job (no block open, autocommit back)."""
+    from django.contrib.auth.models import User
+
+    seen: list[Any] = []
+
+    def runner() -> None:
+        close = _compat.connection_closer()
+        transaction.atomic().__enter__()
+        transaction.atomic().__enter__()  # (a savepoint inside it)
+        User.objects.create(username="left-open")
+        close()
+        connection = connections["default"]
+        seen.extend([connection.in_atomic_block, connection.atomic_blocks,
+                     connection.closed_in_transaction, User.objects.count()])
+        close()
+
+    thread = threading.Thread(target=runner)
+    thread.start()
+    thread.join()
+    assert seen == [False, [], False, 0]
+
+
 def test_payloads_are_encoded_by_jsons_c_encoder() -> None:
     assert spec._c_encoder is not None
     value = {"handler": "a.b", "args": [1, "é", None, 2.5, [True]], "kwargs": {"k": "v"}}

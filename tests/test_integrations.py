@@ -260,8 +260,8 @@ def test_workers_silent_for_ten_minutes_are_forgotten(valkey_server: ValkeyProce
 
 
 def test_celery_options_jobqueue_cannot_honour_are_refused() -> None:
-    with pytest.raises(InvalidOption, match="expires"):
-        celery_tasks.shout.apply_async(args=["x"], expires=10)
+    with pytest.raises(InvalidOption, match="soft_time_limit"):
+        celery_tasks.shout.apply_async(args=["x"], soft_time_limit=10)
     with pytest.raises(InvalidOption, match="link"):
         celery_tasks.shout.apply_async(args=["x"], link=celery_tasks.shout.s("y"))
     assert Queue("default").counts()["pending"] == 0

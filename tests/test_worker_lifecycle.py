@@ -246,27 +246,40 @@ def test_the_process_pool_runs_jobs_and_survives_a_crashing_one(valkey_server: V
     assert row.state == "succeeded" and row.result["resumed_from"] == {"step": 1, "attempt": 1}
 
 
+def kill_session(session: int) -> bool:
+    """End a database session server-side, as a server's `wait_timeout` or restart would (KILL
+    in MariaDB, pg_terminate_backend in PostgreSQL); False when it had ended already."""
+    from django.db import OperationalError, connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+            return bool(cursor.fetchone()[0])
+        try:
+            cursor.execute(f"KILL {int(session)}")
+        except OperationalError:  # 1094: unknown thread id
+            return False
+        return True
+
+
+@pytest.mark.parametrize("mode", [[], ["--processes"]], ids=["threads", "processes"])
 @pytest.mark.parametrize("kept", ["", "?conn_max_age=600&conn_health_checks=true"],
                          ids=["closed-after-each-job", "kept-with-health-checks"])
 def test_a_job_after_its_database_connection_died_still_runs(valkey_server: ValkeyProcess,
-                                                              kept: str) -> None:
+                                                              kept: str, mode: list[str]) -> None:
     """Each job gets a usable connection, as each request does: closed after the job, or kept
     (CONN_MAX_AGE) and checked before the next, so a connection the server dropped while the
-    worker idled (wait_timeout, a restart) does not fail the next job."""
-    from django.db import OperationalError, connection
+    worker idled (wait_timeout, a restart) does not fail the next job; in a pool process too."""
+    from django.db import connection
 
-    if connection.vendor != "mysql":
-        pytest.skip("needs MariaDB")
-    worker = start_worker(valkey_server.url, "--concurrency", "1", db_url=database_url() + kept)
+    if connection.vendor not in ("mysql", "postgresql"):
+        pytest.skip("needs MariaDB or PostgreSQL")
+    worker = start_worker(valkey_server.url, "--concurrency", "1", *mode,
+                          db_url=database_url() + kept)
     try:
         first = jobs.database_session.enqueue()
-        wait_for(lambda: (get_job(first.id) or first).state == "succeeded")  # type: ignore[union-attr]
-        session = get_job(first.id).result  # type: ignore[union-attr]
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(f"KILL {int(session)}")  # as the server's wait_timeout would
-        except OperationalError:  # 1094: already closed after its job
-            assert not kept
+        wait_for(lambda: (get_job(first.id) or first).state == "succeeded", timeout=60)  # type: ignore[union-attr]
+        assert kill_session(get_job(first.id).result) == bool(kept)  # type: ignore[union-attr]
         second = jobs.database_session.enqueue()
         wait_for(lambda: (get_job(second.id) or second).state in ("succeeded", "dead"))  # type: ignore[union-attr]
         assert get_job(second.id).state == "succeeded"  # type: ignore[union-attr]

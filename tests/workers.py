@@ -26,7 +26,10 @@ def database_url() -> str:
 
 
 def start_worker(valkey_url: str, *args: str, db_url: str | None = None,
-                 log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                 log: Path | None = None, env: dict[str, str] | None = None,
+                 new_session: bool = False) -> subprocess.Popen[bytes]:
+    """`runworker` with these arguments; `new_session`: in a process group of its own, as a
+    terminal or a process manager starts it (the group's id is the worker's pid)."""
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", VALKEY_URL=valkey_url,
                DATABASE_URL=db_url or database_url(), PYTHONUNBUFFERED="1", **(env or {}))
     if "--workers" not in args:  # one process unless the test asks for more (default: per core)
@@ -34,9 +37,10 @@ def start_worker(valkey_url: str, *args: str, db_url: str | None = None,
     command = [sys.executable, "manage.py", "runworker", *args]
     if log is None:
         return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, start_new_session=new_session)
     with open(log, "ab") as out:
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=new_session)
 
 
 def run_burst(valkey_url: str, *args: str, timeout: float = 120, **kw: object) -> int:

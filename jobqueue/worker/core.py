@@ -5,8 +5,9 @@ Threads, each with one job:
 - the main loop claims work when there is room (`Worker.run`), records what finished
   (`outcomes.py`: it is the only thread that takes outcomes off their hand-off) and runs
   maintenance, schedules and the summary when due (`maintenance.py`);
-- `concurrency` runner threads run the claimed jobs, and `async def` ones run on one event loop
-  (`runners.py`), each handing its outcome to `outcomes.py`;
+- `concurrency` runner threads run the claimed jobs (with `--processes`, each through a process
+  of its own: `pool.py`), and `async def` ones run on one event loop, at most `concurrency` at
+  once (`runners.py`), each handing its outcome to `outcomes.py`;
 - a heartbeat renews the lease of every held job at a third of its length (`heartbeat.py`);
 - a progress writer writes what handlers gave `ctx.progress`, a few times a second
   (`handler.ProgressBoard`);
@@ -314,7 +315,7 @@ class Worker:
 
     def _drain(self) -> None:
         """Hand back prefetched jobs at once, let running jobs finish within the grace period,
-        then release the rest."""
+        then end what still runs where it can (`Runners.abandon`) and release it."""
         with contextlib.suppress(RedisError):
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
         unstarted = self._runners.take_unstarted() if self._runners else []
@@ -331,6 +332,8 @@ class Worker:
             with contextlib.suppress(RedisError):
                 self.outcomes.record()
             self._tick.wait(0.1)
+        if self.held.jobs and self._runners is not None:
+            self._runners.abandon()  # (ended before they are handed back: none runs on)
         try:
             self.outcomes.record()
             leftovers = self.held.leases()

@@ -1,8 +1,11 @@
 """Running one claimed job: resolve its handler, run it, and say which transition records it.
 
 `execute` (and `execute_async`, for an `async def` handler) never raises: whatever the job does,
-the worker gets an `Outcome` (the worker never dies of a job). It is a module-level function so
-a process pool can run it too.
+the worker gets an `Outcome` (the worker never dies of a job). A `BaseException` is the job's
+failure too, as in Django's database backend: `SystemExit`, a `KeyboardInterrupt` or a
+`CancelledError` that the handler's own code raised fails its run, and only a cancel that the
+worker itself made ends a run without an outcome (runners.py tells them apart). It is a
+module-level function so a pool process can run it too.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from .. import tracing
 from ..api import JobFunction, handler_for
 from ..conf import loop_factory
 from ..exceptions import VALKEY_DOWN, JobQueueError, UnknownHandler
-from ..handler import JobCancelled, JobContext, RetryLater
+from ..handler import JobCancelled, JobContext, RetryLater, Unretryable
 from ..records import Lease
 from ..spec import dumps
 
@@ -106,19 +109,21 @@ def execute(lease: Lease, prepared: Prepared | Outcome | None = None) -> Outcome
         result = func(*args, **kwargs)
         if inspect.iscoroutine(result):  # a coroutine outside the event loop (process mode)
             result = asyncio.run(result, loop_factory=loop_factory())
-    except Exception as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
+    except BaseException as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
         return _failed(exc, started, _unwritten(args))
     return _succeeded(result, started, _unwritten(args))
 
 
 async def execute_async(lease: Lease, prepared: Prepared) -> Outcome:
-    """`execute` for an `async def` handler, awaited on the worker's event loop."""
+    """`execute` for an `async def` handler, awaited on the worker's event loop. A cancel of its
+    task ends up here as a failure too: the caller, which knows whether it cancelled the task,
+    drops the outcome of a run it cancelled itself."""
     started = time.monotonic()
     func, args, kwargs = _call_args(prepared, lease)
-    failed: Exception | None = None
+    failed: BaseException | None = None
     try:
         result = await func(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
+    except BaseException as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
         failed = exc
     ctx = _unwritten(args)
     if ctx is not None:  # (a round trip: off the loop)
@@ -135,16 +140,19 @@ def _write_progress(ctx: JobContext | None) -> None:
             log.warning("job=%s: its last progress could not be written", ctx.job_id)
 
 
-def _failed(exc: Exception, started: float, ctx: JobContext | None = None) -> Outcome:
+def _failed(exc: BaseException, started: float, ctx: JobContext | None = None) -> Outcome:
     _write_progress(ctx)
     took = time.monotonic() - started
+    final = isinstance(exc, Unretryable)
+    if final and exc.__cause__ is not None:  # (the handler's own error is the one to show)
+        exc = exc.__cause__
     tracing.failed(exc)
     if isinstance(exc, RetryLater):
         return Outcome(False, error=str(exc), retry_in=exc.retry_in, duration=took)
     if isinstance(exc, JobCancelled):  # the row's cancel flag makes the nack record it cancelled
         return Outcome(False, error=str(exc), fatal=True, duration=took)
     error = "".join(traceback.format_exception(exc, limit=20))[-8000:]
-    return Outcome(False, error=error, duration=took)
+    return Outcome(False, error=error, fatal=final, duration=took)
 
 
 def _succeeded(result: Any, started: float, ctx: JobContext | None = None) -> Outcome:

@@ -225,8 +225,8 @@ def by_queue(items: list[Finished]) -> dict[str, list[Finished]]:
 
 def _log(lease: Lease, outcome: Outcome, state: str) -> None:
     """Log and signal a recorded outcome."""
-    signals.send(signals.job_finished, Queue, lease=lease, state=str(state),
-                 duration=outcome.duration)
+    signals.send_from_worker(signals.job_finished, Queue, lease=lease, state=str(state),
+                             duration=outcome.duration)
     # A line per success would cost more than a short job: successes are logged at DEBUG
     # (the summary line counts them), failures always.
     if outcome.ok:

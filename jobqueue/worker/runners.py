@@ -4,15 +4,22 @@ ones.
 `concurrent.futures` would cost a Future, a lock, a callback and a queue hop per job — more than
 a short job itself. Here N runner threads take jobs from one inbox and hand each outcome to
 `done(lease, outcome)`. Jobs not yet started can be taken back (a stopping worker releases
-them). With `processes=True` each runner hands its job to a process pool and waits for it, so
-CPU-bound handlers use every core while the worker's own bookkeeping stays in threads.
+them). With `processes=True` each runner hands its job to a process of its own and waits for it
+(pool.py), so CPU-bound handlers use every core while the worker's own bookkeeping stays in
+threads.
 
 An `async def` handler's jobs run as tasks on one event loop in its own thread (started with
 the first such job; uvloop's when it is installed, see `conf.loop_factory`), many at once
-without a thread each; the worker's concurrency bounds them all the same. A loop that outlives a
-job lets the handler keep async clients (redis.asyncio, httpx, asyncpg pools) between jobs. A
-watchdog thread logs the call a handler is in when it holds the loop (a blocking call in an
-async handler stalls every async job).
+without a thread each, and at most the worker's concurrency at once: the others wait on the
+loop's own list, where a stopping worker takes them back as it does the inbox's. A loop that
+outlives a job lets the handler keep async clients (redis.asyncio, httpx, asyncpg pools) between
+jobs. A watchdog thread logs the call a handler is in when it holds the loop (a blocking call in
+an async handler stalls every async job).
+
+A stopping worker that hands back jobs still running first ends what it can (`abandon`): the
+pool processes running them are killed, and their async tasks cancelled. Only that cancel ends
+an async run without an outcome; a `CancelledError` the handler raised itself fails its job
+(executor.py). A plain handler on a runner thread cannot be stopped: the process's exit ends it.
 
 The GIL's switch interval that suits these threads is set here too (with the first `async def`
 handler); the cyclic collector's settings are `jobqueue.collector`'s.
@@ -22,24 +29,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from queue import Empty, SimpleQueue
 from typing import Any, TypeVar
 
-from .. import collector, signals, tracing
+from .. import signals, tracing
 from .._compat import connection_closer
 from ..conf import loop_factory
 from ..records import Lease
 from ..store import Queue
 from .executor import Outcome, Prepared, execute, execute_async, is_async, prepare
+from .pool import Abandoned, PoolProcess
 
 log = logging.getLogger("jobqueue.worker")
 Done = Callable[[Lease, Outcome], None]
@@ -59,18 +65,24 @@ T = TypeVar("T")
 BLOCKED = 0.5
 """Seconds the event loop may go without running a callback before its watchdog logs where the
 loop's thread is: an async handler that makes a blocking call stalls every async job."""
+ABANDON_WAIT = 1.0
+"""Seconds cancelled async jobs get to end (their `finally` blocks) before a stopping worker
+hands them back."""
+STOP_WAIT = 5.0
+"""Seconds a stop waits for the event loop's thread (a handler may hold the loop)."""
 
 
 class Runners:
-    """N threads running jobs from an inbox (or through a process pool), and an event loop
-    for `async def` handlers, until stopped."""
+    """N threads running jobs from an inbox (each through a pool process of its own with
+    `--processes`: pool.py), and an event loop for `async def` handlers, until stopped."""
 
     def __init__(self, count: int, done: Done, *, processes: bool = False) -> None:
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
         self._done = done
         self._count = count
-        self._pool: ProcessPoolExecutor | None = _process_pool(count) if processes else None
-        self._pool_lock = threading.Lock()
+        self._processes = processes
+        self._pool: list[PoolProcess] = []
+        """The runners' processes (`--processes`), ended by `abandon`."""
         self._loop: EventLoop | None = None
         self._tracer = tracing.worker_tracer()
         self._threads: list[threading.Thread] = []
@@ -84,7 +96,7 @@ class Runners:
         on_loop: list[tuple[Lease, Prepared]] = []
         plain = 0
         for lease in leases:
-            prepared = None if self._pool is not None else prepare(lease)
+            prepared = None if self._processes else prepare(lease)
             if prepared is not None and is_async(prepared):
                 on_loop.append((lease, prepared))
             else:
@@ -94,7 +106,7 @@ class Runners:
             self._start_threads(plain)
         if on_loop:
             if self._loop is None:
-                self._loop = EventLoop(self._done)
+                self._loop = EventLoop(self._done, self._count)
             self._loop.submit(on_loop)
 
     def _start_threads(self, jobs: int) -> None:
@@ -112,8 +124,9 @@ class Runners:
         return self._loop
 
     def take_unstarted(self) -> list[Lease]:
-        """Leases no runner has picked up yet, taken back (the stopping worker releases them)."""
-        taken: list[Lease] = []
+        """Leases no runner has started yet, taken back (the stopping worker releases them):
+        plain jobs in the inbox, async ones waiting for room on the loop."""
+        taken: list[Lease] = self._loop.take_unstarted() if self._loop is not None else []
         while True:
             try:
                 job = self._inbox.get_nowait()
@@ -122,9 +135,18 @@ class Runners:
             if job is not None:
                 taken.append(job[0])
 
+    def abandon(self) -> None:
+        """End what still runs, before the stopping worker hands it back: the pool processes
+        that run a job are killed and async jobs cancelled (given ABANDON_WAIT seconds to end).
+        A handler on a runner thread cannot be stopped: the process's exit ends it."""
+        for process in list(self._pool):
+            process.end()
+        if self._loop is not None:
+            self._loop.abandon()
+
     def stop(self, wait: bool) -> None:
         """Let each runner finish its job and exit; wait for them unless told not to (then
-        async jobs are cancelled at their next await)."""
+        `abandon` has ended what could be ended, and the process's exit ends the rest)."""
         with self._grow:
             self._most = 0  # (no runner starts after this)
             threads = list(self._threads)
@@ -135,56 +157,66 @@ class Runners:
         if wait:
             for thread in threads:
                 thread.join()
-        if self._pool is not None:
-            self._pool.shutdown(wait=wait, cancel_futures=True)
 
     def _loop_thread(self) -> None:
-        close_old_connections = connection_closer()
-        while (job := self._inbox.get()) is not None:
-            lease, prepared = job
-            signals.send(signals.job_started, Queue, lease=lease)
-            outcome = (self._run(lease, prepared) if self._tracer is None
-                       else tracing.run(self._tracer, lease, partial(self._run, lease, prepared)))
-            # A job ends like a request: its thread's database connection is closed unless
-            # CONN_MAX_AGE keeps it, and a kept one is health-checked (CONN_HEALTH_CHECKS) by
-            # the next job's first query, so one the server dropped meanwhile is replaced.
-            close_old_connections()
-            self._done(lease, outcome)
-
-    def _run(self, lease: Lease, prepared: Prepared | Outcome | None) -> Outcome:
-        pool = self._pool
-        if pool is None:
-            return execute(lease, prepared)
+        # A job ends like a request: its thread's database connection is closed unless
+        # CONN_MAX_AGE keeps it, and a kept one is health-checked (CONN_HEALTH_CHECKS) by the
+        # next job's first query, so one the server dropped meanwhile is replaced. After an
+        # idle wait they are looked at again before the job (a kept one may have grown too old).
+        close_old_connections, inbox = connection_closer(), self._inbox
+        process = PoolProcess() if self._processes else None
+        if process is not None:
+            self._pool.append(process)
         try:
-            return pool.submit(execute, lease).result()
-        except BrokenProcessPool as exc:
-            # A handler killed its pool process: its job fails with the pool's error, and a new
-            # pool serves the jobs that follow.
-            self._renew_pool(pool)
-            return Outcome(False, error=f"worker pool failed: {exc!r}")
-        except Exception as exc:  # noqa: BLE001 - e.g. a result that cannot be pickled back
-            return Outcome(False, error=f"worker pool failed: {exc!r}")
+            while True:
+                try:
+                    job = inbox.get_nowait()
+                except Empty:
+                    job = inbox.get()
+                    close_old_connections()
+                if job is None:
+                    return
+                lease, prepared = job
+                signals.send(signals.job_started, Queue, lease=lease)
+                try:
+                    outcome = (self._run(lease, prepared, process) if self._tracer is None else
+                               tracing.run(self._tracer, lease,
+                                           partial(self._run, lease, prepared, process)))
+                except Abandoned:  # (ended by the stopping worker, which hands the job back)
+                    continue
+                close_old_connections()
+                self._done(lease, outcome)
+        finally:
+            if process is not None:
+                process.close()
 
-    def _renew_pool(self, broken: ProcessPoolExecutor) -> None:
-        with self._pool_lock:
-            if self._pool is broken:  # not yet renewed by another runner
-                log.warning("process pool broken by a job that died; starting a new pool")
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = _process_pool(self._count)
+    @staticmethod
+    def _run(lease: Lease, prepared: Prepared | Outcome | None,
+             process: PoolProcess | None) -> Outcome:
+        return execute(lease, prepared) if process is None else process.run(lease)
 
 
 class EventLoop:
-    """One asyncio loop in its own thread; each job a task on it."""
+    """One asyncio loop in its own thread; each job a task on it, at most `limit` at once (the
+    worker's concurrency: the others wait here, prefetched, and can be taken back)."""
 
-    def __init__(self, done: Done) -> None:
+    def __init__(self, done: Done, limit: int) -> None:
         self._done = done
+        self._limit = limit
         if sys.getswitchinterval() == DEFAULT_SWITCH:  # (an application's own setting stays)
             sys.setswitchinterval(SWITCH)
         self._loop = loop_factory()()
         self._tracer = tracing.worker_tracer()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: deque[tuple[Lease, Prepared]] = deque()
+        """Jobs claimed but not started (prefetched); taken from other threads under `_lock`."""
+        self._lock = threading.Lock()
+        self._running = 0
+        """Jobs started and not ended (read and written on the loop only)."""
+        self._abandoning = False
+        """Set once the stopping worker cancels what runs: the runs it cancels have no outcome."""
         self._starting = False
-        """While `_start` starts tasks eagerly: a job that ends within its eager start (a handler
+        """While `_fill` starts tasks eagerly: a job that ends within its eager start (a handler
         that never awaits) reports its outcome at the loop's next turn, not inside its caller,
         which may hold the worker's claim lock (at concurrency 1 the caller is the claim that
         the previous job's outcome made: a deadlock)."""
@@ -195,10 +227,19 @@ class EventLoop:
         threading.Thread(target=self._watch, name="jobqueue-asyncio-watch", daemon=True).start()
 
     def submit(self, jobs: list[tuple[Lease, Prepared]]) -> None:
+        with self._lock:
+            self._waiting.extend(jobs)
         if threading.get_ident() == self._thread.ident:  # (claimed on the loop: start them now)
-            self._start(jobs, eager=EAGER)
+            self._fill(eager=EAGER)
         else:
-            self._loop.call_soon_threadsafe(self._start, jobs)  # one wake-up for the whole batch
+            self._loop.call_soon_threadsafe(self._fill)  # one wake-up for the whole batch
+
+    def take_unstarted(self) -> list[Lease]:
+        """The jobs not started yet, taken back (the stopping worker releases them)."""
+        with self._lock:
+            taken = [lease for lease, _ in self._waiting]
+            self._waiting.clear()
+        return taken
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the loop from another thread; its result."""
@@ -208,12 +249,16 @@ class EventLoop:
         """Have the loop call `callback` from another thread, without waiting for it."""
         self._loop.call_soon_threadsafe(callback)
 
-    def _start(self, jobs: list[tuple[Lease, Prepared]], eager: bool = False) -> None:
-        """Create the jobs' tasks. `eager` (a job an idle wait brought, on the loop) runs each to
-        its first await at once, in the same turn as its claim's reply (Python 3.12's eager
-        tasks); a batch from the main loop starts at the loop's next turn: eager starts for every
-        batch measured slower on a busy worker (bench/RESULTS.md, "The idle worker and the idle
-        wait's read path")."""
+    def _fill(self, eager: bool = False) -> None:
+        """Start waiting jobs while fewer than `limit` run. `eager` (a job an idle wait brought,
+        on the loop) runs each to its first await at once, in the same turn as its claim's reply
+        (Python 3.12's eager tasks); a batch from the main loop starts at the loop's next turn:
+        eager starts for every batch measured slower on a busy worker (bench/RESULTS.md, "The
+        idle worker and the idle wait's read path")."""
+        room = self._limit - self._running
+        with self._lock:
+            jobs = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        self._running += len(jobs)
         self._starting = eager
         try:
             for lease, prepared in jobs:
@@ -227,17 +272,50 @@ class EventLoop:
             self._starting = False
 
     async def _run(self, lease: Lease, prepared: Prepared) -> None:
-        if signals.job_started.receivers:  # (looked at here: per job, and most workers have none)
-            signals.send(signals.job_started, Queue, lease=lease)
-        if self._tracer is None:
-            outcome = await execute_async(lease, prepared)
-        else:
-            outcome = await tracing.run_async(self._tracer, lease,
-                                              partial(execute_async, lease, prepared))
+        try:
+            if signals.job_started.receivers:  # (off the loop: a receiver may use the ORM)
+                await asyncio.to_thread(signals.send_from_worker, signals.job_started, Queue,
+                                        lease=lease)
+            if self._tracer is None:
+                outcome = await execute_async(lease, prepared)
+            else:
+                outcome = await tracing.run_async(self._tracer, lease,
+                                                  partial(execute_async, lease, prepared))
+        finally:
+            self._running -= 1
+        if self._abandoning and _cancelled():  # (the stopping worker's cancel: it hands the
+            return  # job back; a run that ended before it did reports its outcome)
         if self._starting:  # (it never awaited: see `_starting`)
             self._loop.call_soon(self._done, lease, outcome)
         else:
             self._done(lease, outcome)
+        if self._waiting:  # (its room goes to the next; inside an eager start, at the next turn)
+            if self._starting:
+                self._loop.call_soon(self._fill)
+            else:
+                self._fill()
+
+    def abandon(self, wait: float = ABANDON_WAIT) -> None:
+        """Cancel the running jobs (the stopping worker hands them back) and give them `wait`
+        seconds to end. A handler that holds the loop, or swallows its cancel, is left to the
+        process's exit."""
+        self._abandoning = True
+
+        async def cancel() -> None:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=wait)
+
+        cancelled = asyncio.run_coroutine_threadsafe(cancel(), self._loop)
+        try:
+            cancelled.result(timeout=wait + BLOCKED)
+        except TimeoutError:
+            cancelled.cancel()
+        if any(not task.done() for task in list(self._tasks)) or not cancelled.done():
+            log.warning("async jobs still run after their cancel (a handler holds the event "
+                        "loop or swallowed its cancel); handed back all the same")
 
     def _watch(self) -> None:
         """Once a second, ask the loop to answer. When it does not within BLOCKED seconds, a
@@ -260,36 +338,27 @@ class EventLoop:
                         "calls); it was in:\n%s", time.monotonic() - asked, where.rstrip())
 
     def stop(self, wait: bool) -> None:
+        """Stop the loop: once its jobs have ended (`wait`: none should still run, but a stop
+        never waits on a held loop for more than STOP_WAIT seconds), or at once (`abandon`
+        has cancelled them). A loop a handler holds is left to the process's exit."""
         self._closed.set()
-
-        async def finish() -> None:
-            if not wait:
-                for task in self._tasks:
-                    task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(finish(), self._loop).result()
+        if wait:
+            ended = asyncio.run_coroutine_threadsafe(_ended(self._tasks), self._loop)
+            try:
+                ended.result(timeout=STOP_WAIT)
+            except TimeoutError:
+                ended.cancel()
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._thread.join(timeout=STOP_WAIT if wait else BLOCKED)
+        if wait and not self._thread.is_alive():
+            self._loop.close()
 
 
-def _process_pool(count: int) -> ProcessPoolExecutor:
-    import multiprocessing
-
-    return ProcessPoolExecutor(
-        count, mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_process, initargs=(os.environ.get("DJANGO_SETTINGS_MODULE"),),
-    )
+def _cancelled() -> bool:
+    """Whether the running task was asked to cancel (only the stopping worker asks)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
-def _init_process(settings_module: str | None) -> None:
-    """Set Django up in a pool process and import the handlers, as the worker did."""
-    import django
-    from django.utils.module_loading import autodiscover_modules
-
-    if settings_module:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", settings_module)
-    django.setup()
-    autodiscover_modules("jobs")
-    collector.resume()  # (a spawned process given a runworker's argv: see jobqueue.collector)
+async def _ended(tasks: set[asyncio.Task[None]]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)

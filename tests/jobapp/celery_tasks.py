@@ -15,3 +15,31 @@ def flaky(self, fail_times: int) -> int:  # type: ignore[no-untyped-def]
     if self.request.retries < fail_times:
         raise self.retry(exc=ConnectionError("try again"), countdown=0)
     return self.request.retries + 1
+
+
+@shared_task(bind=True, max_retries=3)
+def charge_card(self, amount: int) -> None:  # type: ignore[no-untyped-def]
+    """Raises without self.retry: Celery records one failure, and runs it once."""
+    raise ValueError(f"card declined: {amount}")
+
+
+@shared_task(bind=True)
+def reports_retries(self) -> int:  # type: ignore[no-untyped-def]
+    return self.request.retries
+
+
+@shared_task(bind=True, max_retries=5, default_retry_delay=0)
+def retries_at_most_once(self) -> None:  # type: ignore[no-untyped-def]
+    """Its own limit for this call (max_retries=1) wins over the task's 5."""
+    raise self.retry(exc=ConnectionError("still down"), max_retries=1)
+
+
+@shared_task(bind=True, default_retry_delay=0)
+def retries_with_new_args(self, n: int) -> None:  # type: ignore[no-untyped-def]
+    raise self.retry(args=[n + 1])
+
+
+@shared_task(bind=True, default_retry_delay=0)
+def retries_without_throw(self) -> str:  # type: ignore[no-untyped-def]
+    self.retry(throw=False)
+    return "went on"

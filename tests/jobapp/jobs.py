@@ -114,11 +114,13 @@ def touch(path: str) -> None:
 
 @job(max_attempts=1)
 def database_session() -> int:
-    """The database's id for the connection this job used (MariaDB's CONNECTION_ID)."""
+    """The database's id for the connection this job used (MariaDB's CONNECTION_ID,
+    PostgreSQL's backend pid)."""
     from django.db import connection
 
+    query = {"mysql": "SELECT CONNECTION_ID()", "postgresql": "SELECT pg_backend_pid()"}
     with connection.cursor() as cursor:
-        cursor.execute("SELECT CONNECTION_ID()" if connection.vendor == "mysql" else "SELECT 1")
+        cursor.execute(query.get(connection.vendor, "SELECT 1"))
         return int(cursor.fetchone()[0])
 
 
@@ -267,3 +269,108 @@ def record_chord(results: list[Any], effects_url: str) -> int:
     client.rpush("chord:runs", json.dumps(results))
     client.close()
     return len(results)
+
+
+RAISED: dict[str, type[BaseException]] = {
+    "SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt,
+    "GeneratorExit": GeneratorExit}
+
+
+def _misbehave(ctx: JobContext, how: str) -> str:
+    """What the plain and the async misbehaving handlers share: the BaseExceptions and the
+    database's misuses (in a thread: the async one calls it through sync_to_async)."""
+    import asyncio
+
+    from django.contrib.auth.models import User
+    from django.db import transaction
+
+    if how == "CancelledError":
+        raise asyncio.CancelledError()
+    if how in RAISED:
+        raise RAISED[how](f"{how} from the handler's own code")
+    if how == "atomic left open":  # (a context manager entered and never left)
+        transaction.atomic().__enter__()
+        User.objects.create(username=f"left-open-{ctx.job_id}")
+    elif how == "autocommit off":
+        transaction.set_autocommit(False)
+        User.objects.create(username=f"uncommitted-{ctx.job_id}")
+    elif how == "write":  # (after the two above on the same connection: committed, alone)
+        User.objects.create(username=f"written-{ctx.job_id}")
+    return how
+
+
+@job(takes_context=True, max_attempts=1)
+def misbehaves(ctx: JobContext, how: str, path: str = "") -> str:
+    """A handler that misbehaves as `how` says (the worker's matrix): raises a BaseException,
+    ends its process, leaves a transaction open, or ("hang") writes its pid to `path` and runs
+    until its process is killed."""
+    if how == "exit":
+        os._exit(7)
+    if how == "hang":
+        Path(path).write_text(str(os.getpid()))
+        while True:
+            time.sleep(0.05)
+    return _misbehave(ctx, how)
+
+
+@job(takes_context=True, max_attempts=1)
+async def amisbehaves(ctx: JobContext, how: str, seconds: float = 0.0) -> str:
+    """`misbehaves` as an async handler, with the loop's own misdeeds: a sub-task's cancel
+    let through, the loop blocked for `seconds`, a cancel swallowed (it runs until its process
+    ends)."""
+    import asyncio
+
+    if how == "cancelled sub-task":  # (a library whose own task was cancelled)
+        inner = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        inner.cancel()
+        await inner
+    if how == "block":
+        ctx.progress("blocking")
+        time.sleep(seconds)
+        return how
+    if how == "swallow":
+        ctx.progress("started")
+        while True:
+            try:
+                await asyncio.sleep(seconds)
+            except asyncio.CancelledError:
+                continue
+    return _misbehave(ctx, how)
+
+
+@job(takes_context=True)
+async def aholds_until(ctx: JobContext, path: str) -> str:
+    """Notes its start (on the list `test:started`), then runs until `path` exists."""
+    import asyncio
+
+    await (await _shared_client()).rpush("test:started", ctx.job_id)
+    while not Path(path).exists():
+        await asyncio.sleep(0.02)
+    return "done"
+
+
+if os.environ.get("JOBQUEUE_TEST_RECEIVERS"):  # the signal tests' workers: receivers that query
+    from django.dispatch import receiver
+
+    from jobqueue.signals import job_finished, job_started
+
+    def _note(key: str, value: object) -> None:
+        import redis
+
+        client = redis.Redis.from_url(os.environ["VALKEY_URL"])
+        client.rpush(key, str(value))
+        client.close()
+
+    @receiver(job_finished, dispatch_uid="tests.jobapp.finished")
+    def _finished_session(sender: object, lease: Any, **_: object) -> None:
+        """Notes the database session this receiver's query used."""
+        _note("test:finished-sessions", database_session.func())
+
+    @receiver(job_started, dispatch_uid="tests.jobapp.started")
+    def _started_orm(sender: object, lease: Any, **_: object) -> None:
+        """Uses the ORM (on an event loop Django refuses it), then notes the job."""
+        from django.contrib.auth.models import User
+
+        User.objects.filter(username="nobody").exists()
+        _note("test:started-orm", lease.job_id)
