@@ -25,7 +25,8 @@ from .inprocess import burst
 from .servers import ValkeyProcess
 from .workers import start_worker, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# A miss in Celery's registry runs Django's system checks (Celery's fixup), on every alias.
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
 SIDEFX = "tests.jobapp.sidefx"
 """A module whose import leaves a mark and raises ImproperlyConfigured: no payload may import it."""

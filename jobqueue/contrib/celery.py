@@ -189,13 +189,23 @@ def _charged_runs(lease: Lease) -> int:
     return max(lease.token - 1 - (int_field(uncharged) or 0), 0)
 
 
+_imported_app_modules: list[bool] = []
+"""Whether this process imported the Celery app's own modules (`handler_for`)."""
+
+
 def handler_for(name: str, lease: Lease) -> JobFunction:
     """A JobFunction running the registered Celery task `name` with a request context: a task
     of this process's Celery app that runs on jobqueue (a JobTask), never one of Celery's own
     (`celery.*`, which take signatures to call)."""
     task_name = name[len(PREFIX):]
-    current_app.loader.import_default_modules()  # (the modules the app itself names)
     task = current_app.tasks.get(task_name)
+    if task is None and not _imported_app_modules:
+        # Once per process, on the first miss: the modules the app itself names (Celery's
+        # import_default_modules also runs Django's system checks through its fixup, so not
+        # at every job).
+        _imported_app_modules.append(True)
+        current_app.loader.import_default_modules()
+        task = current_app.tasks.get(task_name)
     if not isinstance(task, JobTask) or task_name.startswith("celery."):
         raise UnknownHandler(f"no Celery task registered as {task_name[:200]!r} runs on jobqueue "
                              "(a task of the worker's Celery app whose class is JobTask)")
