@@ -13,13 +13,16 @@ and the worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`,
 
 from __future__ import annotations
 
+import itertools
+import os
+import secrets
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from . import durable, ids, lanes, layouts, sending, signals, spec
 from .conf import get_client, get_config
-from .exceptions import InvalidOption, InvalidTransition, JobNotFound
+from .exceptions import VALKEY_DOWN, InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
 from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, ms_to_dt, text
@@ -32,6 +35,10 @@ __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
 READ_SLACK = 5.0
 """Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
+_claims = itertools.count(1)
+_claim_tag = [secrets.token_hex(3)]
+"""A claim's id is this process's tag and a count (see `Queue.ack_and_dequeue`)."""
+os.register_at_fork(after_in_child=lambda: _claim_tag.__setitem__(0, secrets.token_hex(3)))
 
 
 def _announced(refs: list[JobRef]) -> list[JobRef]:
@@ -117,6 +124,8 @@ class Queue:
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit (or, when it came back short, a lane's
         rate) admits another job (0: not limited)."""
+        self.lost_claims: list[tuple[int, str, str]] = []
+        """Claims whose reply was lost (shard, worker, claim id): their jobs go back (`recover`)."""
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -218,6 +227,8 @@ class Queue:
             start = _most_shard(acks) % total
         else:
             start = self._next_shard = (self._next_shard + 1) % total
+        if self.lost_claims:
+            self.recover()
         riding = [i for i, (held, _) in enumerate(acks) if held.shard == start]
         answers = [0] * len(acks)
         if len(riding) < len(acks):
@@ -231,10 +242,15 @@ class Queue:
                 break
             index = (start + step) % total
             carried = riding if step == 0 else []
-            args = [count - len(out), *head, len(carried)]
+            claim_id = f"{_claim_tag[0]}{next(_claims)}"
+            args = [count - len(out), *head, claim_id, len(carried)]
             for held, result in (acks[i] for i in carried):
                 args += [held.job_id, held.token, result]
-            reply = caller.run(self.client, "claim", self.shard(index), args)
+            try:  # (sent once: a claim sent again would lease the first one's jobs to nobody)
+                reply = caller.run_once(self.client, "claim", self.shard(index), args)
+            except VALKEY_DOWN:
+                self.lost_claims.append((index, worker, claim_id))
+                raise
             wait, leases = _read_claim(self.name, index, reply, carried, answers)
             waits.append(wait)
             out.extend(leases)
@@ -243,6 +259,17 @@ class Queue:
         limited = [w for w in waits if w] if len(out) < count else waits
         self.rate_wait = min(limited) / 1000 if limited and all(limited) else 0.0
         return answers, out
+
+    def recover(self) -> None:
+        """Hand back, uncharged, the jobs of claims whose reply was lost (a timeout, a broken
+        connection): nobody runs them. Raises while Valkey does not answer (kept for the next
+        call); each claim's jobs are found by its id, until their lease lapses (then the reaper
+        counts the lapse as a run)."""
+        while self.lost_claims:
+            index, worker, claim_id = self.lost_claims[0]
+            caller.run(self.client, "release", self.shard(index),
+                       [_retention_ms(), 0, worker, claim_id])
+            self.lost_claims.pop(0)
 
     def lease_ms(self, lease: float | None = None) -> int:
         """A claim's default lease in ms: the worker's, else the queue's."""

@@ -54,6 +54,28 @@ def run(client: Any, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
         return _script(client, name)(keys=found[3:], args=list(args))
 
 
+def run_once(client: Any, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
+    """`run` for a script whose replay would not answer as its first call did (a claim): sent
+    once, never again after a connection error or a timeout, which raise (`wire.call_once`).
+    On a cluster it goes to the node of the shard's slot; a slot that moved meanwhile (MOVED,
+    ASK: not run there) goes redis-py's way."""
+    command = (*head(name, shard), *args)
+    target = client
+    if isinstance(client, RedisCluster):
+        target = client.get_redis_connection(client.get_node_from_key(command[3]))
+    try:
+        return wire.call_once(target, command)
+    except NoScriptError:  # (not run: load it, then send it once more)
+        return _script(client, name)(keys=command[3:3 + command[2]], args=list(args))
+    except ResponseError as exc:
+        if target is client or not str(exc).startswith(("MOVED", "ASK")):
+            raise
+        return client.execute_command(*command)
+    except (ValkeyConnectionError, ValkeyTimeoutError):
+        rediscover(client)
+        raise
+
+
 def run_by_shard(client: Any, name: str, queue: str, head: list[Any],
                  items: Sequence[tuple[int, list[Any]]]) -> list[Any]:
     """A batch script once per shard of `queue` (one round trip each): ARGV = `head`, then the

@@ -34,9 +34,9 @@ Scripts read a missing field as its default.
 The hand-off: a lone job that is ready now, on a shard with no other ready job (so no lane,
 priority or weight could come first) and not paused, goes straight to an idle worker if one
 waits here: the script leases it as claim.lua would (attempts 1, the worker's lease) and pushes
-'<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring with the lease:
-a worker that died before it took the job leaves it to the reaper), which the worker's BLPOP
-returns. The worker needs no claim call; no wake token is pushed. Each idle entry takes one job.
+'<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring ten minutes after
+the lease: a worker that died before it took the job leaves it there for the reaper, which
+hands it back uncharged), which the worker's BLPOP returns. The worker needs no claim call; no wake token is pushed. Each idle entry takes one job.
 A job handed over is new and ready now, so it cannot have expired (expires_ms > 0); a queue with
 lane caps or lane rates has no idle entries (its workers never offer), and a cap set live stops
 hand-offs here ('caps' in meta), since only the claim counts slots.
@@ -154,7 +154,7 @@ for i = 0, n - 1 do
       redis.call('ZADD', active, at() + lease, id)
       local hand = base .. ':hand:' .. taker[1]
       redis.call('RPUSH', hand, id .. '|' .. lease .. '|' .. ARGV[o + 1])
-      redis.call('PEXPIRE', hand, lease)
+      redis.call('PEXPIRE', hand, lease + 600000)
     elseif delay > 0 then
       redis.call('ZADD', schedule, at() + delay, id)
     else

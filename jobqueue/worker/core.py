@@ -58,6 +58,8 @@ def _wait_for_valkey(served: Served, stop: threading.Event, exc: Exception) -> N
             if served.queues:
                 served.queues[0].client.ping()
             log.info("Valkey is back")
+            for queue in served.queues:  # (the jobs of a claim whose reply was lost go back)
+                queue.recover()
             return
         except VALKEY_DOWN:
             stop.wait(delay)
@@ -312,6 +314,8 @@ class Worker:
         then release the rest."""
         with contextlib.suppress(RedisError):
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
+            for queue in self.served.queues:  # (and those of a claim whose reply was lost)
+                queue.recover()
         unstarted = self._runners.take_unstarted() if self._runners else []
         try:
             self._release(unstarted)

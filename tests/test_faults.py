@@ -1,0 +1,104 @@
+"""Faults meeting features: a reply lost to a stalled Valkey, a worker killed while its idle offer
+stood, an outage that outlasts the connection layer's patience. Each fault is a real one: a long
+script holds the server, a SIGKILL, a port nobody listens on."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue import Queue, conf, wire
+from jobqueue.keys import ShardKeys
+from tests.jobapp import jobs
+
+from .servers import ValkeyProcess
+from .workers import start_worker, wait_for
+
+@pytest.fixture
+def slow_server() -> Iterator[ValkeyProcess]:
+    """A Valkey of this test's own that takes DEBUG SLEEP: a server that stalls whole, reading
+    nothing until it wakes (then it runs what was sent meanwhile, even to a client gone)."""
+    server = ValkeyProcess("--enable-debug-command", "local").start()
+    yield server
+    server.cleanup()
+
+
+@contextmanager
+def stalled(url: str, seconds: float) -> Iterator[None]:
+    """Valkey asleep for `seconds` (DEBUG SLEEP from another client): the block is entered once
+    a PING with a short timeout gets no answer."""
+    other = redis.Redis.from_url(url, socket_timeout=30)
+    thread = threading.Thread(target=other.execute_command, args=("DEBUG", "SLEEP", seconds),
+                              daemon=True)
+    thread.start()
+    probe = redis.Redis.from_url(url, socket_timeout=0.05)
+
+    def asleep() -> bool:
+        try:
+            probe.ping()
+        except redis.TimeoutError:
+            return True
+        return False
+
+    try:
+        wait_for(asleep, timeout=10, every=0.001)
+        yield
+    finally:
+        thread.join()
+        other.close()
+        probe.close()
+
+
+def impatient(url: str) -> Any:
+    """A client that gives up on a reply after 0.25 s (the lost reply of these tests)."""
+    return redis.Redis.from_url(url, socket_timeout=0.25, **conf.CLIENT_OPTIONS)
+
+
+def test_a_claim_whose_reply_is_lost_hands_its_jobs_back_uncharged(
+        slow_server: ValkeyProcess) -> None:
+    queue = Queue("default", client=impatient(slow_server.url))
+    assert queue.dequeue(worker="w1") == []  # (the claim script is loaded: EVALSHA finds it)
+    ref = queue.enqueue("once", max_attempts=1, lease=30)
+    with stalled(slow_server.url, 0.8), pytest.raises(redis.TimeoutError):
+        queue.dequeue(count=1, worker="w1")  # the claim runs after the stall: its reply is lost
+    [lease] = queue.dequeue(count=1, worker="w1")  # the lost claim's job came back, uncharged
+    assert lease.job_id == ref.id and queue.ack(lease, "done")
+    info = queue.get(ref.id)
+    assert info is not None and info.state == "succeeded"
+
+
+def test_a_job_handed_to_a_worker_killed_while_its_offer_stood_costs_no_run(
+        valkey_server: ValkeyProcess) -> None:
+    worker = start_worker(valkey_server.url, "--queues", "default", "--concurrency", "1")
+    client = redis.Redis.from_url(valkey_server.url, decode_responses=True)
+    idle = ShardKeys("default", 0).key("idle")
+    try:
+        wait_for(lambda: client.hlen(idle) > 0)  # idle, offering itself for hand-offs
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    ref = jobs.add.using(max_attempts=1, lease=0.2).enqueue(1, 2)
+    queue = Queue("default")
+    info = queue.get(ref.id)
+    assert info is not None and info.state == "active"  # handed to the dead worker
+    wait_for(lambda: queue.reap() > 0)
+    info = queue.get(ref.id)
+    assert info is not None and info.state == "pending", info  # not `dead`: it never ran
+    [lease] = queue.dequeue(worker="w2")
+    assert queue.nack(lease, "a real run fails") == "dead"  # its one run is still its to spend
+
+
+def test_an_outage_leaves_the_fast_path_its_room(settings: Any) -> None:
+    down = ValkeyProcess()  # never started: nothing listens on its port
+    client = redis.Redis.from_url(down.url, **conf.CLIENT_OPTIONS)
+    room = wire._Borrowed.of(client).room
+    for _ in range(room + 2):
+        with pytest.raises(redis.ConnectionError):
+            wire.call(client, ("PING",))
+    assert wire._Borrowed.of(client).room == room  # nothing lent, nothing lost
