@@ -172,8 +172,13 @@ def push(queue: Queue, specs: list[JobSpec]) -> None:
 
     from .exceptions import NotReplicated
 
-    try:
-        refs = queue.enqueue_many(specs)
+    from .conf import get_config
+    from .spec import prepare
+
+    limit = get_config().max_payload
+    try:  # (fresh: the rows were just written, so no shard holds their ids yet)
+        refs = queue.enqueue_prepared([prepare(spec, queue.options, limit) for spec in specs],
+                                      fresh=True)
     except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
         log.warning("queue=%s: Valkey unreachable (%s); %d durable job(s) wait in the database "
                     "for a worker's relay", queue.name, exc, len(specs))
@@ -232,14 +237,23 @@ def recreate(queue: Queue, row: Job) -> None:
                                     f"{row.unique_key!r} is held by live job {ref.id}")
 
 
-def _resend(queue: Queue, rows: Sequence[Job]) -> int:
-    """Enqueue rows again by id; mark them relayed; how many Valkey did not have. A row past
-    its expiry is not sent but marked expired, as a claim would have ended its job."""
+def _resend(queue: Queue, rows: Sequence[Job], *, lost: bool = False) -> int:
+    """Enqueue rows again by id (a job a shard holds, whichever, is left as it is:
+    `sending.send`); mark them relayed; how many Valkey did not have. A row past its expiry
+    that no shard holds is not sent but marked expired, as a claim would have ended its job
+    (one a shard holds is Valkey's to end: it may have started in time). `lost`: Valkey lost
+    its data (a restore), so the job's runs before may have spent tokens the row never saw:
+    its attempts go past them (`Prepared.spent`)."""
+    from .conf import get_config
     from .models import Job
+    from .sending import held
+    from .spec import prepare
 
     now = datetime.now(UTC)
-    expired = [row.pk for row in rows if row.expires_at is not None and row.expires_at <= now]
-    if expired:
+    past = [row.pk for row in rows if row.expires_at is not None and row.expires_at <= now]
+    if past:
+        there = held(queue.client, queue.name, queue.layout(fresh=True).widest, past)
+        expired = [pk for pk in past if pk not in there]
         Job.objects.filter(pk__in=expired, state__in=UNFINISHED).update(
             state=State.EXPIRED, finished_at=now, relayed=True,
             last_error="expired before it started")
@@ -247,10 +261,20 @@ def _resend(queue: Queue, rows: Sequence[Job]) -> int:
         if not rows:
             return 0
     specs = [spec_of(row) for row in rows]
-    refs = queue.enqueue_many(specs)
+    limit = get_config().max_payload
+    jobs = [prepare(spec, queue.options, limit)._replace(spent=_spent(row) if lost else 0)
+            for spec, row in zip(specs, rows, strict=True)]
+    refs = queue.enqueue_prepared(jobs)
     Job.objects.filter(pk__in=[row.pk for row in rows], relayed=False).update(relayed=True)
     _cancel_duplicates(specs, refs)
     return sum(1 for ref in refs if ref.created)
+
+
+def _spent(row: Job) -> int:
+    """The tokens a durable job's runs may have used before Valkey lost its data: the row's
+    attempts (what the mirror saw last), plus as many runs as its budget allows since (the
+    mirror writes only finished runs; a run in flight when the data went held the next)."""
+    return row.attempts + max(row.max_attempts, 1)
 
 
 def _node(row: Job) -> dag.Node:
@@ -353,7 +377,7 @@ def restore(queues: Iterable[Queue], batch: int = 500,
             rows = list(unfinished.filter(flow__isnull=True, pk__gt=last).order_by("pk")[:batch])
             if not rows:
                 break
-            restored += _resend(queue, rows)
+            restored += _resend(queue, rows, lost=True)
             seen += len(rows)
             last = rows[-1].pk
             if progress:

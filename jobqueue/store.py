@@ -193,11 +193,11 @@ class Queue:
         return _announced([sending.send_one(self.client, self.name, self.options, self.configured,
                                             template, job_id, payload, tail)])[0]
 
-    def enqueue_prepared(self, jobs: list[Prepared]) -> list[JobRef]:
+    def enqueue_prepared(self, jobs: list[Prepared], *, fresh: bool = False) -> list[JobRef]:
         """Jobs validated already (`spec.prepare`), in one script call per shard chunk (see
-        `sending.send`)."""
+        `sending.send`; `fresh`: ids chosen by the caller that no shard can hold yet)."""
         return _announced(sending.send(self.client, self.name, self.options, self.configured,
-                                       jobs))
+                                       jobs, fresh=fresh))
 
     # -- worker side -----------------------------------------------------------------------
 

@@ -8,13 +8,15 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import redis
 
-from jobqueue import Queue, conf, wire
+from jobqueue import Queue, conf, outbox, wire
 from jobqueue.keys import ShardKeys
+from jobqueue.models import Job
 from tests.jobapp import jobs
 
 from .servers import ValkeyProcess
@@ -102,3 +104,50 @@ def test_an_outage_leaves_the_fast_path_its_room(settings: Any) -> None:
         with pytest.raises(redis.ConnectionError):
             wire.call(client, ("PING",))
     assert wire._Borrowed.of(client).room == room  # nothing lent, nothing lost
+
+
+# -- durable queues: a resize, a restore, an expiry ---------------------------------------------
+
+@pytest.fixture
+def durable(settings: Any) -> Queue:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {}, "durable": {"durable": True}}}
+    return Queue("durable")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_relay_or_a_restore_after_a_resize_writes_no_durable_job_twice(durable: Queue) -> None:
+    refs = jobs.add.using(queue="durable").enqueue_many([(i, i) for i in range(8)])
+    durable.resize(3)  # (the jobs stay on shard 0; their ids now place most of them elsewhere)
+    assert outbox.relay([durable], grace=0) == 0  # the push reached Valkey: nothing to send
+    assert durable.counts()["pending"] == 8
+    assert outbox.restore([durable]) == 0  # Valkey still holds them all
+    assert durable.counts()["pending"] == 8
+    leases = durable.dequeue(count=20, worker="w")
+    assert sorted(lease.job_id for lease in leases) == sorted(ref.id for ref in refs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_relay_leaves_a_durable_job_that_started_before_its_expiry_to_valkey(
+        durable: Queue) -> None:
+    ref = jobs.add.using(queue="durable", expires=0.3).enqueue(1, 2)
+    [lease] = durable.dequeue(worker="w")  # started in time
+    row = Job.objects.get(pk=ref.id)
+    wait_for(lambda: row.expires_at is not None and row.expires_at < datetime.now(UTC))
+    outbox.relay([durable], grace=0)
+    assert Job.objects.get(pk=ref.id).state == "pending"  # not `expired`: Valkey runs it
+    assert durable.ack(lease, 3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restored_durable_job_never_repeats_a_fencing_token(durable: Queue,
+                                                              valkey_server: ValkeyProcess) -> None:
+    ref = jobs.add.using(queue="durable").enqueue(1, 2)
+    [before] = durable.dequeue(worker="a")  # running when Valkey loses its data
+    redis.Redis.from_url(valkey_server.url).flushall()
+    assert outbox.restore([durable]) == 1
+    [after] = durable.dequeue(worker="b")
+    assert after.job_id == ref.id and after.token != before.token
+    assert not durable.ack(before, "late")  # the run before the loss is fenced off
+    assert durable.ack(after, 3)
+    info = durable.get(ref.id)
+    assert info is not None and info.state == "succeeded" and info.result == 3

@@ -20,7 +20,9 @@ ARGV[2] n = number of jobs, then 12 per job:
         id, payload (JSON), priority, lane ('' = default), max_attempts and backoff_ms ('' = the
         queue's, read from settings when the job fails), lease_ms (0 = worker default), delay_ms
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the
-        id), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
+        id; '0' when it did; '0:<n>' when it did and the job's earlier runs may have used tokens
+        up to n: a durable row restored, whose attempts and uncharged start at n, so that no
+        fencing token repeats and its budget stays whole), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
         row's expires_at = now + it, which the claim checks)
 Debounce: while the unique key's job has never started (pending or scheduled, attempts 0), a
 debounced enqueue replaces its payload and expiry (none given: none) and moves it to scheduled
@@ -41,7 +43,8 @@ A job handed over is new and ready now, so it cannot have expired (expires_ms > 
 lane caps or lane rates has no idle entries (its workers never offer), and a cap set live stops
 hand-offs here ('caps' in meta), since only the claim counts slots.
 Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries: id, status —
-        'new'; 'exists' (unique_key or caller's id already live: id is the existing job's);
+        'new' (also when a minted id and payload are found: this call's first send wrote them);
+        'exists' (unique_key or caller's id already live: id is the existing job's);
         'debounced' (id is the waiting job whose payload and start this call replaced);
         'collision' (a minted id already taken: mint again);
         'moved' (mode '': the shard is draining; re-read the layout); 'absent' (mode 'prior':
@@ -72,6 +75,13 @@ local function idle_worker()
   local lease, force = string.match(pick[2], '^(%d+):([01])$')
   if not lease then return nil end
   return {pick[1], tonumber(lease), force == '1'}
+end
+
+-- Whether job `found` is this very job, written by this call's first send (its reply was lost):
+-- the same minted id with the same payload. Then the replay answers as the first call did.
+local function own_replay(found, jk, o)
+  return found == ARGV[o] and ARGV[o + 9] == '1'
+    and redis.call('HGET', jk, 'payload') == ARGV[o + 1]
 end
 
 -- Add a field to a row's HSET arguments unless it holds the default.
@@ -117,23 +127,25 @@ for i = 0, n - 1 do
   if other and debounce and debounced(other, o) then
     out[#out + 1] = other; out[#out + 1] = 'debounced'
   elseif other and not debounce then
-    out[#out + 1] = other; out[#out + 1] = 'exists'
+    out[#out + 1] = other; out[#out + 1] = own_replay(other, jk, o) and 'new' or 'exists'
   elseif prior
       and (ARGV[o + 3] == '' or redis.call('EXISTS', lane_key(base, ARGV[o + 3])) == 0) then
     out[#out + 1] = id; out[#out + 1] = 'absent'
   elseif redis.call('EXISTS', jk) == 1 then
-    -- The same minted id with the same payload is our own write, sent again after a lost reply.
     local status = 'exists'
-    if ARGV[o + 9] == '1' and redis.call('HGET', jk, 'payload') ~= ARGV[o + 1] then
-      status = 'collision'
-    end
+    if ARGV[o + 9] == '1' then status = own_replay(id, jk, o) and 'new' or 'collision' end
     out[#out + 1] = id; out[#out + 1] = status
   else
     local delay = tonumber(ARGV[o + 7])
-    local taker = delay == 0 and idle_worker() or nil
+    local spent = nil  -- (a restored row's tokens: see ARGV; a hand-off's token is always 1)
+    if ARGV[o + 9] ~= '1' and ARGV[o + 9] ~= '0' then
+      spent = string.match(ARGV[o + 9], '^0:(%d+)$')
+    end
+    local taker = delay == 0 and not spent and idle_worker() or nil
     local row = {'state', (delay > 0) and 'scheduled' or (taker and 'active' or 'pending'),
       'payload', ARGV[o + 1]}
     if ARGV[o + 9] ~= '1' then put(row, 'enqueued_at', at(), nil) end  -- else: the id's mint time
+    if spent then put(row, 'attempts', spent, nil); put(row, 'uncharged', spent, nil) end
     put(row, 'priority', ARGV[o + 2], '0'); put(row, 'lane', ARGV[o + 3], '')
     put(row, 'max_attempts', ARGV[o + 4], ''); put(row, 'backoff_ms', ARGV[o + 5], '')
     put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')
