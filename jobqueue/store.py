@@ -14,6 +14,7 @@ and the worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`,
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import secrets
 from collections import Counter
@@ -33,8 +34,11 @@ from .spec import seconds as _seconds
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
+log = logging.getLogger("jobqueue.store")
 READ_SLACK = 5.0
 """Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
+OPERATOR_SENDS = 3
+"""How many times an operator's transition is sent when its reply is lost (see `_operator`)."""
 _claims = itertools.count(1)
 _claim_tag = [secrets.token_hex(3)]
 """A claim's id is this process's tag and a count (see `Queue.ack_and_dequeue`)."""
@@ -350,15 +354,20 @@ class Queue:
 
     def retry(self, job_id: str) -> str:
         """A dead, cancelled or expired job goes back to pending with a fresh retry budget, on its
-        own shard (a retired one is claimed from again); a durable row reopens with it."""
+        own shard (a retired one is claimed from again: reopened once the job is pending there,
+        and a resize that retires the shard meanwhile looks again: `layouts.settle`); a durable
+        row reopens with it."""
         index = self.locate(job_id)
-        if index is not None:
-            layouts.reopen(self.client, self.name, self.configured, index)
+        args = [job_id, secrets.token_hex(8)]  # (the call's id: retry.lua answers its replay)
         if index is None or not self.options.durable:
-            return self._operator("retry", job_id, [job_id], index)
-        ended = ms_to_dt(self.client.hget(self.shard(index).job(job_id), "finished_at"))
-        with durable.reopened(job_id, after=ended):  # (so `restore` finds it: durable.py)
-            return self._operator("retry", job_id, [job_id], index)
+            answer = self._operator("retry", job_id, args, index)
+        else:
+            ended = ms_to_dt(self.client.hget(self.shard(index).job(job_id), "finished_at"))
+            with durable.reopened(job_id, after=ended):  # (so `restore` finds it: durable.py)
+                answer = self._operator("retry", job_id, args, index)
+        assert index is not None  # (else JobNotFound)
+        layouts.reopen(self.client, self.name, self.configured, index)
+        return answer
 
     def reprioritize(self, job_id: str, priority: int) -> str:
         """Change a waiting (or running) job's priority in place."""
@@ -366,13 +375,15 @@ class Queue:
 
     def cancel(self, job_id: str) -> str:
         """Cancel a waiting job now; flag an active one so its outcome is recorded as cancelled."""
-        return self._operator("cancel", job_id, [job_id, _retention_ms()])
+        return self._operator("cancel", job_id, [job_id, _retention_ms(), secrets.token_hex(8)])
 
     def _operator(self, name: str, job_id: str, args: list[Any], index: int | None = -1) -> str:
-        """An operator's transition on the job's shard (`index`, when the caller located it)."""
+        """An operator's transition on the job's shard (`index`, when the caller located it).
+        Its reply lost (a timeout, a broken connection), it is sent again, up to OPERATOR_SENDS
+        times in all: each script answers its own replay as its first call (retry and cancel
+        keep their answer under the call's id), so the operator learns what happened."""
         index = self.locate(job_id) if index == -1 else index
-        answer = "missing" if index is None else text(
-            caller.run(self.client, name, self.shard(index), args))[0]
+        answer = "missing" if index is None else self._answer(name, index, args)
         if answer == "missing":
             raise JobNotFound(f"no live job {job_id} in queue {self.name!r}")
         if answer.startswith("state:"):
@@ -380,6 +391,16 @@ class Queue:
         if answer.startswith("corrupt:"):
             raise InvalidTransition(f"cannot {name} job {job_id}: its field {answer[8:]} is corrupt")
         return str(answer[3:])
+
+    def _answer(self, name: str, index: int, args: list[Any]) -> str:
+        """An operator script's answer, sent again while its reply is lost (see `_operator`)."""
+        for sent in range(1, OPERATOR_SENDS):
+            try:
+                return str(text(caller.run(self.client, name, self.shard(index), args))[0])
+            except VALKEY_DOWN:
+                log.warning("queue=%s: no reply to %s (try %d of %d); sending it again",
+                            self.name, name, sent, OPERATOR_SENDS)
+        return str(text(caller.run(self.client, name, self.shard(index), args))[0])
 
     def pause(self) -> None:
         """Stop workers claiming from this queue (enqueue still works)."""

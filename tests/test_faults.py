@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -151,3 +151,109 @@ def test_a_restored_durable_job_never_repeats_a_fencing_token(durable: Queue,
     assert durable.ack(after, 3)
     info = durable.get(ref.id)
     assert info is not None and info.state == "succeeded" and info.result == 3
+
+
+@contextmanager
+def row_locked(job_id: str) -> Iterator[tuple[Callable[[], bool], threading.Event]]:
+    """The durable row of `job_id` locked by another connection: a durable retry, which writes
+    it first, waits inside its transaction (before its Valkey call) until the block ends or the
+    event given is set. Gives a function saying whether a writer waits for the lock, and that
+    event."""
+    from django.db import connection, transaction
+
+    if connection.vendor not in ("mysql", "postgresql"):
+        pytest.skip("needs a database whose row locks make a writer wait")
+    locked, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic():
+            Job.objects.select_for_update().get(pk=job_id)
+            locked.set()
+            go.wait(30)
+        connection.close()
+
+    waiting = ("SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+               if connection.vendor == "mysql" else
+               "SELECT COUNT(*) FROM pg_locks WHERE NOT granted")
+
+    def blocked() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(waiting)
+            return bool(cursor.fetchone()[0])
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    locked.wait(30)
+    try:
+        yield blocked, go
+    finally:
+        go.set()
+        holder.join()
+
+
+def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    """`call` started on a thread of its own (with a database connection of its own, closed
+    after); the list gets its result or its exception."""
+    from django.db import connection
+
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            out.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_durable_retry_whose_reply_is_lost_stays_retried_in_the_database(
+        slow_server: ValkeyProcess, settings: Any) -> None:
+    settings.JOBQUEUE = {"URL": slow_server.url,
+                         "QUEUES": {"default": {}, "durable": {"durable": True}}}
+    conf.reset()
+    ref = jobs.add.using(queue="durable", max_attempts=1).enqueue(1, 2)
+    queue = Queue("durable", client=impatient(slow_server.url))
+    [lease] = queue.dequeue(worker="w")
+    queue.nack(lease, "boom")
+    Job.objects.filter(pk=ref.id).update(state="dead")  # (as the mirror writes it)
+    with row_locked(ref.id) as (blocked, unlock):
+        thread, out = in_thread(lambda: queue.retry(ref.id))
+        wait_for(blocked, every=0.2)  # the retry waits in its transaction, its Valkey call to
+        # come (InnoDB refreshes what it says of its transactions at most every 0.1 s)
+        with stalled(slow_server.url, 0.6):  # (less than its three sends' 0.25 s timeouts)
+            unlock.set()  # its call goes out while Valkey sleeps: the reply is lost
+    thread.join()
+    assert out == ["pending"]  # sent again, answered as its first call: not an error
+    assert queue.get(ref.id).state == "pending"  # type: ignore[union-attr]
+    assert Job.objects.get(pk=ref.id).state == "pending"  # not rolled back to `dead`
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_retry_racing_a_settling_resize_leaves_no_job_on_a_retired_shard(
+        durable: Queue) -> None:
+    from jobqueue import layouts
+
+    durable.resize(2)
+    refs = jobs.always_fails.using(queue="durable", max_attempts=1).enqueue_many(
+        [("x",)] * 12)
+    on_one = next(ref.id for ref in refs if durable.locate(ref.id) == 1)
+    while leases := durable.dequeue(count=20, worker="w"):
+        for lease in leases:
+            durable.nack(lease, "boom")
+    durable.resize(1)  # shard 1 drains; it holds only dead jobs: it may retire at once
+    with row_locked(on_one) as (blocked, _):
+        thread, out = in_thread(lambda: durable.retry(on_one))
+        wait_for(blocked, every=0.2)  # the retry is inside its transaction, its Valkey call
+        # still to come (InnoDB refreshes what it says of its transactions at most every 0.1 s)
+        assert layouts.settle(durable.client, "durable", durable.configured) is not None
+        assert durable.claim_shards() == 1  # shard 1 retired
+    thread.join()
+    assert out == ["pending"]
+    [lease] = durable.dequeue(count=5, worker="w2")  # claimed from its shard again
+    assert lease.job_id == on_one and durable.claim_shards() == 2

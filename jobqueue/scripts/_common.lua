@@ -412,11 +412,19 @@ local function bury(base, dead, done, meta, jk, id, field, now, retention_ms)
   finish(base, done, meta, jk, id, 'dead', now, retention_ms)
 end
 
+-- What an ack that recorded job `jk`'s outcome answered (see ack_jobs): 2 when the job has
+-- dependents on other shards (its outcome was forwarded to them), else 1.
+local function replayed_ack(jk)
+  local dependents = redis.call('HGET', jk, 'dependents')
+  return (dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and 2 or 1
+end
+
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
 -- per job. Answers per job: 2 recorded, and it forwarded outcomes to dependents on other shards
 -- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an
--- operator flagged it; also when this attempt already succeeded: a retry after a lost reply)
--- or 0 (stale: the lease was lost and the job may have run again elsewhere); and how many lanes
+-- operator flagged it) or 0 (stale: the lease was lost and the job may have run again
+-- elsewhere); an ack this attempt's own ack recorded already (sent again after its reply was
+-- lost) answers as that one did; and how many lanes
 -- held at their cap came back on the ring (the caller wakes workers for them). `now`: the
 -- caller's clock reading, if it has one.
 local function ack_jobs(base, active, done, meta, ring, retention, at, now)
@@ -435,8 +443,9 @@ local function ack_jobs(base, active, done, meta, ring, retention, at, now)
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
         retention, result, true)
       out[#out + 1] = (forwarded > before) and 2 or 1
-    elseif row[2] == token and row[1] == 'succeeded' then
-      out[#out + 1] = 1  -- this very success, sent again after its reply was lost
+    elseif row[2] == token and (row[1] == 'succeeded' or (row[1] == 'cancelled'
+        and row[3] == '1' and redis.call('HGET', jk, 'result') == result)) then
+      out[#out + 1] = replayed_ack(jk)  -- this very ack, sent again after its reply was lost
     else
       out[#out + 1] = 0
     end
