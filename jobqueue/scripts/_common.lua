@@ -440,11 +440,12 @@ local function ack_jobs(base, active, done, meta, ring, retention, at, now)
       local before = forwarded
       redis.call('ZREM', active, id)
       back = back + free_slot(base, ring, row[4], row[5])
+      if row[3] == '1' then redis.call('HSET', jk, 'acked', token) end  -- (see below)
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
         retention, result, true)
       out[#out + 1] = (forwarded > before) and 2 or 1
     elseif row[2] == token and (row[1] == 'succeeded' or (row[1] == 'cancelled'
-        and row[3] == '1' and redis.call('HGET', jk, 'result') == result)) then
+        and redis.call('HGET', jk, 'acked') == token)) then
       out[#out + 1] = replayed_ack(jk)  -- this very ack, sent again after its reply was lost
     else
       out[#out + 1] = 0
