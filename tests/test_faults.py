@@ -257,3 +257,46 @@ def test_an_operator_retry_racing_a_settling_resize_leaves_no_job_on_a_retired_s
     assert out == ["pending"]
     [lease] = durable.dequeue(count=5, worker="w2")  # claimed from its shard again
     assert lease.job_id == on_one and durable.claim_shards() == 2
+
+
+@contextmanager
+def impatient_database() -> Iterator[None]:
+    """This connection gives up on a row lock after a second (a lock wait timeout)."""
+    from django.db import connection
+
+    if connection.vendor not in ("mysql", "postgresql"):
+        pytest.skip("needs a database whose row locks make a writer wait")
+    short, back = (("SET SESSION innodb_lock_wait_timeout = 1",
+                    "SET SESSION innodb_lock_wait_timeout = DEFAULT")
+                   if connection.vendor == "mysql" else
+                   ("SET lock_timeout = '1s'", "SET lock_timeout = DEFAULT"))
+    with connection.cursor() as cursor:
+        cursor.execute(short)
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(back)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mirror_batch_written_late_does_not_overwrite_a_newer_outcome(durable: Queue) -> None:
+    from django.db import DatabaseError
+
+    from jobqueue.mirror import Mirror
+
+    ref = jobs.add.using(queue="durable", max_attempts=1).enqueue(1, 2)
+    [lease] = durable.dequeue(worker="w")
+    durable.nack(lease, "boom")  # its `dead` event waits in the stream
+    first, second = Mirror([durable], "first"), Mirror([durable], "second")
+    with row_locked(ref.id), impatient_database(), pytest.raises(DatabaseError):
+        first.step()  # the batch holding `dead` fails (a lock wait timeout); it stays pending
+    assert Job.objects.get(pk=ref.id).state == "pending"
+    assert durable.retry(ref.id) == "pending"  # an operator's retry, and a run that succeeds
+    [again] = durable.dequeue(worker="w")
+    assert durable.ack(again, 3)
+    assert second.step() == 1  # another worker's mirror writes `succeeded`
+    assert Job.objects.get(pk=ref.id).state == "succeeded"
+    first.step()  # the failed batch, written again at last
+    row = Job.objects.get(pk=ref.id)
+    assert (row.state, row.result, row.attempts) == ("succeeded", 3, 2)
