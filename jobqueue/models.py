@@ -256,9 +256,10 @@ def _placeholders() -> str:
 def _insert_sql(vendor: str, update: tuple[str, ...]) -> tuple[str, str]:
     """The INSERT of `Job` rows before its VALUES' rows and after them (the upsert's clause
     overwriting the `update` columns). A row only moves forward: an existing one is overwritten
-    by a new one with more `attempts` (the fencing token, which never goes back), or as many and
-    a `finished_at` no earlier (Valkey's clock, the job's own shard's); so an event that waited
-    (a batch that failed and was written again, a dead consumer's entries taken over) cannot
+    when it has not finished (a durable row, written at enqueue or reopened by a retry), or by a
+    new one with more `attempts` (the fencing token, which never goes back), or as many and a
+    `finished_at` no earlier (Valkey's clock, the job's own shard's); so an event that waited (a
+    batch that failed and was written again, a dead consumer's entries taken over) cannot
     overwrite what a later run wrote meanwhile."""
     quote = connection.ops.quote_name
     table = quote(Job._meta.db_table)
@@ -272,12 +273,12 @@ def _insert_sql(vendor: str, update: tuple[str, ...]) -> tuple[str, str]:
     last = {finished: 1, attempts: 2}
     changed = sorted((quote(name) for name in update), key=lambda c: last.get(c, 0))
     if vendor == "mysql":
-        newer = (f"VALUES({attempts}) > {attempts} OR (VALUES({attempts}) = {attempts} AND "
-                 f"({finished} IS NULL OR VALUES({finished}) >= {finished}))")
+        newer = (f"{finished} IS NULL OR VALUES({attempts}) > {attempts} OR "
+                 f"(VALUES({attempts}) = {attempts} AND VALUES({finished}) >= {finished})")
         return head, " ON DUPLICATE KEY UPDATE " + ", ".join(
             f"{c} = IF({newer}, VALUES({c}), {c})" for c in changed)
-    newer = (f"excluded.{attempts} > {table}.{attempts} OR (excluded.{attempts} = "
-             f"{table}.{attempts} AND ({table}.{finished} IS NULL OR "
-             f"excluded.{finished} >= {table}.{finished}))")
+    newer = (f"{table}.{finished} IS NULL OR excluded.{attempts} > {table}.{attempts} OR "
+             f"(excluded.{attempts} = {table}.{attempts} AND "
+             f"excluded.{finished} >= {table}.{finished})")
     return head, f" ON CONFLICT ({quote('id')}) DO UPDATE SET " + ", ".join(
         f"{c} = excluded.{c}" for c in changed) + f" WHERE {newer}"

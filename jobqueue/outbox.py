@@ -220,8 +220,12 @@ def recreate(queue: Queue, row: Job) -> None:
     """An operator's retry of a finished job that Valkey no longer holds: the job is created
     again from its row, same id and every option the row keeps (lane, priority, retry policy,
     lease, unique key; a durable flow's job waits again for what it waits for, as far as their
-    rows say it has to). A durable row reopens in the same transaction (durable.py)."""
+    rows say it has to), its attempts going on from the row's (a token never repeats, and the
+    mirror takes the new run's outcome as the newer one). A durable row reopens in the same
+    transaction (durable.py)."""
+    from .conf import get_config
     from .exceptions import InvalidTransition
+    from .spec import prepare
 
     # Due now, whenever it was first due, and without its expiry (as retry.lua drops it).
     spec = spec_of(row)._replace(run_after=None, expires=None)
@@ -231,7 +235,8 @@ def recreate(queue: Queue, row: Job) -> None:
             _send(queue, [node], dag.checked(queue, [node]), row.flow.get("flow", ""),
                   {row.pk: row.shard}, again=False)
             return
-        [ref] = queue.enqueue_many([spec])
+        job = prepare(spec, queue.options, get_config().max_payload)._replace(spent=row.attempts)
+        [ref] = queue.enqueue_prepared([job])
         if ref.id != row.pk:
             raise InvalidTransition(f"cannot retry job {row.pk}: its unique_key "
                                     f"{row.unique_key!r} is held by live job {ref.id}")

@@ -285,8 +285,9 @@ class Prepared(NamedTuple):
     expires_ms: int = 0
     """Until the job expires, from the enqueue (0: never); the script adds its own clock."""
     spent: int = 0
-    """Tokens its earlier runs may have used (a durable row restored after Valkey lost its data):
-    its `attempts` start there, so that no token repeats; 0 for a new job."""
+    """Tokens its earlier runs may have used (a durable row restored after Valkey lost its data,
+    a job an operator retries from its mirror row): its `attempts` start there, so that no token
+    repeats; 0 for a new job."""
 
     def argv(self, options: QueueOptions) -> list[Any]:
         """The enqueue script's arguments; a retry policy equal to the queue's is left out of

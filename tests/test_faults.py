@@ -300,3 +300,24 @@ def test_a_mirror_batch_written_late_does_not_overwrite_a_newer_outcome(durable:
     first.step()  # the failed batch, written again at last
     row = Job.objects.get(pk=ref.id)
     assert (row.state, row.result, row.attempts) == ("succeeded", 3, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_retried_from_its_mirror_row_is_mirrored_again_when_it_succeeds() -> None:
+    from jobqueue import actions
+    from jobqueue.mirror import Mirror
+
+    queue = Queue("default")
+    ref = jobs.add.using(max_attempts=2, backoff=0).enqueue(1, 2)
+    for _ in range(2):
+        [lease] = queue.dequeue(worker="w")
+        queue.nack(lease, "boom")
+    mirror = Mirror([queue], "m")
+    mirror.step()
+    queue.client.delete(queue.shard(0).job(ref.id))  # its retention passed: only the row holds it
+    actions.retry_job(queue, ref.id)
+    [lease] = queue.dequeue(worker="w")
+    assert lease.token == 3 and queue.ack(lease, 3)  # its tokens go on from the row's
+    mirror.step()
+    row = Job.objects.get(pk=ref.id)
+    assert (row.state, row.result, row.attempts) == ("succeeded", 3, 3)
