@@ -170,9 +170,8 @@ def push(queue: Queue, specs: list[JobSpec]) -> None:
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
-    from .exceptions import NotReplicated
-
     from .conf import get_config
+    from .exceptions import NotReplicated
     from .spec import prepare
 
     limit = get_config().max_payload

@@ -13,17 +13,15 @@ and the worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`,
 
 from __future__ import annotations
 
-import itertools
-import logging
-import os
 import secrets
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from . import durable, ids, lanes, layouts, sending, signals, spec
+from .claims import LostClaims
 from .conf import get_client, get_config
-from .exceptions import VALKEY_DOWN, InvalidOption, InvalidTransition, JobNotFound
+from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
 from .layouts import known_queues
 from .records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, ms_to_dt, text
@@ -34,15 +32,10 @@ from .spec import seconds as _seconds
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
-log = logging.getLogger("jobqueue.store")
 READ_SLACK = 5.0
 """Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
 OPERATOR_SENDS = 3
 """How many times an operator's transition is sent when its reply is lost (see `_operator`)."""
-_claims = itertools.count(1)
-_claim_tag = [secrets.token_hex(3)]
-"""A claim's id is this process's tag and a count (see `Queue.ack_and_dequeue`)."""
-os.register_at_fork(after_in_child=lambda: _claim_tag.__setitem__(0, secrets.token_hex(3)))
 
 
 def _announced(refs: list[JobRef]) -> list[JobRef]:
@@ -128,8 +121,7 @@ class Queue:
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit (or, when it came back short, a lane's
         rate) admits another job (0: not limited)."""
-        self.lost_claims: list[tuple[int, str, str]] = []
-        """Claims whose reply was lost (shard, worker, claim id): their jobs go back (`recover`)."""
+        self.lost_claims = LostClaims()
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -231,8 +223,6 @@ class Queue:
             start = _most_shard(acks) % total
         else:
             start = self._next_shard = (self._next_shard + 1) % total
-        if self.lost_claims:
-            self.recover()
         riding = [i for i, (held, _) in enumerate(acks) if held.shard == start]
         answers = [0] * len(acks)
         if len(riding) < len(acks):
@@ -246,15 +236,8 @@ class Queue:
                 break
             index = (start + step) % total
             carried = riding if step == 0 else []
-            claim_id = f"{_claim_tag[0]}{next(_claims)}"
-            args = [count - len(out), *head, claim_id, len(carried)]
-            for held, result in (acks[i] for i in carried):
-                args += [held.job_id, held.token, result]
-            try:  # (sent once: a claim sent again would lease the first one's jobs to nobody)
-                reply = caller.run_once(self.client, "claim", self.shard(index), args)
-            except VALKEY_DOWN:
-                self.lost_claims.append((index, worker, claim_id))
-                raise
+            reply = self.lost_claims.send(self.client, self.shard(index), worker,  # (claims.py)
+                                          [count - len(out), *head], (acks[i] for i in carried))
             wait, leases = _read_claim(self.name, index, reply, carried, answers)
             waits.append(wait)
             out.extend(leases)
@@ -263,17 +246,6 @@ class Queue:
         limited = [w for w in waits if w] if len(out) < count else waits
         self.rate_wait = min(limited) / 1000 if limited and all(limited) else 0.0
         return answers, out
-
-    def recover(self) -> None:
-        """Hand back, uncharged, the jobs of claims whose reply was lost (a timeout, a broken
-        connection): nobody runs them. Raises while Valkey does not answer (kept for the next
-        call); each claim's jobs are found by its id, until their lease lapses (then the reaper
-        counts the lapse as a run)."""
-        while self.lost_claims:
-            index, worker, claim_id = self.lost_claims[0]
-            caller.run(self.client, "release", self.shard(index),
-                       [_retention_ms(), 0, worker, claim_id])
-            self.lost_claims.pop(0)
 
     def lease_ms(self, lease: float | None = None) -> int:
         """A claim's default lease in ms: the worker's, else the queue's."""
@@ -354,19 +326,16 @@ class Queue:
 
     def retry(self, job_id: str) -> str:
         """A dead, cancelled or expired job goes back to pending with a fresh retry budget, on its
-        own shard (a retired one is claimed from again: reopened once the job is pending there,
-        and a resize that retires the shard meanwhile looks again: `layouts.settle`); a durable
-        row reopens with it."""
+        own shard (a retired one is claimed from again, once the job is pending there); a
+        durable row reopens with it."""
         index = self.locate(job_id)
-        args = [job_id, secrets.token_hex(8)]  # (the call's id: retry.lua answers its replay)
         if index is None or not self.options.durable:
-            answer = self._operator("retry", job_id, args, index)
+            answer = self._operator("retry", job_id, [job_id], index)
         else:
             ended = ms_to_dt(self.client.hget(self.shard(index).job(job_id), "finished_at"))
             with durable.reopened(job_id, after=ended):  # (so `restore` finds it: durable.py)
-                answer = self._operator("retry", job_id, args, index)
-        assert index is not None  # (else JobNotFound)
-        layouts.reopen(self.client, self.name, self.configured, index)
+                answer = self._operator("retry", job_id, [job_id], index)
+        layouts.reopen(self.client, self.name, self.configured, index or 0)  # (None: raised)
         return answer
 
     def reprioritize(self, job_id: str, priority: int) -> str:
@@ -375,15 +344,14 @@ class Queue:
 
     def cancel(self, job_id: str) -> str:
         """Cancel a waiting job now; flag an active one so its outcome is recorded as cancelled."""
-        return self._operator("cancel", job_id, [job_id, _retention_ms(), secrets.token_hex(8)])
+        return self._operator("cancel", job_id, [job_id, _retention_ms()])
 
     def _operator(self, name: str, job_id: str, args: list[Any], index: int | None = -1) -> str:
-        """An operator's transition on the job's shard (`index`, when the caller located it).
-        Its reply lost (a timeout, a broken connection), it is sent again, up to OPERATOR_SENDS
-        times in all: each script answers its own replay as its first call (retry and cancel
-        keep their answer under the call's id), so the operator learns what happened."""
-        index = self.locate(job_id) if index == -1 else index
-        answer = "missing" if index is None else self._answer(name, index, args)
+        """An operator's transition on the job's shard (`index`, when the caller located it), the
+        call's id last, sent again while its reply is lost (`caller.run_answered`)."""
+        index, args = self.locate(job_id) if index == -1 else index, [*args, secrets.token_hex(8)]
+        answer = "missing" if index is None else text(caller.run_answered(
+            self.client, name, self.shard(index), args, OPERATOR_SENDS))[0]
         if answer == "missing":
             raise JobNotFound(f"no live job {job_id} in queue {self.name!r}")
         if answer.startswith("state:"):
@@ -391,16 +359,6 @@ class Queue:
         if answer.startswith("corrupt:"):
             raise InvalidTransition(f"cannot {name} job {job_id}: its field {answer[8:]} is corrupt")
         return str(answer[3:])
-
-    def _answer(self, name: str, index: int, args: list[Any]) -> str:
-        """An operator script's answer, sent again while its reply is lost (see `_operator`)."""
-        for sent in range(1, OPERATOR_SENDS):
-            try:
-                return str(text(caller.run(self.client, name, self.shard(index), args))[0])
-            except VALKEY_DOWN:
-                log.warning("queue=%s: no reply to %s (try %d of %d); sending it again",
-                            self.name, name, sent, OPERATOR_SENDS)
-        return str(text(caller.run(self.client, name, self.shard(index), args))[0])
 
     def pause(self) -> None:
         """Stop workers claiming from this queue (enqueue still works)."""

@@ -22,6 +22,7 @@ from tests.jobapp import jobs
 from .servers import ValkeyProcess
 from .workers import start_worker, wait_for
 
+
 @pytest.fixture
 def slow_server() -> Iterator[ValkeyProcess]:
     """A Valkey of this test's own that takes DEBUG SLEEP: a server that stalls whole, reading

@@ -10,15 +10,12 @@ replay), or a count of what the call did (a sweep's replay finds nothing left to
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import pytest
-
 from jobqueue import Queue, chord, conf, handoff, layouts, spec
-from jobqueue.keys import ShardKeys, placement_hash
+from jobqueue.keys import placement_hash
 from jobqueue.scripts import caller
 from jobqueue.store import _claim_head, _dead_retention_ms, _retention_ms
 from tests.jobapp import jobs
@@ -72,8 +69,7 @@ def claimed(queue: Queue, **options: Any) -> Any:
 
 def test_enqueue(queue: Queue) -> None:
     for options in ({}, {"unique_key": "k1"}, {"delay": 60}, {"lane": "a", "priority": 5}):
-        _, job_id, status = replayed(queue, "enqueue", 0, enqueue_args(queue, "x", **options))
-        assert status == "new"
+        assert replayed(queue, "enqueue", 0, enqueue_args(queue, "x", **options))[2] == "new"
 
 
 def test_enqueue_handed_to_an_idle_worker(queue: Queue) -> None:
@@ -215,14 +211,11 @@ def test_a_resize_compare_and_set(valkey: Any) -> None:
     assert cas(keys=keys, args=[*args[:4], "another"]) == 0
 
 
-@pytest.mark.parametrize("queue_name", ["default"])
-def test_every_transition_script_has_a_case(queue_name: str) -> None:
+def test_every_transition_script_has_a_case() -> None:
     from jobqueue.scripts import TRANSITIONS
 
     covered = {"enqueue", "claim", "ack", "nack", "extend", "checkpoint", "release", "reap",
                "promote", "retry", "reprioritize", "cancel", "counts", "heads",
                "set_lane_concurrency", "flow", "watch", "progress",
                "deliver"}  # (tests/test_flows_shards.py: a replayed delivery releases nothing twice)
-    assert set(TRANSITIONS) == covered
-    assert json.dumps(sorted(covered))
-    assert ShardKeys(queue_name, 0).base
+    assert set(TRANSITIONS) == covered  # (a new script: add its case here)

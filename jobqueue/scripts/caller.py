@@ -9,6 +9,7 @@ routes each to the node of the shard's slot.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from .. import wire
 from ..keys import ShardKeys
 from . import source
 
+log = logging.getLogger("jobqueue")
 _HEADS: dict[tuple[str, str, int], tuple[Any, ...]] = {}
 """(transition, queue, shard index) -> the call up to its arguments."""
 
@@ -54,6 +56,20 @@ def run(client: Any, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
         return _script(client, name)(keys=found[3:], args=list(args))
 
 
+def run_answered(client: Any, name: str, shard: ShardKeys, args: Sequence[Any],
+                 sends: int) -> Any:
+    """`run` for a script that answers its own replay as its first call (an operator's: see
+    retry.lua), sent again after a timeout or a broken connection, `sends` times in all, so
+    that the caller learns what it did rather than that its reply was lost."""
+    for sent in range(1, sends):
+        try:
+            return run(client, name, shard, args)
+        except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
+            log.warning("queue=%s: no reply to %s (%s; send %d of %d); sending it again",
+                        shard.queue, name, exc, sent, sends)
+    return run(client, name, shard, args)
+
+
 def run_once(client: Any, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
     """`run` for a script whose replay would not answer as its first call did (a claim): sent
     once, never again after a connection error or a timeout, which raise (`wire.call_once`).
@@ -62,7 +78,8 @@ def run_once(client: Any, name: str, shard: ShardKeys, args: Sequence[Any]) -> A
     command = (*head(name, shard), *args)
     target = client
     if isinstance(client, RedisCluster):
-        target = client.get_redis_connection(client.get_node_from_key(command[3]))
+        node = client.get_node_from_key(command[3])
+        target = client.get_redis_connection(node) if node is not None else client
     try:
         return wire.call_once(target, command)
     except NoScriptError:  # (not run: load it, then send it once more)

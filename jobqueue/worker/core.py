@@ -59,7 +59,7 @@ def _wait_for_valkey(served: Served, stop: threading.Event, exc: Exception) -> N
                 served.queues[0].client.ping()
             log.info("Valkey is back")
             for queue in served.queues:  # (the jobs of a claim whose reply was lost go back)
-                queue.recover()
+                queue.lost_claims.recover(queue.client, queue.name)
             return
         except VALKEY_DOWN:
             stop.wait(delay)
@@ -315,7 +315,7 @@ class Worker:
         with contextlib.suppress(RedisError):
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
             for queue in self.served.queues:  # (and those of a claim whose reply was lost)
-                queue.recover()
+                queue.lost_claims.recover(queue.client, queue.name)
         unstarted = self._runners.take_unstarted() if self._runners else []
         try:
             self._release(unstarted)
