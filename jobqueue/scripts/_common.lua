@@ -412,13 +412,6 @@ local function bury(base, dead, done, meta, jk, id, field, now, retention_ms)
   finish(base, done, meta, jk, id, 'dead', now, retention_ms)
 end
 
--- What an ack that recorded job `jk`'s outcome answered (see ack_jobs): 2 when the job has
--- dependents on other shards (its outcome was forwarded to them), else 1.
-local function replayed_ack(jk)
-  local dependents = redis.call('HGET', jk, 'dependents')
-  return (dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and 2 or 1
-end
-
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
 -- per job. Answers per job: 2 recorded, and it forwarded outcomes to dependents on other shards
 -- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an
@@ -446,7 +439,9 @@ local function ack_jobs(base, active, done, meta, ring, retention, at, now)
       out[#out + 1] = (forwarded > before) and 2 or 1
     elseif row[2] == token and (row[1] == 'succeeded' or (row[1] == 'cancelled'
         and redis.call('HGET', jk, 'acked') == token)) then
-      out[#out + 1] = replayed_ack(jk)  -- this very ack, sent again after its reply was lost
+      -- this very ack, sent again after its reply was lost: 2 when it forwarded to another shard
+      local dependents = redis.call('HGET', jk, 'dependents')
+      out[#out + 1] = (dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and 2 or 1
     else
       out[#out + 1] = 0
     end

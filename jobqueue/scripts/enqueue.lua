@@ -77,13 +77,6 @@ local function idle_worker()
   return {pick[1], tonumber(lease), force == '1'}
 end
 
--- Whether job `found` is this very job, written by this call's first send (its reply was lost):
--- the same minted id with the same payload. Then the replay answers as the first call did.
-local function own_replay(found, jk, o)
-  return found == ARGV[o] and ARGV[o + 9] == '1'
-    and redis.call('HGET', jk, 'payload') == ARGV[o + 1]
-end
-
 -- Add a field to a row's HSET arguments unless it holds the default.
 local function put(row, name, value, default)
   if value ~= default then row[#row + 1] = name; row[#row + 1] = value end
@@ -127,13 +120,19 @@ for i = 0, n - 1 do
   if other and debounce and debounced(other, o) then
     out[#out + 1] = other; out[#out + 1] = 'debounced'
   elseif other and not debounce then
-    out[#out + 1] = other; out[#out + 1] = own_replay(other, jk, o) and 'new' or 'exists'
+    -- (the key names this very job, with this minted id and payload: this call's first send
+    -- wrote it, and its reply was lost; the replay answers as that send did)
+    local own = other == id and ARGV[o + 9] == '1'
+      and redis.call('HGET', jk, 'payload') == ARGV[o + 1]
+    out[#out + 1] = other; out[#out + 1] = own and 'new' or 'exists'
   elseif prior
       and (ARGV[o + 3] == '' or redis.call('EXISTS', lane_key(base, ARGV[o + 3])) == 0) then
     out[#out + 1] = id; out[#out + 1] = 'absent'
   elseif redis.call('EXISTS', jk) == 1 then
-    local status = 'exists'
-    if ARGV[o + 9] == '1' then status = own_replay(id, jk, o) and 'new' or 'collision' end
+    local status = 'exists'  -- (a minted id with this payload: this call's own first send)
+    if ARGV[o + 9] == '1' then
+      status = redis.call('HGET', jk, 'payload') == ARGV[o + 1] and 'new' or 'collision'
+    end
     out[#out + 1] = id; out[#out + 1] = status
   else
     local delay = tonumber(ARGV[o + 7])
