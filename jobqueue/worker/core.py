@@ -57,9 +57,9 @@ def _wait_for_valkey(served: Served, stop: threading.Event, exc: Exception) -> N
         try:
             if served.queues:
                 served.queues[0].client.ping()
-            log.info("Valkey is back")
             for queue in served.queues:  # (the jobs of a claim whose reply was lost go back)
                 queue.lost_claims.recover(queue.client, queue.name)
+            log.info("Valkey is back")
             return
         except VALKEY_DOWN:
             stop.wait(delay)
@@ -314,7 +314,8 @@ class Worker:
         then release the rest."""
         with contextlib.suppress(RedisError):
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
-            for queue in self.served.queues:  # (and those of a claim whose reply was lost)
+        for queue in self.served.queues:  # (and those of a claim whose reply was lost)
+            with contextlib.suppress(RedisError):
                 queue.lost_claims.recover(queue.client, queue.name)
         unstarted = self._runners.take_unstarted() if self._runners else []
         try:
