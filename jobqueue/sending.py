@@ -62,9 +62,9 @@ def send(client: Any, name: str, options: QueueOptions, configured: int, jobs: l
     todo, live_only, turned_away = list(range(len(jobs))), set[int](), 0
     replicated = wanted = options.wait_replicas
     now = layouts.read(client, name, configured)
-    chosen = [i for i, job in enumerate(jobs) if not job.minted]
-    if chosen and not fresh and _moved(now):  # (a job Valkey holds is left where it is: see the docstring)
-        found = held(client, name, now.widest, [jobs[i].job_id for i in chosen])
+    if not fresh and _moved(now):  # (a job a shard holds is left where it is: see above)
+        chosen = [i for i, job in enumerate(jobs) if not job.minted]
+        found = held(client, name, now.widest, [jobs[i].job_id for i in chosen]) if chosen else {}
         for i in chosen:
             if jobs[i].job_id in found:
                 refs[i] = JobRef(jobs[i].job_id, name, created=False)
