@@ -21,9 +21,10 @@ ARGV[2] n = number of jobs, then 12 per job:
         queue's, read from settings when the job fails), lease_ms (0 = worker default), delay_ms
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the
         id; '0' when it did; '0:<n>' when it did and the job's earlier runs may have used tokens
-        up to n: a durable row restored, whose attempts and uncharged start at n, so that no
-        fencing token repeats and its budget stays whole), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
-        row's expires_at = now + it, which the claim checks)
+        up to n: a durable row restored, a job retried from its mirror row, whose attempts and
+        uncharged start at n, so that no fencing token repeats and its budget stays whole),
+        debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the row's
+        expires_at = now + it, which the claim checks)
 Debounce: while the unique key's job has never started (pending or scheduled, attempts 0), a
 debounced enqueue replaces its payload and expiry (none given: none) and moves it to scheduled
 at now + debounce_ms, answering its id; once that job started (claimed once: running, or waiting
@@ -38,7 +39,8 @@ priority or weight could come first) and not paused, goes straight to an idle wo
 waits here: the script leases it as claim.lua would (attempts 1, the worker's lease) and pushes
 '<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring ten minutes after
 the lease: a worker that died before it took the job leaves it there for the reaper, which
-hands it back uncharged), which the worker's BLPOP returns. The worker needs no claim call; no wake token is pushed. Each idle entry takes one job.
+hands it back uncharged), which the worker's BLPOP returns. The worker needs no claim call; no
+wake token is pushed. Each idle entry takes one job.
 A job handed over is new and ready now, so it cannot have expired (expires_ms > 0); a queue with
 lane caps or lane rates has no idle entries (its workers never offer), and a cap set live stops
 hand-offs here ('caps' in meta), since only the claim counts slots.
