@@ -312,10 +312,9 @@ class Worker:
     def _drain(self) -> None:
         """Hand back prefetched jobs at once, let running jobs finish within the grace period,
         then release the rest."""
-        with contextlib.suppress(RedisError):
+        with contextlib.suppress(RedisError):  # (Valkey down: their leases will lapse instead)
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
-        for queue in self.served.queues:  # (and those of a claim whose reply was lost)
-            with contextlib.suppress(RedisError):
+            for queue in self.served.queues:  # (and those of a claim whose reply was lost)
                 queue.lost_claims.recover(queue.client, queue.name)
         unstarted = self._runners.take_unstarted() if self._runners else []
         try:
