@@ -31,6 +31,7 @@ batch.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import weakref
 from collections import defaultdict
@@ -58,11 +59,15 @@ MAX_SHARDS = 1024
 LIVE_STATES = ("pending", "scheduled", "active", "waiting")
 
 # Write the layout only if nobody changed it since it was read (compare and set), and raise the
-# registry's widest count to cover it.
+# registry's widest count to cover it. The call's id (ARGV[5]) is kept a minute in KEYS[3], so
+# that the call sent again after its reply was lost answers 1, as it did.
 _CAS = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1]) or ''
-if cur ~= ARGV[2] then return 0 end
+if cur ~= ARGV[2] then
+  return (cur == ARGV[3] and redis.call('GET', KEYS[3]) == ARGV[5]) and 1 or 0
+end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[5], 'PX', 60000)
 local widest = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if tonumber(ARGV[4]) > widest then redis.call('HSET', KEYS[2], ARGV[1], ARGV[4]) end
 return 1
@@ -220,7 +225,8 @@ def plan(current: Layout, count: int) -> Layout:
 def write(client: Any, name: str, before: Layout, after: Layout) -> bool:
     """Store `after` if the stored layout is still `before`; False if another change came first."""
     cas = client.register_script(_CAS)
-    done = cas(keys=[LAYOUT_KEY, REGISTRY_KEY], args=[name, before.raw, after.encode(), after.widest])
+    done = cas(keys=[LAYOUT_KEY, REGISTRY_KEY, f"{{emq}}:resize-op:{name}"],
+               args=[name, before.raw, after.encode(), after.widest, secrets.token_hex(8)])
     forget(name)
     return bool(int(done))
 
@@ -357,9 +363,15 @@ def settle(client: Any, name: str, configured: int) -> Layout | None:
     if not now.settling:
         return None
     done = settled(now, lambda index: _settled_shard(client, ShardKeys(name, index), now))
-    if done is not None and write(client, name, now, done):
-        return done
-    return None
+    if done is None or not write(client, name, now, done):
+        return None
+    # An operator's retry may have made a job pending on a shard this retires, after the look
+    # above (it reopens the shard after its transition, but may have read the layout before this
+    # write): look again, and claim from such a shard again.
+    for index in range(done.live, now.span):
+        if not _settled_shard(client, ShardKeys(name, index), done):
+            reopen(client, name, configured, index)
+    return done
 
 
 def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:

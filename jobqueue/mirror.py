@@ -26,24 +26,34 @@ NOT_DURABLE = {"durable": False, "relayed": True, "run_after": None, "backoff_ms
 
 
 def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> int:
-    """Write a batch of one shard's events as one multi-row upsert keyed by job id. The last
-    event of a job wins, so replays and re-runs after an operator retry converge on the newest
-    state."""
+    """Write a batch of one shard's events as one multi-row upsert keyed by job id. A row only
+    moves forward (`models.insert_jobs`): the newest event of a job wins, by its attempts, then
+    its finish time on Valkey's clock, in the batch and against the row, so replays, re-runs
+    after an operator retry and a batch written late converge on the newest state."""
     from .models import insert_jobs, written_fields
 
-    latest = {event["id"]: event for event in events}
     now = datetime.now(UTC)
     kept = {"id", *NOT_DURABLE}  # a durable row keeps its outbox columns
     update = [f.attname for f in written_fields() if f.attname not in kept]
     options = get_config().queue(queue)
-    rows = {job_id: {**NOT_DURABLE, **mirror_columns(event, queue, shard, options.max_attempts),
-                     "mirrored_at": now} for job_id, event in latest.items()}
+    rows: dict[str, dict[str, Any]] = {}
+    for event in events:
+        row = {**NOT_DURABLE, **mirror_columns(event, queue, shard, options.max_attempts),
+               "mirrored_at": now}
+        seen = rows.get(row["id"])
+        if seen is None or _order(row) >= _order(seen):
+            rows[row["id"]] = row
     if not options.durable:
         return insert_jobs(rows.values(), update)
     with transaction.atomic():  # (an operator's retry must not commit between the two)
         for job_id in durable.stale_events(rows):
             del rows[job_id]  # a retried run's event: its reopened row stays unfinished
         return insert_jobs(rows.values(), update)
+
+
+def _order(row: Mapping[str, Any]) -> tuple[int, datetime]:
+    """Which of two events of a job is newer (see `upsert`)."""
+    return row["attempts"], row["finished_at"] or datetime.min.replace(tzinfo=UTC)
 
 
 def record_shards(queue: Queue, written: dict[tuple[str, int], dict[str, Any]] | None = None) -> None:

@@ -160,7 +160,8 @@ class Shard(models.Model):
 
 def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) -> int:
     """Write `Job` rows (dicts with every column) as one multi-row INSERT; rows whose id exists
-    get the `update` columns overwritten (none: the INSERT fails on a duplicate id). Raw SQL
+    get the `update` columns overwritten, only by a row that is not older (none: the INSERT
+    fails on a duplicate id; see `_insert_sql`). Raw SQL
     because the ORM's bulk_create spends several times the database's own time compiling the
     statement. The values are the columns' own types (str, int, bool, aware datetime, JSON
     data or EncodedJSON); only datetimes and JSON need adapting, and a batch's datetimes repeat."""
@@ -272,14 +273,30 @@ def _placeholders() -> str:
 @cache
 def _insert_sql(vendor: str, update: tuple[str, ...]) -> tuple[str, str]:
     """The INSERT of `Job` rows before its VALUES' rows and after them (the upsert's clause
-    overwriting the `update` columns)."""
+    overwriting the `update` columns). A row only moves forward: an existing one is overwritten
+    when it has not finished (a durable row, written at enqueue or reopened by a retry), or by a
+    new one with more `attempts` (the fencing token, which never goes back), or as many and a
+    `finished_at` no earlier (Valkey's clock, the job's own shard's); so an event that waited (a
+    batch that failed and was written again, a dead consumer's entries taken over) cannot
+    overwrite what a later run wrote meanwhile."""
     quote = connection.ops.quote_name
+    table = quote(Job._meta.db_table)
     columns = [quote(str(f.column)) for f in written_fields()]
-    head = f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(columns)}) VALUES "
+    head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
     if not update:
         return head, ""
-    changed = [quote(name) for name in update]
+    attempts, finished = quote("attempts"), quote("finished_at")
+    # (MySQL's assignments see the values set before them: the columns the test reads come last,
+    # finished_at before attempts, so each is tested against the row as it was)
+    last = {finished: 1, attempts: 2}
+    changed = sorted((quote(name) for name in update), key=lambda c: last.get(c, 0))
     if vendor == "mysql":
-        return head, " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in changed)
+        newer = (f"{finished} IS NULL OR VALUES({attempts}) > {attempts} OR "
+                 f"(VALUES({attempts}) = {attempts} AND VALUES({finished}) >= {finished})")
+        return head, " ON DUPLICATE KEY UPDATE " + ", ".join(
+            f"{c} = IF({newer}, VALUES({c}), {c})" for c in changed)
+    newer = (f"{table}.{finished} IS NULL OR excluded.{attempts} > {table}.{attempts} OR "
+             f"(excluded.{attempts} = {table}.{attempts} AND "
+             f"excluded.{finished} >= {table}.{finished})")
     return head, f" ON CONFLICT ({quote('id')}) DO UPDATE SET " + ", ".join(
-        f"{c} = excluded.{c}" for c in changed)
+        f"{c} = excluded.{c}" for c in changed) + f" WHERE {newer}"

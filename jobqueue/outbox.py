@@ -170,10 +170,14 @@ def push(queue: Queue, specs: list[JobSpec]) -> None:
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
+    from .conf import get_config
     from .exceptions import NotReplicated
+    from .spec import prepare
 
-    try:
-        refs = queue.enqueue_many(specs)
+    limit = get_config().max_payload
+    try:  # (fresh: the rows were just written, so no shard holds their ids yet)
+        refs = queue.enqueue_prepared([prepare(spec, queue.options, limit) for spec in specs],
+                                      fresh=True)
     except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
         log.warning("queue=%s: Valkey unreachable (%s); %d durable job(s) wait in the database "
                     "for a worker's relay", queue.name, exc, len(specs))
@@ -239,8 +243,12 @@ def recreate(queue: Queue, row: Job) -> None:
     """An operator's retry of a finished job that Valkey no longer holds: the job is created
     again from its row, same id and every option the row keeps (lane, priority, retry policy,
     lease, unique key; a durable flow's job waits again for what it waits for, as far as their
-    rows say it has to). A durable row reopens in the same transaction (durable.py)."""
+    rows say it has to), its attempts going on from the row's (a token never repeats, and the
+    mirror takes the new run's outcome as the newer one). A durable row reopens in the same
+    transaction (durable.py)."""
+    from .conf import get_config
     from .exceptions import InvalidTransition
+    from .spec import prepare
 
     # Due now, whenever it was first due, and without its expiry (as retry.lua drops it).
     spec = spec_of(row)._replace(run_after=None, expires=None)
@@ -250,20 +258,30 @@ def recreate(queue: Queue, row: Job) -> None:
             _send(queue, [node], dag.checked(queue, [node]), row.flow.get("flow", ""),
                   {row.pk: row.shard}, again=False)
             return
-        [ref] = queue.enqueue_many([spec])
+        job = prepare(spec, queue.options, get_config().max_payload)._replace(spent=row.attempts)
+        [ref] = queue.enqueue_prepared([job])
         if ref.id != row.pk:
             raise InvalidTransition(f"cannot retry job {row.pk}: its unique_key "
                                     f"{row.unique_key!r} is held by live job {ref.id}")
 
 
-def _resend(queue: Queue, rows: Sequence[Job]) -> int:
-    """Enqueue rows again by id; mark them relayed; how many Valkey did not have. A row past
-    its expiry is not sent but marked expired, as a claim would have ended its job."""
+def _resend(queue: Queue, rows: Sequence[Job], *, lost: bool = False) -> int:
+    """Enqueue rows again by id (a job a shard holds, whichever, is left as it is:
+    `sending.send`); mark them relayed; how many Valkey did not have. A row past its expiry
+    that no shard holds is not sent but marked expired, as a claim would have ended its job
+    (one a shard holds is Valkey's to end: it may have started in time). `lost`: Valkey lost
+    its data (a restore), so the job's runs before may have spent tokens the row never saw:
+    its attempts go past them (`Prepared.spent`)."""
+    from .conf import get_config
     from .models import Job
+    from .sending import held
+    from .spec import prepare
 
     now = datetime.now(UTC)
-    expired = [row.pk for row in rows if row.expires_at is not None and row.expires_at <= now]
-    if expired:
+    past = [row.pk for row in rows if row.expires_at is not None and row.expires_at <= now]
+    if past:
+        there = held(queue.client, queue.name, queue.layout(fresh=True).widest, past)
+        expired = [pk for pk in past if pk not in there]
         Job.objects.filter(pk__in=expired, state__in=UNFINISHED).update(
             state=State.EXPIRED, finished_at=now, relayed=True,
             last_error="expired before it started")
@@ -271,10 +289,20 @@ def _resend(queue: Queue, rows: Sequence[Job]) -> int:
         if not rows:
             return 0
     specs = [spec_of(row) for row in rows]
-    refs = queue.enqueue_many(specs)
+    limit = get_config().max_payload
+    jobs = [prepare(spec, queue.options, limit)._replace(spent=_spent(row) if lost else 0)
+            for spec, row in zip(specs, rows, strict=True)]
+    refs = queue.enqueue_prepared(jobs)
     Job.objects.filter(pk__in=[row.pk for row in rows], relayed=False).update(relayed=True)
     _cancel_duplicates(specs, refs)
     return sum(1 for ref in refs if ref.created)
+
+
+def _spent(row: Job) -> int:
+    """The tokens a durable job's runs may have used before Valkey lost its data: the row's
+    attempts (what the mirror saw last), plus as many runs as its budget allows since (the
+    mirror writes only finished runs; a run in flight when the data went held the next)."""
+    return row.attempts + max(row.max_attempts, 1)
 
 
 def _node(row: Job) -> dag.Node:
@@ -377,7 +405,7 @@ def restore(queues: Iterable[Queue], batch: int = 500,
             rows = list(unfinished.filter(flow__isnull=True, pk__gt=last).order_by("pk")[:batch])
             if not rows:
                 break
-            restored += _resend(queue, _sendable(queue, rows))
+            restored += _resend(queue, _sendable(queue, rows), lost=True)
             seen += len(rows)
             last = rows[-1].pk
             if progress:

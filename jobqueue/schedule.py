@@ -7,6 +7,12 @@ same tick get the same job), then recorded as the entry's last tick in the `emq:
 Only the latest tick counts, so ticks missed while no worker ran fire once, not once each. An
 entry seen for the first time starts from its latest tick without firing it: deploying a
 nightly job at noon does not run it at once.
+
+Ticks are read on Valkey's clock (`server_now`), never a worker's: a worker whose clock runs a
+day fast would fire tomorrow's tick now and record it, and every worker would then skip a day
+of ticks. Valkey bounds what any one worker can move (`_RECORD`): a recorded tick is never in
+its future beyond SLACK_MS, and a recorded tick that is (written before this bound) is taken
+for none, so the right tick fires and replaces it.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .api import enqueue
@@ -23,6 +29,26 @@ from .cron import Entry
 log = logging.getLogger("jobqueue.schedule")
 STATE_KEY = "emq:schedules"
 """HASH: <name> -> JSON {"last": tick ms, "job": id of the last job fired}; paused:<name> -> 1."""
+SLACK_MS = 1000
+"""How far in Valkey's future a tick may be fired and recorded (a caller's clock reading a little
+ahead); a tick further ahead is refused, and one found recorded there is taken for none."""
+
+# Valkey's clock, in ms, read on the node that holds the schedules' state.
+_NOW = "local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000)"
+
+# Record ARGV[2] as the last tick of entry ARGV[1] (its state ARGV[3]) unless it is in Valkey's
+# future beyond ARGV[4] ms, or not later than the last tick recorded (one in that future counts
+# as none). Returns 1 when recorded.
+_RECORD = """
+local t = redis.call('TIME')
+local now, tick = t[1] * 1000 + math.floor(t[2] / 1000), tonumber(ARGV[2])
+if tick > now + tonumber(ARGV[4]) then return 0 end
+local ok, seen = pcall(cjson.decode, redis.call('HGET', KEYS[1], ARGV[1]) or '')
+local last = ok and type(seen) == 'table' and tonumber(seen.last)
+if last and last >= tick and last <= now + tonumber(ARGV[4]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
 
 
 def state(client: Any) -> dict[str, Any]:
@@ -50,9 +76,18 @@ def enqueue_entry(entry: Entry, unique_key: str | None = None) -> str:
                    unique_key=unique_key, **options).id
 
 
+def server_now(client: Any) -> datetime:
+    """Valkey's time (that of the node holding the schedules' state)."""
+    ms = int(client.eval(_NOW, 1, STATE_KEY))
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
 def fire_due(entries: Mapping[str, Entry], client: Any, now: datetime | None = None) -> int:
-    """Enqueue each entry's latest tick if it has not been fired; how many were."""
-    now = now or datetime.now(UTC)
+    """Enqueue each entry's latest tick (as of `now`, but never later than Valkey's time plus
+    SLACK_MS; else as of Valkey's time) if it has not been fired; how many were."""
+    valkey = server_now(client)
+    now = valkey if now is None else min(now, valkey + timedelta(milliseconds=SLACK_MS))
+    bound = int(valkey.timestamp() * 1000) + SLACK_MS  # (a last tick beyond: taken for none)
     known = state(client)
     fired = 0
     for name, entry in entries.items():
@@ -67,7 +102,7 @@ def fire_due(entries: Mapping[str, Entry], client: Any, now: datetime | None = N
         if not isinstance(last, int):  # first sight: start from here, without firing
             client.hsetnx(STATE_KEY, name, json.dumps({"last": tick_ms}))
             continue
-        if tick_ms <= last:
+        if tick_ms <= last <= bound:
             continue
         try:
             job_id = enqueue_entry(entry, unique_key=f"schedule:{name}:{tick_ms}")
@@ -81,12 +116,11 @@ def fire_due(entries: Mapping[str, Entry], client: Any, now: datetime | None = N
 
 
 def _record(client: Any, name: str, tick_ms: int, job_id: str) -> None:
-    """Set the entry's last tick. Two workers may race here (read, then write); a tick that one
-    of them moved back is enqueued again under the same unique key, which returns the same job
-    while its row lives (`RETENTION`, a day by default), so it still runs once."""
-    last = state(client).get(name, {}).get("last")
-    if not isinstance(last, int) or last < tick_ms:
-        client.hset(STATE_KEY, name, json.dumps({"last": tick_ms, "job": job_id}))
+    """Set the entry's last tick, in one step on Valkey (`_RECORD`): never back, and never into
+    Valkey's future. A tick two workers both fire is enqueued under the same unique key, which
+    returns the same job while its row lives (`RETENTION`, a day by default): it runs once."""
+    client.eval(_RECORD, 1, STATE_KEY, name, tick_ms,
+                json.dumps({"last": tick_ms, "job": job_id}), SLACK_MS)
 
 
 def run_now(entry: Entry, client: Any) -> str:

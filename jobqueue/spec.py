@@ -284,6 +284,10 @@ class Prepared(NamedTuple):
     debounce_ms: int = 0
     expires_ms: int = 0
     """Until the job expires, from the enqueue (0: never); the script adds its own clock."""
+    spent: int = 0
+    """Tokens its earlier runs may have used (a durable row restored after Valkey lost its data,
+    a job an operator retries from its mirror row): its `attempts` start there, so that no token
+    repeats; 0 for a new job."""
 
     def argv(self, options: QueueOptions) -> list[Any]:
         """The enqueue script's arguments; a retry policy equal to the queue's is left out of
@@ -291,7 +295,8 @@ class Prepared(NamedTuple):
         return [self.job_id, self.payload, self.priority, self.lane,
                 "" if self.max_attempts == options.max_attempts else self.max_attempts,
                 "" if self.backoff_ms == round(options.backoff * 1000) else self.backoff_ms,
-                self.lease_ms, self.delay_ms, self.unique_key, "1" if self.minted else "0",
+                self.lease_ms, self.delay_ms, self.unique_key,
+                "1" if self.minted else f"0:{self.spent}" if self.spent else "0",
                 self.debounce_ms, self.expires_ms]
 
 

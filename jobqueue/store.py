@@ -13,11 +13,13 @@ and the worker's waits and presence (`worker/waiters.py`, `worker/waitline.py`,
 
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from . import durable, ids, lanes, layouts, sending, signals, spec
+from .claims import LostClaims
 from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
 from .keys import ShardKeys, validate_queue
@@ -32,6 +34,8 @@ __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
 READ_SLACK = 5.0
 """Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
+OPERATOR_SENDS = 3
+"""How many times an operator's transition is sent when its reply is lost (see `_operator`)."""
 
 
 def _announced(refs: list[JobRef]) -> list[JobRef]:
@@ -117,6 +121,7 @@ class Queue:
         self.rate_wait: float = 0.0
         """After a claim: seconds until the rate limit (or, when it came back short, a lane's
         rate) admits another job (0: not limited)."""
+        self.lost_claims = LostClaims()
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, shards={self.shards})"
@@ -184,11 +189,11 @@ class Queue:
         return _announced([sending.send_one(self.client, self.name, self.options, self.configured,
                                             template, job_id, payload, tail)])[0]
 
-    def enqueue_prepared(self, jobs: list[Prepared]) -> list[JobRef]:
+    def enqueue_prepared(self, jobs: list[Prepared], *, fresh: bool = False) -> list[JobRef]:
         """Jobs validated already (`spec.prepare`), in one script call per shard chunk (see
-        `sending.send`)."""
+        `sending.send`; `fresh`: ids chosen by the caller that no shard can hold yet)."""
         return _announced(sending.send(self.client, self.name, self.options, self.configured,
-                                       jobs))
+                                       jobs, fresh=fresh))
 
     # -- worker side -----------------------------------------------------------------------
 
@@ -231,10 +236,8 @@ class Queue:
                 break
             index = (start + step) % total
             carried = riding if step == 0 else []
-            args = [count - len(out), *head, len(carried)]
-            for held, result in (acks[i] for i in carried):
-                args += [held.job_id, held.token, result]
-            reply = caller.run(self.client, "claim", self.shard(index), args)
+            reply = self.lost_claims.send(self.client, self.shard(index), worker,  # (claims.py)
+                                          [count - len(out), *head], (acks[i] for i in carried))
             wait, leases = _read_claim(self.name, index, reply, carried, answers)
             waits.append(wait)
             out.extend(leases)
@@ -323,15 +326,17 @@ class Queue:
 
     def retry(self, job_id: str) -> str:
         """A dead, cancelled or expired job goes back to pending with a fresh retry budget, on its
-        own shard (a retired one is claimed from again); a durable row reopens with it."""
+        own shard (a retired one is claimed from again, once the job is pending there); a
+        durable row reopens with it."""
         index = self.locate(job_id)
-        if index is not None:
-            layouts.reopen(self.client, self.name, self.configured, index)
         if index is None or not self.options.durable:
-            return self._operator("retry", job_id, [job_id], index)
-        ended = ms_to_dt(self.client.hget(self.shard(index).job(job_id), "finished_at"))
-        with durable.reopened(job_id, after=ended):  # (so `restore` finds it: durable.py)
-            return self._operator("retry", job_id, [job_id], index)
+            answer = self._operator("retry", job_id, [job_id], index)
+        else:
+            ended = ms_to_dt(self.client.hget(self.shard(index).job(job_id), "finished_at"))
+            with durable.reopened(job_id, after=ended):  # (so `restore` finds it: durable.py)
+                answer = self._operator("retry", job_id, [job_id], index)
+        layouts.reopen(self.client, self.name, self.configured, index or 0)  # (None: raised)
+        return answer
 
     def reprioritize(self, job_id: str, priority: int) -> str:
         """Change a waiting (or running) job's priority in place."""
@@ -342,10 +347,11 @@ class Queue:
         return self._operator("cancel", job_id, [job_id, _retention_ms()])
 
     def _operator(self, name: str, job_id: str, args: list[Any], index: int | None = -1) -> str:
-        """An operator's transition on the job's shard (`index`, when the caller located it)."""
-        index = self.locate(job_id) if index == -1 else index
-        answer = "missing" if index is None else text(
-            caller.run(self.client, name, self.shard(index), args))[0]
+        """An operator's transition on the job's shard (`index`, when the caller located it), the
+        call's id last, sent again while its reply is lost (`caller.run_answered`)."""
+        index, args = self.locate(job_id) if index == -1 else index, [*args, secrets.token_hex(8)]
+        answer = "missing" if index is None else text(caller.run_answered(
+            self.client, name, self.shard(index), args, OPERATOR_SENDS))[0]
         if answer == "missing":
             raise JobNotFound(f"no live job {job_id} in queue {self.name!r}")
         if answer.startswith("state:"):

@@ -21,7 +21,6 @@ from weakref import WeakKeyDictionary
 
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from . import _compat
 
@@ -58,7 +57,12 @@ class _Borrowed:
                 if self.room <= 0:
                     return None
                 self.room -= 1
-            return self.pool.get_connection()
+            try:
+                return self.pool.get_connection()
+            except BaseException:  # (Valkey down: the pool lent nothing, so the room is still ours)
+                with self.lock:
+                    self.room += 1
+                raise
 
 
 _BORROWED: WeakKeyDictionary[Any, _Borrowed] = WeakKeyDictionary()
@@ -68,7 +72,8 @@ os.register_at_fork(after_in_child=_BORROWED.clear)  # (not os.getpid() per call
 def call(client: Any, command: tuple[Any, ...]) -> Any:
     """Send one command and return its reply (an error reply raises). A broken connection
     (Valkey restarted) is closed and the call goes again through `execute_command`, with
-    redis-py's reconnect and retries."""
+    redis-py's reconnect and retries. A timeout raises: the command may still run (a slow or
+    stalled server), and a second send would only double the wait."""
     replies = call_many(client, [command])
     if replies is None:
         return client.execute_command(*command)
@@ -77,19 +82,43 @@ def call(client: Any, command: tuple[Any, ...]) -> Any:
     return replies[0]
 
 
+def call_once(client: Any, command: tuple[Any, ...]) -> Any:
+    """`call` for a command whose replay would not answer as the first send did (a claim: its
+    jobs would be leased to nobody): sent once on one connection, never again by this layer;
+    a connection error or a timeout raises, and the caller learns its reply was lost."""
+    held = _Borrowed.of(client)
+    conn = held.take()
+    if conn is None:  # all borrowed connections are busy: one of the pool's
+        pool = client.connection_pool
+        conn = pool.get_connection()
+        try:
+            reply = call_on(conn, [command])[0]
+        finally:
+            pool.release(conn)
+    else:
+        try:
+            reply = call_on(conn, [command])[0]
+        finally:
+            held.idle.append(conn)
+    if isinstance(reply, ResponseError):
+        raise reply
+    return reply
+
+
 def call_many(client: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any] | None:
     """Send several commands, then read their replies (one round trip): the replies in order,
     an error reply as its exception; None when no connection could be borrowed or it broke
-    (send them again another way). Each command goes out as soon as it is built, so the server
-    works on the first while the caller builds the next. An interrupted call closes its
-    connection, so no reply is left unread on it."""
+    (send them again another way). A timeout raises (it is not a reason to send again: see
+    `call`). Each command goes out as soon as it is built, so the server works on the first
+    while the caller builds the next. An interrupted call closes its connection, so no reply
+    is left unread on it."""
     held = _Borrowed.of(client)
     conn = held.take()
     if conn is None:
         return None
     try:
         return call_on(conn, commands)
-    except (ValkeyConnectionError, ValkeyTimeoutError):
+    except ValkeyConnectionError:
         return None
     finally:
         held.idle.append(conn)

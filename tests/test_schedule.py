@@ -132,3 +132,23 @@ def test_two_workers_fire_every_tick_of_an_every_second_schedule_once(
                    .values_list("unique_key", flat=True))
     assert len(ticks) == len(set(ticks)) >= 4  # each tick once, whatever the number of workers
     assert all(b - a == 1000 for a, b in itertools.pairwise(ticks))  # none skipped
+
+
+def test_a_worker_whose_clock_runs_a_day_fast_silences_no_tick() -> None:
+    """`fire_due`'s `now` is a worker's clock reading (the maintenance turn passes none: Valkey's
+    clock rules). A worker a day fast fires no tick of tomorrow and records nothing ahead of
+    Valkey's clock, so the others go on firing every tick; and a tick recorded a day ahead
+    (before this bound) counts for none. (libfaketime cannot move a real worker's clock here:
+    under it, Python's monotonic waits hang or fail, so a runworker would not run.)"""
+    client = get_client()
+    beat = {"beat": entry(every=1, kwargs={})}
+    valkey = datetime.now(UTC)  # (the test's server runs on this machine: the same clock)
+    assert schedule.fire_due(beat, client, valkey - timedelta(seconds=5)) == 0  # first sight
+    assert schedule.fire_due(beat, client, valkey + timedelta(days=1)) == 1  # the fast worker
+    last = schedule.state(client)["beat"]["last"]
+    assert last <= (datetime.now(UTC) + timedelta(seconds=1)).timestamp() * 1000  # not tomorrow's
+    wait_for(lambda: schedule.fire_due(beat, client) == 1, timeout=5)  # the next tick fires
+    ahead = int((datetime.now(UTC) + timedelta(days=1)).timestamp() * 1000)
+    client.hset(schedule.STATE_KEY, "beat", json.dumps({"last": ahead}))  # an older worker's
+    assert schedule.fire_due(beat, client) == 1
+    assert schedule.state(client)["beat"]["last"] < ahead

@@ -43,6 +43,9 @@ class Model:
     attempts: int = 0
     uncharged: int = 0
     cancel_flag: bool = False
+    recorded: tuple[str, int] | None = None
+    """The worker's call that last recorded an outcome of the job, and its token: the same call
+    sent again (its reply lost) answers as it did."""
 
 
 def machine_for(client: Any) -> type[RuleBasedStateMachine]:
@@ -88,12 +91,14 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
         def ack(self, pick: int) -> None:
             lease = self.leases[pick % len(self.leases)]
             job = self.jobs[lease.job_id]
-            again = job.state == "succeeded" and job.attempts == lease.token  # a lost reply's retry
+            again = job.attempts == lease.token and (job.state == "succeeded" or (
+                job.state == "cancelled" and job.recorded == ("ack", lease.token)))  # a replay
             expected = self._current(lease)
             assert self.queue.ack(lease, "r") is (expected or again)
             if expected:
                 job = self.jobs[lease.job_id]
                 job.state = "cancelled" if job.cancel_flag else "succeeded"
+                job.recorded = ("ack", lease.token)
 
         @precondition(lambda self: self.leases)
         @rule(pick=st.integers(0, 100))
@@ -108,9 +113,12 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
                     expected = "dead"
                 else:
                     expected = "pending"  # backoff 0: ready again at once
+            elif job.recorded == ("nack", lease.token) and job.attempts == lease.token:
+                expected = job.state  # its own nack sent again: answered as the job stands
             assert self.queue.nack(lease, "boom") == expected
-            if expected:
+            if expected and self._current(lease):
                 job.state = expected
+                job.recorded = ("nack", lease.token)
 
         @precondition(lambda self: self.leases)
         @rule(pick=st.integers(0, 100))
@@ -129,11 +137,14 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
         def release(self, pick: int) -> None:
             lease = self.leases[pick % len(self.leases)]
             expected = self._current(lease)
-            assert self.queue.release(lease) is expected
+            job = self.jobs[lease.job_id]
+            again = (job.recorded == ("release", lease.token) and job.attempts == lease.token
+                     and job.state in ("pending", "cancelled"))  # its own release sent again
+            assert self.queue.release(lease) is (expected or again)
             if expected:
-                job = self.jobs[lease.job_id]
                 job.uncharged += 1
                 job.state = "cancelled" if job.cancel_flag else "pending"
+                job.recorded = ("release", lease.token)
 
         # -- time passing and maintenance -----------------------------------------------------
 

@@ -415,8 +415,9 @@ end
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
 -- per job. Answers per job: 2 recorded, and it forwarded outcomes to dependents on other shards
 -- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an
--- operator flagged it; also when this attempt already succeeded: a retry after a lost reply)
--- or 0 (stale: the lease was lost and the job may have run again elsewhere); and how many lanes
+-- operator flagged it) or 0 (stale: the lease was lost and the job may have run again
+-- elsewhere); an ack this attempt's own ack recorded already (sent again after its reply was
+-- lost) answers as that one did; and how many lanes
 -- held at their cap came back on the ring (the caller wakes workers for them). `now`: the
 -- caller's clock reading, if it has one.
 local function ack_jobs(base, active, done, meta, ring, retention, at, now)
@@ -432,11 +433,15 @@ local function ack_jobs(base, active, done, meta, ring, retention, at, now)
       local before = forwarded
       redis.call('ZREM', active, id)
       back = back + free_slot(base, ring, row[4], row[5])
+      if row[3] == '1' then redis.call('HSET', jk, 'acked', token) end  -- (see below)
       finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
         retention, result, true)
       out[#out + 1] = (forwarded > before) and 2 or 1
-    elseif row[2] == token and row[1] == 'succeeded' then
-      out[#out + 1] = 1  -- this very success, sent again after its reply was lost
+    elseif row[2] == token and (row[1] == 'succeeded' or (row[1] == 'cancelled'
+        and redis.call('HGET', jk, 'acked') == token)) then
+      -- this very ack, sent again after its reply was lost: 2 when it forwarded to another shard
+      local dependents = redis.call('HGET', jk, 'dependents')
+      out[#out + 1] = (dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and 2 or 1
     else
       out[#out + 1] = 0
     end

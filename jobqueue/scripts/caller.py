@@ -9,6 +9,7 @@ routes each to the node of the shard's slot.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from .. import wire
 from ..keys import ShardKeys
 from . import source
 
+log = logging.getLogger("jobqueue")
 _HEADS: dict[tuple[str, str, int], tuple[Any, ...]] = {}
 """(transition, queue, shard index) -> the call up to its arguments."""
 
@@ -52,6 +54,43 @@ def run(client: Any, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
         return wire.call(client, command)
     except NoScriptError:
         return _script(client, name)(keys=found[3:], args=list(args))
+
+
+def run_answered(client: Any, name: str, shard: ShardKeys, args: Sequence[Any],
+                 sends: int) -> Any:
+    """`run` for a script that answers its own replay as its first call (an operator's: see
+    retry.lua), sent again after a timeout or a broken connection, `sends` times in all, so
+    that the caller learns what it did rather than that its reply was lost."""
+    for sent in range(1, sends):
+        try:
+            return run(client, name, shard, args)
+        except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
+            log.warning("queue=%s: no reply to %s (%s; send %d of %d); sending it again",
+                        shard.queue, name, exc, sent, sends)
+    return run(client, name, shard, args)
+
+
+def run_once(client: Any, name: str, shard: ShardKeys, args: Sequence[Any]) -> Any:
+    """`run` for a script whose replay would not answer as its first call did (a claim): sent
+    once, never again after a connection error or a timeout, which raise (`wire.call_once`).
+    On a cluster it goes to the node of the shard's slot; a slot that moved meanwhile (MOVED,
+    ASK: not run there) goes redis-py's way."""
+    command = (*head(name, shard), *args)
+    target = client
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(command[3])
+        target = client.get_redis_connection(node) if node is not None else client
+    try:
+        return wire.call_once(target, command)
+    except NoScriptError:  # (not run: load it, then send it once more)
+        return _script(client, name)(keys=command[3:3 + command[2]], args=list(args))
+    except ResponseError as exc:
+        if target is client or not str(exc).startswith(("MOVED", "ASK")):
+            raise
+        return client.execute_command(*command)
+    except (ValkeyConnectionError, ValkeyTimeoutError):
+        rediscover(client)
+        raise
 
 
 def run_by_shard(client: Any, name: str, queue: str, head: list[Any],

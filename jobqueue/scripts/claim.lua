@@ -24,7 +24,9 @@ ARGV[7] the shard's rate limit: jobs per period (its share of the queue's N; 0 =
 ARGV[8] the period ms, ARGV[9] each named lane's rate limit: jobs per period (0 = none),
 ARGV[10] its period ms, ARGV[11] c = number of lane caps, then 2 per cap: lane ('*': every
 named lane not listed), cap; then w = number of weighted lanes, then 2 per lane: name, weight
-(2…100; others weigh 1), then n successes to record, then 3 per job: id, token, result (JSON)
+(2…100; others weigh 1), then the claim's id ('' = none: written on each row it leases as
+`claim`, so that a claim whose reply was lost can be handed back, see release.lua), then n
+successes to record, then 3 per job: id, token, result (JSON)
 Turns a weighted lane has had in the current round are kept in base:turns (HASH lane -> n); a
 rate limit's token bucket in base:bucket (HASH tokens, at ms), a lane's in base:lbucket:<lane>,
 refilled on the server clock.
@@ -58,8 +60,9 @@ local at = 12 + ncaps * 2
 local weights, nweights = {}, tonumber(ARGV[at])
 for i = 0, nweights - 1 do weights[ARGV[at + 1 + i * 2]] = tonumber(ARGV[at + 2 + i * 2]) end
 local turns_key = base .. ':turns'
+local claim_id = ARGV[at + 1 + nweights * 2]
 local now = now_ms()  -- (one clock reading for the acks and the claim)
-local out, back = ack_jobs(base, active, done, meta, ring, retention, at + 1 + nweights * 2, now)
+local out, back = ack_jobs(base, active, done, meta, ring, retention, at + 2 + nweights * 2, now)
 table.insert(out, 1, #out)
 out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
 local waited_at = #out
@@ -131,10 +134,10 @@ local function lease_job(id, lane, slot)
   if force == '1' or lease <= 0 then lease = default_lease end
   if slot then
     redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
-      'lease_until', now + lease, 'worker', worker, 'slot', '1')
+      'lease_until', now + lease, 'worker', worker, 'claim', claim_id, 'slot', '1')
   else
     redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
-      'lease_until', now + lease, 'worker', worker)
+      'lease_until', now + lease, 'worker', worker, 'claim', claim_id)
     if row[12] then redis.call('HDEL', jk, 'slot') end
   end
   redis.call('ZADD', active, now + lease, id)

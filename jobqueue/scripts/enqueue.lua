@@ -20,8 +20,11 @@ ARGV[2] n = number of jobs, then 12 per job:
         id, payload (JSON), priority, lane ('' = default), max_attempts and backoff_ms ('' = the
         queue's, read from settings when the job fails), lease_ms (0 = worker default), delay_ms
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the
-        id), debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the
-        row's expires_at = now + it, which the claim checks)
+        id; '0' when it did; '0:<n>' when it did and the job's earlier runs may have used tokens
+        up to n: a durable row restored, a job retried from its mirror row, whose attempts and
+        uncharged start at n, so that no fencing token repeats and its budget stays whole),
+        debounce_ms (0 = none; else it equals delay_ms), expires_ms (0 = never; else the row's
+        expires_at = now + it, which the claim checks)
 Debounce: while the unique key's job has never started (pending or scheduled, attempts 0), a
 debounced enqueue replaces its payload and expiry (none given: none) and moves it to scheduled
 at now + debounce_ms, answering its id; once that job started (claimed once: running, or waiting
@@ -34,14 +37,16 @@ Scripts read a missing field as its default.
 The hand-off: a lone job that is ready now, on a shard with no other ready job (so no lane,
 priority or weight could come first) and not paused, goes straight to an idle worker if one
 waits here: the script leases it as claim.lua would (attempts 1, the worker's lease) and pushes
-'<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring with the lease:
-a worker that died before it took the job leaves it to the reaper), which the worker's BLPOP
-returns. The worker needs no claim call; no wake token is pushed. Each idle entry takes one job.
+'<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring ten minutes after
+the lease: a worker that died before it took the job leaves it there for the reaper, which
+hands it back uncharged), which the worker's BLPOP returns. The worker needs no claim call; no
+wake token is pushed. Each idle entry takes one job.
 A job handed over is new and ready now, so it cannot have expired (expires_ms > 0); a queue with
 lane caps or lane rates has no idle entries (its workers never offer), and a cap set live stops
 hand-offs here ('caps' in meta), since only the claim counts slots.
 Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries: id, status —
-        'new'; 'exists' (unique_key or caller's id already live: id is the existing job's);
+        'new' (also when a minted id and payload are found: this call's first send wrote them);
+        'exists' (unique_key or caller's id already live: id is the existing job's);
         'debounced' (id is the waiting job whose payload and start this call replaced);
         'collision' (a minted id already taken: mint again);
         'moved' (mode '': the shard is draining; re-read the layout); 'absent' (mode 'prior':
@@ -117,23 +122,31 @@ for i = 0, n - 1 do
   if other and debounce and debounced(other, o) then
     out[#out + 1] = other; out[#out + 1] = 'debounced'
   elseif other and not debounce then
-    out[#out + 1] = other; out[#out + 1] = 'exists'
+    -- (the key names this very job, with this minted id and payload: this call's first send
+    -- wrote it, and its reply was lost; the replay answers as that send did)
+    local own = other == id and ARGV[o + 9] == '1'
+      and redis.call('HGET', jk, 'payload') == ARGV[o + 1]
+    out[#out + 1] = other; out[#out + 1] = own and 'new' or 'exists'
   elseif prior
       and (ARGV[o + 3] == '' or redis.call('EXISTS', lane_key(base, ARGV[o + 3])) == 0) then
     out[#out + 1] = id; out[#out + 1] = 'absent'
   elseif redis.call('EXISTS', jk) == 1 then
-    -- The same minted id with the same payload is our own write, sent again after a lost reply.
-    local status = 'exists'
-    if ARGV[o + 9] == '1' and redis.call('HGET', jk, 'payload') ~= ARGV[o + 1] then
-      status = 'collision'
+    local status = 'exists'  -- (a minted id with this payload: this call's own first send)
+    if ARGV[o + 9] == '1' then
+      status = redis.call('HGET', jk, 'payload') == ARGV[o + 1] and 'new' or 'collision'
     end
     out[#out + 1] = id; out[#out + 1] = status
   else
     local delay = tonumber(ARGV[o + 7])
-    local taker = delay == 0 and idle_worker() or nil
+    local spent = nil  -- (a restored row's tokens: see ARGV; a hand-off's token is always 1)
+    if ARGV[o + 9] ~= '1' and ARGV[o + 9] ~= '0' then
+      spent = string.match(ARGV[o + 9], '^0:(%d+)$')
+    end
+    local taker = delay == 0 and not spent and idle_worker() or nil
     local row = {'state', (delay > 0) and 'scheduled' or (taker and 'active' or 'pending'),
       'payload', ARGV[o + 1]}
     if ARGV[o + 9] ~= '1' then put(row, 'enqueued_at', at(), nil) end  -- else: the id's mint time
+    if spent then put(row, 'attempts', spent, nil); put(row, 'uncharged', spent, nil) end
     put(row, 'priority', ARGV[o + 2], '0'); put(row, 'lane', ARGV[o + 3], '')
     put(row, 'max_attempts', ARGV[o + 4], ''); put(row, 'backoff_ms', ARGV[o + 5], '')
     put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')
@@ -154,7 +167,7 @@ for i = 0, n - 1 do
       redis.call('ZADD', active, at() + lease, id)
       local hand = base .. ':hand:' .. taker[1]
       redis.call('RPUSH', hand, id .. '|' .. lease .. '|' .. ARGV[o + 1])
-      redis.call('PEXPIRE', hand, lease)
+      redis.call('PEXPIRE', hand, lease + 600000)
     elseif delay > 0 then
       redis.call('ZADD', schedule, at() + delay, id)
     else

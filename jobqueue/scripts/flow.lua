@@ -40,13 +40,18 @@ Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written, entr
         or {0, 'moved'} (the shard is draining and jobs were to be written: re-read the
         layout), {0, 'exists', id} (mode 'new': a job id already taken), {0, 'missing', id} (a
         member that is neither in this call, nor live here, nor given an outcome); nothing is
-        written then
+        written then. A call of mode 'new' that wrote jobs keeps its answer a minute in
+        base:op:flow:<its first job's id>: sent again after its reply was lost, it finds that
+        answer and gives it, instead of finding its own jobs taken.
 ]]
 local base, ring, schedule, wake, meta, done, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6], KEYS[7]
 local flow, retention, again, n = ARGV[1], tonumber(ARGV[2]), ARGV[3] == 'again', tonumber(ARGV[4])
 local flags = redis.call('HMGET', meta, 'draining', 'listed')
 if flags[1] and n > 0 then return {0, 'moved'} end
+local op = not again and n > 0 and base .. ':op:flow:' .. ARGV[5]
+local seen = op and redis.call('GET', op)
+if seen then return cjson.decode(seen) end
 
 -- The outcomes of members Valkey may no longer hold, by id; where the links start.
 local known, o = {}, 5
@@ -162,4 +167,6 @@ for i = 0, tonumber(ARGV[links]) - 1 do
   end
 end
 wake_workers(wake, ready)
-return {flags[2] and 1 or 0, 'ok', written, forwarded}
+local answer = {flags[2] and 1 or 0, 'ok', written, forwarded}
+if op then redis.call('SET', op, cjson.encode(answer), 'PX', 60000) end
+return answer

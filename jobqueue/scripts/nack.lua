@@ -16,7 +16,9 @@ ARGV[5] '1' = fatal (no retry), ARGV[6] retention ms, ARGV[7] dead retention ms,
 ARGV[8] the queue's max_attempts, ARGV[9] its backoff ms (for a row that holds neither)
 Returns: the new state ('pending', 'scheduled', 'dead', 'cancelled'), or '' when stale; 'dead'
         and 'cancelled' end in ':forwarded' when the outcome went to dependents on other shards
-        in base:forward (the worker relays it at once: relay.py)
+        in base:forward (the worker relays it at once: relay.py). A nack this attempt's own nack
+        recorded already (sent again after its reply was lost: the row's `nacked` is its token)
+        answers as that one did.
 ]]
 local base, active, schedule, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local done, ring, wake, meta = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -24,11 +26,18 @@ local id, token, err, retry_in, fatal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV
 local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
   'backoff_ms', 'cancel', 'started_at', 'slot', 'lane')
-if row[1] ~= 'active' or row[2] ~= token then return '' end
+if row[1] ~= 'active' or row[2] ~= token then
+  if row[2] ~= token or redis.call('HGET', jk, 'nacked') ~= token then return '' end
+  if row[1] == 'pending' or row[1] == 'scheduled' then return row[1] end
+  if row[1] ~= 'dead' and row[1] ~= 'cancelled' then return '' end
+  local dependents = redis.call('HGET', jk, 'dependents')
+  return row[1] .. ((dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and ':forwarded'
+    or '')
+end
 local now = now_ms()
 redis.call('ZREM', active, id)
 wake_workers(wake, free_slot(base, ring, row[8], row[9]))
-redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
+redis.call('HSET', jk, 'last_error', err, 'lease_until', '', 'nacked', token)
 if row[6] == '1' then
   finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]), nil, true)
   return (forwarded > 0) and 'cancelled:forwarded' or 'cancelled'

@@ -1,11 +1,14 @@
 --[[ reap: jobs whose lease expired (their worker died or stalled) go back to waiting, or to
 dead when their budget is spent, freeing the slot of their lane's cap they held; also forgets
-dead entries older than their retention.
+dead entries older than their retention. A job an enqueue handed to an idle worker that never
+took it (the worker died while its offer stood: the job is still on its hand-off list, which
+outlives the lease for this) goes back uncharged, as a release would: nobody ran it.
 KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                         base:lane:<l>, base:slots, base:capped, base:rated (a slot freed), and
                         as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                         base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
-                        base:deps:<id>, base:results:<id>, base:forward, base:waiting (_common.lua)
+                        base:deps:<id>, base:results:<id>, base:forward, base:waiting
+                        (_common.lua); an idle worker's hand-off list base:hand:<name>
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] dead    ZSET    id -> finished ms
 KEYS[4] done    STREAM  terminal events
@@ -23,16 +26,39 @@ local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', dead, '-inf', now - dead_retention)
 local expired = redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT', 0, limit)
 local ready = 0
+
+-- Whether job `id` still waits on `worker`'s hand-off list (then it is taken off it).
+local function never_taken(id, worker)
+  if not worker or worker == '' then return false end
+  local hand = base .. ':hand:' .. worker
+  for _, entry in ipairs(redis.call('LRANGE', hand, 0, -1)) do
+    if string.sub(entry, 1, #id + 1) == id .. '|' then
+      redis.call('LREM', hand, 1, entry)
+      return true
+    end
+  end
+  return false
+end
+
 for _, id in ipairs(expired) do
   redis.call('ZREM', active, id)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel',
-    'slot', 'lane')
+    'slot', 'lane', 'worker')
   if row[1] == 'active' then
     ready = ready + free_slot(base, ring, row[6], row[7])
     local attempts = count_field(row[2])
     if not attempts then
       bury(base, dead, done, meta, jk, id, 'attempts', now, dead_retention)
+    elseif never_taken(id, row[8]) then
+      redis.call('HSET', jk, 'uncharged', (count_field(row[3]) or 0) + 1, 'lease_until', '',
+        'worker', '')
+      if row[5] == '1' then
+        finish(base, done, meta, jk, id, 'cancelled', now, retention)
+      else
+        make_ready(base, ring, jk, id, now)
+        ready = ready + 1
+      end
     else
       redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
       if row[5] == '1' then

@@ -10,17 +10,30 @@ KEYS[3] ring    LIST    lanes with ready work
 KEYS[4] wake    LIST    wake tokens
 KEYS[5] done    STREAM  terminal events
 KEYS[6] meta    HASH    counters
-ARGV[1] retention ms, ARGV[2] n, then 2 per job: id, token
-Returns: per job 1 (released, or cancelled when flagged) or 0 (stale)
+ARGV[1] retention ms, ARGV[2] n, then 2 per job: id, token; or n = 0, then a worker's name and
+a claim's id: every job that claim leased to that worker (claim.lua marks them), which never
+reached it (the claim's reply was lost): the budget counts runs, and nobody ran them
+Returns: per job 1 (released, or cancelled when flagged; also when this release already did:
+        a replay after a lost reply) or 0 (stale); for a lost claim, how many it handed back
 ]]
 local base, active, ring, wake, done, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local retention, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 local out, ready = {}, 0
-for i = 0, n - 1 do
-  local id, token = ARGV[3 + i * 2], ARGV[4 + i * 2]
+local jobs = {}
+if n == 0 and ARGV[4] then  -- (rare: a scan of the shard's leases)
+  for _, id in ipairs(redis.call('ZRANGE', active, 0, -1)) do
+    local r = redis.call('HMGET', job_key(base, id), 'worker', 'claim', 'attempts')
+    if r[1] == ARGV[3] and r[2] == ARGV[4] then jobs[#jobs + 1] = {id, r[3]} end
+  end
+else
+  for i = 0, n - 1 do jobs[#jobs + 1] = {ARGV[3 + i * 2], ARGV[4 + i * 2]} end
+end
+for _, job in ipairs(jobs) do
+  local id, token = job[1], job[2]
   local jk = job_key(base, id)
-  local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'uncharged', 'slot', 'lane')
+  local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'uncharged', 'slot', 'lane',
+    'worker')
   if row[1] == 'active' and row[2] == token then
     redis.call('ZREM', active, id)
     ready = ready + free_slot(base, ring, row[5], row[6])
@@ -33,9 +46,12 @@ for i = 0, n - 1 do
       ready = ready + 1
     end
     out[#out + 1] = 1
+  elseif row[2] == token and row[7] == '' and (row[1] == 'pending' or row[1] == 'cancelled') then
+    out[#out + 1] = 1  -- released by this very call, sent again after its reply was lost
   else
     out[#out + 1] = 0
   end
 end
 wake_workers(wake, ready)
+if n == 0 and ARGV[4] then return #jobs end
 return out

@@ -1,6 +1,7 @@
 --[[ reprioritize (operator): change a job's priority in place; a waiting job is rescored.
 KEYS[1] base    prefix  emq:{q}; rows base:job:<id>, lanes base:pending / base:lane:<l>
-ARGV[1] id, ARGV[2] priority (-100…100)
+ARGV[1] id, ARGV[2] priority (-100…100), ARGV[3] the call's id (unused: a replay sets the same
+priority again, and answers as the first call did)
 Returns: 'ok:<state>', 'missing', or 'state:<state>' for a finished job
 ]]
 local base = KEYS[1]

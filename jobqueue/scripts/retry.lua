@@ -8,12 +8,17 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
 KEYS[2] dead    ZSET    id -> finished ms
 KEYS[3] ring    LIST    lanes with ready work
 KEYS[4] wake    LIST    wake tokens
-ARGV[1] id
+ARGV[1] id, ARGV[2] the call's own id ('' = none): its answer is kept a minute in
+base:op:<call id>, so that the call sent again after its reply was lost answers as it did (a
+replay would find the job pending)
 Returns: 'ok:pending', 'ok:waiting', 'missing', 'state:<current state>' when the state does not
         allow it, or 'corrupt:attempts' when the row's attempts is unreadable
 ]]
 local base, dead, ring, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
+local op = (ARGV[2] or '') ~= '' and base .. ':op:' .. ARGV[2]
+local seen = op and redis.call('GET', op)
+if seen then return seen end
 local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'attempts', 'unique_key')
 if not row[1] then return 'missing' end
@@ -38,8 +43,10 @@ if redis.call('HEXISTS', jk, 'blocked_by') == 1 and redis.call('SCARD', deps) > 
   redis.call('PERSIST', deps)
   redis.call('PERSIST', base .. ':results:' .. id)
   redis.call('SADD', base .. ':waiting', id)
+  if op then redis.call('SET', op, 'ok:waiting', 'PX', 60000) end
   return 'ok:waiting'
 end
 make_ready(base, ring, jk, id, now)
 wake_workers(wake, 1)
+if op then redis.call('SET', op, 'ok:pending', 'PX', 60000) end
 return 'ok:pending'

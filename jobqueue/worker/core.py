@@ -59,6 +59,8 @@ def _wait_for_valkey(served: Served, stop: threading.Event, exc: Exception) -> N
         try:
             if served.queues:
                 served.queues[0].client.ping()
+            for queue in served.queues:  # (the jobs of a claim whose reply was lost go back)
+                queue.lost_claims.recover(queue.client, queue.name)
             log.info("Valkey is back")
             return
         except VALKEY_DOWN:
@@ -316,8 +318,10 @@ class Worker:
     def _drain(self) -> None:
         """Hand back prefetched jobs at once, let running jobs finish within the grace period,
         then end what still runs where it can (`Runners.abandon`) and release it."""
-        with contextlib.suppress(RedisError):
+        with contextlib.suppress(RedisError):  # (Valkey down: their leases will lapse instead)
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
+            for queue in self.served.queues:  # (and those of a claim whose reply was lost)
+                queue.lost_claims.recover(queue.client, queue.name)
         unstarted = self._runners.take_unstarted() if self._runners else []
         try:
             self._release(unstarted)

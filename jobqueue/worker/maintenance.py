@@ -16,7 +16,6 @@ import logging
 import os
 import socket
 import time
-from datetime import UTC, datetime
 
 from django.db import DatabaseError
 
@@ -149,8 +148,9 @@ class Maintenance:
         if not entries or self._config.burst:  # a --burst run drains; it does not start work
             self._next_fire = float("inf")
             return
-        schedule.fire_due(entries, get_client())
-        now = datetime.now(UTC)
+        client = get_client()
+        schedule.fire_due(entries, client)
+        now = schedule.server_now(client)  # (Valkey's clock, never this worker's)
         ticks = [tick for entry in entries.values() if (tick := entry.next_tick(now)) is not None]
         until = min(((tick - now).total_seconds() + 0.002 for tick in ticks),
                     default=self._config.maintenance_every)
