@@ -78,7 +78,7 @@ def enqueue_entry(entry: Entry, unique_key: str | None = None) -> str:
 
 def server_now(client: Any) -> datetime:
     """Valkey's time (that of the node holding the schedules' state)."""
-    ms = int(client.eval(_NOW, 1, STATE_KEY))
+    ms = int(client.register_script(_NOW)(keys=[STATE_KEY]))
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
@@ -119,8 +119,8 @@ def _record(client: Any, name: str, tick_ms: int, job_id: str) -> None:
     """Set the entry's last tick, in one step on Valkey (`_RECORD`): never back, and never into
     Valkey's future. A tick two workers both fire is enqueued under the same unique key, which
     returns the same job while its row lives (`RETENTION`, a day by default): it runs once."""
-    client.eval(_RECORD, 1, STATE_KEY, name, tick_ms,
-                json.dumps({"last": tick_ms, "job": job_id}), SLACK_MS)
+    client.register_script(_RECORD)(keys=[STATE_KEY], args=[
+        name, tick_ms, json.dumps({"last": tick_ms, "job": job_id}), SLACK_MS])
 
 
 def run_now(entry: Entry, client: Any) -> str:
