@@ -222,14 +222,40 @@ local function keep_flow(base, flow, retention_ms)
   end
 end
 
--- A payload with `arg` (JSON text) as its first argument. The payload is the handler's own
--- compact JSON, `{"handler":…,"args":[…],…}`: the handler's name is a string (its quotes
--- escaped), so the first `"args":[` in the text is the top-level one.
+-- A payload with `arg` (JSON text) as its first argument: spliced into its own (top-level) args,
+-- or given args of its own when it has none (a step of kwargs only). The scan for its args jumps
+-- from one string or bracket to the next (string.find skips the rest), so a key named "args"
+-- inside a kwarg, or the text of a string, is never taken for them. A payload that is no JSON
+-- object stays as it is (the worker that claims it says what is wrong with it). (One function:
+-- the acks and claims that carry it define it at every call, and only a release runs it.)
 local function with_first_arg(payload, arg)
-  local _, b = string.find(payload, '"args":[', 1, true)
-  if not b then return '{"args":[' .. arg .. '],' .. string.sub(payload, 2) end
+  local depth, at, b = 0, 1, nil
+  while not b do
+    local s, _, c = string.find(payload, '(["{}%[%]])', at)
+    if not s then break end
+    if c == '"' then
+      local e = s + 1
+      while true do  -- to the string's closing quote, over its escapes
+        local q = string.find(payload, '["\\]', e)
+        if not q then return payload end
+        if string.byte(payload, q) == 92 then e = q + 2 else e = q; break end
+      end
+      at = e + 1
+      if depth == 1 and e - s == 5 and string.sub(payload, s + 1, e - 1) == 'args' then
+        b = select(2, string.find(payload, '^%s*:%s*%[', at))
+      end
+    else
+      depth = depth + ((c == '{' or c == '[') and 1 or -1)
+      at = s + 1
+    end
+  end
+  if not b then
+    local rest = string.match(payload, '^%s*{(.*)$')
+    if not rest then return payload end
+    return '{"args":[' .. arg .. ']' .. (string.find(rest, '^%s*}') and '' or ',') .. rest
+  end
   local rest = string.sub(payload, b + 1)
-  if string.sub(rest, 1, 1) == ']' then return string.sub(payload, 1, b) .. arg .. rest end
+  if string.find(rest, '^%s*]') then return string.sub(payload, 1, b) .. arg .. rest end
   return string.sub(payload, 1, b) .. arg .. ',' .. rest
 end
 

@@ -267,3 +267,9 @@ def record_chord(results: list[Any], effects_url: str) -> int:
     client.rpush("chord:runs", json.dumps(results))
     client.close()
     return len(results)
+
+
+@job(max_attempts=1)
+def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """What it was called with (the flow tests check what a step got)."""
+    return {"args": list(args), "kwargs": kwargs}
