@@ -84,6 +84,31 @@ def test_the_previous_result_goes_into_the_top_level_args_only(valkey_url: str) 
                                       "kwargs": {"config": nested}}
 
 
+def server_ms(queue: Queue) -> int:
+    seconds, micros = queue.client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_flow_jobs_expire_as_any_job_does(valkey_url: str) -> None:
+    """`expires` on a flow's job (a group's member, a step, a `depends_on` job) holds as on any
+    job: not started by then, it ends `expired`, and what waits for it follows its policy."""
+    queue = Queue("default")
+    a = jobs.add.enqueue(1, 1)
+    grouped = group([jobs.add.using(expires=0.05).s(1, 2), jobs.add.s(2, 2)]).enqueue()
+    chained = chain(jobs.add.using(expires=0.05).s(1, 2), jobs.mul.s(2)).enqueue()
+    d = jobs.add.using(depends_on=[a], expires=0.05).enqueue(5, 5)
+    late = [grouped.refs[0].id, flows.members(chained.id)[0].id, d.id]
+    ends = [queue.get(job_id).expires_at for job_id in late]  # type: ignore[union-attr]
+    assert None not in ends
+    wait_for(lambda: server_ms(queue) > max(end.timestamp() * 1000 for end in ends))  # type: ignore[union-attr]
+    run_all(queue)
+    assert [queue.get(job_id).state for job_id in late] == ["expired"] * 3  # type: ignore[union-attr]
+    assert grouped.refs[1].result(timeout=5) == 4 and a.result(timeout=5) == 2
+    with pytest.raises(JobFailed) as failed:
+        chained.result(timeout=5)
+    assert failed.value.state == "cancelled" and "expired" in failed.value.error
+
+
 def test_a_group_answers_its_results_in_order(valkey_url: str) -> None:
     queue = Queue("wide")
     ref = group([jobs.add.using(queue="wide").s(i, 1) for i in range(20)]).enqueue()

@@ -30,12 +30,13 @@ ARGV[1] flow id ('' = none: no base:flow:<id> index), ARGV[2] retention ms, ARGV
         the queue's), lease_ms, delay_ms, takes ('' | 'first' | 'list': what its members'
         outcomes become, see release_job), slots (how many), position (in the flow's index), d
         = number of members, then 4 per member: id, slot, policy ('f' fail | 'i' ignore | 'c'
-        continue), its shard ('' this one, else the index of the other shard it is on); then
-        k = number of outcomes, then 3 per outcome: member id, state ('succeeded' | 'dead' |
-        'cancelled' | 'expired'), value (its result as JSON when it succeeded, else its last
-        error): used only for a member Valkey does not hold; then l = number of links, then 5
-        per link: member id (of this shard), dependent id, slot, policy, the dependent's shard
-        ('' this one)
+        continue), its shard ('' this one, else the index of the other shard it is on), then
+        its expires_ms (0 = never; else the row's expires_at = now + it, which the claim
+        checks); then k = number of outcomes, then 3 per outcome: member id, state
+        ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (its result as JSON when it
+        succeeded, else its last error): used only for a member Valkey does not hold; then l =
+        number of links, then 5 per link: member id (of this shard), dependent id, slot,
+        policy, the dependent's shard ('' this one)
 Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written, entries forwarded},
         or {0, 'moved'} (the shard is draining and jobs were to be written: re-read the
         layout), {0, 'exists', id} (mode 'new': a job id already taken), {0, 'missing', id} (a
@@ -50,7 +51,7 @@ if flags[1] and n > 0 then return {0, 'moved'} end
 
 -- The outcomes of members Valkey may no longer hold, by id; where the links start.
 local known, o = {}, 5
-for _ = 1, n do o = o + 12 + tonumber(ARGV[o + 11]) * 4 end
+for _ = 1, n do o = o + 13 + tonumber(ARGV[o + 11]) * 4 end
 for i = 0, tonumber(ARGV[o]) - 1 do
   known[ARGV[o + 1 + i * 3]] = {ARGV[o + 2 + i * 3], ARGV[o + 3 + i * 3]}
 end
@@ -73,7 +74,7 @@ for _ = 1, n do
     end
   end
   mine[ARGV[o]] = true
-  o = o + 12 + d * 4
+  o = o + 13 + d * 4
 end
 for i = 0, tonumber(ARGV[links]) - 1 do
   local member = ARGV[links + 1 + i * 5]
@@ -97,6 +98,8 @@ local function write_job(job)
   put(row, 'lease_ms', ARGV[a + 6], '0'); put(row, 'flow', flow, '')
   put(row, 'takes', ARGV[a + 8], ''); put(row, 'slots', ARGV[a + 9], '0')
   if state == 'scheduled' then put(row, 'run_after', now + delay, nil) end
+  local expires = tonumber(ARGV[a + 12 + job.d * 4])
+  if expires > 0 then put(row, 'expires_at', now + expires, nil) end
   redis.call('HSET', job_key(base, id), unpack(row))
   if flow ~= '' then redis.call('ZADD', base .. ':flow:' .. flow, ARGV[a + 10], id) end
   for m = 0, job.d - 1 do
