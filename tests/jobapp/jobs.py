@@ -273,3 +273,12 @@ def record_chord(results: list[Any], effects_url: str) -> int:
 def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """What it was called with (the flow tests check what a step got)."""
     return {"args": list(args), "kwargs": kwargs}
+
+
+@job(takes_context=True)
+def reports_then_waits(ctx: JobContext, value: Any, path: str) -> Any:
+    """Reports `value` as its last progress, then works until `path` exists."""
+    ctx.progress(value)
+    while not Path(path).exists():
+        time.sleep(0.02)
+    return value
