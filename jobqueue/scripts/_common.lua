@@ -439,9 +439,9 @@ local function bury(base, dead, done, meta, jk, id, field, now, retention_ms)
 end
 
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
--- per job. Answers per job: 2 recorded, and it forwarded outcomes to dependents on other shards
--- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an
--- operator flagged it; also when this attempt already succeeded: a retry after a lost reply)
+-- per job. Answers per job: 1 recorded succeeded (also when this attempt already succeeded: a
+-- retry after a lost reply), 3 recorded cancelled (an operator flagged it), each plus 1 when it
+-- forwarded outcomes to dependents on other shards (the worker relays them at once: relay.py),
 -- or 0 (stale: the lease was lost and the job may have run again elsewhere); and how many lanes
 -- held at their cap came back on the ring (the caller wakes workers for them). `now`: the
 -- caller's clock reading, if it has one.
@@ -458,9 +458,10 @@ local function ack_jobs(base, active, done, meta, ring, retention, at, now)
       local before = forwarded
       redis.call('ZREM', active, id)
       back = back + free_slot(base, ring, row[4], row[5])
-      finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
+      local cancelled = row[3] == '1'
+      finish(base, done, meta, jk, id, cancelled and 'cancelled' or 'succeeded', now,
         retention, result, true)
-      out[#out + 1] = (forwarded > before) and 2 or 1
+      out[#out + 1] = (cancelled and 3 or 1) + ((forwarded > before) and 1 or 0)
     elseif row[2] == token and row[1] == 'succeeded' then
       out[#out + 1] = 1  -- this very success, sent again after its reply was lost
     else
