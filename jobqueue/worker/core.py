@@ -347,6 +347,7 @@ class Worker:
     def _stop_threads(self) -> None:
         self._threads_stop.set()
         self.held.room.set()
+        self.held.sooner.set()
         PROGRESS.wake()
         deadline = time.monotonic() + 15
         for thread in self._threads:

@@ -282,3 +282,15 @@ def reports_then_waits(ctx: JobContext, value: Any, path: str) -> Any:
     while not Path(path).exists():
         time.sleep(0.02)
     return value
+
+
+@job(takes_context=True, max_attempts=5, backoff=0)
+def held_per_attempt(ctx: JobContext, path: str) -> int:
+    """Reports its attempt as progress, then works until `<path>.<attempt>` exists: a test ends
+    each run when it chooses. The first run then fails (a run whose lease lapsed, ending late)."""
+    ctx.progress(ctx.attempt)
+    while not Path(f"{path}.{ctx.attempt}").exists():
+        time.sleep(0.02)
+    if ctx.attempt == 1:
+        raise RuntimeError("the first run ends late")
+    return ctx.attempt
