@@ -285,28 +285,20 @@ class Worker:
             self._tick.set()  # it ends the waiters' plain waits, to wait with an offer again)
 
     def _submit(self, leases: list[Lease]) -> None:
-        """Run claimed jobs (under the claim lock); a worker that held none is busy now, and
-        withdraws the offers its idle waits made on other shards (`Waiters.withdraw_offers`)."""
         assert self._runners is not None
-        idle = not self.held.jobs
-        self.held.add(leases)
-        self._runners.submit(leases)
-        if idle and leases:
+        if self.held.add(leases):  # busy now: its idle offers on other shards go first
             self.waiters.withdraw_offers()
+        self._runners.submit(leases)
 
     def _take(self, queue: Queue, leases: list[Lease]) -> None:
-        """Run the jobs a hand-off brought, as many as the worker has room for (offers it had
-        no time to withdraw may bring more), and hand back the rest, or all of them when the
-        worker stops (as it does those a stopping waiter found handed to it)."""
+        """Run the jobs a hand-off brought, or hand them back when the worker stops (as it
+        does those a stopping waiter found handed to it)."""
         with self._claim_lock:
             if not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
                 self._drained.clear(queue.name)
-                room = max(self.config.capacity - len(self.held.jobs), 0)
-                if room:
-                    self._submit(leases[:room])
-                leases = leases[room:]
-        if leases:
-            self._release(leases)
+                self._submit(leases)
+                return
+        self._release(leases)
 
     def _claim_woken(self, queue: Queue, index: int) -> None:
         """A waiter got a token: claim from its shard on its thread rather than wake the main
@@ -355,8 +347,7 @@ class Worker:
 
     def _stop_threads(self) -> None:
         self._threads_stop.set()
-        self.held.room.set()
-        self.held.sooner.set()
+        self.held.wake()
         PROGRESS.wake()
         deadline = time.monotonic() + 15
         for thread in self._threads:

@@ -139,8 +139,10 @@ class HeldJobs:
         """Set when a job joins whose lease is shorter than `planned` (the heartbeat must plan
         its wait again, or that lease lapses first), and when the worker stops."""
 
-    def add(self, leases: list[Lease]) -> None:
+    def add(self, leases: list[Lease]) -> bool:
+        """Hold claimed jobs; whether the worker held none before (it is busy now)."""
         with self.lock:
+            fell_busy = bool(leases) and not self.jobs
             for lease in leases:
                 key = (lease.job_id, lease.token)
                 if key not in self.jobs:
@@ -151,6 +153,7 @@ class HeldJobs:
                         self.sooner.set()
             if len(self.jobs) >= self.capacity:
                 self.room.clear()
+        return fell_busy
 
     def forget(self, leases: Iterable[Lease]) -> None:
         """Drop jobs the worker no longer holds (recorded or released); their slots are free."""
@@ -160,6 +163,11 @@ class HeldJobs:
                     self.per_queue[lease.queue] -= 1
             if not self.room.is_set():  # (set() takes its lock and notifies even when set)
                 self.room.set()
+
+    def wake(self) -> None:
+        """The worker stops: end the waits on these jobs' room (waiters) and leases (heartbeat)."""
+        self.room.set()
+        self.sooner.set()
 
     def leases(self, most: int | None = None) -> list[Lease]:
         """The leases held (the first `most` of them)."""

@@ -208,7 +208,9 @@ class Waiters:
 
     def _arrived(self, lines: Lines, replies: list[Any], *, offered: bool) -> Woke:
         """What a wait's replies brought (`handoff.after_wait`); a job handed over is taken here.
-        `offered`: the wait began with an offer, whose reply comes first."""
+        `offered`: the wait began with an offer, whose reply comes first (the wait is over: it
+        is no offer `withdraw_offers` should end)."""
+        self._offered_waits.pop((lines.queue.name, lines.index), None)
         got = handoff.after_wait(lines.queue.shard(lines.index),
                                  self._past_offer(lines, replies) if offered else replies)
         if isinstance(got, list):
@@ -272,7 +274,7 @@ class Waiters:
                         pipe.hdel(idle, self._config.name)
                         pipe.client_unblock(conn_id)
                     pipe.execute()
-            except RedisError as exc:  # (the offers end with their waits; `_take` keeps room)
+            except RedisError as exc:  # (the offers end with their waits, IDLE_WAIT at most)
                 log.debug("could not withdraw idle offers: %r", exc)
 
     def unblock(self, every: bool = False) -> None:
