@@ -261,8 +261,8 @@ end
 
 -- A waiting job whose dependencies are done becomes pending: its members' outcomes go in as its
 -- first argument ('first': the one slot, a chain's step; 'list': every slot in order, a
--- chord's callback), and its flow keys go. Also revives a job a failed member had cancelled,
--- once an operator's retry of that member succeeded.
+-- chord's callback), and its flow keys go. (Also an operator's retry of a job cancelled while it
+-- waited, once its members are done.)
 local function release_job(base, dep, now)
   local dk = job_key(base, dep)
   local row = redis.call('HMGET', dk, 'payload', 'takes', 'slots')
@@ -278,7 +278,7 @@ local function release_job(base, dep, now)
     end
     redis.call('HSET', dk, 'payload', with_first_arg(row[1] or '{}', arg))
   end
-  redis.call('HDEL', dk, 'takes', 'slots', 'blocked_by', 'finished_at')
+  redis.call('HDEL', dk, 'takes', 'slots', 'blocked_by', 'waited', 'finished_at')
   redis.call('PERSIST', dk)
   redis.call('DEL', rk, base .. ':deps:' .. dep)
   redis.call('SREM', base .. ':waiting', dep)
@@ -322,37 +322,72 @@ local function fenced(rk, index, token)
   return false
 end
 
+-- How many jobs this call brought back to waiting (see edge_done): deliver.lua answers it per
+-- entry, so the relay claims from the dependent's shard again if a resize retired it meanwhile.
+local revived = 0
+
 -- One edge member -> dependent, the dependent on this shard: it takes the member's outcome into
 -- its slot and drops the member from its set of pending members (a set: a replayed finish or a
 -- replayed delivery removes nothing twice, so it releases nothing twice); a job whose set
--- empties is released here. A member that failed (dead, cancelled) cancels the job under
--- policy 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases it at
--- once under 'c' (continue). An outcome older than the slot's last (`token`: fenced) changes
--- nothing. Returns true when the job is to be cancelled (the caller's finish() does, and so on
--- down the flow).
+-- empties is released here. A member that failed (dead, cancelled, expired) cancels the job
+-- under policy 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases
+-- it at once under 'c' (continue); under 'f' it stays in the set, its slot marked failed
+-- ('f<slot>' in the results hash, counted in 'failed'), until a retry of it succeeds. A job
+-- cancelled while it waited (by an operator or by a member's failure: `waited`, or `blocked_by`
+-- on a row written before it) keeps its sets, with its row's retention, and takes every outcome
+-- still, so that a retry of it waits only for what is not done (retry.lua). One a member's
+-- failure cancelled (`blocked_by`) comes back once no failed member holds it (the member an
+-- operator retried has succeeded): waiting again, its `done` event saying so (a durable row
+-- reopens with it, and a restore brings it back waiting for what its members have not done: its
+-- payload is still the one their outcomes have not been put into); an operator's cancel stays.
+-- An outcome older than the slot's last (`token`: fenced) changes nothing. Returns true when the
+-- job is to be cancelled (the caller's finish() does, and so on down the flow).
 local function edge_done(base, id, state, slot, dep, index, policy, now, retention_ms, token)
   local ok = state == 'succeeded'
   local dk, pending, rk = job_key(base, dep), base .. ':deps:' .. dep, base .. ':results:' .. dep
-  local row = redis.call('HMGET', dk, 'state', 'blocked_by')
-  local blocked = row[1] == 'cancelled' and row[2] and row[2] ~= ''
-  if (row[1] ~= 'waiting' and not (ok and blocked)) or fenced(rk, index, token) then
-    return false
-  end
+  local row = redis.call('HMGET', dk, 'state', 'blocked_by', 'waited', 'flow')
+  local blocked = (row[2] or '') ~= ''
+  local kept = row[1] == 'cancelled' and (row[3] == '1' or blocked)
+  if (row[1] ~= 'waiting' and not kept) or fenced(rk, index, token) then return false end
   if not ok and policy == 'f' then
-    redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state,
-      'blocked_by', id)
-    redis.call('SREM', base .. ':waiting', dep)
-    if retention_ms and retention_ms > 0 then
-      redis.call('PEXPIRE', pending, retention_ms)
-      redis.call('PEXPIRE', rk, retention_ms)
+    if redis.call('HSETNX', rk, 'f' .. index, 1) == 1 then redis.call('HINCRBY', rk, 'failed', 1) end
+    if not kept then
+      redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state,
+        'blocked_by', id, 'waited', '1')
+      redis.call('SREM', base .. ':waiting', dep)
+      if retention_ms and retention_ms > 0 then
+        redis.call('PEXPIRE', pending, retention_ms)
+        redis.call('PEXPIRE', rk, retention_ms)
+      end
+      return true
     end
-    return true
+  else
+    if redis.call('HDEL', rk, 'f' .. index) == 1 then redis.call('HINCRBY', rk, 'failed', -1) end
+    redis.call('HSET', rk, index, slot)
+    local removed = redis.call('SREM', pending, id) == 1
+    local ready = (not ok and policy == 'c') or redis.call('SCARD', pending) == 0
+    if not kept then
+      if removed and ready then release_job(base, dep, now) end
+      return false
+    end
+    if blocked and (tonumber(redis.call('HGET', rk, 'failed')) or 0) <= 0 then  -- it comes back
+      redis.call('HSET', dk, 'state', 'waiting')
+      redis.call('HDEL', dk, 'blocked_by', 'waited', 'finished_at')
+      redis.call('PERSIST', dk)
+      redis.call('PERSIST', pending)
+      redis.call('PERSIST', rk)
+      if row[4] then redis.call('PERSIST', base .. ':flow:' .. row[4]) end
+      redis.call('SADD', base .. ':waiting', dep)
+      redis.call('XADD', base .. ':done', '*', 'id', dep, unpack(redis.call('HGETALL', dk)))
+      revived = revived + 1
+      if ready then release_job(base, dep, now) end
+      return false
+    end
   end
-  redis.call('HSET', rk, index, slot)
-  local removed = redis.call('SREM', pending, id) == 1
-  if (removed or blocked)
-      and ((not ok and policy == 'c') or redis.call('SCARD', pending) == 0) then
-    release_job(base, dep, now)
+  local ttl = redis.call('PTTL', dk)  -- (its sets go with its row)
+  if ttl > 0 then
+    redis.call('PEXPIRE', rk, ttl)
+    redis.call('PEXPIRE', pending, ttl)
   end
   return false
 end
