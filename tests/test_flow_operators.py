@@ -17,7 +17,6 @@ from jobqueue.models import Job
 from tests.jobapp import jobs
 
 from .test_flows import run_all
-from .test_flows_shards import lane_on
 from .workers import manage
 
 
