@@ -127,6 +127,24 @@ def test_a_dependent_that_comes_back_on_a_retired_shard_is_claimed_there(pair: Q
     assert d.result(timeout=5) == 3
 
 
+def test_a_job_made_to_wait_for_a_dead_job_on_another_shard_runs_once_its_retry_succeeds(
+        pair: Queue) -> None:
+    # (Found by test_flow_machine.py: the link to a member that had ended already applied its
+    # outcome without writing the edge on its row, so its retry's success reached no one.)
+    lane = {index: next(f"l{n}" for n in range(1000) if layouts.placement_hash(f"l{n}") % 2 == index)
+            for index in (0, 1)}
+    m = jobs.fails_with.using(queue="pair", lane=lane[0]).enqueue("x")
+    [lease] = pair.dequeue(count=5)
+    assert pair.nack(lease, "x", fatal=True) == "dead"
+    d = jobs.add.using(queue="pair", lane=lane[1], depends_on=[m]).enqueue(1, 2)
+    assert state(pair, d.id) == "cancelled"  # (its member had failed already)
+    assert pair.retry(m.id) == "pending"
+    [again] = pair.dequeue(count=5)
+    assert pair.ack_encoded([(again, "1")]) == [2] and relay.relay_shard(pair, 0) == 1
+    run_all(pair)
+    assert d.result(timeout=5) == 3
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_durable_dependent_that_comes_back_is_unfinished_in_its_row_and_restored(
         valkey_server: Any, settings: Any) -> None:

@@ -7,9 +7,9 @@ here, or come with its outcome (a durable queue's member that finished and that 
 holds: its database row's); one that already finished is applied at once. A member on another
 shard is only named in the dependent's set here: its edge is written by a link in the call on
 its own shard (dag.py sends that call once the dependent is written). A link adds the edge
-'<dep>:<slot>:<policy>:<shard>' to a member of this shard (written in this call, or live here;
-once only), or, for a member that finished already (or has a given outcome), forwards that
-outcome at once (base:forward, relay.py). A link whose dependent's shard is '' names a dependent
+'<dep>:<slot>:<policy>:<shard>' to a member of this shard (written in this call, or held here,
+finished or not; once only), and for a member that finished already (or has a given outcome)
+forwards that outcome at once (base:forward, relay.py). A link whose dependent's shard is '' names a dependent
 of this shard written by an earlier call (the member was placed here after a resize turned its
 first call away): its edge is a same-shard one, its outcome applied here.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
@@ -139,8 +139,10 @@ for _, f in ipairs(finished) do
     finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
   end
 end
--- The links: an edge on a member that has yet to finish, else its outcome applied now (to a
--- dependent of this shard: shard '') or forwarded.
+-- The links: an edge on the member's row (once), and for a member that has finished already its
+-- outcome applied now (to a dependent of this shard: shard '') or forwarded. (The edge is written
+-- on a finished member too: an operator's retry of a failed one that then succeeds brings back
+-- the dependent its failure cancelled.)
 for i = 0, tonumber(ARGV[links]) - 1 do
   local at = links + 1 + i * 5
   local member, dep, slot, policy, shard = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
@@ -148,13 +150,13 @@ for i = 0, tonumber(ARGV[links]) - 1 do
   local mk = job_key(base, member)
   local edge = dep .. ':' .. slot .. ':' .. policy .. (shard ~= '' and (':' .. shard) or '')
   local row = redis.call('HMGET', mk, 'state', 'dependents', 'result', 'attempts')
-  if row[1] == 'pending' or row[1] == 'scheduled' or row[1] == 'active' or row[1] == 'waiting' then
-    if not row[2] then
-      redis.call('HSET', mk, 'dependents', edge)
-    elseif not string.find(' ' .. row[2] .. ' ', ' ' .. edge .. ' ', 1, true) then
-      redis.call('HSET', mk, 'dependents', row[2] .. ' ' .. edge)
-    end
-  else
+  if row[1] and not row[2] then
+    redis.call('HSET', mk, 'dependents', edge)
+  elseif row[1] and not string.find(' ' .. row[2] .. ' ', ' ' .. edge .. ' ', 1, true) then
+    redis.call('HSET', mk, 'dependents', row[2] .. ' ' .. edge)
+  end
+  if row[1] ~= 'pending' and row[1] ~= 'scheduled' and row[1] ~= 'active'
+      and row[1] ~= 'waiting' then
     local k = row[1] and {row[1], row[3]} or known[member]
     local ok = k[1] == 'succeeded'
     local err = not row[1] and not ok and k[2] or nil
