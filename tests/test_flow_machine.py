@@ -15,7 +15,8 @@ time passing a job's expiry. After every step:
   empty; `counts()["waiting"]` counts the waiting jobs.
 
 At the end, every ready job run: a job still waiting waits for a member that failed (which only
-a retry of it can bring back), and none is pending where no claim looks.
+a retry of it can bring back), or for one that waits so, and none is pending where no claim
+looks.
 """
 
 from __future__ import annotations
@@ -333,8 +334,15 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
                     break
             for job in self.jobs.values():
                 assert job.state not in ("pending", "active"), (job, self.queue.layout(fresh=True))
-                if job.state == "waiting":
-                    assert any(self.jobs[m].state in FAILED for m in self.deps(job)), job
+                assert job.state != "waiting" or self.held_by_a_failure(job), (
+                    job, {m: self.jobs[m].state for m in self.deps(job)})
+
+        def held_by_a_failure(self, job: Job) -> bool:
+            """Whether a waiting job waits for a member that failed, or for one that waits for
+            such a member (only a retry of it brings it back)."""
+            return any(self.jobs[m].state in FAILED
+                       or (self.jobs[m].state == "waiting" and self.held_by_a_failure(self.jobs[m]))
+                       for m in self.deps(job))
 
         def deps(self, job: Job) -> set[str]:
             return set(client.smembers(self.queue.shard(job.shard or 0).key(f"deps:{job.id}")))
