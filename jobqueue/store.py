@@ -339,7 +339,8 @@ class Queue:
             return self._operator("retry", job_id, [job_id], index)
 
     def reprioritize(self, job_id: str, priority: int) -> str:
-        """Change a waiting (or running) job's priority in place."""
+        """Change a job's priority in place: pending (rescored), scheduled, running or waiting
+        for its dependencies (for when it is ready)."""
         return self._operator("reprioritize", job_id, [job_id, validate_priority(priority)])
 
     def cancel(self, job_id: str) -> str:

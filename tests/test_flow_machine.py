@@ -306,7 +306,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
                 try:
                     self.queue.reprioritize(job.id, priority)
                 except InvalidTransition:
-                    assert job.state not in ("pending", "scheduled", "active"), job
+                    assert job.state not in LIVE, job
 
         @rule(pick=st.integers(0, 1000))
         def cancel_flow(self, pick: int) -> None:

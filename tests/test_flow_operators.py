@@ -98,6 +98,18 @@ def test_a_retry_after_flows_cancel_brings_back_nothing_the_operator_cancelled(
     assert cancelled == 2  # (counted: each cancel was made final)
 
 
+def test_a_waiting_job_takes_a_new_priority_for_when_it_is_released(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chain(jobs.add.s(1, 1), jobs.mul.s(2)).enqueue()
+    assert queue.reprioritize(ref.id, 7) == "waiting"
+    [first] = queue.dequeue(count=5)
+    other = jobs.add.enqueue(0, 0)  # (ready before the step is)
+    assert queue.ack(first, 2)
+    [step, _] = queue.dequeue(count=2)
+    assert step.job_id == ref.id and queue.get(ref.id).priority == 7  # type: ignore[union-attr]
+    assert queue.get(other.id).state == "active"  # type: ignore[union-attr]
+
+
 @pytest.fixture
 def pair(valkey_url: str, settings: Any) -> Queue:
     """A queue of 2 shards next to the `valkey_url` fixture's queues."""
