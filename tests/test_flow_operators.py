@@ -64,6 +64,22 @@ def test_a_depends_on_job_cancelled_then_retried_waits_for_its_running_dependenc
     assert d.result(timeout=5) == 10
 
 
+def test_a_continue_members_failure_while_its_callback_was_cancelled_runs_it_at_its_retry(
+        valkey_url: str) -> None:
+    # Under "continue" the first failure lets the callback run at once: one that came while the
+    # callback was cancelled still does, once an operator retries the callback.
+    queue = Queue("default")
+    ref = chord([jobs.fails_with.using(on_failure="continue").s("a"), jobs.add.s(1, 1)],
+                jobs.total.s()).enqueue()
+    members = {lease.payload["args"][0]: lease for lease in queue.dequeue(count=5)}
+    assert queue.cancel(ref.id) == "cancelled"
+    assert queue.nack(members["a"], "a broke", fatal=True) == "dead"
+    assert queue.retry(ref.id) == "pending"  # (not waiting for the other member)
+    [callback] = queue.dequeue(count=5)
+    [error, pending] = callback.payload["args"][0]
+    assert error["state"] == "dead" and "a broke" in error["error"] and pending is None
+
+
 def test_a_callback_a_member_cancelled_comes_back_when_its_retry_succeeds_after_another_failed(
         valkey_url: str) -> None:
     # flaky fails first (the callback is cancelled), then bad fails under "ignore": a retry of

@@ -335,11 +335,12 @@ local revived = 0
 -- ('f<slot>' in the results hash, counted in 'failed'), until a retry of it succeeds. A job
 -- cancelled while it waited (by an operator or by a member's failure: `waited`, or `blocked_by`
 -- on a row written before it) keeps its sets, with its row's retention, and takes every outcome
--- still, so that a retry of it waits only for what is not done (retry.lua). One a member's
--- failure cancelled (`blocked_by`) comes back once no failed member holds it (the member an
--- operator retried has succeeded): waiting again, its `done` event saying so (a durable row
--- reopens with it, and a restore brings it back waiting for what its members have not done: its
--- payload is still the one their outcomes have not been put into); an operator's cancel stays.
+-- still, so that a retry of it waits only for what is not done (retry.lua; a failure under 'c'
+-- that reached it marks it 'go': it runs at once then). One a member's failure cancelled
+-- (`blocked_by`) comes back once no failed member holds it (the member an operator retried has
+-- succeeded): waiting again, its `done` event saying so (a durable row reopens with it, and a
+-- restore brings it back waiting for what its members have not done: its payload is still the
+-- one their outcomes have not been put into); an operator's cancel stays.
 -- An outcome older than the slot's last (`token`: fenced) changes nothing. Returns true when the
 -- job is to be cancelled (the caller's finish() does, and so on down the flow).
 local function edge_done(base, id, state, slot, dep, index, policy, now, retention_ms, token)
@@ -370,6 +371,10 @@ local function edge_done(base, id, state, slot, dep, index, policy, now, retenti
       if removed and ready then release_job(base, dep, now) end
       return false
     end
+    if not ok and policy == 'c' then  -- (it runs at once when it comes back, or is retried)
+      redis.call('HSET', rk, 'go', '1')
+    end
+    ready = ready or redis.call('HEXISTS', rk, 'go') == 1
     if blocked and (tonumber(redis.call('HGET', rk, 'failed')) or 0) <= 0 then  -- it comes back
       redis.call('HSET', dk, 'state', 'waiting')
       redis.call('HDEL', dk, 'blocked_by', 'waited', 'finished_at')

@@ -4,8 +4,8 @@ budget (an expired one without its expiry).
 A job cancelled while it waited for its dependencies (by an operator, or by a member's failure:
 `waited`, or `blocked_by` on a row written before it; its sets took its members' outcomes since)
 waits again for the members that are not done (a member that failed under 'fail' counts as not
-done: it waits for a retry of it to succeed), or, all done, is released with their outcomes as
-any dependent is (release_job).
+done: it waits for a retry of it to succeed), or, all done (or one failed under 'continue'), is
+released with their outcomes as any dependent is (release_job).
 KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                         base:lane:<l>, unique keys base:uniq:<key>, base:uniqs, and a flow's
                         base:deps:<id>, base:results:<id>, base:waiting
@@ -37,7 +37,8 @@ redis.call('HSET', jk, 'uncharged', row[2] or 0, 'cancel', '0', 'finished_at', '
 redis.call('HDEL', jk, 'expires_at')
 local deps = base .. ':deps:' .. id
 if row[4] == '1' or (row[5] and row[5] ~= '') then
-  if redis.call('SCARD', deps) == 0 then
+  if redis.call('SCARD', deps) == 0
+      or redis.call('HEXISTS', base .. ':results:' .. id, 'go') == 1 then
     release_job(base, id, now)
     return 'ok:pending'
   end
