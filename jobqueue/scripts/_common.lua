@@ -351,7 +351,9 @@ local function edge_done(base, id, state, slot, dep, index, policy, now, retenti
   local kept = row[1] == 'cancelled' and (row[3] == '1' or blocked)
   if (row[1] ~= 'waiting' and not kept) or fenced(rk, index, token) then return false end
   if not ok and policy == 'f' then
-    if redis.call('HSETNX', rk, 'f' .. index, 1) == 1 then redis.call('HINCRBY', rk, 'failed', 1) end
+    if redis.call('HSETNX', rk, 'f' .. index, 1) == 1 then
+      redis.call('HINCRBY', rk, 'failed', 1)
+    end
     if not kept then
       redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state,
         'blocked_by', id, 'waited', '1')
