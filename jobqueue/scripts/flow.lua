@@ -10,8 +10,9 @@ its own shard (dag.py sends that call once the dependent is written). A link add
 '<dep>:<slot>:<policy>:<shard>' to a member of this shard (written in this call, or held here,
 finished or not: a retry of it may succeed; once only), and for a member that finished already
 (or has a given outcome) forwards that outcome at once (base:forward, relay.py). A link whose
-dependent's shard is '' names a dependent of this shard written by an earlier call (the member was placed here after a resize turned its
-first call away): its edge is a same-shard one, its outcome applied here.
+dependent's shard is '' names a dependent of this shard written by an earlier call (the member
+was placed here after a resize turned its first call away): its edge is a same-shard one, its
+outcome applied here.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                           base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>,
                           base:forward (outcomes for dependents on other shards), and
