@@ -369,6 +369,7 @@ def flow_queue(valkey_url: str, settings: Any) -> Any:
     return conf.get_client()
 
 
+@pytest.mark.slow
 def test_flows_keep_their_promises_whatever_operators_do(flow_queue: Any) -> None:
     run_state_machine_as_test(machine_for(flow_queue), settings=settings(
         max_examples=60, stateful_step_count=50, deadline=None, derandomize=True,
