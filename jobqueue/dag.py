@@ -208,6 +208,7 @@ class Writing:
             for member, slot, pol in node.members:
                 away = where.get(member)
                 args += [member, slot, pol, "" if away in (None, index) else away]
+            args.append(job.expires_ms)
         args.append(len(self.outcomes))
         for job_id, (state, value) in self.outcomes.items():
             args += [job_id, state, value]

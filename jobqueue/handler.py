@@ -106,8 +106,11 @@ class JobContext:
 
     @property
     def progress_unwritten(self) -> bool:
-        """Whether a progress value waits to be written."""
-        return self._progress is not None
+        """Whether a progress value waits to be written, or is being written (the progress
+        thread took it and its write has yet to land): the runner writes the one, and waits
+        for the other, before the outcome is recorded. (A value is taken only under `_sending`,
+        which is let go once its write is answered.)"""
+        return self._progress is not None or self._sending.locked()
 
     def flush_progress(self) -> bool:
         """Write the latest progress now if one is waiting; False when the lease was lost."""

@@ -32,6 +32,8 @@ from .records import json_field
 from .scripts import caller, source
 from .states import State
 
+FINISHED = (State.SUCCEEDED, State.DEAD, State.CANCELLED, State.EXPIRED)
+"""The states a mirror row answers `result()` with (every terminal one)."""
 WAIT_SLICE = 4.0
 """Seconds one BLPOP blocks at most: less than a pool's usual socket timeout (5 s); the wait
 then watches the row again and blocks anew."""
@@ -48,8 +50,9 @@ class JobRef:
 
     def result(self, timeout: float | None = None) -> Any:
         """The job's result once it has succeeded, waiting up to `timeout` seconds (None: as
-        long as it takes). Raises JobFailed when it ended dead or cancelled, TimeoutError when
-        it has not finished in time, JobNotFound when neither Valkey nor the mirror knows it."""
+        long as it takes). Raises JobFailed when it ended dead, cancelled or expired,
+        TimeoutError when it has not finished in time, JobNotFound when neither Valkey nor the
+        mirror knows it."""
         return wait(self.queue, self.id, timeout)
 
     async def aresult(self, timeout: float | None = None) -> Any:
@@ -107,7 +110,7 @@ def _from_mirror(queue: str, job_id: str) -> Any:
     from .models import Job
 
     row = Job.objects.filter(pk=job_id, queue=queue).first()
-    if row is None or row.state not in (State.SUCCEEDED, State.DEAD, State.CANCELLED):
+    if row is None or row.state not in FINISHED:
         raise JobNotFound(f"no job {job_id} in queue {queue!r} (nor in the mirror)")
     if row.state == State.SUCCEEDED:
         return row.result

@@ -16,6 +16,10 @@ of its members can forward to it (dag.py writes dependents first), so an entry w
 is not on its shard names one that expired or was deleted, or a node that lost data: it is
 kept until it is stale (see `_stale`), then dropped with a warning.
 
+A delivery that brings back a job a member's failure had cancelled (its member, retried by an
+operator, succeeded) makes the workers claim from its shard again (`layouts.reopen`), should a
+resize have retired that shard meanwhile, as an operator's retry of a job there does.
+
 Touches `:forward` (read, delete) and, through `deliver`, the dependents' shards.
 """
 
@@ -29,6 +33,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
+from . import layouts
 from .conf import get_config
 from .records import Lease
 from .scripts import caller
@@ -80,6 +85,8 @@ def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], s
         reply, kept = _deliver(queue, index, target, args)
         if int(reply[0]):
             onward.add(target)
+        if 2 in map(int, reply[1:]):  # (a job that waits again: claimed from there, retired or not)
+            layouts.reopen(queue.client, queue.name, queue.configured, target)
         for (entry_id, fields), applied in zip(batch, reply[1:], strict=True):
             if (int(applied) and kept) or _stale(entry_id, retention):
                 gone.append(entry_id)

@@ -32,6 +32,10 @@ from .spec import seconds as _seconds
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
+ACKED = {1: "succeeded", 2: "succeeded", 3: "cancelled", 4: "cancelled"}
+"""What an ack's answer recorded (0: nothing, the lease was stale); 2 and 4 also forwarded
+outcomes to dependents on other shards (relay.py)."""
+FORWARDED = (2, 4)
 READ_SLACK = 5.0
 """Seconds a wake wait's reply may take beyond the wait itself (the read timeout it gets)."""
 OPERATOR_SENDS = 3
@@ -262,7 +266,8 @@ class Queue:
 
     def ack_encoded(self, items: Sequence[tuple[Lease, str]]) -> list[int]:
         """`ack_many` for results already encoded as JSON (the worker encodes them once): per
-        job 0 stale, 1 recorded, 2 recorded and outcomes forwarded to other shards (relay.py)."""
+        job 0 stale, 1 recorded succeeded, 3 recorded cancelled (an operator flagged the run),
+        each plus 1 when outcomes were forwarded to other shards (`ACKED`, relay.py)."""
         return [int(ok) for ok in caller.run_by_shard(
             self.client, "ack", self.name, [_retention_ms()],
             [(lease.shard, [lease.job_id, lease.token, encoded]) for lease, encoded in items])]
@@ -339,7 +344,8 @@ class Queue:
         return answer
 
     def reprioritize(self, job_id: str, priority: int) -> str:
-        """Change a waiting (or running) job's priority in place."""
+        """Change a job's priority in place: pending (rescored), scheduled, running or waiting
+        for its dependencies (for when it is ready)."""
         return self._operator("reprioritize", job_id, [job_id, validate_priority(priority)])
 
     def cancel(self, job_id: str) -> str:

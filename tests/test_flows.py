@@ -10,13 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobqueue import Queue, chain, chord, flows, group, relay
+from jobqueue import Queue, chain, chord, dag, flows, group, relay
 from jobqueue.api import JobFunction, JobOptions
 from jobqueue.exceptions import InvalidFlow, InvalidJobId, JobFailed, UnknownHandler
 from jobqueue.flows import GroupRef
 from jobqueue.handler import write_progress
 from jobqueue.records import Lease
 from jobqueue.refs import JobRef
+from jobqueue.spec import JobSpec
 from jobqueue.worker.executor import execute
 from tests.jobapp import jobs
 
@@ -57,6 +58,55 @@ def test_a_chain_passes_each_result_to_the_next_step(valkey_url: str) -> None:
     run_all(queue)
     assert ref.result(timeout=5) == 200
     assert queue.counts()["waiting"] == 0
+
+
+def test_the_previous_result_goes_into_the_top_level_args_only(valkey_url: str) -> None:
+    """A step's kwargs may hold a key named "args" at any depth: the previous result is
+    spliced into the payload's own args, which a step of kwargs only does not have."""
+    queue = Queue("default")
+    nested = {"args": [1, 2], "deeper": [{"args": []}], "text": '"args":['}
+    only_kwargs = chain(jobs.add.s(40, 2), jobs.echo.s(config=nested)).enqueue()
+    both = chain(jobs.add.s(1, 1), jobs.echo.s("own", config=nested)).enqueue()
+    callback = chord([jobs.add.s(1, 2)], jobs.echo.s(config=nested)).enqueue()
+    run_all(queue)
+    assert only_kwargs.result(timeout=5) == {"args": [42], "kwargs": {"config": nested}}
+    assert both.result(timeout=5) == {"args": [2, "own"], "kwargs": {"config": nested}}
+    assert callback.result(timeout=5) == {"args": [[3]], "kwargs": {"config": nested}}
+    # Keys in another order (a payload read back from a PostgreSQL jsonb column sorts them),
+    # and escapes in strings before the args:
+    first = jobs.add.enqueue(2, 3)
+    payload = {"kwargs": {"config": nested}, "args": ['\\"args":[', "x"],
+               "handler": jobs.echo.name}
+    node = dag.Node(JobSpec(payload), ((first.id, 0, "f"),), "first", 1)
+    [late] = dag.enqueue(queue, [node], dag.checked(queue, [node]))
+    run_all(queue)
+    assert late.result(timeout=5) == {"args": [5, '\\"args":[', "x"],
+                                      "kwargs": {"config": nested}}
+
+
+def server_ms(queue: Queue) -> int:
+    seconds, micros = queue.client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_flow_jobs_expire_as_any_job_does(valkey_url: str) -> None:
+    """`expires` on a flow's job (a group's member, a step, a `depends_on` job) holds as on any
+    job: not started by then, it ends `expired`, and what waits for it follows its policy."""
+    queue = Queue("default")
+    a = jobs.add.enqueue(1, 1)
+    grouped = group([jobs.add.using(expires=0.05).s(1, 2), jobs.add.s(2, 2)]).enqueue()
+    chained = chain(jobs.add.using(expires=0.05).s(1, 2), jobs.mul.s(2)).enqueue()
+    d = jobs.add.using(depends_on=[a], expires=0.05).enqueue(5, 5)
+    late = [grouped.refs[0].id, flows.members(chained.id)[0].id, d.id]
+    ends = [queue.get(job_id).expires_at for job_id in late]  # type: ignore[union-attr]
+    assert None not in ends
+    wait_for(lambda: server_ms(queue) > max(end.timestamp() * 1000 for end in ends))  # type: ignore[union-attr]
+    run_all(queue)
+    assert [queue.get(job_id).state for job_id in late] == ["expired"] * 3  # type: ignore[union-attr]
+    assert grouped.refs[1].result(timeout=5) == 4 and a.result(timeout=5) == 2
+    with pytest.raises(JobFailed) as failed:
+        chained.result(timeout=5)
+    assert failed.value.state == "cancelled" and "expired" in failed.value.error
 
 
 def test_a_group_answers_its_results_in_order(valkey_url: str) -> None:

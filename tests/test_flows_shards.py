@@ -407,6 +407,20 @@ def test_a_failure_answers_whether_it_forwarded_to_another_shard(four: Queue) ->
     assert forward_entries(four) == 1
 
 
+def test_an_ack_answers_whether_it_recorded_a_cancel_and_whether_it_forwarded(
+        four: Queue) -> None:
+    """An ack of a run an operator flagged records it cancelled (answer 3, 4 when it forwarded
+    to another shard: the worker relays and signals `cancelled` by them)."""
+    a = jobs.add.using(queue=FOUR, lane=lane_on(0)).enqueue(1, 2)
+    d = jobs.noop.using(queue=FOUR, lane=lane_on(2), depends_on=[a]).enqueue()
+    b = jobs.add.using(queue=FOUR, lane=lane_on(1)).enqueue(1, 2)
+    leases = {lease.job_id: lease for lease in four.dequeue(count=5)}
+    assert four.cancel(a.id) == four.cancel(b.id) == "active"
+    assert four.ack_encoded([(leases[a.id], "3"), (leases[b.id], "3")]) == [4, 3]
+    assert relay.relay_shard(four, 0) == 1
+    assert four.get(d.id).state == "cancelled"  # type: ignore[union-attr]
+
+
 def test_a_shrink_settles_only_once_the_retired_shards_entries_are_relayed(four: Queue) -> None:
     from jobqueue import layouts
 

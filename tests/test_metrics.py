@@ -105,3 +105,35 @@ def test_signals_fire_on_enqueue_start_and_finish() -> None:
     assert len([s for s in seen if s[0] == "enqueued"]) == 2
     assert ("started", ref.id) in seen and ("finished", (ref.id, "succeeded", True)) in seen
     assert seen.index(("started", ref.id)) < seen.index(("finished", (ref.id, "succeeded", True)))
+
+
+def test_job_finished_says_cancelled_for_a_run_an_operator_cancelled_that_then_returned(
+        tmp_path: Any) -> None:
+    """A handler that ignores the cancel flag and returns: its ack records it cancelled, and
+    the signal says so (not "succeeded")."""
+    import threading
+
+    seen: list[tuple[str, str]] = []
+
+    def finished(sender: Any, lease: Any, state: str, **_: Any) -> None:
+        seen.append((lease.job_id, state))
+
+    gate = tmp_path / "go"
+    ref = jobs.reports_then_waits.enqueue("working", str(gate))
+    plain = jobs.add.enqueue(1, 2)
+    worker = Worker(WorkerConfig(queues=("default",), burst=True, mirror=False))
+    signals.job_finished.connect(finished)
+    running = threading.Thread(target=worker.run)
+    running.start()
+    try:
+        wait_for(lambda: (info := Queue("default").get(ref.id)) is not None
+                 and info.progress == "working")
+        assert Queue("default").cancel(ref.id) == "active"  # flagged: it ignores the flag
+        gate.touch()
+        running.join(30)
+    finally:
+        gate.touch()
+        running.join(30)
+        signals.job_finished.disconnect(finished)
+    assert Queue("default").get(ref.id).state == "cancelled"  # type: ignore[union-attr]
+    assert sorted(seen) == sorted([(ref.id, "cancelled"), (plain.id, "succeeded")])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -71,6 +72,50 @@ def test_without_a_worker_the_context_writes_itself_and_the_end_writes_the_last(
     outcome = execute(lease)
     assert outcome.ok
     assert queue.get(lease.job_id).progress == {"done": 500, "of": 500}  # type: ignore[union-attr]
+
+
+def test_the_last_progress_is_written_while_the_progress_thread_is_writing_it(
+        valkey_url: str, tmp_path: Path) -> None:
+    """The progress thread has taken the job's last value and is about to write it when the
+    job ends: the runner must not let the outcome be recorded before that write lands (a
+    fenced write after the ack is refused, and the value lost)."""
+    import jobqueue.handler as handler
+
+    queue = Queue("default")
+    gate = tmp_path / "go"
+    jobs.reports_then_waits.enqueue(100, str(gate))
+    [lease] = queue.dequeue(count=1)
+    board, stop = ProgressBoard(), threading.Event()
+    about_to_write, recorded = threading.Event(), threading.Event()
+
+    def held_before_its_write(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is write_progress.__code__:
+            about_to_write.set()  # (the value is taken: the write has yet to go out)
+            recorded.wait(1.0)  # it lands after the outcome, unless the runner waits for it
+
+    def progress_thread() -> None:
+        sys.settrace(held_before_its_write)
+        board.run(stop)
+
+    def runner() -> None:
+        outcome = execute(lease)
+        assert queue.ack_encoded([(lease, outcome.result)]) == [1]
+        recorded.set()
+
+    original, handler.PROGRESS = handler.PROGRESS, board
+    writer, running = threading.Thread(target=progress_thread), threading.Thread(target=runner)
+    writer.start()
+    try:
+        wait_for(lambda: board.attached)
+        running.start()
+        wait_for(about_to_write.is_set)
+        gate.touch()
+        running.join(30)
+    finally:
+        stop.set()
+        writer.join()
+        handler.PROGRESS = original
+    assert queue.get(lease.job_id).progress == 100  # type: ignore[union-attr]
 
 
 def test_progress_must_be_json() -> None:

@@ -174,6 +174,31 @@ def test_a_job_valkey_no_longer_holds_is_answered_from_the_mirror(valkey_server:
     assert Job.objects.get(pk=ok.id).result == 3
 
 
+def past_expiry(queue: Queue, job_id: str) -> bool:
+    """Whether the server's clock has passed the job's `expires_at`."""
+    seconds, micros = queue.client.time()
+    expires = queue.client.hget(queue.shard(0).job(job_id), "expires_at")
+    return int(seconds) * 1000 + int(micros) // 1000 > int(expires)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expired_job_valkey_no_longer_holds_is_answered_from_the_mirror(
+        valkey_server: ValkeyProcess) -> None:
+    queue = Queue("default")
+    ref = jobs.add.using(expires=0.05).enqueue(1, 2)
+    wait_for(lambda: past_expiry(queue, ref.id))
+    assert queue.dequeue(count=1) == []  # (the claim ends it expired)
+    with pytest.raises(JobFailed, match="expired"):
+        ref.result(timeout=1)
+    Mirror([queue], "test").step()
+    queue.client.delete(queue.shard(0).job(ref.id))
+    with pytest.raises(JobFailed, match="expired") as failed:
+        ref.result(timeout=1)
+    assert failed.value.state == "expired"
+    with pytest.raises(JobFailed, match="expired"):
+        asyncio.run(ref.aresult(timeout=1))
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_result_from_a_real_worker_and_get_job_still_answers(valkey_server: ValkeyProcess,

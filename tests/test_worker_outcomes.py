@@ -297,7 +297,7 @@ def test_an_outcome_refused_again_and_again_holds_up_no_other(valkey_server: Val
     assert queue.get(other.id).state == "dead"  # type: ignore[union-attr]
     assert queue.get(good.id).state == "succeeded"  # type: ignore[union-attr]
     assert (worker.processed, worker.failed) == (1, 1)
-    assert list(worker.held.jobs) == [stuck.id] and worker.outcomes.unrecorded()
+    assert [job_id for job_id, _ in worker.held.jobs] == [stuck.id] and worker.outcomes.unrecorded()
 
 
 def test_a_worker_records_every_outcome_valkey_refused(valkey_server: ValkeyProcess,

@@ -370,3 +370,43 @@ def test_an_idle_worker_promotes_a_scheduled_job_when_it_is_due_not_at_a_later_t
     finally:
         worker.request_stop()
         thread.join(20)
+
+
+def test_a_worker_that_falls_busy_withdraws_its_offers_on_its_other_shards(
+        valkey_server: ValkeyProcess, settings: Any, tmp_path: Path) -> None:
+    # Idle, a worker offers itself on each shard. Handed a job on one, it is busy: its offers
+    # on the others go at once, or enqueues there would hand it more jobs than it has room for
+    # (capacity 2 here: one running, one claimed ahead) while other workers idle.
+    from jobqueue import conf, ids, layouts
+
+    wide = {"wide": {"shards": 3}}
+    settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **wide}}
+    conf.reset()
+    queue = Queue("wide")
+    idle = [queue.shard(i).key("idle") for i in range(3)]
+
+    def job_on(shard: int, name: str) -> Any:
+        job_id = next(i for i in iter(ids.new_id, None) if layouts.place(i, "", "", 3) == shard)
+        return jobs.reports_then_waits.using(queue="wide", job_id=job_id).enqueue(
+            name, str(tmp_path / name))
+
+    def state(ref: Any) -> str:
+        return queue.get(ref.id).state  # type: ignore[union-attr]
+
+    worker = start_worker(valkey_server.url, "--queues", "wide", "--concurrency", "1",
+                          env={"JOBQUEUE_TEST_QUEUES": json.dumps(wide)})
+    try:
+        wait_for(lambda: [queue.client.hlen(key) for key in idle] == [1, 1, 1], timeout=60)
+        first = job_on(0, "first")
+        wait_for(lambda: queue.get(first.id).progress == "first")  # type: ignore[union-attr]
+        others = [job_on(1, "b"), job_on(2, "c")]
+        wait_for(lambda: "active" in [state(ref) for ref in others])
+        assert sorted(state(ref) for ref in others) == ["active", "pending"]
+        for name in ("first", "b", "c"):
+            (tmp_path / name).touch()
+        assert [ref.result(timeout=30) for ref in [first, *others]] == ["first", "b", "c"]
+    finally:
+        for name in ("first", "b", "c"):
+            (tmp_path / name).touch()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0

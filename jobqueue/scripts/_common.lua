@@ -222,21 +222,47 @@ local function keep_flow(base, flow, retention_ms)
   end
 end
 
--- A payload with `arg` (JSON text) as its first argument. The payload is the handler's own
--- compact JSON, `{"handler":…,"args":[…],…}`: the handler's name is a string (its quotes
--- escaped), so the first `"args":[` in the text is the top-level one.
+-- A payload with `arg` (JSON text) as its first argument: spliced into its own (top-level) args,
+-- or given args of its own when it has none (a step of kwargs only). The scan for its args jumps
+-- from one string or bracket to the next (string.find skips the rest), so a key named "args"
+-- inside a kwarg, or the text of a string, is never taken for them. A payload that is no JSON
+-- object stays as it is (the worker that claims it says what is wrong with it). (One function:
+-- the acks and claims that carry it define it at every call, and only a release runs it.)
 local function with_first_arg(payload, arg)
-  local _, b = string.find(payload, '"args":[', 1, true)
-  if not b then return '{"args":[' .. arg .. '],' .. string.sub(payload, 2) end
+  local depth, at, b = 0, 1, nil
+  while not b do
+    local s, _, c = string.find(payload, '(["{}%[%]])', at)
+    if not s then break end
+    if c == '"' then
+      local e = s + 1
+      while true do  -- to the string's closing quote, over its escapes
+        local q = string.find(payload, '["\\]', e)
+        if not q then return payload end
+        if string.byte(payload, q) == 92 then e = q + 2 else e = q; break end
+      end
+      at = e + 1
+      if depth == 1 and e - s == 5 and string.sub(payload, s + 1, e - 1) == 'args' then
+        b = select(2, string.find(payload, '^%s*:%s*%[', at))
+      end
+    else
+      depth = depth + ((c == '{' or c == '[') and 1 or -1)
+      at = s + 1
+    end
+  end
+  if not b then
+    local rest = string.match(payload, '^%s*{(.*)$')
+    if not rest then return payload end
+    return '{"args":[' .. arg .. ']' .. (string.find(rest, '^%s*}') and '' or ',') .. rest
+  end
   local rest = string.sub(payload, b + 1)
-  if string.sub(rest, 1, 1) == ']' then return string.sub(payload, 1, b) .. arg .. rest end
+  if string.find(rest, '^%s*]') then return string.sub(payload, 1, b) .. arg .. rest end
   return string.sub(payload, 1, b) .. arg .. ',' .. rest
 end
 
 -- A waiting job whose dependencies are done becomes pending: its members' outcomes go in as its
 -- first argument ('first': the one slot, a chain's step; 'list': every slot in order, a
--- chord's callback), and its flow keys go. Also revives a job a failed member had cancelled,
--- once an operator's retry of that member succeeded.
+-- chord's callback), and its flow keys go. (Also an operator's retry of a job cancelled while it
+-- waited, once its members are done.)
 local function release_job(base, dep, now)
   local dk = job_key(base, dep)
   local row = redis.call('HMGET', dk, 'payload', 'takes', 'slots')
@@ -252,7 +278,7 @@ local function release_job(base, dep, now)
     end
     redis.call('HSET', dk, 'payload', with_first_arg(row[1] or '{}', arg))
   end
-  redis.call('HDEL', dk, 'takes', 'slots', 'blocked_by', 'finished_at')
+  redis.call('HDEL', dk, 'takes', 'slots', 'blocked_by', 'waited', 'finished_at')
   redis.call('PERSIST', dk)
   redis.call('DEL', rk, base .. ':deps:' .. dep)
   redis.call('SREM', base .. ':waiting', dep)
@@ -296,37 +322,79 @@ local function fenced(rk, index, token)
   return false
 end
 
+-- How many jobs this call brought back to waiting (see edge_done): deliver.lua answers it per
+-- entry, so the relay claims from the dependent's shard again if a resize retired it meanwhile.
+local revived = 0
+
 -- One edge member -> dependent, the dependent on this shard: it takes the member's outcome into
 -- its slot and drops the member from its set of pending members (a set: a replayed finish or a
 -- replayed delivery removes nothing twice, so it releases nothing twice); a job whose set
--- empties is released here. A member that failed (dead, cancelled) cancels the job under
--- policy 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases it at
--- once under 'c' (continue). An outcome older than the slot's last (`token`: fenced) changes
--- nothing. Returns true when the job is to be cancelled (the caller's finish() does, and so on
--- down the flow).
+-- empties is released here. A member that failed (dead, cancelled, expired) cancels the job
+-- under policy 'f' (fail), leaves an error object in the slot under 'i' (ignore), and releases
+-- it at once under 'c' (continue); under 'f' it stays in the set, its slot marked failed
+-- ('f<slot>' in the results hash, counted in 'failed'), until a retry of it succeeds. A job
+-- cancelled while it waited (by an operator or by a member's failure: `waited`, or `blocked_by`
+-- on a row written before it) keeps its sets, with its row's retention, and takes every outcome
+-- still, so that a retry of it waits only for what is not done (retry.lua; a failure under 'c'
+-- that reached it marks it 'go': it runs at once then). One a member's failure cancelled
+-- (`blocked_by`) comes back once no failed member holds it (the member an operator retried has
+-- succeeded): waiting again, its `done` event saying so (a durable row reopens with it, and a
+-- restore brings it back waiting for what its members have not done: its payload is still the
+-- one their outcomes have not been put into); an operator's cancel stays.
+-- An outcome older than the slot's last (`token`: fenced) changes nothing. Returns true when the
+-- job is to be cancelled (the caller's finish() does, and so on down the flow).
 local function edge_done(base, id, state, slot, dep, index, policy, now, retention_ms, token)
   local ok = state == 'succeeded'
   local dk, pending, rk = job_key(base, dep), base .. ':deps:' .. dep, base .. ':results:' .. dep
-  local row = redis.call('HMGET', dk, 'state', 'blocked_by')
-  local blocked = row[1] == 'cancelled' and row[2] and row[2] ~= ''
-  if (row[1] ~= 'waiting' and not (ok and blocked)) or fenced(rk, index, token) then
-    return false
-  end
+  local row = redis.call('HMGET', dk, 'state', 'blocked_by', 'waited', 'flow')
+  local blocked = (row[2] or '') ~= ''
+  local kept = row[1] == 'cancelled' and (row[3] == '1' or blocked)
+  if (row[1] ~= 'waiting' and not kept) or fenced(rk, index, token) then return false end
   if not ok and policy == 'f' then
-    redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state,
-      'blocked_by', id)
-    redis.call('SREM', base .. ':waiting', dep)
-    if retention_ms and retention_ms > 0 then
-      redis.call('PEXPIRE', pending, retention_ms)
-      redis.call('PEXPIRE', rk, retention_ms)
+    if redis.call('HSETNX', rk, 'f' .. index, 1) == 1 then
+      redis.call('HINCRBY', rk, 'failed', 1)
     end
-    return true
+    if not kept then
+      redis.call('HSET', dk, 'last_error', 'dependency ' .. id .. ' ended ' .. state,
+        'blocked_by', id, 'waited', '1')
+      redis.call('SREM', base .. ':waiting', dep)
+      if retention_ms and retention_ms > 0 then
+        redis.call('PEXPIRE', pending, retention_ms)
+        redis.call('PEXPIRE', rk, retention_ms)
+      end
+      return true
+    end
+  else
+    if redis.call('HDEL', rk, 'f' .. index) == 1 then redis.call('HINCRBY', rk, 'failed', -1) end
+    redis.call('HSET', rk, index, slot)
+    local removed = redis.call('SREM', pending, id) == 1
+    local ready = (not ok and policy == 'c') or redis.call('SCARD', pending) == 0
+    if not kept then
+      if removed and ready then release_job(base, dep, now) end
+      return false
+    end
+    if not ok and policy == 'c' then  -- (it runs at once when it comes back, or is retried)
+      redis.call('HSET', rk, 'go', '1')
+    end
+    ready = ready or redis.call('HEXISTS', rk, 'go') == 1
+    if blocked and (tonumber(redis.call('HGET', rk, 'failed')) or 0) <= 0 then  -- it comes back
+      redis.call('HSET', dk, 'state', 'waiting')
+      redis.call('HDEL', dk, 'blocked_by', 'waited', 'finished_at')
+      redis.call('PERSIST', dk)
+      redis.call('PERSIST', pending)
+      redis.call('PERSIST', rk)
+      if row[4] then redis.call('PERSIST', base .. ':flow:' .. row[4]) end
+      redis.call('SADD', base .. ':waiting', dep)
+      redis.call('XADD', base .. ':done', '*', 'id', dep, unpack(redis.call('HGETALL', dk)))
+      revived = revived + 1
+      if ready then release_job(base, dep, now) end
+      return false
+    end
   end
-  redis.call('HSET', rk, index, slot)
-  local removed = redis.call('SREM', pending, id) == 1
-  if (removed or blocked)
-      and ((not ok and policy == 'c') or redis.call('SCARD', pending) == 0) then
-    release_job(base, dep, now)
+  local ttl = redis.call('PTTL', dk)  -- (its sets go with its row)
+  if ttl > 0 then
+    redis.call('PEXPIRE', rk, ttl)
+    redis.call('PEXPIRE', pending, ttl)
   end
   return false
 end
@@ -413,9 +481,9 @@ local function bury(base, dead, done, meta, jk, id, field, now, retention_ms)
 end
 
 -- Record successes of claimed jobs, token-fenced: ARGV[at] = n, then id, token, result (JSON)
--- per job. Answers per job: 2 recorded, and it forwarded outcomes to dependents on other shards
--- (the worker relays them at once: relay.py), 1 recorded (succeeded, or cancelled when an
--- operator flagged it) or 0 (stale: the lease was lost and the job may have run again
+-- per job. Answers per job: 1 recorded succeeded, 3 recorded cancelled (an operator flagged
+-- it), each plus 1 when it forwarded outcomes to dependents on other shards (the worker relays
+-- them at once: relay.py), or 0 (stale: the lease was lost and the job may have run again
 -- elsewhere); an ack this attempt's own ack recorded already (sent again after its reply was
 -- lost) answers as that one did; and how many lanes
 -- held at their cap came back on the ring (the caller wakes workers for them). `now`: the
@@ -433,15 +501,18 @@ local function ack_jobs(base, active, done, meta, ring, retention, at, now)
       local before = forwarded
       redis.call('ZREM', active, id)
       back = back + free_slot(base, ring, row[4], row[5])
-      if row[3] == '1' then redis.call('HSET', jk, 'acked', token) end  -- (see below)
-      finish(base, done, meta, jk, id, (row[3] == '1') and 'cancelled' or 'succeeded', now,
+      local cancelled = row[3] == '1'
+      if cancelled then redis.call('HSET', jk, 'acked', token) end  -- (see below)
+      finish(base, done, meta, jk, id, cancelled and 'cancelled' or 'succeeded', now,
         retention, result, true)
-      out[#out + 1] = (forwarded > before) and 2 or 1
+      out[#out + 1] = (cancelled and 3 or 1) + ((forwarded > before) and 1 or 0)
     elseif row[2] == token and (row[1] == 'succeeded' or (row[1] == 'cancelled'
         and redis.call('HGET', jk, 'acked') == token)) then
-      -- this very ack, sent again after its reply was lost: 2 when it forwarded to another shard
+      -- this very ack, sent again after its reply was lost: answered as it was (plus 1 when it
+      -- forwarded to a dependent on another shard)
       local dependents = redis.call('HGET', jk, 'dependents')
-      out[#out + 1] = (dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and 2 or 1
+      local sent = (dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and 1 or 0
+      out[#out + 1] = ((row[1] == 'cancelled') and 3 or 1) + sent
     else
       out[#out + 1] = 0
     end

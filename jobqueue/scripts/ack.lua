@@ -11,9 +11,9 @@ KEYS[4] meta    HASH    counters n_<state>
 KEYS[5] ring    LIST    lanes with ready work (a lane held at its cap comes back when a slot frees)
 KEYS[6] wake    LIST    wake tokens (for such lanes: one push per call, however many came back)
 ARGV[1] retention ms of a finished row, ARGV[2] n, then 3 per job: id, token, result (JSON)
-Returns: per job 1 (recorded: succeeded, or cancelled when an operator flagged it), 2 (recorded,
-        and outcomes forwarded to dependents on other shards in base:forward: relay.py) or 0
-        (stale)
+Returns: per job 1 (recorded succeeded), 3 (recorded cancelled: an operator flagged it), each
+        plus 1 when outcomes were forwarded to dependents on other shards in base:forward
+        (relay.py), or 0 (stale)
 ]]
 local out, back = ack_jobs(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], tonumber(ARGV[1]), 2)
 wake_workers(KEYS[6], back)

@@ -38,10 +38,10 @@ due (moved back here or by promote.lua), so a claim's cost does not grow with th
 back: a lane costs one look after it reached its cap, and such a turn is not counted in the
 claim's limit of turns. A job past its `expires_at` is not run:
 it ends `expired` in this call.
-Returns: n, the n answers of the successes (1 recorded, 2 recorded and forwarded to another
-        shard: relay.py, 0 stale), the ms until the rate limit admits another job (0: not
-        limited now; when the claim came back short, also the ms until a lane held by its rate
-        has a token), then 5 entries per claimed job: id, token
+Returns: n, the n answers of the successes (as ack.lua's: 1 succeeded, 3 cancelled, each plus
+        1 when forwarded to another shard: relay.py; 0 stale), the ms until the rate limit
+        admits another job (0: not limited now; when the claim came back short, also the ms
+        until a lane held by its rate has a token), then 5 entries per claimed job: id, token
         (the new `attempts`: the fencing token), payload, checkpoint ('' = none), lease ms. No
         job is claimed when the queue is paused or nothing is ready.
         A popped row with a corrupt state, count, priority, lane or expires_at is buried (dead,

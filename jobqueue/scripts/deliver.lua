@@ -18,9 +18,11 @@ ARGV[1] retention ms, ARGV[2] n, then 7 per entry: dependent id, slot, policy ('
         ended; '' none: an entry written before tokens, applied as it is): an outcome older
         than the slot's last applied one changes nothing (fenced in _common.lua)
 Returns: {entries this call forwarded in turn (to relay from this shard), then per entry 1
-        (applied, or nothing left to apply: a replay, an older outcome, a job no longer waiting)
-        or 0 (no such job here: one expired or deleted, or a node that lost data; the relay
-        keeps the entry until it is stale)}
+        (applied, or nothing left to apply: a replay, an older outcome, a job no longer waiting),
+        2 (applied, and the job a member's failure had cancelled waits again: the relay claims
+        from this shard again, should a resize have retired it) or 0 (no such job here: one
+        expired or deleted, or a node that lost data; the relay keeps the entry until it is
+        stale)}
 ]]
 local base, done, meta = KEYS[1], KEYS[2], KEYS[3]
 local retention, n = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -31,11 +33,12 @@ for i = 0, n - 1 do
   if redis.call('EXISTS', job_key(base, dep)) == 0 then
     out[#out + 1] = 0
   else
+    local before = revived
     if edge_done(base, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], dep, index, policy, now, retention,
         ARGV[a + 6]) then
       finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
     end
-    out[#out + 1] = 1
+    out[#out + 1] = (revived > before) and 2 or 1
   end
 end
 out[1] = forwarded

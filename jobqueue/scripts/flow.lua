@@ -7,11 +7,12 @@ here, or come with its outcome (a durable queue's member that finished and that 
 holds: its database row's); one that already finished is applied at once. A member on another
 shard is only named in the dependent's set here: its edge is written by a link in the call on
 its own shard (dag.py sends that call once the dependent is written). A link adds the edge
-'<dep>:<slot>:<policy>:<shard>' to a member of this shard (written in this call, or live here;
-once only), or, for a member that finished already (or has a given outcome), forwards that
-outcome at once (base:forward, relay.py). A link whose dependent's shard is '' names a dependent
-of this shard written by an earlier call (the member was placed here after a resize turned its
-first call away): its edge is a same-shard one, its outcome applied here.
+'<dep>:<slot>:<policy>:<shard>' to a member of this shard (written in this call, or held here,
+finished or not: a retry of it may succeed; once only), and for a member that finished already
+(or has a given outcome) forwards that outcome at once (base:forward, relay.py). A link whose
+dependent's shard is '' names a dependent of this shard written by an earlier call (the member
+was placed here after a resize turned its first call away): its edge is a same-shard one, its
+outcome applied here.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                           base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>,
                           base:forward (outcomes for dependents on other shards), and
@@ -30,12 +31,13 @@ ARGV[1] flow id ('' = none: no base:flow:<id> index), ARGV[2] retention ms, ARGV
         the queue's), lease_ms, delay_ms, takes ('' | 'first' | 'list': what its members'
         outcomes become, see release_job), slots (how many), position (in the flow's index), d
         = number of members, then 4 per member: id, slot, policy ('f' fail | 'i' ignore | 'c'
-        continue), its shard ('' this one, else the index of the other shard it is on); then
-        k = number of outcomes, then 3 per outcome: member id, state ('succeeded' | 'dead' |
-        'cancelled' | 'expired'), value (its result as JSON when it succeeded, else its last
-        error): used only for a member Valkey does not hold; then l = number of links, then 5
-        per link: member id (of this shard), dependent id, slot, policy, the dependent's shard
-        ('' this one)
+        continue), its shard ('' this one, else the index of the other shard it is on), then
+        its expires_ms (0 = never; else the row's expires_at = now + it, which the claim
+        checks); then k = number of outcomes, then 3 per outcome: member id, state
+        ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (its result as JSON when it
+        succeeded, else its last error): used only for a member Valkey does not hold; then l =
+        number of links, then 5 per link: member id (of this shard), dependent id, slot,
+        policy, the dependent's shard ('' this one)
 Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written, entries forwarded},
         or {0, 'moved'} (the shard is draining and jobs were to be written: re-read the
         layout), {0, 'exists', id} (mode 'new': a job id already taken), {0, 'missing', id} (a
@@ -55,7 +57,7 @@ if seen then return cjson.decode(seen) end
 
 -- The outcomes of members Valkey may no longer hold, by id; where the links start.
 local known, o = {}, 5
-for _ = 1, n do o = o + 12 + tonumber(ARGV[o + 11]) * 4 end
+for _ = 1, n do o = o + 13 + tonumber(ARGV[o + 11]) * 4 end
 for i = 0, tonumber(ARGV[o]) - 1 do
   known[ARGV[o + 1 + i * 3]] = {ARGV[o + 2 + i * 3], ARGV[o + 3 + i * 3]}
 end
@@ -78,7 +80,7 @@ for _ = 1, n do
     end
   end
   mine[ARGV[o]] = true
-  o = o + 12 + d * 4
+  o = o + 13 + d * 4
 end
 for i = 0, tonumber(ARGV[links]) - 1 do
   local member = ARGV[links + 1 + i * 5]
@@ -102,6 +104,8 @@ local function write_job(job)
   put(row, 'lease_ms', ARGV[a + 6], '0'); put(row, 'flow', flow, '')
   put(row, 'takes', ARGV[a + 8], ''); put(row, 'slots', ARGV[a + 9], '0')
   if state == 'scheduled' then put(row, 'run_after', now + delay, nil) end
+  local expires = tonumber(ARGV[a + 12 + job.d * 4])
+  if expires > 0 then put(row, 'expires_at', now + expires, nil) end
   redis.call('HSET', job_key(base, id), unpack(row))
   if flow ~= '' then redis.call('ZADD', base .. ':flow:' .. flow, ARGV[a + 10], id) end
   for m = 0, job.d - 1 do
@@ -141,8 +145,10 @@ for _, f in ipairs(finished) do
     finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
   end
 end
--- The links: an edge on a member that has yet to finish, else its outcome applied now (to a
--- dependent of this shard: shard '') or forwarded.
+-- The links: an edge on the member's row (once), and for a member that has finished already its
+-- outcome applied now (to a dependent of this shard: shard '') or forwarded. (The edge is written
+-- on a finished member too: an operator's retry of a failed one that then succeeds brings back
+-- the dependent its failure cancelled.)
 for i = 0, tonumber(ARGV[links]) - 1 do
   local at = links + 1 + i * 5
   local member, dep, slot, policy, shard = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
@@ -150,13 +156,13 @@ for i = 0, tonumber(ARGV[links]) - 1 do
   local mk = job_key(base, member)
   local edge = dep .. ':' .. slot .. ':' .. policy .. (shard ~= '' and (':' .. shard) or '')
   local row = redis.call('HMGET', mk, 'state', 'dependents', 'result', 'attempts')
-  if row[1] == 'pending' or row[1] == 'scheduled' or row[1] == 'active' or row[1] == 'waiting' then
-    if not row[2] then
-      redis.call('HSET', mk, 'dependents', edge)
-    elseif not string.find(' ' .. row[2] .. ' ', ' ' .. edge .. ' ', 1, true) then
-      redis.call('HSET', mk, 'dependents', row[2] .. ' ' .. edge)
-    end
-  else
+  if row[1] and not row[2] then
+    redis.call('HSET', mk, 'dependents', edge)
+  elseif row[1] and not string.find(' ' .. row[2] .. ' ', ' ' .. edge .. ' ', 1, true) then
+    redis.call('HSET', mk, 'dependents', row[2] .. ' ' .. edge)
+  end
+  if row[1] ~= 'pending' and row[1] ~= 'scheduled' and row[1] ~= 'active'
+      and row[1] ~= 'waiting' then
     local k = row[1] and {row[1], row[3]} or known[member]
     local ok = k[1] == 'succeeded'
     local err = not row[1] and not ok and k[2] or nil

@@ -1,4 +1,5 @@
---[[ reprioritize (operator): change a job's priority in place; a waiting job is rescored.
+--[[ reprioritize (operator): change a job's priority in place; a pending job is rescored on its
+lane, a scheduled, active or waiting one (a flow's, for its members) takes it when it is ready.
 KEYS[1] base    prefix  emq:{q}; rows base:job:<id>, lanes base:pending / base:lane:<l>
 ARGV[1] id, ARGV[2] priority (-100…100), ARGV[3] the call's id (unused: a replay sets the same
 priority again, and answers as the first call did)
@@ -9,7 +10,8 @@ local id, priority = ARGV[1], tonumber(ARGV[2])
 local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'lane')
 if not row[1] then return 'missing' end
-if row[1] ~= 'pending' and row[1] ~= 'scheduled' and row[1] ~= 'active' then
+if row[1] ~= 'pending' and row[1] ~= 'scheduled' and row[1] ~= 'active'
+    and row[1] ~= 'waiting' then
   return 'state:' .. row[1]
 end
 redis.call('HSET', jk, 'priority', priority)

@@ -1,7 +1,11 @@
 --[[ retry (operator): a dead, cancelled or expired job goes back to pending with a fresh retry
 budget (an expired one without its expiry).
 `attempts` keeps counting (the fencing token never goes back); `uncharged` absorbs the old runs.
-A job a failed dependency cancelled goes back to waiting while members are still not done.
+A job cancelled while it waited for its dependencies (by an operator, or by a member's failure:
+`waited`, or `blocked_by` on a row written before it; its sets took its members' outcomes since)
+waits again for the members that are not done (a member that failed under 'fail' counts as not
+done: it waits for a retry of it to succeed), or, all done (or one failed under 'continue'), is
+released with their outcomes as any dependent is (release_job).
 KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                         base:lane:<l>, unique keys base:uniq:<key>, base:uniqs, and a flow's
                         base:deps:<id>, base:results:<id>, base:waiting
@@ -20,7 +24,7 @@ local op = (ARGV[2] or '') ~= '' and base .. ':op:' .. ARGV[2]
 local seen = op and redis.call('GET', op)
 if seen then return seen end
 local jk = job_key(base, id)
-local row = redis.call('HMGET', jk, 'state', 'attempts', 'unique_key')
+local row = redis.call('HMGET', jk, 'state', 'attempts', 'unique_key', 'waited', 'blocked_by')
 if not row[1] then return 'missing' end
 if row[1] ~= 'dead' and row[1] ~= 'cancelled' and row[1] ~= 'expired' then
   return 'state:' .. row[1]
@@ -37,9 +41,14 @@ local now = now_ms()
 redis.call('HSET', jk, 'uncharged', row[2] or 0, 'cancel', '0', 'finished_at', '', 'run_after', now)
 redis.call('HDEL', jk, 'expires_at')
 local deps = base .. ':deps:' .. id
-if redis.call('HEXISTS', jk, 'blocked_by') == 1 and redis.call('SCARD', deps) > 0 then
+if row[4] == '1' or (row[5] and row[5] ~= '') then
+  if redis.call('SCARD', deps) == 0
+      or redis.call('HEXISTS', base .. ':results:' .. id, 'go') == 1 then
+    release_job(base, id, now)
+    return 'ok:pending'
+  end
   redis.call('HSET', jk, 'state', 'waiting')
-  redis.call('HDEL', jk, 'blocked_by')
+  redis.call('HDEL', jk, 'blocked_by', 'waited')
   redis.call('PERSIST', deps)
   redis.call('PERSIST', base .. ':results:' .. id)
   redis.call('SADD', base .. ':waiting', id)

@@ -294,7 +294,8 @@ class Worker:
 
     def _submit(self, leases: list[Lease]) -> None:
         assert self._runners is not None
-        self.held.add(leases)
+        if self.held.add(leases):  # busy now: its idle offers on other shards go first
+            self.waiters.withdraw_offers()
         self._runners.submit(leases)
 
     def _take(self, queue: Queue, leases: list[Lease]) -> None:
@@ -353,7 +354,7 @@ class Worker:
 
     def _stop_threads(self) -> None:
         self._threads_stop.set()
-        self.held.room.set()
+        self.held.wake()
         PROGRESS.wake()
         deadline = time.monotonic() + 15
         for thread in self._threads.started:

@@ -19,21 +19,32 @@ log = logging.getLogger("jobqueue.worker")
 
 
 class Heartbeat:
-    """Renews the leases of the jobs in `held` until `stop` is set."""
+    """Renews the leases of the jobs in `held` until `stop` is set (and `held.sooner` with it,
+    which ends its wait)."""
 
     def __init__(self, held: HeldJobs, queue: Callable[[str], Queue], stop: threading.Event,
                  default_lease: float) -> None:
         self.held, self.lock, self.queue, self.stop = held.jobs, held.lock, queue, stop
+        self.sooner, self._held = held.sooner, held
         self.default_lease = default_lease
 
     def run(self) -> None:
-        while not self.stop.wait(self.interval()):
+        """Renew every third of the shortest lease held; a job that joins with a shorter one
+        cuts the wait short (its lease would lapse first), to be planned again from then."""
+        while not self.stop.is_set():
+            if self.sooner.wait(self.interval()):
+                self.sooner.clear()
+                continue
             self.renew()
 
     def interval(self) -> float:
+        """A third of the shortest lease held (of the worker's own when none is), noted as what
+        the wait is planned for."""
         with self.lock:
-            leases = [item.lease.lease for item in self.held.values()]
-        return max(0.02, min(min(leases, default=self.default_lease) / 3, 10.0))
+            shortest = min((item.lease.lease for item in self.held.values()),
+                           default=self.default_lease)
+            self._held.planned = shortest
+        return max(0.02, min(shortest / 3, 10.0))
 
     def renew(self) -> None:
         """One renewal pass: one call per queue and lease length; flags leases found stale."""
@@ -57,4 +68,4 @@ class Heartbeat:
     def _still_held(self, item: Held) -> bool:
         """A job recorded (and forgotten) since the snapshot lost nothing: its outcome got there."""
         with self.lock:
-            return self.held.get(item.lease.job_id) is item
+            return self.held.get((item.lease.job_id, item.lease.token)) is item

@@ -26,7 +26,7 @@ from .. import relay, signals
 from ..exceptions import VALKEY_DOWN
 from ..records import Lease
 from ..states import State
-from ..store import Queue, nack_forwarding
+from ..store import ACKED, FORWARDED, Queue, nack_forwarding
 from .executor import Outcome
 from .serving import HeldJobs, Served
 
@@ -196,13 +196,14 @@ class Outcomes:
         self.acked(items, queue.ack_encoded([(lease, out.result) for lease, out in items]))
 
     def acked(self, items: list[Finished], answers: list[int]) -> None:
-        """Log recorded successes and forget their jobs; relay the outcomes their acks forwarded
-        to dependents on other shards (answer 2: relay.py)."""
-        for (lease, out), recorded in zip(items, answers, strict=True):
-            _log(lease, out, State.SUCCEEDED if recorded else "stale")
-        if 2 in answers:
+        """Log recorded successes (or runs an operator cancelled: `ACKED`) and forget their
+        jobs; relay the outcomes their acks forwarded to dependents on other shards (relay.py)."""
+        for (lease, out), answer in zip(items, answers, strict=True):
+            _log(lease, out, ACKED.get(answer, "stale"))
+        if any(answer in FORWARDED for answer in answers):
             pairs = zip(items, answers, strict=True)
-            relay.after(self._served, [lease for (lease, _), answer in pairs if answer == 2])
+            relay.after(self._served, [lease for (lease, _), answer in pairs
+                                       if answer in FORWARDED])
         # (most were forgotten already: their slots went to the claim)
         self._held.forget(lease for lease, _ in items)
         if items:

@@ -10,6 +10,7 @@ changes under its lock, from any thread that claims, takes a hand-off, records o
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import ssl
@@ -120,33 +121,53 @@ class Held:
 class HeldJobs:
     """The jobs a worker holds, from their claim (or hand-off) until their outcome is recorded
     or they are released: what its capacity and each queue's `concurrency` count, what the
-    heartbeat renews and what presence lists."""
+    heartbeat renews and what presence lists. Each run is held by its job id and token: a run
+    whose lease lapsed while it ran and the run of the same job this worker claimed again are
+    two runs, each renewed, recorded and forgotten by its own token."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.jobs: dict[str, Held] = {}
-        """By job id; read freely, changed under `lock`."""
+        self.jobs: dict[tuple[str, int], Held] = {}
+        """By (job id, token); read freely, changed under `lock`."""
         self.per_queue: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.room = threading.Event()
         """Set while the worker may hold more (the waiters wait for it); set at start."""
+        self.planned = math.inf
+        """The lease (seconds) the heartbeat's current wait was planned for (a third of it)."""
+        self.sooner = threading.Event()
+        """Set when a job joins whose lease is shorter than `planned` (the heartbeat must plan
+        its wait again, or that lease lapses first), and when the worker stops."""
 
-    def add(self, leases: list[Lease]) -> None:
+    def add(self, leases: list[Lease]) -> bool:
+        """Hold claimed jobs; whether the worker held none before (it is busy now)."""
         with self.lock:
+            fell_busy = bool(leases) and not self.jobs
             for lease in leases:
-                self.jobs[lease.job_id] = Held(lease)
-                self.per_queue[lease.queue] += 1
+                key = (lease.job_id, lease.token)
+                if key not in self.jobs:
+                    self.jobs[key] = Held(lease)
+                    self.per_queue[lease.queue] += 1
+                    if lease.lease < self.planned:
+                        self.planned = lease.lease
+                        self.sooner.set()
             if len(self.jobs) >= self.capacity:
                 self.room.clear()
+        return fell_busy
 
     def forget(self, leases: Iterable[Lease]) -> None:
         """Drop jobs the worker no longer holds (recorded or released); their slots are free."""
         with self.lock:
             for lease in leases:
-                if self.jobs.pop(lease.job_id, None) is not None:
+                if self.jobs.pop((lease.job_id, lease.token), None) is not None:
                     self.per_queue[lease.queue] -= 1
             if not self.room.is_set():  # (set() takes its lock and notifies even when set)
                 self.room.set()
+
+    def wake(self) -> None:
+        """The worker stops: end the waits on these jobs' room (waiters) and leases (heartbeat)."""
+        self.room.set()
+        self.sooner.set()
 
     def leases(self, most: int | None = None) -> list[Lease]:
         """The leases held (the first `most` of them)."""

@@ -7,9 +7,11 @@ the shard leases the job to it and pushes it onto the worker's own list, which t
 watches, so the job arrives leased, with no claim call between. Once the worker has an event
 loop (it ran an `async def` handler), that wait runs on the loop (`waitline.py`), so an async
 job starts on the thread that received it. A busy worker waits without an offer (a job handed
-over then would wait for room); when it falls idle, the main loop ends that wait (`unblock`) so
-the next wait makes the offer. A queue whose limits only the claim script enforces (a
-`concurrency` cap, a rate, lane caps or lane rates: `QueueOptions.claim_only`) never offers.
+over then would wait for room): when it falls busy, the offers of its waits on other shards go
+and those waits end (`withdraw_offers`); when it falls idle, the main loop ends its waits without
+an offer (`unblock`) so the next wait makes the offer. A queue whose limits only the claim script
+enforces (a `concurrency` cap, a rate, lane caps or lane rates: `QueueOptions.claim_only`) never
+offers.
 On a cluster the kept connection is to the node that holds the shard, found again after an
 error (a failover moves the shard); a burst run waits the plain way (1 s BLPOPs on the client).
 On a kept connection a wait lasts up to IDLE_WAIT.
@@ -38,6 +40,7 @@ from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from .. import handoff, wire
+from ..keys import ShardKeys
 from ..records import Lease
 from ..store import READ_SLACK, Queue
 from .runners import EventLoop
@@ -110,8 +113,10 @@ class Waiters:
         """Waiters blocked without an offer (queue, shard -> the client of the server they wait
         on, and their connection's id there)."""
         self._quiet_waits: Waits = {}
-        """Other waiters blocked on a kept connection (only a token or a stop ends their wait
-        early): with an offer, or of a queue that never offers."""
+        """Waiters of queues that never offer, blocked on a kept connection (only a token or a
+        stop ends their wait early)."""
+        self._offered_waits: Waits = {}
+        """Waiters blocked with an offer (the worker, busy, ends them: `withdraw_offers`)."""
         self._lock = threading.Lock()
         self._refused_said = False
         """Whether the worker said that the server takes no offer (see `_past_offer`)."""
@@ -182,7 +187,8 @@ class Waiters:
             lines.line = loop.run(_open_line(lines.node)) or False
         if idle and loop is not None and isinstance(lines.line, WaitLine):
             return loop.run(self._wait_on_loop(lines, commands))
-        waits = self._plain_waits if lines.hand_off and not idle else self._quiet_waits
+        waits = (self._offered_waits if idle else self._plain_waits if lines.hand_off
+                 else self._quiet_waits)
         with _registered(waits, (queue.name, index), (lines.node, lines.conn_id)):
             replies = wire.call_on(lines.conn, commands, IDLE_WAIT + READ_SLACK)
         return self._arrived(lines, replies, offered=idle)
@@ -197,12 +203,14 @@ class Waiters:
         line = lines.line
         assert isinstance(line, WaitLine)
         where = (lines.queue.name, lines.index)
-        with _registered(self._quiet_waits, where, (lines.node, line.id)):
+        with _registered(self._offered_waits, where, (lines.node, line.id)):
             return await line.call(commands, took, IDLE_WAIT + READ_SLACK)
 
     def _arrived(self, lines: Lines, replies: list[Any], *, offered: bool) -> Woke:
         """What a wait's replies brought (`handoff.after_wait`); a job handed over is taken here.
-        `offered`: the wait began with an offer, whose reply comes first."""
+        `offered`: the wait began with an offer, whose reply comes first (the wait is over: it
+        is no offer `withdraw_offers` should end)."""
+        self._offered_waits.pop((lines.queue.name, lines.index), None)
         got = handoff.after_wait(lines.queue.shard(lines.index),
                                  self._past_offer(lines, replies) if offered else replies)
         if isinstance(got, list):
@@ -250,12 +258,32 @@ class Waiters:
             log.warning("could not withdraw the idle offer on %s: a job handed over meanwhile "
                         "waits for its lease to expire", lines.queue.name)
 
+    def withdraw_offers(self) -> None:
+        """The worker is busy now: the offers of its idle waits go (each shard's own `idle`
+        field, on the node that holds it), and those waits end, to wait again without one. An
+        enqueue would otherwise hand it a job on each of those shards until the waits end (up
+        to IDLE_WAIT), however little room it has. A job handed over meanwhile stays on the
+        worker's list for the next wait (or `_withdraw`) to take."""
+        by_node: dict[Any, list[tuple[str, int]]] = defaultdict(list)
+        for (name, index), (node, conn_id) in list(self._offered_waits.items()):
+            by_node[node].append((ShardKeys(name, index).key("idle"), conn_id))
+        for node, waits in by_node.items():
+            try:
+                with node.pipeline(transaction=False) as pipe:
+                    for idle, conn_id in waits:
+                        pipe.hdel(idle, self._config.name)
+                        pipe.client_unblock(conn_id)
+                    pipe.execute()
+            except RedisError as exc:  # (the offers end with their waits, IDLE_WAIT at most)
+                log.debug("could not withdraw idle offers: %r", exc)
+
     def unblock(self, every: bool = False) -> None:
         """The worker fell idle: end its waiters' plain waits, so that they wait with an offer;
         `every`: it stops, end every wait. An unblocked BLPOP returns as if it timed out."""
         by_node: dict[Any, list[int]] = defaultdict(list)
         for node, conn_id in [*self._plain_waits.values(),
-                              *(self._quiet_waits.values() if every else ())]:
+                              *(self._quiet_waits.values() if every else ()),
+                              *(self._offered_waits.values() if every else ())]:
             by_node[node].append(conn_id)
         for node, ids in by_node.items():
             with node.pipeline(transaction=False) as pipe:

@@ -374,3 +374,30 @@ if os.environ.get("JOBQUEUE_TEST_RECEIVERS"):  # the signal tests' workers: rece
 
         User.objects.filter(username="nobody").exists()
         _note("test:started-orm", lease.job_id)
+
+
+@job(max_attempts=1)
+def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """What it was called with (the flow tests check what a step got)."""
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@job(takes_context=True)
+def reports_then_waits(ctx: JobContext, value: Any, path: str) -> Any:
+    """Reports `value` as its last progress, then works until `path` exists."""
+    ctx.progress(value)
+    while not Path(path).exists():
+        time.sleep(0.02)
+    return value
+
+
+@job(takes_context=True, max_attempts=5, backoff=0)
+def held_per_attempt(ctx: JobContext, path: str) -> int:
+    """Reports its attempt as progress, then works until `<path>.<attempt>` exists: a test ends
+    each run when it chooses. The first run then fails (a run whose lease lapsed, ending late)."""
+    ctx.progress(ctx.attempt)
+    while not Path(f"{path}.{ctx.attempt}").exists():
+        time.sleep(0.02)
+    if ctx.attempt == 1:
+        raise RuntimeError("the first run ends late")
+    return ctx.attempt
