@@ -53,7 +53,7 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
 
 def _order(row: Mapping[str, Any]) -> tuple[int, datetime]:
     """Which of two events of a job is newer (see `upsert`)."""
-    return row["attempts"], row["finished_at"] or datetime.min.replace(tzinfo=UTC)
+    return row["attempts"], row["changed_at"] or datetime.min.replace(tzinfo=UTC)
 
 
 def record_shards(queue: Queue, written: dict[tuple[str, int], dict[str, Any]] | None = None) -> None:

@@ -62,6 +62,11 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     """When its last run started (a cancelled waiting job has none)."""
     finished_at = models.DateTimeField(null=True, blank=True)
+    changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    """When Valkey recorded the event the row shows (on its clock): the job's finish, or its
+    coming back to wait (a dependent a member's failure had cancelled, revived by a retry of
+    that member). The mirror moves a row only to a newer event (`_insert_sql`); None on a row
+    no event wrote (a durable row written at enqueue)."""
     mirrored_at = models.DateTimeField(auto_now=True)
     # A durable queue's job is written here when it is enqueued (the outbox: see outbox.py),
     # with what it takes to create it again in Valkey; the mirror later makes the row terminal.
@@ -274,20 +279,20 @@ def _placeholders() -> str:
 def _insert_sql(vendor: str, update: tuple[str, ...]) -> tuple[str, str]:
     """The INSERT of `Job` rows before its VALUES' rows and after them (the upsert's clause
     overwriting the `update` columns). A row only moves forward: an existing one is overwritten
-    when it has not finished (a durable row, written at enqueue or reopened by a retry), or by a
+    when no event wrote it (a durable row, written at enqueue or reopened by a retry), or by a
     new one with more `attempts` (the fencing token, which never goes back), or as many and a
-    `finished_at` no earlier (Valkey's clock, the job's own shard's); so an event that waited (a
-    batch that failed and was written again, a dead consumer's entries taken over) cannot
-    overwrite what a later run wrote meanwhile."""
+    `changed_at` no earlier (Valkey's clock, the job's own shard's: a finish, or a dependent's
+    coming back to wait); so an event that waited (a batch that failed and was written again, a
+    dead consumer's entries taken over) cannot overwrite what a later run wrote meanwhile."""
     quote = connection.ops.quote_name
     table = quote(Job._meta.db_table)
     columns = [quote(str(f.column)) for f in written_fields()]
     head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
     if not update:
         return head, ""
-    attempts, finished = quote("attempts"), quote("finished_at")
+    attempts, finished = quote("attempts"), quote("changed_at")
     # (MySQL's assignments see the values set before them: the columns the test reads come last,
-    # finished_at before attempts, so each is tested against the row as it was)
+    # changed_at before attempts, so each is tested against the row as it was)
     last = {finished: 1, attempts: 2}
     changed = sorted((quote(name) for name in update), key=lambda c: last.get(c, 0))
     if vendor == "mysql":

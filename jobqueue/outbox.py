@@ -76,7 +76,7 @@ def _columns(queue: Queue, job: Prepared, shard: int, now: datetime) -> dict[str
         "state": State.SCHEDULED if job.delay_ms else State.PENDING, "priority": job.priority,
         "attempts": 0, "max_attempts": job.max_attempts, "payload": EncodedJSON(job.payload),
         "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",
-        "enqueued_at": now, "started_at": None, "finished_at": None, "mirrored_at": now,
+        "enqueued_at": now, "started_at": None, "finished_at": None, "changed_at": None, "mirrored_at": now,
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
         "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms,
         "expires_at": now + timedelta(milliseconds=job.expires_ms) if job.expires_ms else None,

@@ -263,6 +263,7 @@ def mirror_columns(event: Mapping[str, str], queue: str, shard: int,
         "worker": fields.text("worker")[:200],
         "enqueued_at": fields.time("enqueued_at", str(event["id"])),
         "started_at": fields.time("started_at"), "finished_at": fields.time("finished_at"),
+        "changed_at": fields.time("finished_at") or fields.time("revived_at"),
         "history": fields.encoded_json("history"), "progress": fields.encoded_json("progress"),
     }
     if fields.corrupt:

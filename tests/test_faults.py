@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue import Queue, conf, outbox, wire
+from jobqueue import Queue, conf, ids, outbox, wire
 from jobqueue.keys import ShardKeys
 from jobqueue.models import Job
 from tests.jobapp import jobs
@@ -322,3 +322,24 @@ def test_a_job_retried_from_its_mirror_row_is_mirrored_again_when_it_succeeds() 
     mirror.step()
     row = Job.objects.get(pk=ref.id)
     assert (row.state, row.result, row.attempts) == ("succeeded", 3, 3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_event_written_late_does_not_overwrite_the_dependents_coming_back() -> None:
+    """A dependent a member's failure cancelled comes back to wait (a retry of that member):
+    its `waiting` event carries when (`revived_at`, Valkey's clock), so the cancel's event, in a
+    batch written again after it, is older and changes nothing; a newer finish still does."""
+    from jobqueue.mirror import upsert
+
+    job_id = ids.new_id()
+    base = {"id": job_id, "payload": '{"handler":"tests.jobapp.jobs.add"}', "attempts": "0"}
+    cancelled = {**base, "state": "cancelled", "finished_at": "1000000000000"}
+    revived = {**base, "state": "waiting", "revived_at": "1000000005000"}
+    upsert([cancelled], "default")
+    upsert([revived], "default")
+    assert Job.objects.get(pk=job_id).state == "waiting"
+    upsert([cancelled], "default")  # the cancel's batch, written again late
+    assert Job.objects.get(pk=job_id).state == "waiting"
+    upsert([{**base, "state": "succeeded", "attempts": "1", "finished_at": "1000000009000"}],
+           "default")
+    assert Job.objects.get(pk=job_id).state == "succeeded"

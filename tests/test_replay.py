@@ -87,7 +87,7 @@ def test_ack(queue: Queue) -> None:
 def test_ack_of_a_job_an_operator_asked_to_cancel(queue: Queue) -> None:
     lease = claimed(queue)
     queue.cancel(lease.job_id)
-    assert replayed(queue, "ack", 0, [_retention_ms(), 1, lease.job_id, lease.token, '"r"']) == [1]
+    assert replayed(queue, "ack", 0, [_retention_ms(), 1, lease.job_id, lease.token, '"r"']) == [3]
     assert queue.get(lease.job_id).state == "cancelled"  # type: ignore[union-attr]
 
 
@@ -158,6 +158,7 @@ def test_flow(queue: Queue) -> None:
                  0, len(members)]
         for member in members:
             args += member
+        args.append(0)  # (its expires_ms: never)
     args += [0, 0]
     assert replayed(queue, "flow", 0, args)[1:] == ["ok", 2, 0]
     assert queue.get(second).state == "waiting"  # type: ignore[union-attr]

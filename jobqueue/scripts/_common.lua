@@ -385,7 +385,8 @@ local function edge_done(base, id, state, slot, dep, index, policy, now, retenti
       redis.call('PERSIST', rk)
       if row[4] then redis.call('PERSIST', base .. ':flow:' .. row[4]) end
       redis.call('SADD', base .. ':waiting', dep)
-      redis.call('XADD', base .. ':done', '*', 'id', dep, unpack(redis.call('HGETALL', dk)))
+      redis.call('XADD', base .. ':done', '*', 'id', dep, 'revived_at', now,
+        unpack(redis.call('HGETALL', dk)))
       revived = revived + 1
       if ready then release_job(base, dep, now) end
       return false
