@@ -43,8 +43,6 @@ class ValkeyCollector:
     """Collects every known queue's figures from Valkey at scrape time."""
 
     def collect(self) -> Iterator[Any]:
-        from .readmodels import bucket_level, server_ms
-
         jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs by state now", labels=["queue", "state"])
         oldest = GaugeMetricFamily("jobqueue_oldest_wait_seconds",
                                    "The longest wait among ready jobs", labels=["queue"])
@@ -97,7 +95,7 @@ class ValkeyCollector:
                 bound = "+Inf" if le == "+Inf" else str(int(le) / 1000)
                 cumulative.append((bound, running))
             duration.add_metric([name], cumulative, total_ms / 1000)
-            level = bucket_level(queue, server_ms(queue))
+            level = backlog.bucket_level(queue, backlog.server_ms(queue))
             if level is not None:
                 tokens.add_metric([name], level)
             for lane, active in lanes.busiest(queue.client, name, queue.all_shards(), LANE_TOP):

@@ -32,11 +32,6 @@ MAX_LANES = 500
 MAX_ACTIVE_SCAN = 1000
 
 
-def server_ms(queue: Queue) -> int:
-    seconds, micros = queue.client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 @dataclass
 class Overview:
     """One queue's card on the dashboard."""
@@ -72,7 +67,7 @@ class Overview:
 def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
     """Counts, pause state, oldest wait, per-minute outcomes and deepest lanes of a queue."""
     total = queue.all_shards()
-    now = server_ms(queue)
+    now = backlog.server_ms(queue)
     buckets = [now // 60_000 - i for i in range(minutes - 1, -1, -1)]
     pipe = queue.client.pipeline(transaction=False)
     for index in range(total):
@@ -90,24 +85,7 @@ def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
     return Overview(queue.name, total, queue.counts(), queue.is_paused(), oldest, succeeded,
                     failed, [int(s[2] or 0) for s in samples],
                     [int(s[3] or 0) // 1000 for s in samples], deepest_lanes(queue, lanes),
-                    queue.options.rate, bucket_level(queue, now))
-
-
-def bucket_level(queue: Queue, now: int) -> float | None:
-    """How many jobs a rate-limited queue's buckets would admit at `now` (server ms)."""
-    limit = spec_rate(queue.options.rate)
-    if limit is None:
-        return None
-    share, period = limit[0] / queue.shards, limit[1]
-    capacity = max(share, 1.0)  # as the claim script keeps it
-    level = 0.0
-    for index in range(queue.shards):
-        tokens, at = queue.client.hmget(queue.shard(index).key("bucket"), "tokens", "at")
-        if tokens is None or at is None:
-            level += capacity  # never used: full
-            continue
-        level += min(capacity, float(tokens) + max(now - int(at), 0) * share / period)
-    return level
+                    queue.options.rate, backlog.bucket_level(queue, now))
 
 
 def deepest_lanes(queue: Queue, limit: int = 20) -> list[tuple[str, int]]:
@@ -222,7 +200,7 @@ class Stuck:
 def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 50) -> Stuck:
     """Jobs an operator should look at: expired leases, jobs running far beyond the queue's
     usual time (or the given limit, whichever is shorter), old waits, dead jobs."""
-    now = server_ms(queue)
+    now = backlog.server_ms(queue)
     usual = usual_run_time(queue.name)
     if usual is not None:
         running_over = min(running_over, max(3 * usual, 1.0))
