@@ -51,7 +51,7 @@ def retry_job(queue: Queue, job_id: str) -> State:
     """Retry a dead, cancelled or expired job: in place while Valkey has its row, else created
     again from its mirror row under the same id, with every option the row keeps (its attempts
     go on from the row's, its budget whole again). A durable job's row reopens in the same step
-    (see durable.py)."""
+    (see models.reopened)."""
     try:
         return State(queue.retry(job_id))
     except JobNotFound:  # (Valkey no longer holds it: its mirror row may)

@@ -14,7 +14,6 @@ from typing import Any
 
 from django.db import transaction
 
-from . import durable
 from .conf import get_config
 from .records import mirror_columns
 from .store import Queue
@@ -30,7 +29,7 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
     moves forward (`models.insert_jobs`): the newest event of a job wins, by its attempts, then
     its finish time on Valkey's clock, in the batch and against the row, so replays, re-runs
     after an operator retry and a batch written late converge on the newest state."""
-    from .models import insert_jobs, written_fields
+    from .models import insert_jobs, stale_events, written_fields
 
     now = datetime.now(UTC)
     kept = {"id", *NOT_DURABLE}  # a durable row keeps its outbox columns
@@ -46,7 +45,7 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
     if not options.durable:
         return insert_jobs(rows.values(), update)
     with transaction.atomic():  # (an operator's retry must not commit between the two)
-        for job_id in durable.stale_events(rows):
+        for job_id in stale_events(rows):
             del rows[job_id]  # a retried run's event: its reopened row stays unfinished
         return insert_jobs(rows.values(), update)
 

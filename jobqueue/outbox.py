@@ -25,7 +25,7 @@ rows are marked relayed once every call of its push answered, or once a relay pa
 a job Valkey holds already is left on its shard (dag.write, mode 'again').
 
 The mirror makes the same rows terminal when jobs finish; an operator's retry makes them
-unfinished again (durable.py, and `recreate` for a job whose Valkey row has expired).
+unfinished again (models.reopened, and `recreate` for a job whose Valkey row has expired).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import dag
-from .durable import UNFINISHED, reopened
 from .exceptions import InvalidFlow
 from .refs import JobRef
 from .spec import JobSpec, Prepared
@@ -191,7 +190,7 @@ def push(queue: Queue, specs: list[JobSpec]) -> None:
 def _cancel_duplicates(specs: Sequence[JobSpec], refs: Sequence[JobRef]) -> None:
     """A durable job whose unique_key a live job already held never runs: its row, written
     before Valkey could say so, becomes cancelled and names the job that holds the key."""
-    from .models import Job
+    from .models import UNFINISHED, Job
 
     for spec, ref in zip(specs, refs, strict=True):
         if spec.job_id is not None and ref.id != spec.job_id:
@@ -221,7 +220,7 @@ def _sendable(queue: Queue, rows: Sequence[Job]) -> list[Job]:
     rather than holding back the rows sent with it."""
     from .conf import get_config
     from .exceptions import JobQueueError
-    from .models import Job
+    from .models import UNFINISHED, Job
     from .spec import prepare
 
     sendable = []
@@ -245,9 +244,10 @@ def recreate(queue: Queue, row: Job) -> None:
     lease, unique key; a durable flow's job waits again for what it waits for, as far as their
     rows say it has to), its attempts going on from the row's (a token never repeats, and the
     mirror takes the new run's outcome as the newer one). A durable row reopens in the same
-    transaction (durable.py)."""
+    transaction (models.reopened)."""
     from .conf import get_config
     from .exceptions import InvalidTransition
+    from .models import reopened
     from .spec import prepare
 
     # Due now, whenever it was first due, and without its expiry (as retry.lua drops it).
@@ -273,7 +273,7 @@ def _resend(queue: Queue, rows: Sequence[Job], *, lost: bool = False) -> int:
     its data (a restore), so the job's runs before may have spent tokens the row never saw:
     its attempts go past them (`Prepared.spent`)."""
     from .conf import get_config
-    from .models import Job
+    from .models import UNFINISHED, Job
     from .sending import held
     from .spec import prepare
 
@@ -372,7 +372,7 @@ def _resend_flows(queue: Queue, rows: Sequence[Job], chunk: int = 500) -> int:
 def relay(queues: Iterable[Queue], grace: float = RELAY_GRACE, limit: int = 2000) -> int:
     """Send durable rows no relay pass has confirmed yet (older than `grace` seconds) to Valkey.
     Returns how many Valkey lacked (a push that had failed)."""
-    from .models import Job
+    from .models import UNFINISHED, Job
 
     cutoff = datetime.now(UTC) - timedelta(seconds=grace)
     sent = 0
@@ -395,7 +395,7 @@ def restore(queues: Iterable[Queue], batch: int = 500,
             progress: Callable[[str, int, int], None] | None = None) -> int:
     """Re-create in Valkey every unfinished durable job it lacks; returns how many. Jobs of
     flows come after the others (they may wait for them), members before what waits for them."""
-    from .models import Job
+    from .models import UNFINISHED, Job
 
     restored = 0
     for queue in queues:

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from . import durable, ids, lanes, layouts, sending, signals, spec
+from . import ids, lanes, layouts, sending, signals, spec
 from .claims import LostClaims
 from .conf import get_client, get_config
 from .exceptions import InvalidOption, InvalidTransition, JobNotFound
@@ -337,8 +337,10 @@ class Queue:
         if index is None or not self.options.durable:
             answer = self._operator("retry", job_id, [job_id], index)
         else:
+            from .models import reopened
+
             ended = ms_to_dt(self.client.hget(self.shard(index).job(job_id), "finished_at"))
-            with durable.reopened(job_id, after=ended):  # (so `restore` finds it: durable.py)
+            with reopened(job_id, after=ended):  # (so `restore` finds it: models.reopened)
                 answer = self._operator("retry", job_id, [job_id], index)
         layouts.reopen(self.client, self.name, self.configured, index or 0)  # (None: raised)
         return answer
