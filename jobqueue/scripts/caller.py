@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from .. import wire
+from ..conf import rediscover
 from ..keys import ShardKeys
 from . import source
 
@@ -139,14 +140,6 @@ def run_many(client: Any, name: str, shard: ShardKeys, calls: Iterable[list[Any]
         elif isinstance(reply, ResponseError):
             raise reply
     return replies
-
-
-def rediscover(client: Any) -> None:
-    """Read a cluster's slot map again (a failover moved a shard); nothing for one server. A
-    caller that talks to nodes directly (a pipeline, a blocking read) calls it after a
-    connection error, as redis-py's own commands do."""
-    if isinstance(client, RedisCluster):
-        client.nodes_manager.initialize()
 
 
 def run_replicated(client: Any, name: str, shard: ShardKeys, calls: list[list[Any]],

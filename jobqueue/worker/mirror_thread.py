@@ -24,10 +24,10 @@ from django.db import DatabaseError, connections
 from redis.exceptions import RedisError
 
 from .. import collector, outbox
+from ..conf import rediscover
 from ..exceptions import VALKEY_DOWN
 from ..layouts import known_queues
 from ..mirror import Mirror, record_shards
-from ..scripts import caller
 from ..store import Queue
 from .serving import WorkerConfig
 from .supervisor import Forked, fork, forkable
@@ -101,7 +101,7 @@ class MirrorThread:
         go to nodes directly, and in a process of its own no worker refreshes it meanwhile)."""
         with contextlib.suppress(RedisError):
             for client in {id(q.client): q.client for q in self.mirror.queues}.values():
-                caller.rediscover(client)
+                rediscover(client)
 
     def final_pass(self, insist: bool, abort: threading.Event) -> None:
         """Mirror what is left. Insisting (a burst run), take over dead mirrors' entries too and
