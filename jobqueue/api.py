@@ -1,4 +1,5 @@
-"""The producer API: `@job`, `enqueue` by dotted path, `get_job`.
+"""The producer API: `@job`, `enqueue` by dotted path, `get_job` (how an enqueue then goes:
+dispatch.py).
 
 A job's payload is `{"handler": "<dotted name>", "args": [...], "kwargs": {...}}` (and "trace"
 when the enqueue is traced: tracing.py). Handlers are registered when their module is imported;
@@ -9,26 +10,22 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, overload
 
-from django.db import transaction
-
-from . import dag, ids, outbox, tracing
-from ._compat import in_transaction, open_transactions
-from .conf import Config, get_client, get_config
+from . import dag, ids, tracing
+from .conf import get_client, get_config
+from .dispatch import Route, submit, submit_flow
 from .exceptions import InvalidFlow, InvalidOption, UnknownHandler
 from .keys import validate_queue
 from .records import JobInfo, Lease
 from .refs import JobRef
-from .spec import JobSpec, Prepared, encode_payload, prepare
+from .spec import JobSpec, encode_payload, prepare
 from .store import Queue
 
-log = logging.getLogger("jobqueue.enqueue")
 _registry: dict[str, JobFunction] = {}
 Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any]]
 """One call of a handler: a tuple of args, a dict of kwargs, or (args, kwargs)."""
@@ -52,25 +49,6 @@ class JobOptions:
     """What a failed dependency does to it (`dag.POLICIES`); None: "fail"."""
 
 
-class _Route(NamedTuple):
-    """How a handler's `enqueue` goes, worked out once per configuration."""
-
-    config: Config
-    queue: Queue
-    ready: Prepared | None
-    """The handler's options validated, as a job of its own that each call gives a payload and
-    an id (`Queue.enqueue_encoded`); None when calls need `submit`'s whole way (a durable queue,
-    options that differ per call: a job_id, a run_after time; or spans to make: tracing.py)."""
-    tail: tuple[Any, ...]
-    """`ready`'s enqueue script arguments after its id and payload (every call's own)."""
-    now: bool
-    """Whether its jobs go to Valkey at once even inside a transaction."""
-
-    def template(self) -> Prepared | None:
-        """`ready`, when this call may take it: now, not at a transaction's commit."""
-        return self.ready if self.now or not in_transaction() else None
-
-
 class JobFunction:
     """A registered handler: call it to run inline, `.enqueue(...)` to run it on a worker."""
 
@@ -82,7 +60,7 @@ class JobFunction:
         """An `async def` handler: its jobs run on the worker's event loop."""
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
-        self._route: _Route | None = None
+        self._route: Route | None = None
 
     def __repr__(self) -> str:
         return f"<job {self.name} queue={self.options.queue!r}>"
@@ -149,7 +127,7 @@ class JobFunction:
         specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
         return submit(route.queue, specs, self.options.immediate)
 
-    def _routed(self) -> _Route:
+    def _routed(self) -> Route:
         """This handler's route for the current configuration (settings changed in a test make
         a new one): its queue, and its options validated once rather than at every enqueue (an
         enqueue's Python is most of its time on an idle machine, where caches are cold)."""
@@ -165,7 +143,7 @@ class JobFunction:
                           or tracing.tracer() is not None)
             ready = prepare(spec, queue.options) if simple else None
             tail = tuple(ready.argv(queue.options)[2:]) if ready is not None else ()
-            route = self._route = _Route(config, queue, ready, tail,
+            route = self._route = Route(config, queue, ready, tail,
                                          self.options.immediate or not config.on_commit)
         return route
 
@@ -252,89 +230,6 @@ def _check_spec_options(spec: Mapping[str, Any]) -> None:
     unknown = set(spec) - set(SPEC_OPTIONS)
     if unknown:
         raise InvalidOption(f"unknown option(s) {sorted(unknown)}; allowed: {list(SPEC_OPTIONS)}")
-
-
-def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
-    """Enqueue now, or — inside a transaction (on any database alias) — once it commits
-    (nothing if it rolls back; `after_commit` says what a Valkey error then does).
-
-    The ids are minted now so the caller gets them at once; validation also happens now. A
-    durable queue's jobs are first written to the database (in the transaction, if any) and
-    always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py. With
-    tracing on, inside a producer span whose context each job carries (tracing.py).
-    """
-    traced = tracing.tracer()
-    if traced is not None:
-        return tracing.publish(traced, queue.name, specs,
-                               lambda carrying: _submit(queue, carrying, immediate))
-    return _submit(queue, specs, immediate)
-
-
-def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
-    durable = queue.options.durable
-    if not durable and (immediate or not get_config().on_commit or not in_transaction()):
-        return queue.enqueue_many(specs)
-    prepared = [prepare(spec, queue.options, get_config().max_payload) for spec in specs]
-    minted = [spec._replace(job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
-    refs = [JobRef(p.job_id, queue.name) for p in prepared]
-    if durable:
-        outbox.write(queue, prepared)
-        after_commit(lambda: outbox.push(queue, minted), refs, durable=True)  # (now, outside
-    else:  # a transaction)
-        after_commit(lambda: queue.enqueue_many(minted), refs, durable=False)
-    return refs
-
-
-def submit_flow(queue: Queue, nodes: list[dag.Node], flow: str = "",
-                immediate: bool = False) -> list[JobRef]:
-    """Enqueue a flow (dag.py) now, or — inside a transaction — once it commits, as `submit`
-    does; its refs either way (ids are minted now). A durable queue's flow is first written to
-    the database (in the transaction, if any) and reaches Valkey after the commit: outbox.py."""
-    prepared = dag.checked(queue, nodes)
-    refs = [JobRef(job.job_id, queue.name) for job in prepared]
-    if queue.options.durable:
-        shards = outbox.write_flow(queue, nodes, prepared, flow)
-        after_commit(lambda: outbox.push_flow(queue, nodes, prepared, flow, shards), refs,
-                     durable=True)
-    elif immediate or not get_config().on_commit or not in_transaction():
-        return dag.enqueue(queue, nodes, prepared, flow)
-    else:
-        after_commit(lambda: dag.enqueue(queue, nodes, prepared, flow), refs, durable=False)
-    return refs
-
-
-def after_commit(send: Callable[[], object], refs: list[JobRef], durable: bool) -> None:
-    """Call `send` once every transaction open in this thread has committed, whatever database
-    alias each is on (at once when none is: an error then is the caller's); never when one of
-    them rolls back. Registered as
-    Django's robust on-commit callbacks (so `captureOnCommitCallbacks(execute=True)` sends the
-    jobs in a test). A failure to send is logged (ERROR, logger `jobqueue.enqueue`, naming the
-    jobs) and never raised: the transaction has committed, and the other callbacks it holds
-    must still run. The jobs of a plain queue are then lost; a durable queue's rows are in the
-    database, and a worker's relay sends them."""
-    aliases = open_transactions()
-    left = len(aliases)
-
-    def committed() -> None:
-        nonlocal left
-        left -= 1
-        if left <= 0:
-            _send_logged(send, refs, durable)
-
-    if not aliases:
-        send()
-    for alias in aliases:
-        transaction.on_commit(committed, using=alias, robust=True)
-
-
-def _send_logged(send: Callable[[], object], refs: list[JobRef], durable: bool) -> None:
-    try:
-        send()
-    except Exception as exc:  # noqa: BLE001 - logged: an error here would drop other callbacks
-        fate = ("their rows are in the database: a worker's relay sends them" if durable else
-                "they are lost (a durable queue keeps its jobs through such an error)")
-        log.error("could not send job(s) %s of queue %s to Valkey after the commit (%r); %s",
-                  ", ".join(ref.id for ref in refs), refs[0].queue if refs else "?", exc, fate)
 
 
 @overload

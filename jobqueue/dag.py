@@ -27,7 +27,7 @@ of several calls, its ids checked free on every shard (one pipelined read); each
 checks both again, so an id taken or a member gone between the check and a later call is
 refused there (InvalidFlow) with the earlier calls' jobs written. A flow's jobs share one
 queue (InvalidFlow otherwise).
-`api.submit_flow` decides when a flow is written (now, at the commit, or from a durable queue's
+`dispatch.submit_flow` decides when a flow is written (now, at the commit, or from a durable queue's
 rows: outbox.py); this module writes it.
 
 Touches `:job:<id>`, `:waiting`, `:deps:<id>`, `:results:<id>`, `:flow:<id>` and `:forward` only

@@ -5,7 +5,7 @@ Nothing here imports OpenTelemetry before `tracer()` is first asked (by the firs
 a worker starting its runners); it decides once per configuration (`JOBQUEUE["TRACING"]`)
 whether there is anything to trace. When OpenTelemetry is not installed, or no tracer provider
 is configured, it answers None and jobs go the way they go without this module: a handler's
-`enqueue` keeps its short way (`api._Route.ready`), and no payload gains a key.
+`enqueue` keeps its short way (`dispatch.Route.ready`), and no payload gains a key.
 
 The context travels in the payload under `"trace"`: the propagator's fields (W3C `traceparent`,
 and `tracestate` when there is one), the job's lane (a worker's lease does not hold it), and

@@ -11,7 +11,7 @@ import pytest
 from django.db import connections, transaction
 
 from jobqueue import _compat, spec, wire
-from jobqueue.api import in_transaction
+from jobqueue._compat import in_transaction
 from jobqueue.conf import get_client
 
 

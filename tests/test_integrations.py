@@ -59,13 +59,13 @@ def test_a_handlers_enqueue_that_meets_a_taken_id_mints_another(monkeypatch) -> 
 
 
 def test_the_transaction_check_agrees_with_django_wherever_it_runs() -> None:
-    """`api.in_transaction` reads a sync thread's connection without asgiref's `Local` (see its
+    """`_compat.in_transaction` reads a sync thread's connection without asgiref's `Local` (see its
     docstring); it must answer as `transaction.get_connection()` does: outside and inside
     `atomic()`, in a thread that never opened a connection, and on an event loop."""
     import asyncio
     import threading
 
-    from jobqueue.api import in_transaction
+    from jobqueue._compat import in_transaction
 
     def both() -> tuple[bool, bool]:
         return in_transaction(), transaction.get_connection().in_atomic_block

@@ -30,7 +30,8 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from .. import ids
-from ..api import JobFunction, JobOptions, get_job, submit
+from ..api import JobFunction, JobOptions, get_job
+from ..dispatch import submit
 from ..exceptions import InvalidJobId, InvalidOption, JobFailed, UnknownHandler
 from ..handler import RetryLater, Unretryable
 from ..records import int_field
