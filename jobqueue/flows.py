@@ -1,5 +1,6 @@
-"""Workflows: `chain`, `group` and `chord` of signatures (`handler.s(...)`) and of each other,
-and reading or cancelling a flow.
+"""Workflows: `chain`, `group` and `chord` of signatures (`handler.s(...)`) and of each other
+(reading or cancelling a flow: flow_members.py, whose `members`, `waits_for` and `cancel` are
+named here too).
 
     chain(fetch.s(url), parse.s(), store.s()).enqueue()   # each step gets the previous result first
     group([resize.s(i) for i in range(100)]).enqueue()    # GroupRef: result() is the list, in order
@@ -22,9 +23,6 @@ policy (its signature's), else that of the nearest composite around the member t
 up to the composite that makes the edge; else "fail". An outer policy does not reach into the
 edges an inner composite makes: a chain inside a chord's header stops at its failed step, and
 the chord's policy says what that does to the callback.
-
-Reads `:flow:<id>` (its jobs, in order) on every shard of the flow's queue, and has the
-`:forward` entries a cancel left relayed at once (relay.py).
 """
 
 from __future__ import annotations
@@ -35,11 +33,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import ids, relay
-from .api import Signature, submit_flow
+from . import ids
+from .api import Signature
 from .dag import Node, policy
-from .exceptions import InvalidFlow, InvalidTransition, JobNotFound
-from .records import JobInfo
+from .dispatch import submit_flow
+from .exceptions import InvalidFlow
+from .flow_members import cancel as cancel
+from .flow_members import members as members
+from .flow_members import waits_for as waits_for
 from .refs import JobRef
 from .store import Queue
 
@@ -241,53 +242,3 @@ def chord(header: Iterable[Part], callback: Part, on_failure: str | None = None)
     _code(on_failure)
     return Chord(tuple(_parts(header, "a chord's header")),
                  _parts([callback], "a chord's callback")[0], on_failure)
-
-
-def _flow_shards(queue: Queue, flow_id: str) -> list[int]:
-    """The shards holding some of the flow's jobs (each shard's `:flow:<id>` lists its own)."""
-    ids.validate_job_id(flow_id)
-    return [index for index in range(queue.all_shards())
-            if queue.client.exists(queue.shard(index).key(f"flow:{flow_id}"))]
-
-
-def members(flow_id: str, queue: str = "default") -> list[JobInfo]:
-    """A flow's jobs, in the flow's order, as Valkey holds them now, from every shard they are
-    on (rows that expired are left out); the rows are read in one pipeline (the console's flow
-    page reads a page at a time: `readmodels.flow_page`)."""
-    target = Queue(queue)
-    placed = []
-    for index in _flow_shards(target, flow_id):
-        shard = target.shard(index)
-        for job_id, position in target.client.zrange(shard.key(f"flow:{flow_id}"), 0, -1,
-                                                     withscores=True):
-            placed.append((position, job_id, index))
-    placed.sort()
-    pipe = target.client.pipeline(transaction=False)
-    for _, job_id, index in placed:
-        pipe.hgetall(target.shard(index).job(job_id))
-    return [JobInfo.from_row(job_id, queue, row, index, target.options.max_attempts)
-            for (_, job_id, index), row in zip(placed, pipe.execute(), strict=True) if row]
-
-
-def waits_for(info: JobInfo) -> list[str]:
-    """The jobs a waiting job still waits for."""
-    if info.state != "waiting":
-        return []
-    return sorted(Queue(info.queue).client.smembers(
-        Queue(info.queue).shard(info.shard).key(f"deps:{info.id}")))
-
-
-def cancel(flow_id: str, queue: str = "default") -> int:
-    """Cancel every job of a flow that has not started (a running one is flagged: it sees
-    `ctx.cancelled`); how many were cancelled or flagged. The last jobs go first, so a job
-    waiting for others ends cancelled by the operator, not by a member's failure policy."""
-    target, done, found = Queue(queue), 0, members(flow_id, queue)
-    for info in reversed(found):
-        try:
-            target.cancel(info.id)
-            done += 1
-        except (InvalidTransition, JobNotFound):
-            continue  # finished, or cancelled meanwhile by a member's failure policy
-    for index in {info.shard for info in found}:  # (what the cancels forwarded: applied now)
-        relay.relay_shard(target, index)
-    return done
