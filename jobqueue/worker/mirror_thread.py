@@ -23,12 +23,13 @@ from typing import Any
 from django.db import DatabaseError, connections
 from redis.exceptions import RedisError
 
-from .. import collector, outbox
+from .. import collector
 from ..conf import rediscover
+from ..engine.layouts import known_queues
+from ..engine.store import Queue
 from ..exceptions import VALKEY_DOWN
-from ..layouts import known_queues
-from ..mirror import Mirror, record_shards
-from ..store import Queue
+from ..history import outbox
+from ..history.mirror import Mirror, record_shards
 from .serving import WorkerConfig
 from .supervisor import Forked, fork, forkable
 
