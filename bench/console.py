@@ -43,7 +43,8 @@ def show(name: str, times: tuple[float, float], note: str = "") -> None:
 
 
 def dashboard(client: Any) -> None:
-    from jobqueue.store import JobSpec, Queue
+    from jobqueue import Queue
+    from jobqueue.spec import JobSpec
 
     for n in range(20):
         specs = [JobSpec({"handler": "x", "args": [i], "kwargs": {}}, lane=f"t{i % 50}")
@@ -78,7 +79,8 @@ def flow(client: Any, sent: Callable[[], int]) -> None:
 
 
 def stuck(client: Any, sent: Callable[[], int]) -> None:
-    from jobqueue.store import JobSpec, Queue
+    from jobqueue import Queue
+    from jobqueue.spec import JobSpec
 
     queue = Queue("stuck")
     blob = "x" * STUCK_PAYLOAD
@@ -109,7 +111,10 @@ def search(url: str) -> None:
     from django.core.management import call_command
     from django.db.models import Q
 
-    from jobqueue import readmodels
+    try:
+        from jobqueue.console import readmodels
+    except ImportError:  # a checkout from before the rooms
+        from jobqueue import readmodels
     from jobqueue.models import Job, insert_jobs
 
     call_command("migrate", "jobqueue", "0009", verbosity=0)  # (the history before its indexes)

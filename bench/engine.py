@@ -29,7 +29,8 @@ def main() -> None:
     args = parser.parse_args()
     with valkey() as url:
         django_setup(url)
-        from jobqueue.store import JobSpec, Queue
+        from jobqueue import Queue
+        from jobqueue.spec import JobSpec
 
         q = Queue("bench")
         payload = {"handler": "bench.noop", "args": [1, 2], "kwargs": {}}

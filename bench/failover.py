@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 def flood(queue: Any, seconds: float) -> None:
     """Bulk-enqueue 10 KB jobs for `seconds` (and drop them): megabytes of replication stream."""
     from jobqueue.exceptions import JobQueueError
-    from jobqueue.store import JobSpec
+    from jobqueue.spec import JobSpec
 
     until = time.monotonic() + seconds
     while time.monotonic() < until:

@@ -27,7 +27,7 @@ BATCH = 10_000
 
 def fill(queue: Any, n: int, payload: Any, lanes: int = 1) -> float:
     """Enqueue n waiting jobs in bulk (spread over `lanes` lanes); jobs/s."""
-    from jobqueue.store import JobSpec
+    from jobqueue.spec import JobSpec
 
     started = time.perf_counter()
     for start in range(0, n, BATCH):
@@ -74,8 +74,8 @@ def idle_cpu(url: str, seconds: float = 10.0) -> float:
 
 def case(label: str, samples: int, waiting: int, payload: Any, lanes: int = 1) -> tuple[Any, ...]:
     """One row, on a Valkey of its own (what the previous case left cannot slow this one)."""
+    from jobqueue import Queue
     from jobqueue.conf import client_for_url
-    from jobqueue.store import Queue
 
     with valkey() as url:
         queue = Queue("growth", client=client_for_url(url))

@@ -52,7 +52,8 @@ def claims_per_second(queue: Any, claims: int, batch: int) -> float:
 
 
 def claim_rows(claims: int, batch: int) -> list[tuple[str, float]]:
-    from jobqueue.store import JobSpec, Queue
+    from jobqueue import Queue
+    from jobqueue.spec import JobSpec
 
     rows = []
     for name in ("open", "capped-free", "capped"):
@@ -81,8 +82,8 @@ def burst(jobs: int, workers: int, queue: str, lanes: int, settings: dict[str, A
     """`jobs` no-op jobs over `lanes` lanes, run by `workers` burst workers once every one of them
     is up: jobs per second from then to the last job's finish, and the seconds from that finish
     to the last worker's exit (the burst's end)."""
+    from jobqueue import Queue
     from jobqueue.keys import WORKERS_KEY
-    from jobqueue.store import Queue
     from tests.jobapp import jobs as handlers
 
     counted = Queue(queue)

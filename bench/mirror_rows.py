@@ -33,8 +33,8 @@ QUEUE = "mirrorbench"
 
 def fill(rows: int) -> list[tuple[str, dict[str, str]]]:
     """Run `rows` jobs through enqueue, claim and ack; the done stream's entries they left."""
+    from jobqueue import Queue
     from jobqueue.spec import JobSpec
-    from jobqueue.store import Queue
 
     queue = Queue(QUEUE)
     queue.client.flushall()
@@ -53,8 +53,11 @@ def one_round(entries: list[tuple[str, dict[str, str]]], batch: int,
     `profiler`, a cProfile.Profile, when given)."""
     from django.db import connection
 
-    from jobqueue.mirror import Mirror
-    from jobqueue.store import Queue
+    try:
+        from jobqueue.history.mirror import Mirror
+    except ImportError:  # a checkout from before the rooms (--baseline, --roots)
+        from jobqueue.mirror import Mirror
+    from jobqueue import Queue
 
     queue = Queue(QUEUE)
     stream = queue.shard(0).key("done")

@@ -60,8 +60,7 @@ def drain(url: str, ports: list[int], jobs: int, shards: int, procs: int,
     from benchapp.jobs import noop
     from django.conf import settings
 
-    from jobqueue import conf
-    from jobqueue.store import Queue
+    from jobqueue import Queue, conf
 
     settings.JOBQUEUE = {"URL": url, "QUEUES": {"bench": {"shards": shards}}}
     conf.reset()

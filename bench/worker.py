@@ -33,9 +33,12 @@ def end_to_end(jobs: int, workers: int, concurrency: int, extra: list[str]) -> f
 
 
 def mirror_only(jobs: int) -> float:
-    from jobqueue.mirror import Mirror
+    try:
+        from jobqueue.history.mirror import Mirror
+    except ImportError:  # a checkout from before the rooms (--baseline, --roots)
+        from jobqueue.mirror import Mirror
+    from jobqueue import Queue
     from jobqueue.models import Job
-    from jobqueue.store import Queue
     from tests.jobapp import jobs as handlers
 
     Job.objects.all().delete()

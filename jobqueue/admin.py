@@ -1,8 +1,8 @@
 """The mirror's changelist (finished jobs in MySQL) and shard metadata, in the Django admin.
 
 The live console (dashboard, queue pages, job pages, stuck jobs, workers, periodic jobs) is in
-`views.py`; `JobAdmin.get_urls()` mounts it at `admin/jobqueue/job/live/`, so a project needs no
-URL of its own for it.
+`console/pages.py`; `JobAdmin.get_urls()` mounts it at `admin/jobqueue/job/live/`, so a project
+needs no URL of its own for it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from django.template.response import TemplateResponse
 from django.urls import include, path, reverse
 from django.utils.html import format_html
 
-from . import actions
+from .engine.store import Queue
 from .exceptions import JobQueueError
 from .models import Job, Shard
-from .store import Queue
 
 
 class LaneFilter(admin.SimpleListFilter):
@@ -76,6 +75,8 @@ class JobAdmin(admin.ModelAdmin):
         return False
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
+        from .console import actions  # (here: a worker sets Django up, and loads no console)
+
         return request.user.has_perm(actions.PERMISSIONS["retry"])
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -84,6 +85,8 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(permissions=["retry"], description="Retry selected jobs")
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         """Confirm first (showing how many), then retry each job through the Queue API."""
+        from .console import actions
+
         if request.POST.get("post") != "yes":
             return TemplateResponse(request, "admin/jobqueue/confirm_bulk_retry.html", {
                 **self.admin_site.each_context(request), "title": "Retry jobs?",

@@ -11,7 +11,8 @@ class JobQueueConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from . import checks, conf
+        from . import conf
+        from .operations import checks
 
         checks.register()
 

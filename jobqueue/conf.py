@@ -265,6 +265,16 @@ def client_for_url(url: str) -> Any:
         return _clients[url]
 
 
+def rediscover(client: Any) -> None:
+    """Read a cluster's slot map again (a failover moved a shard); nothing for one server. A
+    caller that talks to nodes directly (a pipeline, a blocking read) calls it after a
+    connection error, as redis-py's own commands do."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        client.nodes_manager.initialize()
+
+
 def _one_retry() -> Any:
     """A standalone client's retry: once, at once, on a new connection, after a connection
     error. A pooled connection the server closed while it sat idle (a restart, a kill) fails its

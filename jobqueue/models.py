@@ -1,11 +1,21 @@
 """The durable floor in the database (MySQL/MariaDB, PostgreSQL or SQLite): a mirror of finished
-jobs, and the shards of each queue."""
+jobs, and the shards of each queue.
+
+A durable job's row is kept in step with the operator's retry that reopens it. outbox.py writes
+a durable queue's rows and rebuilds Valkey from the unfinished ones (`jobqueue restore`); the
+mirror makes them terminal as jobs finish. A retry makes a finished job unfinished again, so its
+row must say so too (`reopened`), or a Valkey that loses its data loses the retried job. The
+retried run's own `done` event may still wait in the stream: the row notes when that run ended,
+and the mirror does not let an event of that run (or an older one) finish the reopened row again
+(`stale_events`).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable
-from contextlib import nullcontext
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from datetime import datetime
 from functools import cache, lru_cache
 from operator import itemgetter
 from typing import Any
@@ -17,6 +27,8 @@ from django.db.models.functions import Left
 from .records import EncodedJSON, JobInfo, attempt_history
 from .states import State
 
+UNFINISHED = (State.PENDING, State.SCHEDULED, State.WAITING)
+"""The states of a durable row whose job is not over: `restore` sends these to Valkey again."""
 HANDLER_LENGTH = 200
 """Characters of a handler's name that `Job.handler` keeps (an index on more would pass MySQL's
 limit of 3,072 bytes a key); the console searches no longer text."""
@@ -82,7 +94,7 @@ class Job(models.Model):
     reopened_after = models.DateTimeField(null=True, blank=True)
     """When the run an operator's retry reopened this durable row after had ended (its
     `finished_at`, on Valkey's clock): the mirror lets no event of that run finish the row again
-    (durable.py)."""
+    (`stale_events`)."""
     history = models.JSONField(null=True, blank=True)
     """Earlier attempts that failed (the last ten), as the job's row had them when it finished."""
     progress = models.JSONField(null=True, blank=True)
@@ -305,3 +317,33 @@ def _insert_sql(vendor: str, update: tuple[str, ...]) -> tuple[str, str]:
              f"excluded.{finished} >= {table}.{finished})")
     return head, f" ON CONFLICT ({quote('id')}) DO UPDATE SET " + ", ".join(
         f"{c} = excluded.{c}" for c in changed) + f" WHERE {newer}"
+
+
+# -- a durable row reopened by a retry -------------------------------------------------------
+
+
+@contextmanager
+def reopened(job_id: str, after: datetime | None) -> Iterator[None]:
+    """Run a retry's Valkey transition inside a transaction that first moves the job's durable
+    row (if it has one) back to pending: a retry Valkey refuses leaves the row as it was, and
+    the row's lock holds back a worker's mirror write of the retried run until the commit.
+    `after`: when the retried run ended, on Valkey's clock (its `finished_at`); the expiry goes,
+    as retry.lua drops it."""
+    with transaction.atomic():
+        Job.objects.filter(pk=job_id, durable=True).update(
+            state=State.PENDING, finished_at=None, relayed=True, expires_at=None,
+            reopened_after=after)
+        yield
+
+
+def stale_events(rows: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """The ids among a mirror batch (`Job` columns by id) whose event belongs to a run an
+    operator retried since: the durable row is unfinished again and the event ended no later
+    than that run. Both times are Valkey's, so no clock skew can misorder them; a replayed event
+    is judged the same way each time. Locks the rows it reads: call it in the transaction that
+    writes the batch, so a retry committing meanwhile waits for it."""
+    reopened = Job.objects.select_for_update().filter(
+        pk__in=list(rows), durable=True, state__in=UNFINISHED, reopened_after__isnull=False,
+    ).values_list("pk", "reopened_after")
+    return {pk for pk, after in reopened
+            if (ended := rows[pk]["finished_at"]) is None or ended <= after}

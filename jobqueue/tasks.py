@@ -56,12 +56,13 @@ except ImportError:  # Django 5.2: the django-tasks backport (`pip install jobqu
         from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
 
 from . import signals
-from .api import JobFunction, JobOptions, get_job, submit
+from .api.dispatch import submit
+from .api.registry import JobFunction, JobOptions, get_job
+from .engine.store import JobInfo, JobSpec, Lease, Queue
 from .exceptions import JobQueueError, UnknownHandler
 from .keys import validate_queue
 from .records import enqueued_ms, ms_to_dt
 from .states import State
-from .store import JobInfo, JobSpec, Lease, Queue
 
 PREFIX = "django.tasks:"
 USING = "using"

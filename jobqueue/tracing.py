@@ -5,7 +5,7 @@ Nothing here imports OpenTelemetry before `tracer()` is first asked (by the firs
 a worker starting its runners); it decides once per configuration (`JOBQUEUE["TRACING"]`)
 whether there is anything to trace. When OpenTelemetry is not installed, or no tracer provider
 is configured, it answers None and jobs go the way they go without this module: a handler's
-`enqueue` keeps its short way (`api._Route.ready`), and no payload gains a key.
+`enqueue` keeps its short way (`dispatch.Route.ready`), and no payload gains a key.
 
 The context travels in the payload under `"trace"`: the propagator's fields (W3C `traceparent`,
 and `tracestate` when there is one), the job's lane (a worker's lease does not hold it), and
@@ -28,7 +28,6 @@ from . import signals
 from .conf import Config, get_config
 from .exceptions import ConfigurationError
 from .records import Lease
-from .refs import JobRef
 from .states import State
 
 if TYPE_CHECKING:
@@ -98,8 +97,15 @@ def _messaging(queue: str, operation: str, kind: str) -> dict[str, Any]:
 # -- the producer ------------------------------------------------------------------------------
 
 
-def publish(tracer: Tracer, queue: str, specs: list[JobSpec],
-            send: Callable[[list[JobSpec]], list[JobRef]]) -> list[JobRef]:
+class _Sent(Protocol):
+    """What a send answers per job (a `JobRef`): its id, for the span of a single job."""
+
+    @property
+    def id(self) -> str: ...
+
+
+def publish[Sent: _Sent](tracer: Tracer, queue: str, specs: list[JobSpec],
+                         send: Callable[[list[JobSpec]], list[Sent]]) -> list[Sent]:
     """`send` the jobs inside one producer span, "publish <queue>", each job carrying its context
     (a batch's jobs carry it as a link)."""
     from opentelemetry.trace import SpanKind

@@ -9,7 +9,7 @@ wants it elsewhere (or on another admin site) can still include it itself:
         path("admin/", admin.site.urls),
     ]
 
-Pages link within the mount that served them (`views.console_reverse`).
+Pages link within the mount that served them (`console.site.console_reverse`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from django.http import HttpResponse
 from django.urls import path
 from django.views.decorators.http import require_POST
 
-from .views import Console
+from .console.pages import Console
 
 
 def console_urls(site: AdminSite) -> list[Any]:

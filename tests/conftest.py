@@ -11,8 +11,7 @@ import redis
 from django.conf import settings as django_settings
 from redis.cluster import RedisCluster
 
-from jobqueue import conf
-from jobqueue.store import Queue
+from jobqueue import Queue, conf
 
 from .servers import ValkeyCluster, ValkeyProcess
 

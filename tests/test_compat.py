@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from jobqueue import _compat, spec, wire
-from jobqueue.api import in_transaction
+from jobqueue import _compat, spec
+from jobqueue._compat import in_transaction
 from jobqueue.conf import get_client
+from jobqueue.engine import wire
 
 
 def test_in_transaction_reads_a_threads_connections_without_opening_one() -> None:

@@ -11,9 +11,9 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from jobqueue import Queue, conf, get_job
-from jobqueue.mirror import upsert
+from jobqueue.history.mirror import upsert
 from jobqueue.models import Job
-from jobqueue.store import JobSpec
+from jobqueue.spec import JobSpec
 from tests import workers
 from tests.jobapp import jobs
 
@@ -223,8 +223,8 @@ def test_stuck_view_flags_jobs_running_far_beyond_the_queues_usual_time(admin_cl
 
 def test_the_schedules_page_lists_ticks_and_runs_pauses_and_resumes(admin_client: Client,
                                                                      settings: Any) -> None:
-    from jobqueue import schedule
     from jobqueue.conf import get_client
+    from jobqueue.operations import schedule
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULE": {
         "nightly": {"job": "tests.jobapp.jobs.noop", "cron": "30 2 * * *", "timezone": "Europe/Paris"},
@@ -439,7 +439,7 @@ def test_a_search_reads_the_history_through_indexes_only(admin_client: Client) -
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from jobqueue import readmodels
+    from jobqueue.console import readmodels
 
     Job.objects.bulk_create(
         [Job(id=f"JOB{n:011d}", queue="default", state="succeeded", lane=f"tenant-{n % 30}",
@@ -459,7 +459,7 @@ def test_a_payload_of_any_shape_is_mirrored_and_its_handler_found() -> None:
     payload without one, or with a long or odd one, is mirrored all the same."""
     import json
 
-    from jobqueue import readmodels
+    from jobqueue.console import readmodels
 
     long = "app.jobs." + "x" * 300
     payloads = ['{"handler": "app.jobs.a", "args": []}', "[1, 2]", '"text"', '{"handler": 5}',

@@ -15,10 +15,11 @@ from django.test import Client
 from django.urls import reverse
 from django.views.debug import ExceptionReporter
 
-from jobqueue import Queue, chain, conf, schedule
+from jobqueue import Queue, chain, conf
 from jobqueue.conf import get_client
 from jobqueue.embedded import free_port
-from jobqueue.mirror import upsert
+from jobqueue.history.mirror import upsert
+from jobqueue.operations import schedule
 from jobqueue.urls import console_urls
 from tests import workers
 from tests.jobapp import jobs

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from jobqueue import Queue
-from jobqueue.mirror import Mirror
+from jobqueue.history.mirror import Mirror
 from jobqueue.models import Job
 from tests.jobapp import jobs
 

@@ -11,7 +11,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from jobqueue import Queue
-from jobqueue.mirror import Mirror, upsert
+from jobqueue.history.mirror import Mirror, upsert
 from jobqueue.models import EncodedJSON, Job, insert_jobs
 from tests.jobapp import jobs
 

@@ -199,7 +199,7 @@ def test_debounce_is_refused_on_a_durable_queue_and_nothing_is_written() -> None
     # A debounce replaces the waiting job's arguments in Valkey; the durable row, written
     # first, would keep the old ones, and a restore would bring them back.
     from jobqueue.exceptions import InvalidOption
-    from jobqueue.store import JobSpec
+    from jobqueue.spec import JobSpec
 
     refused = "debounce cannot be used on a durable queue"
     with pytest.raises(InvalidOption, match=refused), transaction.atomic():
@@ -216,7 +216,7 @@ def test_a_retried_runs_event_mirrored_late_leaves_the_reopened_row_unfinished()
     # The job died, its `done` event still waits in the stream (no mirror ran yet), and an
     # operator retries it: the row reopens. The late event must not make it dead again, or a
     # restore after Valkey lost its data would miss the pending job.
-    from jobqueue.mirror import Mirror
+    from jobqueue.history.mirror import Mirror
 
     ref = jobs.always_fails.using(queue="durable", max_attempts=1).enqueue("no")
     queue = Queue("durable")

@@ -13,7 +13,7 @@ from django.db import transaction
 
 from jobqueue import Queue, chain, chord, flows, get_job
 from jobqueue.exceptions import InvalidFlow
-from jobqueue.mirror import Mirror
+from jobqueue.history.mirror import Mirror
 from jobqueue.models import Job
 from jobqueue.worker.executor import execute
 from tests.jobapp import jobs
@@ -132,7 +132,7 @@ def test_a_durable_flow_sent_while_valkey_was_down_is_relayed(settings: Any,
 
 def test_an_operator_retry_recreates_durable_flow_jobs_valkey_no_longer_holds(
         valkey_server: ValkeyProcess) -> None:
-    from jobqueue.actions import retry_job
+    from jobqueue.console.actions import retry_job
 
     queue = Queue("durable")
     ref = chain(jobs.add.using(queue="durable").s(1, 2), jobs.mul.using(queue="durable").s(10)).enqueue()

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from jobqueue import backlog, conf, handoff, keys, layouts, scripts, wire
+from jobqueue import Queue, conf, keys
+from jobqueue.engine import backlog, handoff, layouts, scripts, wire
+from jobqueue.engine.scripts import caller
 from jobqueue.exceptions import (
     InvalidJobId,
     InvalidName,
@@ -24,9 +26,7 @@ from jobqueue.exceptions import (
     InvalidTransition,
     JobNotFound,
 )
-from jobqueue.scripts import caller
-from jobqueue.spec import prepare
-from jobqueue.store import JobSpec, Queue
+from jobqueue.spec import JobSpec, prepare
 
 from .workers import ROOT, wait_for
 

@@ -79,7 +79,7 @@ def test_wait_replicas_returns_once_a_replica_holds_the_jobs_and_says_when_none_
     import signal
 
     from jobqueue.exceptions import NotReplicated
-    from jobqueue.store import JobSpec
+    from jobqueue.spec import JobSpec
 
     cluster = ValkeyCluster(size=3, replicas=1, node_timeout_ms=1000).start()
     try:

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue import Queue, conf, ids, outbox, wire
+from jobqueue import Queue, conf, ids
+from jobqueue.engine import wire
+from jobqueue.history import outbox
 from jobqueue.keys import ShardKeys
 from jobqueue.models import Job
 from tests.jobapp import jobs
@@ -238,7 +240,7 @@ def test_a_durable_retry_whose_reply_is_lost_stays_retried_in_the_database(
 @pytest.mark.django_db(transaction=True)
 def test_an_operator_retry_racing_a_settling_resize_leaves_no_job_on_a_retired_shard(
         durable: Queue) -> None:
-    from jobqueue import layouts
+    from jobqueue.engine import layouts
 
     durable.resize(2)
     refs = jobs.always_fails.using(queue="durable", max_attempts=1).enqueue_many(
@@ -284,7 +286,7 @@ def impatient_database() -> Iterator[None]:
 def test_a_mirror_batch_written_late_does_not_overwrite_a_newer_outcome(durable: Queue) -> None:
     from django.db import DatabaseError
 
-    from jobqueue.mirror import Mirror
+    from jobqueue.history.mirror import Mirror
 
     ref = jobs.add.using(queue="durable", max_attempts=1).enqueue(1, 2)
     [lease] = durable.dequeue(worker="w")
@@ -305,8 +307,8 @@ def test_a_mirror_batch_written_late_does_not_overwrite_a_newer_outcome(durable:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_retried_from_its_mirror_row_is_mirrored_again_when_it_succeeds() -> None:
-    from jobqueue import actions
-    from jobqueue.mirror import Mirror
+    from jobqueue.console import actions
+    from jobqueue.history.mirror import Mirror
 
     queue = Queue("default")
     ref = jobs.add.using(max_attempts=2, backoff=0).enqueue(1, 2)
@@ -329,7 +331,7 @@ def test_a_cancel_event_written_late_does_not_overwrite_the_dependents_coming_ba
     """A dependent a member's failure cancelled comes back to wait (a retry of that member):
     its `waiting` event carries when (`revived_at`, Valkey's clock), so the cancel's event, in a
     batch written again after it, is older and changes nothing; a newer finish still does."""
-    from jobqueue.mirror import upsert
+    from jobqueue.history.mirror import upsert
 
     job_id = ids.new_id()
     base = {"id": job_id, "payload": '{"handler":"tests.jobapp.jobs.add"}', "attempts": "0"}

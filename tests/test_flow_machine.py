@@ -37,10 +37,12 @@ from hypothesis.stateful import (
 )
 from redis.cluster import RedisCluster
 
-from jobqueue import Queue, chain, chord, conf, flows, group, layouts, relay
+from jobqueue import Queue, chain, chord, conf, flows, group
+from jobqueue.engine import layouts
+from jobqueue.engine.store import FORWARDED
 from jobqueue.exceptions import InvalidFlow, InvalidOption, InvalidTransition
+from jobqueue.flows import relay
 from jobqueue.records import Lease
-from jobqueue.store import FORWARDED
 from tests.jobapp import jobs
 
 NAME = "flowq"

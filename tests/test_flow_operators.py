@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue import Queue, chain, chord, conf, flows, layouts, relay
-from jobqueue.mirror import Mirror
+from jobqueue import Queue, chain, chord, conf, flows
+from jobqueue.engine import layouts
+from jobqueue.flows import relay
+from jobqueue.history.mirror import Mirror
 from jobqueue.models import Job
 from tests.jobapp import jobs
 

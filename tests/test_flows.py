@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobqueue import Queue, chain, chord, dag, flows, group, relay
-from jobqueue.api import JobFunction, JobOptions
+from jobqueue import JobRef, Queue, chain, chord, flows, group
+from jobqueue.api.composition import GroupRef
+from jobqueue.api.handler import write_progress
+from jobqueue.api.registry import JobFunction, JobOptions
 from jobqueue.exceptions import InvalidFlow, InvalidJobId, JobFailed, UnknownHandler
-from jobqueue.flows import GroupRef
-from jobqueue.handler import write_progress
+from jobqueue.flows import graph, relay
 from jobqueue.records import Lease
-from jobqueue.refs import JobRef
 from jobqueue.spec import JobSpec
 from jobqueue.worker.executor import execute
 from tests.jobapp import jobs
@@ -77,8 +77,8 @@ def test_the_previous_result_goes_into_the_top_level_args_only(valkey_url: str) 
     first = jobs.add.enqueue(2, 3)
     payload = {"kwargs": {"config": nested}, "args": ['\\"args":[', "x"],
                "handler": jobs.echo.name}
-    node = dag.Node(JobSpec(payload), ((first.id, 0, "f"),), "first", 1)
-    [late] = dag.enqueue(queue, [node], dag.checked(queue, [node]))
+    node = graph.Node(JobSpec(payload), ((first.id, 0, "f"),), "first", 1)
+    [late] = graph.enqueue(queue, [node], graph.checked(queue, [node]))
     run_all(queue)
     assert late.result(timeout=5) == {"args": [5, '\\"args":[', "x"],
                                       "kwargs": {"config": nested}}

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from jobqueue import Queue, chain, chord, conf, flows, group, relay
+from jobqueue import Queue, chain, chord, conf, flows, group
+from jobqueue.engine.scripts import caller
+from jobqueue.flows import relay
 from jobqueue.keys import placement_hash
-from jobqueue.scripts import caller
 from tests.jobapp import jobs
 
 from .test_flows import run_all
@@ -219,8 +220,8 @@ def _chord_runs(queue: Queue) -> list[Any]:
 @pytest.mark.django_db(transaction=True)
 def test_a_spread_durable_chord_restores_after_valkey_lost_its_data(
         settings: Any, valkey_server: Any) -> None:
-    from jobqueue import outbox
-    from jobqueue.mirror import Mirror
+    from jobqueue.history import outbox
+    from jobqueue.history.mirror import Mirror
     from jobqueue.models import Job
 
     header, callback = _durable_chord(settings, valkey_server.url, 16)
@@ -247,7 +248,8 @@ def test_a_spread_durable_chord_whose_writer_died_between_its_calls_is_sent_agai
     writes the rest, and the callback runs once with every result in order."""
     from django.db import transaction
 
-    from jobqueue import dag, outbox
+    from jobqueue.flows import graph
+    from jobqueue.history import outbox
 
     header, callback = _durable_chord(settings, valkey_server.url, 12)
     queue = Queue("durable4")
@@ -255,12 +257,12 @@ def test_a_spread_durable_chord_whose_writer_died_between_its_calls_is_sent_agai
     edges = tuple((str(node.spec.job_id), slot, "f") for slot, node in enumerate(nodes))
     nodes.append(callback.node(edges, "list", "f"))
     flow = str(nodes[-1].spec.job_id)
-    prepared = dag.checked(queue, nodes)
+    prepared = graph.checked(queue, nodes)
     with transaction.atomic():
         shards = outbox.write_flow(queue, nodes, prepared, flow)
-    writing = dag.Writing(queue, list(zip(nodes, prepared, strict=True)), flow, {}, True)
-    where = dag.placement(writing.todo, 4, shards, writing.locate)
-    assert writing.call(dag.order(writing.todo, where)[0], where)  # ... and the writer died
+    writing = graph.Writing(queue, list(zip(nodes, prepared, strict=True)), flow, {}, True)
+    where = graph.placement(writing.todo, 4, shards, writing.locate)
+    assert writing.call(graph.order(writing.todo, where)[0], where)  # ... and the writer died
     assert 0 < writing.written < 13 and queue.get(flow).state == "waiting"  # type: ignore[union-attr]
     env = {"JOBQUEUE_TEST_QUEUES": json.dumps(DURABLE)}
     assert run_burst(valkey_server.url, "--queues", "durable4", env=env) == 0
@@ -295,24 +297,24 @@ def test_a_malformed_entry_is_dropped_and_holds_up_nothing(four: Queue) -> None:
 
 def _chain_nodes(queue: Queue, lane: str) -> tuple[list[Any], list[Any]]:
     """chain(M, D) with D on `lane`, as dag's nodes and their prepared jobs."""
-    from jobqueue import dag
+    from jobqueue.flows import graph
 
     member = jobs.add.using(queue=FOUR).s(2, 3).node()
     dependent = jobs.mul.using(queue=FOUR, lane=lane).s(10).node(
         ((str(member.spec.job_id), 0, "f"),), "first")
     nodes = [member, dependent]
-    return nodes, dag.checked(queue, nodes)
+    return nodes, graph.checked(queue, nodes)
 
 
 def test_a_member_placed_on_its_dependents_shard_after_a_resize_turned_it_away_is_linked(
         four: Queue) -> None:
     """D was written on shard 2 naming M on shard 3; M's call was turned away (a shrink) and
     M placed again on shard 2: its call still writes M's edge to D, and M's success releases D."""
-    from jobqueue import dag
+    from jobqueue.flows import graph
 
     nodes, prepared = _chain_nodes(four, lane_on(2))
     m, d = (str(node.spec.job_id) for node in nodes)
-    writing = dag.Writing(four, list(zip(nodes, prepared, strict=True)), "", {}, False)
+    writing = graph.Writing(four, list(zip(nodes, prepared, strict=True)), "", {}, False)
     assert writing.call(2, {m: 3, d: 2})  # the dependent first, its member then on shard 3 ...
     assert writing.call(2, {m: 2, d: 2})  # ... placed again on shard 2 at the next turn
     writing.links_left({m: 2, d: 2})
@@ -343,7 +345,8 @@ def test_a_durable_flow_is_written_once_whatever_its_shards_after_a_resize(
     """Its push marks its rows relayed (a relay pass sends nothing again); sent again all the
     same after a shrink re-placed its lane (and with rows naming other shards), each job Valkey
     holds stays where it is: one copy of each, and the chain runs once."""
-    from jobqueue import dag, outbox
+    from jobqueue.flows import graph
+    from jobqueue.history import outbox
     from jobqueue.models import Job
 
     _durable_chord(settings, valkey_server.url, 1)
@@ -358,7 +361,7 @@ def test_a_durable_flow_is_written_once_whatever_its_shards_after_a_resize(
     assert outbox.relay([Queue("durable4")], grace=0) == 0
     assert [_copies(queue, job_id) for job_id in ids] == [1, 1]
     nodes = [outbox._node(row) for row in Job.objects.filter(pk__in=ids).order_by("enqueued_at")]
-    assert dag.write(queue, nodes, dag.checked(queue, nodes), ref.id, again=True,
+    assert graph.write(queue, nodes, graph.checked(queue, nodes), ref.id, again=True,
                      prefer={job_id: 2 for job_id in ids})[1] == 0
     assert [_copies(queue, job_id) for job_id in ids] == [1, 1]
     run_all(queue)
@@ -395,7 +398,7 @@ def test_a_stale_delivery_changes_nothing_after_a_retried_members_newer_outcome(
 
 def test_a_failure_answers_whether_it_forwarded_to_another_shard(four: Queue) -> None:
     """The worker relays after a terminal nack only when it forwarded (as after an ack)."""
-    from jobqueue.store import nack_forwarding
+    from jobqueue.engine.store import nack_forwarding
 
     a = jobs.fails_with.using(queue=FOUR, lane=lane_on(0)).enqueue("x")
     jobs.noop.using(queue=FOUR, lane=lane_on(2), depends_on=[a]).enqueue()
@@ -422,7 +425,7 @@ def test_an_ack_answers_whether_it_recorded_a_cancel_and_whether_it_forwarded(
 
 
 def test_a_shrink_settles_only_once_the_retired_shards_entries_are_relayed(four: Queue) -> None:
-    from jobqueue import layouts
+    from jobqueue.engine import layouts
 
     a = jobs.add.using(queue=FOUR, lane=lane_on(3)).enqueue(1, 2)
     stays = next(f"l{n}" for n in itertools.count() if placement_hash(f"l{n}") % 12 == 0)

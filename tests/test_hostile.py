@@ -37,7 +37,10 @@ BAD_HANDLERS: list[Any] = [
     "django.tasks:builtins.exec", "django.tasks:\x00", "django.tasks:" + "a." * 5000,
     "celery:", "celery:..x", "celery:nope", "celery:celery.backend_cleanup", "celery:celery.map",
     f"celery:{SIDEFX}.whatever", "", " ", "\x00", "é" * 300, "a" * 100_000, f"{SIDEFX}.whatever",
-    "tests.jobapp.jobs.add ", "tests.jobapp.jobs.missing", "jobqueue.api.enqueue", "builtins.eval",
+    "tests.jobapp.jobs.add ", "tests.jobapp.jobs.missing", "builtins.eval",
+    # A real function that is no @job (enqueue by dotted path), and the package it once was named
+    # by: only the registry resolves a name, never an import.
+    "jobqueue.api.registry.enqueue", "jobqueue.api.enqueue",
     "celery", "django.tasks", "celery:tests.jobapp.celery_tasks.shout:", "\ud800",
     123, 1.5, True, None, ["tests.jobapp.jobs.add"], {"name": "tests.jobapp.jobs.add"},
 ]

@@ -24,7 +24,9 @@ def test_the_wheel_installs_into_a_new_project_and_runs_a_job_in_its_console(tmp
     wheel = found["wheel"]
     assert isinstance(wheel, Path)
     names = zipfile.ZipFile(wheel).namelist()
-    assert "jobqueue/scripts/claim.lua" in names and "jobqueue/migrations/0001_initial.py" in names
+    assert "jobqueue/engine/scripts/claim.lua" in names and "jobqueue/migrations/0001_initial.py" in names
+    assert "jobqueue/engine/scripts/_common.lua" in names
+    assert "jobqueue/console/pages.py" in names and "jobqueue/flows/__init__.py" in names
     assert "jobqueue/templates/admin/jobqueue/dashboard.html" in names
     assert found["row"] == "succeeded receipt 991 sent"
     assert str(tmp_path / "venv") in str(found["where"])  # not the source tree

@@ -13,7 +13,7 @@ except ImportError:  # Django 5.2: the django-tasks backport
 from jobqueue import Queue, enqueue, get_job
 from jobqueue.exceptions import InvalidOption, InvalidPriority, UnknownHandler
 from jobqueue.models import Job
-from jobqueue.store import JobSpec
+from jobqueue.spec import JobSpec
 from tests.jobapp import celery_tasks, django_tasks, jobs
 
 from .servers import ValkeyProcess
@@ -47,11 +47,11 @@ def test_a_handlers_enqueue_that_meets_a_taken_id_mints_another(monkeypatch) -> 
     """The short way (`Queue.enqueue_encoded`) sends no `Prepared`; when the shard says its minted
     id is taken by another job, it goes the batches' way (`Queue.enqueue_prepared`), which mints
     anew. The other job's row is left as it was."""
-    from jobqueue import api, ids
+    from jobqueue import ids
 
     first = jobs.add.enqueue(1, 2)
     taken, mint = iter([first.id]), ids.new_id
-    monkeypatch.setattr(api.ids, "new_id", lambda: next(taken, None) or mint())
+    monkeypatch.setattr(ids, "new_id", lambda: next(taken, None) or mint())
     second = jobs.add.enqueue(3, 4)
     assert second.id != first.id and second.created
     assert get_job(first.id).payload["args"] == [1, 2]  # type: ignore[union-attr]
@@ -59,13 +59,13 @@ def test_a_handlers_enqueue_that_meets_a_taken_id_mints_another(monkeypatch) -> 
 
 
 def test_the_transaction_check_agrees_with_django_wherever_it_runs() -> None:
-    """`api.in_transaction` reads a sync thread's connection without asgiref's `Local` (see its
+    """`_compat.in_transaction` reads a sync thread's connection without asgiref's `Local` (see its
     docstring); it must answer as `transaction.get_connection()` does: outside and inside
     `atomic()`, in a thread that never opened a connection, and on an event loop."""
     import asyncio
     import threading
 
-    from jobqueue.api import in_transaction
+    from jobqueue._compat import in_transaction
 
     def both() -> tuple[bool, bool]:
         return in_transaction(), transaction.get_connection().in_atomic_block
@@ -151,7 +151,7 @@ def test_celery_tasks_run_unchanged_with_retries(valkey_server: ValkeyProcess) -
 
 
 def test_mirror_keeps_ids_that_differ_only_in_case_apart() -> None:
-    from jobqueue.mirror import upsert
+    from jobqueue.history.mirror import upsert
 
     upsert([{"id": "JOB0000000000a", "state": "succeeded"},
             {"id": "JOB0000000000A", "state": "dead"}], "q")
@@ -169,7 +169,7 @@ def test_the_mirror_rereads_what_a_failed_write_left_and_takes_over_a_dead_worke
 
     from django.db import DatabaseError
 
-    from jobqueue import mirror
+    from jobqueue.history import mirror
 
     def finish(queue: Queue, n: int) -> set[str]:
         refs = queue.enqueue_many([JobSpec(i) for i in range(n)])
@@ -202,7 +202,7 @@ def test_the_mirror_rereads_what_a_failed_write_left_and_takes_over_a_dead_worke
 
 
 def test_shard_rows_record_counts_and_draining_shards(valkey_server: ValkeyProcess) -> None:
-    from jobqueue.mirror import record_shards
+    from jobqueue.history.mirror import record_shards
     from jobqueue.models import Shard
 
     Queue("wide", shards=3).enqueue_many([JobSpec(i) for i in range(30)])
@@ -238,7 +238,7 @@ def test_worker_summary_reports_rate_and_lag(valkey_server: ValkeyProcess, caplo
         worker.maintenance.summary()
     [line] = [r.getMessage() for r in caplog.records if "summary" in r.getMessage()]
     assert "jobs/s" in line and "pending=1" in line and "lag=" in line
-    from jobqueue import readmodels
+    from jobqueue.console import readmodels
 
     view = readmodels.overview(Queue("default"))  # the summary sampled this minute for the charts
     assert view.backlog[-1] == 1 and view.oldest[-1] >= 0

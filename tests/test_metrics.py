@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from jobqueue import Queue, conf, signals
-from jobqueue.store import JobSpec
+from jobqueue.spec import JobSpec
 from jobqueue.worker import Worker, WorkerConfig
 from tests.jobapp import jobs
 

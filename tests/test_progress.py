@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from jobqueue import JobContext, Queue, get_job
-from jobqueue.handler import PROGRESS_EVERY, ProgressBoard, write_progress
+from jobqueue.api.handler import PROGRESS_EVERY, ProgressBoard, write_progress
 from jobqueue.worker.executor import execute
 from tests.jobapp import jobs
 
@@ -44,7 +44,7 @@ def test_progress_in_a_tight_loop_is_coalesced(valkey_server: ValkeyProcess) -> 
     [lease] = queue.dequeue(count=1)
     board, stop = ProgressBoard(), threading.Event()
     ctx = JobContext(lease)
-    import jobqueue.handler as handler
+    import jobqueue.api.handler as handler
 
     original, handler.PROGRESS = handler.PROGRESS, board  # this test's own board
     writer = threading.Thread(target=board.run, args=(stop,))
@@ -79,7 +79,7 @@ def test_the_last_progress_is_written_while_the_progress_thread_is_writing_it(
     """The progress thread has taken the job's last value and is about to write it when the
     job ends: the runner must not let the outcome be recorded before that write lands (a
     fenced write after the ack is refused, and the value lost)."""
-    import jobqueue.handler as handler
+    import jobqueue.api.handler as handler
 
     queue = Queue("default")
     gate = tmp_path / "go"

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from jobqueue import conf, layouts
-from jobqueue.store import JobSpec, Queue, known_queues
+from jobqueue import Queue, conf
+from jobqueue.engine import layouts
+from jobqueue.engine.store import known_queues
+from jobqueue.spec import JobSpec
 
 from .workers import start_worker, wait_for
 

@@ -14,10 +14,11 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jobqueue import Queue, chord, conf, handoff, layouts, spec
+from jobqueue import Queue, chord, conf, spec
+from jobqueue.engine import handoff, layouts
+from jobqueue.engine.scripts import caller
+from jobqueue.engine.store import _claim_head, _dead_retention_ms, _retention_ms
 from jobqueue.keys import placement_hash
-from jobqueue.scripts import caller
-from jobqueue.store import _claim_head, _dead_retention_ms, _retention_ms
 from tests.jobapp import jobs
 
 FOUR = "four"
@@ -147,10 +148,10 @@ def test_operator_transitions(queue: Queue) -> None:
 
 
 def test_flow(queue: Queue) -> None:
-    from jobqueue import dag
+    from jobqueue.flows import graph
 
-    nodes = [dag.Node(spec.JobSpec("a")), dag.Node(spec.JobSpec("b"))]
-    prepared = dag.checked(queue, nodes)
+    nodes = [graph.Node(spec.JobSpec("a")), graph.Node(spec.JobSpec("b"))]
+    prepared = graph.checked(queue, nodes)
     first, second = (str(job.job_id) for job in prepared)
     args = ["F1", _retention_ms(), "new", 2]
     for job, members in ((prepared[0], []), (prepared[1], [[first, 0, "f", ""]])):
@@ -213,7 +214,7 @@ def test_a_resize_compare_and_set(valkey: Any) -> None:
 
 
 def test_every_transition_script_has_a_case() -> None:
-    from jobqueue.scripts import TRANSITIONS
+    from jobqueue.engine.scripts import TRANSITIONS
 
     covered = {"enqueue", "claim", "ack", "nack", "extend", "checkpoint", "release", "reap",
                "promote", "retry", "reprioritize", "cancel", "counts", "heads",

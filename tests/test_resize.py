@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from jobqueue import layouts
+from jobqueue import Queue
+from jobqueue.engine import layouts
 from jobqueue.exceptions import InvalidOption
 from jobqueue.keys import placement_hash
-from jobqueue.store import JobSpec, Queue
+from jobqueue.spec import JobSpec
 
 
 def settle(queue: Queue) -> layouts.Layout | None:
@@ -225,7 +226,7 @@ def test_resizing_under_load_loses_nothing_and_runs_nothing_twice(
     shrinks 4 → 2: every job runs once, the shrink retires shards 2 and 3, and their rows say so."""
     import threading
 
-    from jobqueue.mirror import record_shards
+    from jobqueue.history.mirror import record_shards
     from jobqueue.models import Job, Shard
     from tests.jobapp import jobs
     from tests.workers import start_worker, wait_for
@@ -283,8 +284,8 @@ def test_resizing_under_load_loses_nothing_and_runs_nothing_twice(
 
 
 def test_a_corrupt_autoscale_state_starts_counting_afresh(valkey_server: Any, settings: Any) -> None:
-    from jobqueue import autoscale
     from jobqueue.conf import AutoShards
+    from jobqueue.operations import autoscale
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"elastic": {"shards": "auto"}}}
     queue = Queue("elastic")

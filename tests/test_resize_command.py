@@ -10,8 +10,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from jobqueue import Queue
 from jobqueue.keys import placement_hash
-from jobqueue.store import Queue
 
 pytestmark = pytest.mark.django_db
 

@@ -12,11 +12,10 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from jobqueue import Queue, get_job
+from jobqueue import JobRef, Queue, get_job
 from jobqueue.exceptions import JobFailed, JobNotFound
-from jobqueue.mirror import Mirror
+from jobqueue.history.mirror import Mirror
 from jobqueue.models import Job
-from jobqueue.refs import JobRef
 from tests.jobapp import celery_tasks, jobs
 
 from .servers import ValkeyProcess

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from django.core.checks import run_checks
 
-from jobqueue import Queue, conf, cron, schedule
+from jobqueue import Queue, conf, cron
 from jobqueue.conf import get_client
 from jobqueue.exceptions import ConfigurationError
 from jobqueue.models import Job
+from jobqueue.operations import schedule
 
 from .servers import ValkeyProcess
 from .workers import run_burst, start_worker, wait_for

@@ -15,10 +15,12 @@ import redis
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from jobqueue import Queue, lanes, schedule, wire
+from jobqueue import Queue
 from jobqueue.conf import get_client, loop_factory
+from jobqueue.engine import lanes, wire
+from jobqueue.engine.scripts import TRANSITIONS, source
 from jobqueue.models import Job
-from jobqueue.scripts import TRANSITIONS, source
+from jobqueue.operations import schedule
 from jobqueue.worker.waitline import WaitLine
 from tests.jobapp import jobs
 

@@ -172,7 +172,7 @@ def test_a_tasks_backend_that_cannot_be_imported_is_named(settings: Any) -> None
 
 def test_deploy_checks_say_when_valkey_is_unreachable_or_too_old(settings: Any) -> None:
     from jobqueue import conf
-    from jobqueue.checks import check_valkey
+    from jobqueue.operations.checks import check_valkey
 
     assert check_valkey() == []  # the test Valkey: recent, answering
     settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": "redis://127.0.0.1:1/0"}
@@ -192,7 +192,7 @@ def test_a_rate_with_digits_int_refuses_is_a_clear_error(raw: str) -> None:
 
 
 def test_lane_caps_and_cron_fields_typed_with_superscripts_are_clear_errors() -> None:
-    from jobqueue import actions
+    from jobqueue.console import actions
     from jobqueue.cron import Cron
     from jobqueue.exceptions import InvalidOption
 

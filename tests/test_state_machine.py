@@ -24,9 +24,9 @@ from hypothesis.stateful import (
 )
 from redis.cluster import RedisCluster
 
+from jobqueue import Queue
 from jobqueue.exceptions import InvalidTransition
 from jobqueue.records import Lease
-from jobqueue.store import Queue
 
 LANES = ["", "a", "b"]
 TERMINAL = {"succeeded", "dead", "cancelled"}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from jobqueue import Queue
-from jobqueue.api import get_job
+from jobqueue.api.registry import get_job
 from jobqueue.models import Job
 from tests.jobapp import jobs
 

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from jobqueue import backlog, conf, handoff, lanes
+from jobqueue import Queue, conf
+from jobqueue.engine import backlog, handoff, lanes
 from jobqueue.exceptions import InvalidName, InvalidOption, InvalidTransition
 from jobqueue.keys import placement_hash
 from jobqueue.records import Lease
-from jobqueue.store import JobSpec, Queue
+from jobqueue.spec import JobSpec
 
 from .test_engine import server_ms, wait_past
 from .test_resize import moved_lane, settle

@@ -13,8 +13,8 @@ from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
-from jobqueue import wire
 from jobqueue.conf import loop_factory
+from jobqueue.engine import wire
 from jobqueue.worker.waitline import WaitLine
 from tests.servers import ValkeyProcess
 

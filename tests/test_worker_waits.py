@@ -377,7 +377,8 @@ def test_a_worker_that_falls_busy_withdraws_its_offers_on_its_other_shards(
     # Idle, a worker offers itself on each shard. Handed a job on one, it is busy: its offers
     # on the others go at once, or enqueues there would hand it more jobs than it has room for
     # (capacity 2 here: one running, one claimed ahead) while other workers idle.
-    from jobqueue import conf, ids, layouts
+    from jobqueue import conf, ids
+    from jobqueue.engine import layouts
 
     wide = {"wide": {"shards": 3}}
     settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **wide}}

@@ -30,14 +30,15 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from .. import ids
-from ..api import JobFunction, JobOptions, get_job, submit
+from ..api.dispatch import submit
+from ..api.handler import RetryLater, Unretryable
+from ..api.registry import JobFunction, JobOptions, get_job
+from ..engine.refs import JobRef
+from ..engine.store import JobSpec, Lease, Queue
 from ..exceptions import InvalidJobId, InvalidOption, JobFailed, UnknownHandler
-from ..handler import RetryLater, Unretryable
 from ..records import int_field
-from ..refs import JobRef
 from ..spec import MAX_ATTEMPTS
 from ..states import State
-from ..store import JobSpec, Lease, Queue
 
 PREFIX = "celery:"
 # Transport details with no meaning here; anything else (link, time_limit, chord, …) would be

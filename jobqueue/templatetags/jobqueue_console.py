@@ -7,7 +7,7 @@ from typing import Any
 
 from django import template
 
-from ..console_actions import console_reverse
+from ..console.site import console_reverse
 
 register = template.Library()
 

@@ -1,6 +1,9 @@
-"""The worker that `manage.py runworker` runs."""
+"""The worker that `manage.py runworker` runs.
 
-from ..handler import JobCancelled, JobContext, RetryLater  # the handler's API, also in jobqueue
+May import: operations and everything below; never the console.
+"""
+
+from ..api.handler import JobCancelled, JobContext, RetryLater  # the handler's API, also in jobqueue
 from .core import Worker
 from .serving import WorkerConfig
 

@@ -33,10 +33,10 @@ from collections import defaultdict
 from redis.exceptions import RedisError
 
 from .. import collector, tracing
+from ..api.handler import PROGRESS
+from ..engine.store import Queue
 from ..exceptions import VALKEY_DOWN, JobQueueError
-from ..handler import PROGRESS
 from ..records import Lease
-from ..store import Queue
 from . import presence
 from .executor import Outcome
 from .heartbeat import Heartbeat

@@ -18,10 +18,10 @@ import traceback
 from typing import Any, NamedTuple, TypeGuard
 
 from .. import tracing
-from ..api import JobFunction, handler_for
+from ..api.handler import JobCancelled, JobContext, RetryLater, Unretryable
+from ..api.registry import JobFunction, handler_for
 from ..conf import loop_factory
 from ..exceptions import VALKEY_DOWN, JobQueueError, UnknownHandler
-from ..handler import JobCancelled, JobContext, RetryLater, Unretryable
 from ..records import Lease
 from ..spec import dumps
 

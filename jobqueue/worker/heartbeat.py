@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
-from ..store import Queue
+from ..engine.store import Queue
 from .serving import Held, HeldJobs
 
 log = logging.getLogger("jobqueue.worker")

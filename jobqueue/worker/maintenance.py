@@ -19,9 +19,12 @@ import time
 
 from django.db import DatabaseError
 
-from .. import autoscale, backlog, layouts, outbox, relay, schedule
 from ..conf import get_client, get_config
-from ..store import Queue, known_queues
+from ..engine import backlog, layouts
+from ..engine.store import Queue, known_queues
+from ..flows import relay
+from ..history import outbox
+from ..operations import autoscale, schedule
 from . import presence
 from .mirror_thread import close_db
 from .outcomes import Outcomes

@@ -23,12 +23,13 @@ from typing import Any
 from django.db import DatabaseError, connections
 from redis.exceptions import RedisError
 
-from .. import collector, outbox
+from .. import collector
+from ..conf import rediscover
+from ..engine.layouts import known_queues
+from ..engine.store import Queue
 from ..exceptions import VALKEY_DOWN
-from ..layouts import known_queues
-from ..mirror import Mirror, record_shards
-from ..scripts import caller
-from ..store import Queue
+from ..history import outbox
+from ..history.mirror import Mirror, record_shards
 from .serving import WorkerConfig
 from .supervisor import Forked, fork, forkable
 
@@ -101,7 +102,7 @@ class MirrorThread:
         go to nodes directly, and in a process of its own no worker refreshes it meanwhile)."""
         with contextlib.suppress(RedisError):
             for client in {id(q.client): q.client for q in self.mirror.queues}.values():
-                caller.rediscover(client)
+                rediscover(client)
 
     def final_pass(self, insist: bool, abort: threading.Event) -> None:
         """Mirror what is left. Insisting (a burst run), take over dead mirrors' entries too and

@@ -22,11 +22,12 @@ from queue import Empty, SimpleQueue
 
 from redis.exceptions import RedisError
 
-from .. import relay, signals
+from .. import signals
+from ..engine.store import ACKED, FORWARDED, Queue, nack_forwarding
 from ..exceptions import VALKEY_DOWN
+from ..flows import relay
 from ..records import Lease
 from ..states import State
-from ..store import ACKED, FORWARDED, Queue, nack_forwarding
 from .executor import Outcome
 from .serving import HeldJobs, Served
 

@@ -42,8 +42,8 @@ from typing import Any, TypeVar
 from .. import signals, tracing
 from .._compat import connection_closer
 from ..conf import loop_factory
+from ..engine.store import Queue
 from ..records import Lease
-from ..store import Queue
 from .executor import Outcome, Prepared, execute, execute_async, is_async, prepare
 from .pool import Abandoned, PoolProcess
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from redis.exceptions import AuthenticationError
 
 from .. import spec
+from ..engine.store import Queue, known_queues
 from ..exceptions import VALKEY_DOWN, ConfigurationError
 from ..records import Lease
-from ..store import Queue, known_queues
 
 log = logging.getLogger("jobqueue.worker")
 

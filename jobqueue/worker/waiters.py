@@ -39,10 +39,10 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
-from .. import handoff, wire
+from ..engine import handoff, wire
+from ..engine.store import READ_SLACK, Queue
 from ..keys import ShardKeys
 from ..records import Lease
-from ..store import READ_SLACK, Queue
 from .runners import EventLoop
 from .serving import HeldJobs, WorkerConfig
 from .waitline import WaitLine

@@ -21,7 +21,8 @@ from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
-from .. import _compat, wire
+from .. import _compat
+from ..engine import wire
 
 T = TypeVar("T")
 _MORE = object()

@@ -9,12 +9,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
-from jobqueue import actions, outbox
 from jobqueue.conf import get_config
+from jobqueue.console import actions
+from jobqueue.engine.layouts import MAX_SHARDS
+from jobqueue.engine.store import Queue, known_queues
 from jobqueue.exceptions import JobQueueError
+from jobqueue.history import outbox
 from jobqueue.keys import queue_list, validate_queue
-from jobqueue.layouts import MAX_SHARDS
-from jobqueue.store import Queue, known_queues
 
 
 class Command(BaseCommand):

@@ -1,0 +1,125 @@
+"""How an enqueue goes: now, at the commit of the transactions open in this thread, through a
+durable queue's outbox, or inside a producer span (tracing.py); and a handler's short way,
+worked out once per configuration (`Route`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from django.db import transaction
+
+from .. import tracing
+from .._compat import in_transaction, open_transactions
+from ..conf import Config, get_config
+from ..engine.refs import JobRef
+from ..engine.store import Queue
+from ..flows import graph
+from ..history import outbox
+from ..spec import JobSpec, Prepared, prepare
+
+log = logging.getLogger("jobqueue.enqueue")
+
+
+class Route(NamedTuple):
+    """How a handler's `enqueue` goes, worked out once per configuration."""
+
+    config: Config
+    queue: Queue
+    ready: Prepared | None
+    """The handler's options validated, as a job of its own that each call gives a payload and
+    an id (`Queue.enqueue_encoded`); None when calls need `submit`'s whole way (a durable queue,
+    options that differ per call: a job_id, a run_after time; or spans to make: tracing.py)."""
+    tail: tuple[Any, ...]
+    """`ready`'s enqueue script arguments after its id and payload (every call's own)."""
+    now: bool
+    """Whether its jobs go to Valkey at once even inside a transaction."""
+
+    def template(self) -> Prepared | None:
+        """`ready`, when this call may take it: now, not at a transaction's commit."""
+        return self.ready if self.now or not in_transaction() else None
+
+
+def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
+    """Enqueue now, or — inside a transaction (on any database alias) — once it commits
+    (nothing if it rolls back; `after_commit` says what a Valkey error then does).
+
+    The ids are minted now so the caller gets them at once; validation also happens now. A
+    durable queue's jobs are first written to the database (in the transaction, if any) and
+    always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py. With
+    tracing on, inside a producer span whose context each job carries (tracing.py).
+    """
+    traced = tracing.tracer()
+    if traced is not None:
+        return tracing.publish(traced, queue.name, specs,
+                               lambda carrying: _submit(queue, carrying, immediate))
+    return _submit(queue, specs, immediate)
+
+
+def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
+    durable = queue.options.durable
+    if not durable and (immediate or not get_config().on_commit or not in_transaction()):
+        return queue.enqueue_many(specs)
+    prepared = [prepare(spec, queue.options, get_config().max_payload) for spec in specs]
+    minted = [spec._replace(job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
+    refs = [JobRef(p.job_id, queue.name) for p in prepared]
+    if durable:
+        outbox.write(queue, prepared)
+        after_commit(lambda: outbox.push(queue, minted), refs, durable=True)  # (now, outside
+    else:  # a transaction)
+        after_commit(lambda: queue.enqueue_many(minted), refs, durable=False)
+    return refs
+
+
+def submit_flow(queue: Queue, nodes: list[graph.Node], flow: str = "",
+                immediate: bool = False) -> list[JobRef]:
+    """Enqueue a flow (graph.py) now, or — inside a transaction — once it commits, as `submit`
+    does; its refs either way (ids are minted now). A durable queue's flow is first written to
+    the database (in the transaction, if any) and reaches Valkey after the commit: outbox.py."""
+    prepared = graph.checked(queue, nodes)
+    refs = [JobRef(job.job_id, queue.name) for job in prepared]
+    if queue.options.durable:
+        shards = outbox.write_flow(queue, nodes, prepared, flow)
+        after_commit(lambda: outbox.push_flow(queue, nodes, prepared, flow, shards), refs,
+                     durable=True)
+    elif immediate or not get_config().on_commit or not in_transaction():
+        return graph.enqueue(queue, nodes, prepared, flow)
+    else:
+        after_commit(lambda: graph.enqueue(queue, nodes, prepared, flow), refs, durable=False)
+    return refs
+
+
+def after_commit(send: Callable[[], object], refs: list[JobRef], durable: bool) -> None:
+    """Call `send` once every transaction open in this thread has committed, whatever database
+    alias each is on (at once when none is: an error then is the caller's); never when one of
+    them rolls back. Registered as
+    Django's robust on-commit callbacks (so `captureOnCommitCallbacks(execute=True)` sends the
+    jobs in a test). A failure to send is logged (ERROR, logger `jobqueue.enqueue`, naming the
+    jobs) and never raised: the transaction has committed, and the other callbacks it holds
+    must still run. The jobs of a plain queue are then lost; a durable queue's rows are in the
+    database, and a worker's relay sends them."""
+    aliases = open_transactions()
+    left = len(aliases)
+
+    def committed() -> None:
+        nonlocal left
+        left -= 1
+        if left <= 0:
+            _send_logged(send, refs, durable)
+
+    if not aliases:
+        send()
+    for alias in aliases:
+        transaction.on_commit(committed, using=alias, robust=True)
+
+
+def _send_logged(send: Callable[[], object], refs: list[JobRef], durable: bool) -> None:
+    try:
+        send()
+    except Exception as exc:  # noqa: BLE001 - logged: an error here would drop other callbacks
+        fate = ("their rows are in the database: a worker's relay sends them" if durable else
+                "they are lost (a durable queue keeps its jobs through such an error)")
+        log.error("could not send job(s) %s of queue %s to Valkey after the commit (%r); %s",
+                  ", ".join(ref.id for ref in refs), refs[0].queue if refs else "?", exc, fate)

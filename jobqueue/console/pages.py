@@ -1,0 +1,226 @@
+"""The operator console: pages inside the Django admin (same login, look and permissions).
+
+Reads come from `readmodels` (live Valkey) and the `Job` mirror; every action is a POST handled
+by `site.ConsoleActions` (permission, `actions`, message, LogEntry), which `Console`
+extends. urls.py lists the pages; `console_reverse` links within the mount that served them.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .. import ids
+from ..api.registry import lookup
+from ..conf import get_client, get_config
+from ..engine import lanes, layouts
+from ..engine.store import Queue, known_queues
+from ..exceptions import InvalidJobId, JobQueueError, UnknownHandler
+from ..keys import validate_lane, validate_queue
+from ..models import Job
+from ..operations import schedule
+from ..states import State
+from ..worker import presence
+from . import actions, readmodels
+from .site import ConsoleActions, console_reverse
+
+
+def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
+    """A small inline SVG bar chart, one bar per minute, oldest first, with its scale (the top
+    value on the left axis) and time axis (minutes ago, now); each bar's value is its tooltip.
+    Numbers only, so nothing to escape; no script or CDN: it works offline."""
+    height, width, left, bottom = 32, 4, 28, 11
+    top = max(values, default=0) or 1
+    bars = format_html_join(
+        "", '<rect x="{}" y="{}" width="3" height="{}"><title>{}</title></rect>',
+        ((left + i * width, f"{height - v * height / top:.1f}", f"{v * height / top:.1f}", v)
+         for i, v in enumerate(values)),
+    )
+    right = left + width * len(values)
+    return format_html(
+        '<svg class="jq-chart" role="img" aria-label="{}" width="{}" height="{}" fill="{}" '
+        'xmlns="http://www.w3.org/2000/svg"><title>{}</title>'
+        '<g font-size="9" fill="#777"><text x="{}" y="8" text-anchor="end">{}</text>'
+        '<text x="{}" y="{}" text-anchor="end">0</text>'
+        '<text x="{}" y="{}">−{} min</text><text x="{}" y="{}" text-anchor="end">now</text></g>'
+        '<line x1="{}" y1="0" x2="{}" y2="{}" stroke="#bbb" stroke-width="1"/>'
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#bbb" stroke-width="1"/>{}</svg>',
+        title, right + 2, height + bottom, colour, title,
+        left - 3, top, left - 3, height, left, height + bottom - 1, len(values), right,
+        height + bottom - 1, left - 0.5, left - 0.5, height + 0.5, left, height + 0.5, right,
+        height + 0.5, bars,
+    )
+
+
+class Console(ConsoleActions):
+    """The console's pages (its POST handlers and plumbing: `ConsoleActions`)."""
+
+    # -- pages -------------------------------------------------------------------------------
+
+    def dashboard(self, request: HttpRequest) -> HttpResponse:
+        cards = []
+        for name in known_queues():
+            view = readmodels.overview(Queue(name))
+            cards.append({
+                "o": view,
+                "throughput": bar_chart(view.succeeded, f"{name}: succeeded per minute", "#417690"),
+                "backlog": bar_chart(view.backlog, f"{name}: waiting jobs, per minute", "#8a6d00"),
+                "lag": bar_chart(view.oldest, f"{name}: oldest wait (s), per minute", "#6b4f9e"),
+                "failures": bar_chart(view.failed, f"{name}: failed runs per minute", "#ba2121"),
+            })
+        return self._render(request, "dashboard.html", "Job queues", cards=cards,
+                            workers=presence.workers(Queue("default").client),
+                            can_pause=self.has_pause_permission(request))
+
+    def queue_page(self, request: HttpRequest, name: str) -> HttpResponse:
+        queue = self._queue(name)
+        state = request.GET.get("state", State.PENDING)
+        if state not in readmodels.PAGE_STATES:
+            state = State.PENDING
+        shards = queue.all_shards()
+        shard = _int(request.GET.get("shard"), 0, 0, shards - 1)
+        number = _int(request.GET.get("page"), 1, 1, 10**9)
+        lane = request.GET.get("lane", readmodels.DEFAULT_LANE)
+        try:
+            lane = "" if lane == readmodels.DEFAULT_LANE else validate_lane(lane)
+        except JobQueueError:
+            lane = ""
+        jobs, total = readmodels.page(queue, state, shard, number, lane=lane)
+        in_flight = readmodels.lanes_in_flight(queue, shard)
+        ready_lanes = [(lane, depth, in_flight.get(lane, 0))
+                       for lane, depth in readmodels.deepest_lanes(queue, 50)]
+        last = max((total + 49) // 50, 1)
+        layout = queue.layout(fresh=True)
+        shard_rows = [(i, layout.status(i), queue.shard_counts(i)) for i in range(shards)]
+        return self._render(
+            request, "queue.html", f"Queue {name}", queue=queue, view=readmodels.overview(queue),
+            run_times=readmodels.run_times_by_handler(name),
+            jobs=jobs, total=total, state=state, states=list(readmodels.PAGE_STATES), shard=shard,
+            lane=lane or readmodels.DEFAULT_LANE,
+            shard_range=range(shards), shard_rows=shard_rows, layout=layout,
+            resizes=[{**e, "at": datetime.fromtimestamp(e["at"], UTC)}
+                     for e in layouts.history(queue.client, name, 10)],
+            can_resize=self.has_resize_permission(request),
+            lane_caps=lanes.states(queue.client, name, shards, queue.options),
+            can_cap=self.has_set_lane_concurrency_permission(request),
+            page=number, last_page=last, lanes=ready_lanes,
+            prev_page=number - 1 if number > 1 else None,
+            next_page=number + 1 if number < last else None,
+        )
+
+    def workers(self, request: HttpRequest) -> HttpResponse:
+        return self._render(request, "workers.html", "Workers",
+                            workers=presence.workers(get_client()))
+
+    def schedules(self, request: HttpRequest) -> HttpResponse:
+        entries = get_config().schedule
+        state = schedule.state(get_client()) if entries else {}
+        now = datetime.now(UTC)
+        rows = []
+        for name, entry in entries.items():
+            seen = state.get(name, {})
+            last = seen.get("last")
+            rows.append({
+                "entry": entry, "paused": bool(seen.get("paused")), "job": seen.get("job"),
+                "queue": entry.queue or _job_queue(entry.job),
+                "last": datetime.fromtimestamp(last / 1000, UTC) if isinstance(last, int) else None,
+                "next": entry.next_tick(now),
+            })
+        return self._render(request, "schedules.html", "Periodic jobs", rows=rows,
+                            can_run=self.has_run_schedule_permission(request))
+
+    def stuck(self, request: HttpRequest) -> HttpResponse:
+        pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)
+        running_over = _int(request.GET.get("running_over"), 600, 1, 10**7)
+        sections = []
+        for name in known_queues():
+            found = readmodels.stuck(Queue(name), pending_over, running_over)
+            sections.append((name, found))
+        return self._render(request, "stuck.html", "Stuck jobs", sections=sections,
+                            pending_over=pending_over, running_over=running_over)
+
+    def find(self, request: HttpRequest) -> HttpResponse:
+        """A job id leads to its page; other text lists jobs by lane, unique key or handler."""
+        raw = request.GET.get("id", "").strip()
+        if not raw:
+            return self._render(request, "find.html", "Find a job", query="")
+        try:
+            job_id = ids.validate_job_id(raw)
+        except InvalidJobId:
+            found = readmodels.search(raw)
+            if not found:
+                messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
+            return self._render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
+                                jobs=found, searched=True)
+        for name in known_queues():
+            if Queue(name).locate(job_id) is not None:
+                return HttpResponseRedirect(console_reverse(request, "jobqueue_job", name, job_id))
+        row = Job.objects.filter(pk=job_id).first()
+        if row is not None:
+            return HttpResponseRedirect(console_reverse(request, "jobqueue_job", row.queue, job_id))
+        messages.warning(request, f"No job {job_id} in Valkey or in the mirror.")
+        return self._render(request, "find.html", "Find a job", query=raw)
+
+    def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
+        info = self._job(queue, job_id)
+        allowed = {action for action, states in actions.JOB_STATES.items()
+                   if info.state in states and self._permitted(request, action)}
+        if info.source == "mirror":
+            allowed &= {"retry"}
+        timeline = sorted(
+            ((label, when) for label, when in [
+                ("enqueued", info.enqueued_at), ("ready / due", info.run_after),
+                ("started", info.started_at), ("lease until", info.lease_until),
+                ("finished", info.finished_at)] if when),
+            key=lambda item: item[1],
+        )
+        return self._render(
+            request, "job.html", f"Job {job_id}", job=info, actions=allowed, timeline=timeline,
+            payload=_pretty(info.payload), result=_pretty(info.result),
+            checkpoint=_pretty(info.checkpoint), progress=_pretty(info.progress),
+            waits=readmodels.waits_of(Queue(info.queue), [info]).get(info.id)
+            if info.state == State.WAITING and info.source == "valkey" else None,
+            mirror_url=reverse(f"{self.site.name}:jobqueue_job_changelist") + f"?q={job_id}",
+        )
+
+    def flow_page(self, request: HttpRequest, queue: str, flow_id: str) -> HttpResponse:
+        """A flow's jobs in order, a page at a time: each one's state, what it still waits
+        for, its progress; the whole flow's counts by state."""
+        number = _int(request.GET.get("page"), 1, 1, 10**9)
+        try:
+            found = readmodels.flow_page(Queue(validate_queue(queue)), flow_id, number)
+        except JobQueueError as exc:
+            raise Http404(str(exc)) from None
+        if not found.total:
+            raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
+        return self._render(request, "flow.html", f"Flow {flow_id}", queue=queue, flow=found,
+                            prev_page=found.number - 1 if found.number > 1 else None,
+                            next_page=found.number + 1 if found.number < found.last else None)
+
+
+def _pretty(value: Any) -> str:
+    if value is None:
+        return ""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _int(raw: str | None, default: int, low: int, high: int) -> int:
+    try:
+        return min(max(int(raw or default), low), high)
+    except ValueError:
+        return default
+
+
+def _job_queue(path: str) -> str:
+    """The queue a handler's jobs go to (its @job's queue), for the schedules page."""
+    try:
+        return lookup(path).options.queue
+    except UnknownHandler:
+        return "default"

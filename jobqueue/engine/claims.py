@@ -1,0 +1,64 @@
+"""Claims whose reply was lost: their jobs go back to waiting, uncharged.
+
+A claim is never sent again (`caller.run_once`): a second one would lease other jobs, and leave
+the first one's leased to nobody until their lease lapsed, the reaper then counting a run that
+never happened. Instead each claim carries an id, which claim.lua writes on every row it leases;
+a claim whose reply is lost (a timeout, a broken connection) is remembered here, and release.lua
+hands its jobs back by that id (worker and claim id) before the queue's next claim, when the
+worker sees Valkey again, or as it stops. One `LostClaims` per `Queue`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+from ..conf import get_config
+from ..exceptions import VALKEY_DOWN
+from ..keys import ShardKeys
+from ..records import Lease
+from .scripts import caller
+
+_count = itertools.count(1)
+_tag = [secrets.token_hex(3)]
+"""A claim's id is this process's tag and a count: unique among the claims of one worker name,
+and of the API's claims without one (`Queue.dequeue`), whichever process makes them."""
+os.register_at_fork(after_in_child=lambda: _tag.__setitem__(0, secrets.token_hex(3)))
+
+
+class LostClaims:
+    """The claims of one queue whose reply was lost: (shard, worker, claim id)."""
+
+    def __init__(self) -> None:
+        self.lost: list[tuple[int, str, str]] = []
+
+    def send(self, client: Any, shard: ShardKeys, worker: str, head: list[Any],
+             acks: Iterable[tuple[Lease, str]]) -> Any:
+        """One claim on `shard` (claim.lua's arguments: `head`, its id, then the successes it
+        records), once the jobs of the queue's lost claims are back: its reply, or the error
+        that lost it (then it is remembered)."""
+        if self.lost:
+            self.recover(client, shard.queue)
+        claim_id = f"{_tag[0]}{next(_count)}"
+        args = [*head, claim_id, 0]
+        for held, result in acks:
+            args += [held.job_id, held.token, result]
+        args[len(head) + 1] = (len(args) - len(head) - 2) // 3
+        try:
+            return caller.run_once(client, "claim", shard, args)
+        except VALKEY_DOWN:
+            self.lost.append((shard.index, worker, claim_id))
+            raise
+
+    def recover(self, client: Any, queue: str) -> None:
+        """Hand back the jobs of each lost claim (release.lua, by worker and claim id), until
+        Valkey does not answer (the rest are kept for the next call). Found by its id until
+        their lease lapses; then the reaper counts the lapse as a run."""
+        while self.lost:
+            index, worker, claim_id = self.lost[0]
+            caller.run(client, "release", ShardKeys(queue, index),
+                       [round(get_config().retention * 1000), 0, worker, claim_id])
+            self.lost.pop(0)

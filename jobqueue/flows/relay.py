@@ -1,0 +1,143 @@
+"""Delivers "member done" across shards: a flow's member that finished on one shard of a queue
+while a job waiting for it lives on another (graph.py) left, in the same script call that recorded
+its outcome, an entry in its shard's `:forward` STREAM (`forward` in `_common.lua`). `relay_shard`
+applies each entry on the dependent's shard (`deliver.lua`) and only then deletes it; a
+delivery that ends jobs there (a cascade of cancels) may forward in turn, and is relayed on.
+
+Who relays: the worker that recorded the outcome, right after (its ack's or terminal nack's
+answer flags a job that forwarded: `after`); the writer of a flow whose link found a member
+finished already (graph.py); `flows.cancel`; and every worker's maintenance turn, for the shards
+it claims from (`relay_queue`; a resize settles only once its retiring shards' streams are
+empty), so an entry left by a finisher killed before its relay, or found after a restart from
+the AOF (entries are plain keys), is delivered all the same. Two relays may deliver one entry:
+the delivery is idempotent (a set, not a counter) and fenced (an outcome older than the
+slot's last one changes nothing: `fenced` in `_common.lua`). A dependent is written before any
+of its members can forward to it (graph.py writes dependents first), so an entry whose dependent
+is not on its shard names one that expired or was deleted, or a node that lost data: it is
+kept until it is stale (see `_stale`), then dropped with a warning.
+
+A delivery that brings back a job a member's failure had cancelled (its member, retried by an
+operator, succeeded) makes the workers claim from its shard again (`layouts.reopen`), should a
+resize have retired that shard meanwhile, as an operator's retry of a job there does.
+
+Touches `:forward` (read, delete) and, through `deliver`, the dependents' shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+
+from ..conf import get_config
+from ..engine import layouts
+from ..engine.scripts import caller
+from ..engine.store import Queue
+from ..records import Lease
+
+log = logging.getLogger("jobqueue.relay")
+BATCH = 200
+"""Entries read from a stream at a time."""
+FIELDS = ("dep", "slot", "policy", "member", "state", "value")
+AOF_WAIT_MS = 2000
+"""How long a relay waits for another node's AOF to hold a delivery (everysec: about 1 s)."""
+
+
+def relay_shard(queue: Queue, index: int) -> int:
+    """Deliver the entries of shard `index`'s stream (and of the shards their deliveries
+    forwarded to); how many it took off (delivered, or dropped: see `_relay_batch`)."""
+    delivered, todo = 0, [(index, "-")]
+    while todo:
+        shard, start = todo.pop()
+        count, onward, last = _relay_batch(queue, shard, start)
+        delivered += count
+        todo.extend((i, "-") for i in onward if all(i != s for s, _ in todo))
+        if last is not None:  # (a full batch: read on after it)
+            todo.append((shard, "(" + last))
+    return delivered
+
+
+def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], str | None]:
+    """One batch of a stream from `start`: (delivered, shards that forwarded in turn, the last
+    entry's id when the batch was full)."""
+    client, key = queue.client, queue.shard(index).key("forward")
+    entries = client.xrange(key, min=start, count=BATCH)
+    if not entries:
+        return 0, set(), None
+    by_shard: dict[int, list[tuple[str, dict[str, str]]]] = defaultdict(list)
+    gone, onward = [], set()
+    for entry_id, fields in entries:
+        if str(fields.get("shard", "")).isdigit() and all(name in fields for name in FIELDS):
+            by_shard[int(fields["shard"])].append((entry_id, fields))
+        else:  # (hand-written or corrupt: it could never be delivered)
+            log.warning("queue=%s shard %d: dropped a malformed entry %s", queue.name, index,
+                        entry_id)
+            gone.append(entry_id)
+    retention = round(get_config().retention * 1000)
+    for target, batch in by_shard.items():
+        args: list[Any] = [retention, len(batch)]
+        for _, fields in batch:  # (an entry written before tokens has none: applied as is)
+            args += [*(fields[name] for name in FIELDS), fields.get("token", "")]
+        reply, kept = _deliver(queue, index, target, args)
+        if int(reply[0]):
+            onward.add(target)
+        if 2 in map(int, reply[1:]):  # (a job that waits again: claimed from there, retired or not)
+            layouts.reopen(queue.client, queue.name, queue.configured, target)
+        for (entry_id, fields), applied in zip(batch, reply[1:], strict=True):
+            if (int(applied) and kept) or _stale(entry_id, retention):
+                gone.append(entry_id)
+                if not int(applied):
+                    log.warning("queue=%s: job %s never reached shard %d; dropped its member "
+                                "%s's outcome", queue.name, fields["dep"], target, fields["member"])
+    if gone:
+        client.xdel(key, *gone)
+    return len(gone), onward, entries[-1][0] if len(entries) == BATCH else None
+
+
+def _deliver(queue: Queue, source: int, target: int, args: list[Any]) -> tuple[Any, bool]:
+    """The deliver call on shard `target`: (its reply, whether its writes are safe to delete
+    the entries for). On a cluster whose node of `target` is not `source`'s, that node's AOF
+    must hold the delivery first (WAITAOF): were it to restart from an everysec AOF without
+    it while `source`'s node kept the delete, the dependent would wait forever. (One server
+    writes its AOF in order: a lost delivery loses the later delete too.) Not confirmed in
+    time: the entries stay, delivered again (idempotent) at the next relay."""
+    if caller.same_server(queue.client, queue.shard(source), queue.shard(target)):
+        return caller.run(queue.client, "deliver", queue.shard(target), args), True
+    reply, kept = caller.run_on_disk(queue.client, "deliver", queue.shard(target), args,
+                                     AOF_WAIT_MS)
+    if not kept:
+        log.warning("queue=%s shard %d: its node's AOF did not confirm a delivery within %d "
+                    "ms; the entries stay for the next relay", queue.name, target, AOF_WAIT_MS)
+    return reply, kept
+
+
+def _stale(entry_id: str, retention_ms: int) -> bool:
+    """Whether an entry is older than the retention, and at least a minute old (its id starts
+    with its ms time): a queue without retention still gives a delivery a minute."""
+    return time.time() * 1000 - int(entry_id.split("-")[0]) > max(retention_ms, 60_000)
+
+
+def relay_queue(queue: Queue, shards: int | None = None) -> int:
+    """Deliver the entries of every shard of `queue` (`shards`: how many; else all it has)."""
+    return sum(relay_shard(queue, index) for index in range(shards or queue.all_shards()))
+
+
+class Queues(Protocol):
+    """What gives the finisher its queue by name (the worker's `Served`)."""
+
+    def queue(self, name: str) -> Queue: ...
+
+
+def after(queues: Queues, leases: Iterable[Lease]) -> None:
+    """The finisher's relay: the shards of `leases` (whose outcomes forwarded entries),
+    each once. A failure is left to the next maintenance turn (the entries stay)."""
+    for name, index in {(lease.queue, lease.shard) for lease in leases}:
+        try:
+            relay_shard(queues.queue(name), index)
+        except RedisError as exc:
+            log.warning("queue=%s shard %d: relay failed (%s); the next maintenance turn "
+                        "relays it", name, index, exc)
