@@ -270,17 +270,21 @@ def test_find_searches_lanes_unique_keys_and_handlers(admin_client: Client) -> N
 def test_the_workers_page_shows_what_each_worker_runs_its_rate_and_heartbeat(
         admin_client: Client) -> None:
     from jobqueue.worker import Worker, WorkerConfig
+    from jobqueue.worker.executor import Outcome
 
-    ref = jobs.add.enqueue(1, 2)
+    jobs.add.enqueue_many([(1, 2)] * 13)
     worker = Worker(WorkerConfig(queues=("default",), mirror=False, name="w-1"))
     worker.served.add(Queue("default"))
-    [lease] = Queue("default").dequeue(count=1, worker="w-1")
-    worker.held.add([lease])  # held, as while its handler runs
-    worker.outcomes.processed = 12
+    leases = Queue("default").dequeue(count=13, worker="w-1")
+    worker.held.add(leases)  # held, as while their handlers run
+    running = leases.pop()
+    for lease in leases:  # twelve of them finish, and are recorded as the main loop would
+        worker.outcomes.finished(lease, Outcome(True, result="3"))
+    worker.outcomes.record()
     worker.maintenance.advertise()
     page = admin_client.get("/admin/jobqueue/job/live/workers/").content.decode()
-    assert 'data-worker="w-1"' in page and f"/admin/jobqueue/job/live/jobs/default/{ref.id}/" in page
-    assert "jobs/s" in page and "1/4" in page and "s ago" in page
+    assert 'data-worker="w-1"' in page and f"/admin/jobqueue/job/live/jobs/default/{running.job_id}/" in page
+    assert "jobs/s" in page and "1/4" in page and "<td>12</td>" in page and "s ago" in page
 
 
 def test_the_job_page_lists_every_attempt(admin_client: Client) -> None:
