@@ -84,12 +84,14 @@ class Job(models.Model):
     # with what it takes to create it again in Valkey; the mirror later makes the row terminal.
     durable = models.BooleanField(default=False)
     relayed = models.BooleanField(default=True)
-    """False until a relay pass has made sure Valkey holds the durable job."""
+    """Whether the row's job reached Valkey (a push or a resend confirmed it): False from a
+    durable enqueue until then. The name is older than the word "resend"; renaming a column of
+    this table would need a migration."""
     run_after = models.DateTimeField(null=True, blank=True)
     backoff_ms = models.PositiveIntegerField(null=True, blank=True)
     lease_ms = models.PositiveIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
-    """When a durable job ends `expired` unless it started by then (None: never); a relay or a
+    """When a durable job ends `expired` unless it started by then (None: never); a resend or a
     restore that finds the row past it marks it expired instead of sending it."""
     reopened_after = models.DateTimeField(null=True, blank=True)
     """When the run an operator's retry reopened this durable row after had ended (its

@@ -18,20 +18,24 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib.admin import AdminSite
-from django.http import HttpResponse
+from django.http import HttpResponseBase
 from django.urls import path
-from django.views.decorators.http import require_POST
 
+from .console import posts
 from .console.pages import Console
 
 
 def console_urls(site: AdminSite) -> list[Any]:
-    """The console's pages on `site`, each behind its login (`admin_view`) and the view
-    permission on jobs (`Console.viewed`); actions take POSTs."""
+    """The console's pages and actions on `site`, each behind its login (`admin_view`) and the
+    view permission on jobs (`Console.viewed`); each action is its own view in
+    `console.posts`, with its own permission, and takes POSTs."""
     views = Console(site)
 
-    def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    def wrap(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
         return site.admin_view(views.viewed(view))
+
+    def action(view: type[posts.ConsoleAction[Any]]) -> Callable[..., HttpResponseBase]:
+        return wrap(view.as_view(site=views))
 
     return [
         path("", wrap(views.dashboard), name="jobqueue_dashboard"),
@@ -39,13 +43,23 @@ def console_urls(site: AdminSite) -> list[Any]:
         path("stuck/", wrap(views.stuck), name="jobqueue_stuck"),
         path("schedules/", wrap(views.schedules), name="jobqueue_schedules"),
         path("workers/", wrap(views.workers), name="jobqueue_workers"),
-        path("schedules/<str:name>/<str:action>/", wrap(require_POST(views.schedule_action)),
-             name="jobqueue_schedule_action"),
+        path("schedules/<str:name>/run/", action(posts.RunSchedule), name="jobqueue_schedule_run"),
+        path("schedules/<str:name>/pause/", action(posts.PauseSchedule),
+             name="jobqueue_schedule_pause"),
+        path("schedules/<str:name>/resume/", action(posts.ResumeSchedule),
+             name="jobqueue_schedule_resume"),
         path("queues/<str:name>/", wrap(views.queue_page), name="jobqueue_queue"),
-        path("queues/<str:name>/<str:action>/", wrap(require_POST(views.queue_action)),
-             name="jobqueue_queue_action"),
+        path("queues/<str:name>/pause/", action(posts.PauseQueue), name="jobqueue_queue_pause"),
+        path("queues/<str:name>/resume/", action(posts.ResumeQueue), name="jobqueue_queue_resume"),
+        path("queues/<str:name>/resize/", action(posts.ResizeQueue), name="jobqueue_queue_resize"),
+        path("queues/<str:name>/set_lane_concurrency/", action(posts.SetLaneConcurrency),
+             name="jobqueue_queue_set_lane_concurrency"),
         path("jobs/<str:queue>/<str:job_id>/", wrap(views.job_page), name="jobqueue_job"),
         path("flows/<str:queue>/<str:flow_id>/", wrap(views.flow_page), name="jobqueue_flow"),
-        path("jobs/<str:queue>/<str:job_id>/<str:action>/", wrap(require_POST(views.job_action)),
-             name="jobqueue_job_action"),
+        path("jobs/<str:queue>/<str:job_id>/retry/", action(posts.RetryJob),
+             name="jobqueue_job_retry"),
+        path("jobs/<str:queue>/<str:job_id>/reprioritize/", action(posts.ReprioritizeJob),
+             name="jobqueue_job_reprioritize"),
+        path("jobs/<str:queue>/<str:job_id>/cancel/", action(posts.CancelJob),
+             name="jobqueue_job_cancel"),
     ]

@@ -14,6 +14,22 @@ import redis
 from jobqueue.embedded import free_port, server_args, wait_until_up
 
 
+def server_ms(client: Any) -> int:
+    """The server's clock, in ms: the one the scripts read (lease deadlines, due times)."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def wait_past(client: Any, *zsets: str) -> None:
+    """Until the server clock passes the last score in the sorted sets (lease deadlines, due
+    times): the scripts read that clock."""
+    from .workers import wait_for
+
+    last = max((score for key in zsets for _, score in client.zrange(key, 0, -1, withscores=True)),
+               default=0)
+    wait_for(lambda: server_ms(client) > last, every=0.01)
+
+
 def ping_until_up(client: redis.Redis, timeout: float = 10.0) -> None:
     """PING through `client` until it answers (ConnectionError after `timeout` s), then close it."""
     deadline = time.monotonic() + timeout

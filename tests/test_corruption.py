@@ -14,6 +14,7 @@ from jobqueue.history.mirror import Mirror
 from jobqueue.models import Job
 from tests.jobapp import jobs
 
+from .servers import wait_past
 from .workers import run_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,9 +87,8 @@ def test_active_scheduled_and_dead_rows_with_corrupt_counts_do_not_stop_maintena
     key = queue.shard(0).job
     queue.client.hset(key(running.id), "attempts", NOT_UTF8)
     queue.client.hset(key(later.id), "state", "nonsense")
-    import time
-
-    time.sleep(0.01)
+    shard = queue.shard(0)
+    wait_past(queue.client, shard.key("active"), shard.key("schedule"))  # lease over, job due
     assert queue.reap() == 1 and queue.promote() == 1
     assert queue.ack(lease) is False and queue.dequeue(count=5, worker="t") == []
     assert {queue.get(i).state for i in (running.id, later.id)} == {"dead"}  # type: ignore[union-attr]

@@ -1,5 +1,5 @@
 """Durable queues: the database row first (in the caller's transaction), Valkey after the
-commit; a push that failed is relayed by a worker; `jobqueue restore` rebuilds Valkey."""
+commit; a push that failed is resent by a worker; `jobqueue restore` rebuilds Valkey."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def test_a_rollback_leaves_neither_row_nor_job() -> None:
 
 
 @pytest.mark.slow
-def test_a_job_whose_push_failed_is_relayed_once_valkey_answers(settings: Any,
-                                                                 valkey_server: ValkeyProcess) -> None:
+def test_a_job_whose_push_failed_is_resent_once_valkey_answers(settings: Any,
+                                                               valkey_server: ValkeyProcess) -> None:
     down = ValkeyProcess()  # never started: nothing listens on its port
     settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": down.url}
     refs = durable_add.enqueue_many([(i, 1) for i in range(20)])  # no error: the rows hold them

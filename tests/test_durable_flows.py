@@ -107,8 +107,8 @@ def test_restore_brings_back_a_chord_waiting_only_for_what_had_not_finished(
 
 
 @pytest.mark.slow
-def test_a_durable_flow_sent_while_valkey_was_down_is_relayed(settings: Any,
-                                                              valkey_server: ValkeyProcess) -> None:
+def test_a_durable_flow_sent_while_valkey_was_down_is_resent(settings: Any,
+                                                             valkey_server: ValkeyProcess) -> None:
     server = ValkeyProcess().start()
     try:
         settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": server.url}

@@ -28,24 +28,12 @@ from jobqueue.exceptions import (
 )
 from jobqueue.spec import JobSpec, prepare
 
+from .servers import server_ms, wait_past
 from .workers import ROOT, wait_for
 
 
 def claim_all(queue: Queue, n: int = 1000, **kw: Any) -> list:
     return queue.dequeue(count=n, lease=30, worker="t", **kw)
-
-
-def server_ms(client: Any) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-def wait_past(client: Any, *zsets: str) -> None:
-    """Until the server clock passes the last score in the sorted sets (lease deadlines, due
-    times): the scripts read that clock."""
-    last = max((score for key in zsets for _, score in client.zrange(key, 0, -1, withscores=True)),
-               default=0)
-    wait_for(lambda: server_ms(client) > last, every=0.01)
 
 
 # -- the scripts themselves ----------------------------------------------------------------

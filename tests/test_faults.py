@@ -118,10 +118,10 @@ def durable(settings: Any) -> Queue:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_relay_or_a_restore_after_a_resize_writes_no_durable_job_twice(durable: Queue) -> None:
+def test_a_resend_or_a_restore_after_a_resize_writes_no_durable_job_twice(durable: Queue) -> None:
     refs = jobs.add.using(queue="durable").enqueue_many([(i, i) for i in range(8)])
     durable.resize(3)  # (the jobs stay on shard 0; their ids now place most of them elsewhere)
-    assert outbox.relay([durable], grace=0) == 0  # the push reached Valkey: nothing to send
+    assert outbox.resend([durable], grace=0) == 0  # the push reached Valkey: nothing to send
     assert durable.counts()["pending"] == 8
     assert outbox.restore([durable]) == 0  # Valkey still holds them all
     assert durable.counts()["pending"] == 8
@@ -130,13 +130,13 @@ def test_a_relay_or_a_restore_after_a_resize_writes_no_durable_job_twice(durable
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_relay_leaves_a_durable_job_that_started_before_its_expiry_to_valkey(
+def test_a_resend_leaves_a_durable_job_that_started_before_its_expiry_to_valkey(
         durable: Queue) -> None:
     ref = jobs.add.using(queue="durable", expires=0.3).enqueue(1, 2)
     [lease] = durable.dequeue(worker="w")  # started in time
     row = Job.objects.get(pk=ref.id)
     wait_for(lambda: row.expires_at is not None and row.expires_at < datetime.now(UTC))
-    outbox.relay([durable], grace=0)
+    outbox.resend([durable], grace=0)
     assert Job.objects.get(pk=ref.id).state == "pending"  # not `expired`: Valkey runs it
     assert durable.ack(lease, 3)
 

@@ -342,7 +342,7 @@ def _copies(queue: Queue, job_id: str) -> int:
 @pytest.mark.django_db(transaction=True)
 def test_a_durable_flow_is_written_once_whatever_its_shards_after_a_resize(
         settings: Any, valkey_server: Any) -> None:
-    """Its push marks its rows relayed (a relay pass sends nothing again); sent again all the
+    """Its push marks its rows relayed (a resend sends nothing again); sent again all the
     same after a shrink re-placed its lane (and with rows naming other shards), each job Valkey
     holds stays where it is: one copy of each, and the chain runs once."""
     from jobqueue.flows import graph
@@ -355,10 +355,10 @@ def test_a_durable_flow_is_written_once_whatever_its_shards_after_a_resize(
                 jobs.mul.using(queue="durable4").s(10)).enqueue()  # (pushed at once: no transaction)
     ids = [info.id for info in flows.members(ref.id, "durable4")]
     assert not Job.objects.filter(pk__in=ids, relayed=False).exists()
-    assert outbox.relay([queue], grace=0) == 0
+    assert outbox.resend([queue], grace=0) == 0
     queue.resize(3)
     Job.objects.filter(pk__in=ids).update(relayed=False, shard=1)
-    assert outbox.relay([Queue("durable4")], grace=0) == 0
+    assert outbox.resend([Queue("durable4")], grace=0) == 0
     assert [_copies(queue, job_id) for job_id in ids] == [1, 1]
     nodes = [outbox._node(row) for row in Job.objects.filter(pk__in=ids).order_by("enqueued_at")]
     assert graph.write(queue, nodes, graph.checked(queue, nodes), ref.id, again=True,

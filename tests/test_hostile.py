@@ -212,7 +212,7 @@ def test_an_oversized_or_unencodable_enqueue_is_refused_and_writes_nothing() -> 
 
 def _forged(queue: str, payload: Any, **columns: Any) -> str:
     """A durable job's outbox row as a writer with database access could forge it (no push to
-    Valkey: a relay pass sends it); its id."""
+    Valkey: a worker's resend sends it); its id."""
     from datetime import UTC, datetime, timedelta
 
     job_id = ids.new_id()

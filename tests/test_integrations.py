@@ -17,7 +17,7 @@ from jobqueue.spec import JobSpec
 from tests.jobapp import celery_tasks, django_tasks, jobs
 
 from .servers import ValkeyProcess
-from .workers import run_burst
+from .workers import run_burst, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -165,8 +165,6 @@ def test_the_mirror_rereads_what_a_failed_write_left_and_takes_over_a_dead_worke
         valkey_server: ValkeyProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     # (it no longer reads those on every pass: only when some may wait, and every third of the
     # idle time a dead worker's entries must reach)
-    import time
-
     from django.db import DatabaseError
 
     from jobqueue.history import mirror
@@ -194,10 +192,11 @@ def test_the_mirror_rereads_what_a_failed_write_left_and_takes_over_a_dead_worke
         patch.setattr(mirror, "upsert", failing)
         with pytest.raises(DatabaseError):
             dead.step()  # then the worker dies with them
-    heir = mirror.Mirror([queue], consumer="heir", claim_idle=0.2)
-    assert heir.step() == 0  # not idle long enough yet
-    time.sleep(0.3)
-    assert heir.step() == 2 and set(Job.objects.values_list("id", flat=True)) == ids | more
+    heir = mirror.Mirror([queue], consumer="heir", claim_idle=0.5)
+    taken = [heir.step()]
+    assert taken == [0]  # not idle long enough yet
+    wait_for(lambda: taken.append(heir.step()) or sum(taken) >= 2)  # idle long enough: taken over
+    assert sum(taken) == 2 and set(Job.objects.values_list("id", flat=True)) == ids | more
     assert alive.step() == 0 and heir.backlog() == 0
 
 
@@ -214,14 +213,13 @@ def test_shard_rows_record_counts_and_draining_shards(valkey_server: ValkeyProce
 
 @pytest.mark.slow
 def test_get_job_falls_back_to_the_mirror_once_the_row_expires(valkey_server: ValkeyProcess) -> None:
-    import time
-
     ref = jobs.add.enqueue(20, 22)
     assert run_burst(valkey_server.url) == 0
     info = get_job(ref.id)
     assert info and info.source == "valkey"
-    Queue("default").client.pexpire(f"emq:{{default}}:job:{ref.id}", 1)  # retention runs out
-    time.sleep(0.05)
+    row, client = f"emq:{{default}}:job:{ref.id}", Queue("default").client
+    client.pexpire(row, 1)  # retention runs out
+    wait_for(lambda: not client.exists(row))
     info = get_job(ref.id)
     assert info and info.source == "mirror" and info.state == "succeeded" and info.result == 42
 

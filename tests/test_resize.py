@@ -245,7 +245,7 @@ def test_resizing_under_load_loses_nothing_and_runs_nothing_twice(
             enqueued.extend(jobs.add.using(lane=f"p{n % 3}").enqueue_many([(i, 0) for i in range(20)]))
             enqueued.extend(jobs.add.enqueue_many([(i, 1) for i in range(20)]))
             n += 1
-            time.sleep(0.02)
+            time.sleep(0.02)  # (a producer's pace, not a wait for anything)
 
     jobs.add.enqueue(0, 0)  # registers the queue, so workers serve it from the start
     workers = [start_worker(server.url, "--concurrency", "4") for _ in range(2)]

@@ -59,7 +59,7 @@ WATCHED = textwrap.dedent("""
         signal.signal(signal.SIGTERM, lambda *_: (open(marker, "w").write("stopped"), os._exit(0)))
         watch_parent(os.getppid(), every=0.05)
         print(os.getpid(), flush=True)
-        while True:
+        while True:  # (the child idles until the watcher stops it: nothing to wait for)
             time.sleep(1)
     signal.pause()
 """)

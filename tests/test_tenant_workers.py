@@ -17,8 +17,7 @@ from jobqueue.api.registry import get_job
 from jobqueue.models import Job
 from tests.jobapp import jobs
 
-from .servers import ValkeyProcess
-from .test_engine import server_ms
+from .servers import ValkeyProcess, server_ms
 from .workers import start_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

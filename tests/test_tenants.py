@@ -18,7 +18,7 @@ from jobqueue.keys import placement_hash
 from jobqueue.records import Lease
 from jobqueue.spec import JobSpec
 
-from .test_engine import server_ms, wait_past
+from .servers import server_ms, wait_past
 from .test_resize import moved_lane, settle
 from .workers import wait_for
 

@@ -305,7 +305,7 @@ def test_workers_stop_on_sigterm_whatever_moment_it_arrives(valkey_server: Valke
     workers = [start_worker(valkey_server.url, "--concurrency", "2") for _ in range(8)]
     wait_for(lambda: Queue("default").client.hlen("{emq}:workers") == 8)
     for worker in workers:
-        time.sleep(random.uniform(0, 0.3))
+        time.sleep(random.uniform(0, 0.3))  # (jitter: the SIGTERM lands at a random moment)
         worker.send_signal(signal.SIGTERM)
     assert [w.wait(15) for w in workers] == [0] * 8
 

@@ -24,7 +24,6 @@ from jobqueue.exceptions import VALKEY_DOWN
 from jobqueue.records import Lease
 from jobqueue.worker import Worker, WorkerConfig
 from jobqueue.worker.executor import Outcome
-from jobqueue.worker.runners import Runners
 from tests.jobapp import jobs
 
 from .servers import ValkeyProcess
@@ -39,9 +38,8 @@ def _holding(queue: Queue, leases: list[Lease], **options: Any) -> Worker:
     """A worker that holds `leases` as if its runners ran them, with no maintenance due."""
     worker = Worker(WorkerConfig(queues=(queue.name,), mirror=False, name="w-1", **options))
     worker.served.add(queue, 1)
-    worker._runners = Runners(1, worker.outcomes.finished)
-    later = worker.maintenance
-    later._next_turn = later._next_fire = later._next_summary = float("inf")
+    worker.start_runners()
+    worker.maintenance.hold()
     worker.held.add(leases)
     return worker
 
@@ -130,7 +128,7 @@ def test_outcomes_finished_while_a_waiters_claim_fails_are_each_recorded_once_va
 
         def main_loops_turn() -> None:
             with contextlib.suppress(*VALKEY_DOWN):
-                worker._cycle()
+                worker.turn()
 
         server.stop()
         interleaved = Interleaved(waiters_claim, _locks(worker))
@@ -146,8 +144,8 @@ def test_outcomes_finished_while_a_waiters_claim_fails_are_each_recorded_once_va
         assert interleaved.steps > 100  # (the claim came between the loop's steps)
         server.start()
         for _ in range(3):
-            worker._cycle()
-        worker._runners.stop(wait=True)
+            worker.turn()
+        worker.runners.stop(wait=True)
         counts = queue.counts()
         assert (counts["dead"], counts["succeeded"], counts["active"]) == (count, count, 0)
         assert (worker.failed, worker.processed) == (count, count)
@@ -187,14 +185,14 @@ def test_outcomes_held_while_valkey_is_down_are_each_recorded_once_it_is_back(
     try:
         worker.outcomes.finished(leases[good.id], Outcome(True, result="2"))
         with pytest.raises(VALKEY_DOWN):
-            worker._cycle()  # its ack was to ride in a claim, which failed
+            worker.turn()  # its ack was to ride in a claim, which failed
         worker.outcomes.finished(leases[bad.id], Outcome(False, error="boom"))
         with pytest.raises(VALKEY_DOWN):
-            worker._cycle()  # the nack failed as well
+            worker.turn()  # the nack failed as well
     finally:
         valkey_server.start()
-    worker._cycle()
-    worker._runners.stop(wait=True)
+    worker.turn()
+    worker.runners.stop(wait=True)
     assert (queue.get(good.id).state, queue.get(bad.id).state) == ("succeeded", "dead")  # type: ignore[union-attr]
     assert (worker.processed, worker.failed) == (1, 1) and not worker.held.jobs
 
@@ -245,12 +243,12 @@ def test_outcomes_valkey_refuses_are_each_recorded_once_it_takes_them(
         worker.outcomes.finished(leases[ref.id], Outcome(True, result="2"))
     with _busy(valkey_server):
         with pytest.raises(redis.exceptions.ResponseError, match="BUSY"):
-            worker._cycle()  # the nacks are refused, then the acks
+            worker.turn()  # the nacks are refused, then the acks
         with pytest.raises(redis.exceptions.ResponseError, match="BUSY"):
             worker.outcomes.record()  # (and again, the way a stopping worker records)
     assert len(worker.held.jobs) == 4 and worker.outcomes.unrecorded()
-    worker._cycle()
-    worker._runners.stop(wait=True)
+    worker.turn()
+    worker.runners.stop(wait=True)
     assert {queue.get(ref.id).state for ref in bad} == {"dead"}  # type: ignore[union-attr]
     assert {queue.get(ref.id).state for ref in good} == {"succeeded"}  # type: ignore[union-attr]
     assert (worker.processed, worker.failed) == (2, 2) and not worker.held.jobs
@@ -269,8 +267,8 @@ def test_successes_a_refused_claim_carried_are_recorded_by_a_later_one(
     carried = worker.outcomes.record(defer_acks=True)
     with _busy(valkey_server), pytest.raises(redis.exceptions.ResponseError, match="BUSY"):
         worker._claim(carried, woken=(queue, 0))
-    worker._cycle()
-    worker._runners.stop(wait=True)
+    worker.turn()
+    worker.runners.stop(wait=True)
     job = queue.get(good.id)
     assert job is not None and (job.state, job.attempts) == ("succeeded", 1)
     assert worker.processed == 1
@@ -292,8 +290,8 @@ def test_an_outcome_refused_again_and_again_holds_up_no_other(valkey_server: Val
     queue.client.set(row, "not a hash")
     for _ in range(3):
         with pytest.raises(redis.exceptions.ResponseError):
-            worker._cycle()
-    worker._runners.stop(wait=True)
+            worker.turn()
+    worker.runners.stop(wait=True)
     assert queue.get(other.id).state == "dead"  # type: ignore[union-attr]
     assert queue.get(good.id).state == "succeeded"  # type: ignore[union-attr]
     assert (worker.processed, worker.failed) == (1, 1)
@@ -334,10 +332,10 @@ def test_at_concurrency_1_a_success_whose_claim_fails_is_recorded_once_valkey_is
     valkey_server.stop()
     try:
         worker._finished_one(lease, Outcome(True, result="2"))
-        assert worker.outcomes.unrecorded() and worker._tick.is_set()
+        assert worker.outcomes.unrecorded() and worker.wake.is_set()
     finally:
         valkey_server.start()
-    worker._cycle()
-    worker._runners.stop(wait=True)
+    worker.turn()
+    worker.runners.stop(wait=True)
     assert queue.get(good.id).state == "succeeded"  # type: ignore[union-attr]
     assert worker.processed == 1 and not worker.held.jobs

@@ -41,8 +41,8 @@ print(" ".join(sorted(sys.modules)))
 """
 
 NOT_FOR_A_WORKER = ("jobqueue.console", "jobqueue.console.pages", "jobqueue.console.readmodels",
-                    "jobqueue.console.site", "jobqueue.console.actions", "jobqueue.urls",
-                    "jobqueue.metrics", "jobqueue.operations.metrics", "prometheus_client",
+                    "jobqueue.console.site", "jobqueue.console.actions", "jobqueue.console.posts",
+                    "jobqueue.urls", "jobqueue.metrics", "jobqueue.operations.metrics", "prometheus_client",
                     "jobqueue.contrib.celery", "celery", "opentelemetry.sdk.trace")
 """Modules a worker never loads. The admin loads with Django (its autodiscovery), so it imports
 the console's actions only in the methods that use them."""

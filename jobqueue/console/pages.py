@@ -1,8 +1,9 @@
 """The operator console: pages inside the Django admin (same login, look and permissions).
 
-Reads come from `readmodels` (live Valkey) and the `Job` mirror; every action is a POST handled
-by `site.ConsoleActions` (permission, `actions`, message, LogEntry), which `Console`
-extends. urls.py lists the pages; `console_reverse` links within the mount that served them.
+Reads come from `readmodels` (live Valkey) and the `Job` mirror; every action is a POST to its
+own view in posts.py (its permission, `actions`, message, LogEntry), whose `permitted` decides
+which buttons a page shows. `Console` extends the shared plumbing (`site.ConsoleSite`); urls.py
+lists the pages and actions; `console_reverse` links within the mount that served them.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from ..models import Job
 from ..operations import schedule
 from ..states import State
 from ..worker import presence
-from . import actions, readmodels
-from .site import ConsoleActions, console_reverse
+from . import posts, readmodels
+from .site import ConsoleSite, console_reverse
 
 
 def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
@@ -59,8 +60,8 @@ def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
     )
 
 
-class Console(ConsoleActions):
-    """The console's pages (its POST handlers and plumbing: `ConsoleActions`)."""
+class Console(ConsoleSite):
+    """The console's pages (its actions are posts.py's views)."""
 
     # -- pages -------------------------------------------------------------------------------
 
@@ -75,12 +76,12 @@ class Console(ConsoleActions):
                 "lag": bar_chart(view.oldest, f"{name}: oldest wait (s), per minute", "#6b4f9e"),
                 "failures": bar_chart(view.failed, f"{name}: failed runs per minute", "#ba2121"),
             })
-        return self._render(request, "dashboard.html", "Job queues", cards=cards,
+        return self.render(request, "dashboard.html", "Job queues", cards=cards,
                             workers=presence.workers(Queue("default").client),
-                            can_pause=self.has_pause_permission(request))
+                            can_pause=posts.PauseQueue.permitted(request))
 
     def queue_page(self, request: HttpRequest, name: str) -> HttpResponse:
-        queue = self._queue(name)
+        queue = self.queue(name)
         state = request.GET.get("state", State.PENDING)
         if state not in readmodels.PAGE_STATES:
             state = State.PENDING
@@ -99,7 +100,7 @@ class Console(ConsoleActions):
         last = max((total + 49) // 50, 1)
         layout = queue.layout(fresh=True)
         shard_rows = [(i, layout.status(i), queue.shard_counts(i)) for i in range(shards)]
-        return self._render(
+        return self.render(
             request, "queue.html", f"Queue {name}", queue=queue, view=readmodels.overview(queue),
             run_times=readmodels.run_times_by_handler(name),
             jobs=jobs, total=total, state=state, states=list(readmodels.PAGE_STATES), shard=shard,
@@ -107,16 +108,17 @@ class Console(ConsoleActions):
             shard_range=range(shards), shard_rows=shard_rows, layout=layout,
             resizes=[{**e, "at": datetime.fromtimestamp(e["at"], UTC)}
                      for e in layouts.history(queue.client, name, 10)],
-            can_resize=self.has_resize_permission(request),
+            can_resize=posts.ResizeQueue.permitted(request),
             lane_caps=lanes.states(queue.client, name, shards, queue.options),
-            can_cap=self.has_set_lane_concurrency_permission(request),
+            can_cap=posts.SetLaneConcurrency.permitted(request),
+            can_retry=posts.RetryJob.permitted(request), can_cancel=posts.CancelJob.permitted(request),
             page=number, last_page=last, lanes=ready_lanes,
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,
         )
 
     def workers(self, request: HttpRequest) -> HttpResponse:
-        return self._render(request, "workers.html", "Workers",
+        return self.render(request, "workers.html", "Workers",
                             workers=presence.workers(get_client()))
 
     def schedules(self, request: HttpRequest) -> HttpResponse:
@@ -133,8 +135,8 @@ class Console(ConsoleActions):
                 "last": datetime.fromtimestamp(last / 1000, UTC) if isinstance(last, int) else None,
                 "next": entry.next_tick(now),
             })
-        return self._render(request, "schedules.html", "Periodic jobs", rows=rows,
-                            can_run=self.has_run_schedule_permission(request))
+        return self.render(request, "schedules.html", "Periodic jobs", rows=rows,
+                            can_run=posts.RunSchedule.permitted(request))
 
     def stuck(self, request: HttpRequest) -> HttpResponse:
         pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)
@@ -143,21 +145,23 @@ class Console(ConsoleActions):
         for name in known_queues():
             found = readmodels.stuck(Queue(name), pending_over, running_over)
             sections.append((name, found))
-        return self._render(request, "stuck.html", "Stuck jobs", sections=sections,
-                            pending_over=pending_over, running_over=running_over)
+        return self.render(request, "stuck.html", "Stuck jobs", sections=sections,
+                            pending_over=pending_over, running_over=running_over,
+                            can_retry=posts.RetryJob.permitted(request),
+                            can_cancel=posts.CancelJob.permitted(request))
 
     def find(self, request: HttpRequest) -> HttpResponse:
         """A job id leads to its page; other text lists jobs by lane, unique key or handler."""
         raw = request.GET.get("id", "").strip()
         if not raw:
-            return self._render(request, "find.html", "Find a job", query="")
+            return self.render(request, "find.html", "Find a job", query="")
         try:
             job_id = ids.validate_job_id(raw)
         except InvalidJobId:
             found = readmodels.search(raw)
             if not found:
                 messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
-            return self._render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
+            return self.render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
                                 jobs=found, searched=True)
         for name in known_queues():
             if Queue(name).locate(job_id) is not None:
@@ -166,12 +170,12 @@ class Console(ConsoleActions):
         if row is not None:
             return HttpResponseRedirect(console_reverse(request, "jobqueue_job", row.queue, job_id))
         messages.warning(request, f"No job {job_id} in Valkey or in the mirror.")
-        return self._render(request, "find.html", "Find a job", query=raw)
+        return self.render(request, "find.html", "Find a job", query=raw)
 
     def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
-        info = self._job(queue, job_id)
-        allowed = {action for action, states in actions.JOB_STATES.items()
-                   if info.state in states and self._permitted(request, action)}
+        info = self.job(queue, job_id)
+        allowed = {action.verb for action in posts.JOB_ACTIONS
+                   if info.state in action.states and action.permitted(request)}
         if info.source == "mirror":
             allowed &= {"retry"}
         timeline = sorted(
@@ -181,13 +185,13 @@ class Console(ConsoleActions):
                 ("finished", info.finished_at)] if when),
             key=lambda item: item[1],
         )
-        return self._render(
+        return self.render(
             request, "job.html", f"Job {job_id}", job=info, actions=allowed, timeline=timeline,
             payload=_pretty(info.payload), result=_pretty(info.result),
             checkpoint=_pretty(info.checkpoint), progress=_pretty(info.progress),
             waits=readmodels.waits_of(Queue(info.queue), [info]).get(info.id)
             if info.state == State.WAITING and info.source == "valkey" else None,
-            mirror_url=reverse(f"{self.site.name}:jobqueue_job_changelist") + f"?q={job_id}",
+            mirror_url=reverse(f"{self.admin_site.name}:jobqueue_job_changelist") + f"?q={job_id}",
         )
 
     def flow_page(self, request: HttpRequest, queue: str, flow_id: str) -> HttpResponse:
@@ -200,7 +204,7 @@ class Console(ConsoleActions):
             raise Http404(str(exc)) from None
         if not found.total:
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
-        return self._render(request, "flow.html", f"Flow {flow_id}", queue=queue, flow=found,
+        return self.render(request, "flow.html", f"Flow {flow_id}", queue=queue, flow=found,
                             prev_page=found.number - 1 if found.number > 1 else None,
                             next_page=found.number + 1 if found.number < found.last else None)
 

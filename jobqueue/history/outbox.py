@@ -4,8 +4,8 @@ For a queue with `durable: True`, enqueue inserts each job's `Job` row — insid
 transaction when there is one, so a rollback leaves neither row nor job — and pushes the job to
 Valkey once the row is committed. Valkey is then a fast index of the work that can be rebuilt:
 
-- `relay` (run by every worker's mirror, and by a `--burst` run before it decides it is
-  done) sends the rows no relay pass has confirmed yet, so a job whose push failed (Valkey down
+- `resend` (run by every worker's mirror, and by a `--burst` run before it decides it is
+  done) sends again the rows no push or resend has confirmed yet, so a job whose push failed (Valkey down
   at the commit) reaches Valkey once it answers;
 - `restore` (`manage.py jobqueue restore`) re-creates every unfinished durable job Valkey lacks,
   after Valkey lost its data.
@@ -16,12 +16,13 @@ no-op while Valkey holds that job.
 A flow on a durable queue (a chain, group, chord, `depends_on`) writes each job's row with its
 place in the flow (the `flow` column: the flow's id, its position, the jobs it waits for with
 their slots and policies, what their outcomes become), each on its shard (graph.placement: a
-flow may span the queue's shards). The push after the commit, a relay or a restore sends them
+flow may span the queue's shards). The push after the commit, a resend or a restore sends them
 through the `flow` script (graph.write), members before the jobs waiting for them; a member that
 Valkey no longer holds and whose row has finished gives the script its outcome (its result, or
 its failure under the edge's policy), so a waiting job comes back waiting only for what has not
 finished. A spread flow whose writer died between its calls is sent again the same way (its
-rows are marked relayed once every call of its push answered, or once a relay pass sent them);
+rows are marked relayed, the column's name for "reached Valkey", once every call of its push
+answered, or once a resend sent them);
 a job Valkey holds already is left on its shard (graph.write, mode 'again').
 
 The mirror makes the same rows terminal when jobs finish; an operator's retry makes them
@@ -51,8 +52,8 @@ log = logging.getLogger("jobqueue.outbox")
 MIN_EXPIRY = timedelta(milliseconds=1)
 """The least time to expiry a resent job is given (a row that expires as it is being sent)."""
 FINISHED = (State.SUCCEEDED, State.DEAD, State.CANCELLED, State.EXPIRED)
-RELAY_GRACE = 5.0
-"""Seconds a durable row is left to its own push before a relay pass sends it again."""
+RESEND_GRACE = 5.0
+"""Seconds a durable row is left to its own push before a resend sends it again."""
 
 
 def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
@@ -118,7 +119,7 @@ def push_flow(queue: Queue, nodes: Sequence[graph.Node], prepared: list[Prepared
               shards: dict[str, int]) -> None:
     """Send a committed durable flow to Valkey (each job on `shards`, its row's shard, unless
     its lane's is another now); if Valkey is down (or a job it waits for has not reached Valkey
-    yet) its rows wait for the relay."""
+    yet) its rows wait for a worker's resend."""
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
@@ -128,10 +129,10 @@ def push_flow(queue: Queue, nodes: Sequence[graph.Node], prepared: list[Prepared
         _send(queue, nodes, prepared, flow, shards)
     except (ValkeyConnectionError, ValkeyTimeoutError, InvalidFlow) as exc:
         log.warning("queue=%s: flow %s not sent (%s); its %d durable job(s) wait in the "
-                    "database for a worker's relay", queue.name, flow or "-", exc, len(nodes))
+                    "database for a worker's resend", queue.name, flow or "-", exc, len(nodes))
         return
-    # (every call answered: a relay pass has nothing to send again; a writer that died before
-    # this line leaves its rows to the relay, which sends what Valkey lacks)
+    # (every call answered: a resend has nothing to send again; a writer that died before
+    # this line leaves its rows to the resend, which sends what Valkey lacks)
     Job.objects.filter(pk__in=list(shards), relayed=False).update(relayed=True)
     graph.announced([JobRef(job.job_id, queue.name) for job in prepared])
 
@@ -165,7 +166,7 @@ def _outcomes(members: Iterable[str]) -> dict[str, graph.Outcome]:
 
 
 def push(queue: Queue, specs: list[JobSpec]) -> None:
-    """Send committed durable jobs to Valkey; if Valkey is down they wait for the relay."""
+    """Send committed durable jobs to Valkey; if Valkey is down they wait for a worker's resend."""
     from redis.exceptions import ConnectionError as ValkeyConnectionError
     from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
@@ -179,7 +180,7 @@ def push(queue: Queue, specs: list[JobSpec]) -> None:
                                       fresh=True)
     except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
         log.warning("queue=%s: Valkey unreachable (%s); %d durable job(s) wait in the database "
-                    "for a worker's relay", queue.name, exc, len(specs))
+                    "for a worker's resend", queue.name, exc, len(specs))
         return
     except NotReplicated as exc:  # the rows are the durable copy: `jobqueue restore` has them
         log.warning("%s; the database holds them", exc)
@@ -369,9 +370,10 @@ def _resend_flows(queue: Queue, rows: Sequence[Job], chunk: int = 500) -> int:
     return sent
 
 
-def relay(queues: Iterable[Queue], grace: float = RELAY_GRACE, limit: int = 2000) -> int:
-    """Send durable rows no relay pass has confirmed yet (older than `grace` seconds) to Valkey.
-    Returns how many Valkey lacked (a push that had failed)."""
+def resend(queues: Iterable[Queue], grace: float = RESEND_GRACE, limit: int = 2000) -> int:
+    """Send durable rows that no push or resend has confirmed in Valkey yet (older than `grace`
+    seconds) again; returns how many Valkey lacked (a push that had failed). Relaying is another
+    thing: flows' outcomes carried across shards (flows/relay.py)."""
     from ..models import UNFINISHED, Job
 
     cutoff = datetime.now(UTC) - timedelta(seconds=grace)
@@ -387,7 +389,7 @@ def relay(queues: Iterable[Queue], grace: float = RELAY_GRACE, limit: int = 2000
         if len(plain) < len(rows):
             sent += _resend_flows(queue, [row for row in rows if row.flow is not None])
     if sent:
-        log.warning("relayed %d durable job(s) that had not reached Valkey", sent)
+        log.warning("resent %d durable job(s) that had not reached Valkey", sent)
     return sent
 
 

@@ -15,7 +15,7 @@ Threads, each with one job:
   (`waiters.py`: kept connections, idle offers, hand-offs, unblocking; on the event loop, a
   wait goes through `waitline.py`); a token makes the waiter claim at once here (claims take
   one lock, so the main loop and the waiters never both count the same room);
-- the mirror moves terminal events into MySQL and relays durable jobs (`mirror_thread.py`: a
+- the mirror moves terminal events into MySQL and resends durable jobs (`mirror_thread.py`: a
   slow database never slows claiming; `runworker` runs it in a process of its own).
 What every room reads (the config, the queues served, the jobs held) is in `serving.py`;
 worker presence (what the console lists) in `presence.py`. A thread of these that dies of an
@@ -76,9 +76,9 @@ class Worker:
         self.abandoned = 0
         self.served = Served()
         self.held = HeldJobs(config.capacity)
-        self._tick = threading.Event()
+        self.wake = threading.Event()
         """Wakes the main loop (a stop, an outcome to record)."""
-        self.outcomes = Outcomes(self.held, self.served, config.batch, self._tick)
+        self.outcomes = Outcomes(self.held, self.served, config.batch, self.wake)
         self.maintenance = Maintenance(config, self.served, self.held, self.outcomes)
         self._stop_claiming = threading.Event()
         self._threads_stop = threading.Event()
@@ -89,8 +89,9 @@ class Worker:
         self._drained = Drained()
         self._rotation = 0
         self._abort = threading.Event()
-        self._threads = Threads(stop=self._stop_claiming, wake=self._tick)
-        self._runners: Runners | None = None
+        self._threads = Threads(stop=self._stop_claiming, wake=self.wake)
+        self.runners: Runners | None = None
+        """The runner threads (and event loop) that run the claimed jobs, once started."""
         self._mirror: MirrorThread | None = None
 
     @property
@@ -102,7 +103,7 @@ class Worker:
         return self.outcomes.failed
 
     def _loop(self) -> EventLoop | None:
-        return self._runners.loop if self._runners else None
+        return self.runners.loop if self.runners else None
 
     # -- control ---------------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ class Worker:
         else:
             log.info("stop requested: finishing running jobs (grace %.0fs)", self.config.grace)
         self._stop_claiming.set()
-        self._tick.set()
+        self.wake.set()
 
     def run(self) -> None:
         """The main loop; returns when stopped (or when a burst run has nothing left). Raises
@@ -123,9 +124,9 @@ class Worker:
             return
         try:
             while not self._stop_claiming.is_set():
-                self._tick.clear()
+                self.wake.clear()
                 try:
-                    busy = self._cycle()
+                    busy = self.turn()
                 except VALKEY_DOWN as exc:
                     _wait_for_valkey(self.served, self._stop_claiming, exc)
                     continue
@@ -138,7 +139,7 @@ class Worker:
                 if self.config.burst and self._burst_done():
                     break
                 if self.outcomes.empty():  # (a success queued unannounced: record it now)
-                    self._tick.wait(self._idle_wait())
+                    self.wake.wait(self._idle_wait())
             self._drain()
         finally:
             self._stop_threads()
@@ -160,8 +161,7 @@ class Worker:
             return False
         for queue, shards in found:
             self.served.add(queue, shards)
-        done = self._finished_one if self.config.concurrency == 1 else self.outcomes.finished
-        self._runners = Runners(self.config.concurrency, done, processes=self.config.processes)
+        self.start_runners()
         self.held.room.set()
         heartbeat = Heartbeat(self.held, self.served.queue, self._threads_stop,
                               default_lease=self.config.lease or 30.0)
@@ -177,15 +177,22 @@ class Worker:
                  self.config.concurrency, " (burst)" if self.config.burst else "")
         return True
 
+    def start_runners(self) -> None:
+        """Start the runners (`run` does, once it found its queues; a test that drives
+        `turn()` itself calls it). At concurrency 1 a runner claims the next job itself."""
+        done = self._finished_one if self.config.concurrency == 1 else self.outcomes.finished
+        self.runners = Runners(self.config.concurrency, done, processes=self.config.processes)
+
     def _ensure_waiters(self) -> None:
         for queue, index in self.waiters.missing(self.served.queues, self.served.shards):
             self._threads.start(self.waiters.serve, f"wake-{queue.name}#{index}", queue, index)
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _cycle(self) -> bool:
-        """One turn: failures recorded, maintenance when due, then per queue one call that
-        records the successes and claims the next batch. True if it claimed work."""
+    def turn(self) -> bool:
+        """One turn of the main loop (`run` makes them; a test may drive them itself): failures
+        recorded, maintenance when due, then per queue one call that records the successes and
+        claims the next batch. True if it claimed work."""
         successes = self.outcomes.record(defer_acks=True)
         try:
             if self.maintenance.run_due():
@@ -290,13 +297,13 @@ class Worker:
         except RedisError:
             log.exception("Valkey refused a command")
         if self.outcomes.unrecorded() or not self.held.jobs:  # (the main loop's now; idle:
-            self._tick.set()  # it ends the waiters' plain waits, to wait with an offer again)
+            self.wake.set()  # it ends the waiters' plain waits, to wait with an offer again)
 
     def _submit(self, leases: list[Lease]) -> None:
-        assert self._runners is not None
+        assert self.runners is not None
         if self.held.add(leases):  # busy now: its idle offers on other shards go first
             self.waiters.withdraw_offers()
-        self._runners.submit(leases)
+        self.runners.submit(leases)
 
     def _take(self, queue: Queue, leases: list[Lease]) -> None:
         """Run the jobs a hand-off brought, or hand them back when the worker stops (as it
@@ -323,7 +330,7 @@ class Worker:
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
             for queue in self.served.queues:  # (and those of a claim whose reply was lost)
                 queue.lost_claims.recover(queue.client, queue.name)
-        unstarted = self._runners.take_unstarted() if self._runners else []
+        unstarted = self.runners.take_unstarted() if self.runners else []
         try:
             self._release(unstarted)
         except RedisError:
@@ -333,12 +340,12 @@ class Worker:
             self._claim()  # stopping: records the successes that waited for a claim
         deadline = time.monotonic() + self.config.grace
         while self.held.jobs and not self._abort.is_set() and time.monotonic() < deadline:
-            self._tick.clear()
+            self.wake.clear()
             with contextlib.suppress(RedisError):
                 self.outcomes.record()
-            self._tick.wait(0.1)
-        if self.held.jobs and self._runners is not None:
-            self._runners.abandon()  # (ended before they are handed back: none runs on)
+            self.wake.wait(0.1)
+        if self.held.jobs and self.runners is not None:
+            self.runners.abandon()  # (ended before they are handed back: none runs on)
         try:
             self.outcomes.record()
             leftovers = self.held.leases()
@@ -364,8 +371,8 @@ class Worker:
                 thread.join(timeout=0.2)
         if self._mirror is not None:
             self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
-        if self._runners is not None:
-            self._runners.stop(wait=not self.abandoned)
+        if self.runners is not None:
+            self.runners.stop(wait=not self.abandoned)
         if self.served.queues:
             with contextlib.suppress(*VALKEY_DOWN):
                 presence.goodbye(self.served.queues[0].client, self.config.name)

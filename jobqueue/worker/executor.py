@@ -42,7 +42,11 @@ class Outcome(NamedTuple):
     duration: float = 0.0
 
 
-def resolve(lease: Lease) -> tuple[JobFunction, list[Any], dict[str, Any]]:
+Resolved = tuple[JobFunction, list[Any], dict[str, Any]]
+"""A claimed job's handler and arguments, as its payload names them."""
+
+
+def _looked_up(lease: Lease) -> Resolved:
     """The handler and arguments a payload names; JobQueueError says what is wrong."""
     if lease.problem:
         raise JobQueueError(lease.problem)
@@ -58,14 +62,11 @@ def resolve(lease: Lease) -> tuple[JobFunction, list[Any], dict[str, Any]]:
             payload.get("kwargs", {}))
 
 
-Prepared = tuple[JobFunction, list[Any], dict[str, Any]]
-
-
-def prepare(lease: Lease) -> Prepared | Outcome:
+def resolve(lease: Lease) -> Resolved | Outcome:
     """The handler and arguments of a claimed job, or the fatal Outcome of a job that can
     never run (an unknown handler, a corrupt payload, a handler whose lookup failed)."""
     try:
-        return resolve(lease)
+        return _looked_up(lease)
     except UnknownHandler as exc:
         return Outcome(False, error=f"{exc}: the job can never run", fatal=True)
     except JobQueueError as exc:
@@ -79,13 +80,13 @@ def prepare(lease: Lease) -> Prepared | Outcome:
                        fatal=True)
 
 
-def is_async(prepared: Prepared | Outcome) -> TypeGuard[Prepared]:
+def is_async(resolved: Resolved | Outcome) -> TypeGuard[Resolved]:
     """Whether the job runs on the worker's event loop (an `async def` handler)."""
-    return not isinstance(prepared, Outcome) and prepared[0].is_async
+    return not isinstance(resolved, Outcome) and resolved[0].is_async
 
 
-def _call_args(prepared: Prepared, lease: Lease) -> tuple[Any, list[Any], dict[str, Any]]:
-    handler, args, kwargs = prepared
+def _call_args(resolved: Resolved, lease: Lease) -> tuple[Any, list[Any], dict[str, Any]]:
+    handler, args, kwargs = resolved
     if handler.options.takes_context:
         args = [JobContext(lease), *args]
     return handler.func, args, kwargs
@@ -98,13 +99,13 @@ def _unwritten(args: list[Any]) -> JobContext | None:
     return ctx if ctx is not None and ctx.progress_unwritten else None
 
 
-def execute(lease: Lease, prepared: Prepared | Outcome | None = None) -> Outcome:
+def execute(lease: Lease, resolved: Resolved | Outcome | None = None) -> Outcome:
     """resolve → run → encode; exactly one Outcome, whatever happens."""
     started = time.monotonic()
-    prepared = prepare(lease) if prepared is None else prepared
-    if isinstance(prepared, Outcome):
-        return prepared
-    func, args, kwargs = _call_args(prepared, lease)
+    resolved = resolve(lease) if resolved is None else resolved
+    if isinstance(resolved, Outcome):
+        return resolved
+    func, args, kwargs = _call_args(resolved, lease)
     try:
         result = func(*args, **kwargs)
         if inspect.iscoroutine(result):  # a coroutine outside the event loop (process mode)
@@ -114,12 +115,12 @@ def execute(lease: Lease, prepared: Prepared | Outcome | None = None) -> Outcome
     return _succeeded(result, started, _unwritten(args))
 
 
-async def execute_async(lease: Lease, prepared: Prepared) -> Outcome:
+async def execute_async(lease: Lease, resolved: Resolved) -> Outcome:
     """`execute` for an `async def` handler, awaited on the worker's event loop. A cancel of its
     task ends up here as a failure too: the caller, which knows whether it cancelled the task,
     drops the outcome of a run it cancelled itself."""
     started = time.monotonic()
-    func, args, kwargs = _call_args(prepared, lease)
+    func, args, kwargs = _call_args(resolved, lease)
     failed: BaseException | None = None
     try:
         result = await func(*args, **kwargs)

@@ -63,6 +63,11 @@ class Maintenance:
         """(when, jobs done) at the last advertisement: the rate the console shows."""
         self._burst_check = BURST_CHECK
 
+    def hold(self) -> None:
+        """Defer every timer for good: for a caller that drives the worker's turns itself (a
+        test), so that no turn runs maintenance, fires a schedule or logs a summary."""
+        self._next_turn = self._next_fire = self._next_summary = float("inf")
+
     def run_due(self) -> bool:
         """Whatever is due now; True when a maintenance turn ran (the served queues may have
         changed)."""
@@ -205,16 +210,16 @@ class Maintenance:
                  rate, processed, failed, len(self._held.jobs), pending, lag)
 
     def nothing_left(self) -> bool:
-        """No durable job left to relay, no flow's entry left to relay (relay.py), and no
+        """No durable job left to resend, no flow's entry left to relay (relay.py), and no
         pending (unless paused) or active job left in the served queues, nor a scheduled one
         due within BURST_HORIZON: a burst run is done."""
         queues = self._served.queues
         if any(q.options.durable for q in queues):
             try:
-                if outbox.relay(queues, grace=0):
+                if outbox.resend(queues, grace=0):
                     return False
             except DatabaseError as exc:
-                log.warning("relay: %s; retrying", exc)
+                log.warning("resend: %s; retrying", exc)
                 close_db()
                 return False
         later = 0

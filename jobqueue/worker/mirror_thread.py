@@ -1,5 +1,5 @@
 """The worker's database side, apart from claiming so a slow or absent database never slows it:
-it mirrors terminal events into MySQL, relays durable jobs whose push failed, refreshes the
+it mirrors terminal events into MySQL, resends durable jobs whose push failed, refreshes the
 `Shard` rows, and on the way out mirrors what is left.
 
 `runworker` runs it in a process of its own (`MirrorProcess`), forked before the worker starts
@@ -34,7 +34,7 @@ from .serving import WorkerConfig
 from .supervisor import Forked, fork, forkable
 
 log = logging.getLogger("jobqueue.worker")
-RELAY_EVERY = 2.0
+RESEND_EVERY = 2.0
 SHARDS_EVERY = 10.0
 RECYCLE_EVERY = 60.0
 """Seconds between checks of the thread's database connection against CONN_MAX_AGE (it stays
@@ -53,7 +53,7 @@ def close_db() -> None:
 
 
 class MirrorThread:
-    """Mirror, relay and shard bookkeeping for the queues `queues()` names, until `stop`."""
+    """Mirror, resend and shard bookkeeping for the queues `queues()` names, until `stop`."""
 
     def __init__(self, queues: Callable[[], list[Queue]], consumer: str,
                  stop: threading.Event) -> None:
@@ -64,7 +64,7 @@ class MirrorThread:
     def run(self) -> None:
         from django.db import close_old_connections
 
-        delay, next_shards, next_relay, next_recycle = 0.2, 0.0, 0.0, 0.0
+        delay, next_shards, next_resend, next_recycle = 0.2, 0.0, 0.0, 0.0
         shards_written: dict[tuple[str, int], dict[str, Any]] = {}
         while not self.stop.is_set():
             try:
@@ -74,9 +74,9 @@ class MirrorThread:
                     next_recycle = time.monotonic() + RECYCLE_EVERY
                 self.mirror.queues = self.queues()
                 written = self.mirror.step()
-                if time.monotonic() >= next_relay:  # durable jobs whose push failed
-                    outbox.relay(self.mirror.queues)
-                    next_relay = time.monotonic() + RELAY_EVERY
+                if time.monotonic() >= next_resend:  # durable jobs whose push failed
+                    outbox.resend(self.mirror.queues)
+                    next_resend = time.monotonic() + RESEND_EVERY
                 if time.monotonic() >= next_shards:
                     for queue in self.mirror.queues:
                         record_shards(queue, shards_written)

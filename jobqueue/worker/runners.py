@@ -44,7 +44,7 @@ from .._compat import connection_closer
 from ..conf import loop_factory
 from ..engine.store import Queue
 from ..records import Lease
-from .executor import Outcome, Prepared, execute, execute_async, is_async, prepare
+from .executor import Outcome, Resolved, execute, execute_async, is_async, resolve
 from .pool import Abandoned, PoolProcess
 
 log = logging.getLogger("jobqueue.worker")
@@ -60,7 +60,7 @@ more handovers than it saves (both measured in bench/RESULTS.md, "uvloop, the ga
 and the GIL")."""
 EAGER = sys.version_info >= (3, 12)
 """Whether tasks can start eagerly (`asyncio.Task(..., eager_start=True)`)."""
-Job = tuple[Lease, Prepared | Outcome | None]
+Job = tuple[Lease, Resolved | Outcome | None]
 T = TypeVar("T")
 BLOCKED = 0.5
 """Seconds the event loop may go without running a callback before its watchdog logs where the
@@ -93,14 +93,14 @@ class Runners:
     def submit(self, leases: list[Lease]) -> None:
         """Start claimed jobs: async ones on the event loop, the others on the threads (a
         process pool resolves its jobs itself: what a handler is cannot cross processes)."""
-        on_loop: list[tuple[Lease, Prepared]] = []
+        on_loop: list[tuple[Lease, Resolved]] = []
         plain = 0
         for lease in leases:
-            prepared = None if self._processes else prepare(lease)
-            if prepared is not None and is_async(prepared):
-                on_loop.append((lease, prepared))
+            resolved = None if self._processes else resolve(lease)
+            if resolved is not None and is_async(resolved):
+                on_loop.append((lease, resolved))
             else:
-                self._inbox.put((lease, prepared))
+                self._inbox.put((lease, resolved))
                 plain += 1
         if plain and len(self._threads) < self._most:
             self._start_threads(plain)
@@ -176,12 +176,12 @@ class Runners:
                     close_old_connections()
                 if job is None:
                     return
-                lease, prepared = job
+                lease, resolved = job
                 signals.send(signals.job_started, Queue, lease=lease)
                 try:
-                    outcome = (self._run(lease, prepared, process) if self._tracer is None else
+                    outcome = (self._run(lease, resolved, process) if self._tracer is None else
                                tracing.run(self._tracer, lease,
-                                           partial(self._run, lease, prepared, process)))
+                                           partial(self._run, lease, resolved, process)))
                 except Abandoned:  # (ended by the stopping worker, which hands the job back)
                     continue
                 close_old_connections()
@@ -191,9 +191,9 @@ class Runners:
                 process.close()
 
     @staticmethod
-    def _run(lease: Lease, prepared: Prepared | Outcome | None,
+    def _run(lease: Lease, resolved: Resolved | Outcome | None,
              process: PoolProcess | None) -> Outcome:
-        return execute(lease, prepared) if process is None else process.run(lease)
+        return execute(lease, resolved) if process is None else process.run(lease)
 
 
 class EventLoop:
@@ -208,7 +208,7 @@ class EventLoop:
         self._loop = loop_factory()()
         self._tracer = tracing.worker_tracer()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._waiting: deque[tuple[Lease, Prepared]] = deque()
+        self._waiting: deque[tuple[Lease, Resolved]] = deque()
         """Jobs claimed but not started (prefetched); taken from other threads under `_lock`."""
         self._lock = threading.Lock()
         self._running = 0
@@ -226,7 +226,7 @@ class EventLoop:
         self._closed = threading.Event()
         threading.Thread(target=self._watch, name="jobqueue-asyncio-watch", daemon=True).start()
 
-    def submit(self, jobs: list[tuple[Lease, Prepared]]) -> None:
+    def submit(self, jobs: list[tuple[Lease, Resolved]]) -> None:
         with self._lock:
             self._waiting.extend(jobs)
         if threading.get_ident() == self._thread.ident:  # (claimed on the loop: start them now)
@@ -261,8 +261,8 @@ class EventLoop:
         self._running += len(jobs)
         self._starting = eager
         try:
-            for lease, prepared in jobs:
-                coroutine = self._run(lease, prepared)
+            for lease, resolved in jobs:
+                coroutine = self._run(lease, resolved)
                 task = (asyncio.Task(coroutine, loop=self._loop, eager_start=True) if eager
                         else self._loop.create_task(coroutine))
                 if not task.done():
@@ -271,16 +271,16 @@ class EventLoop:
         finally:
             self._starting = False
 
-    async def _run(self, lease: Lease, prepared: Prepared) -> None:
+    async def _run(self, lease: Lease, resolved: Resolved) -> None:
         try:
             if signals.job_started.receivers:  # (off the loop: a receiver may use the ORM)
                 await asyncio.to_thread(signals.send_from_worker, signals.job_started, Queue,
                                         lease=lease)
             if self._tracer is None:
-                outcome = await execute_async(lease, prepared)
+                outcome = await execute_async(lease, resolved)
             else:
                 outcome = await tracing.run_async(self._tracer, lease,
-                                                  partial(execute_async, lease, prepared))
+                                                  partial(execute_async, lease, resolved))
         finally:
             self._running -= 1
         if self._abandoning and _cancelled():  # (the stopping worker's cancel: it hands the

@@ -26,7 +26,7 @@ from jobqueue import Queue
 from tests.jobapp import jobs
 
 from ..servers import MariaDBProcess, ValkeyProcess
-from ..workers import ROOT, start_worker
+from ..workers import ROOT, start_worker, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(not shutil.which("mariadbd"), reason="needs MariaDB's server")]
@@ -57,14 +57,23 @@ def test_nothing_is_lost_or_recorded_twice_under_chaos(settings: Any, tmp_path: 
         refs = jobs.chaos_step.using(immediate=True).enqueue_many(
             [(effects.url, rng.uniform(0, 0.02), rng.random()) for _ in range(JOBS)])
 
+        logs: dict[int, Path] = {}
+
         def worker() -> subprocess.Popen[bytes]:
-            return start_worker(valkey.url, "--concurrency", "4", "--lease", "1",
-                                db_url=db.url("jq"))
+            log = tmp_path / f"w{len(logs)}.log"
+            started = start_worker(valkey.url, "--concurrency", "4", "--lease", "1",
+                                   db_url=db.url("jq"), log=log)
+            logs[started.pid] = log
+            return started
+
+        def serving(w: subprocess.Popen[bytes]) -> bool:
+            """Its signal handlers are in: a worker logs "serving" once they are."""
+            return w.poll() is not None or "serving" in logs[w.pid].read_text()
 
         workers = [worker(), worker()]
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
-            time.sleep(rng.uniform(0.5, 1.5))
+            time.sleep(rng.uniform(0.5, 1.5))  # (the pace of the chaos: a random gap between events)
             event = rng.random()
             if event < 0.5:  # a worker is killed outright; a new one takes its place
                 victim = workers.pop(rng.randrange(len(workers)))
@@ -73,18 +82,19 @@ def test_nothing_is_lost_or_recorded_twice_under_chaos(settings: Any, tmp_path: 
                 kills += 1
             elif event < 0.7:  # Valkey dies and comes back from its append-only file
                 valkey.stop(kill=True)
-                time.sleep(rng.uniform(0.1, 1.0))
+                time.sleep(rng.uniform(0.1, 1.0))  # (how long the outage lasts)
                 valkey.start()
                 restarts += 1
             elif event < 0.85:  # the database goes away for a while
                 db.stop()
-                time.sleep(rng.uniform(0.5, 2.0))
+                time.sleep(rng.uniform(0.5, 2.0))  # (how long the outage lasts)
                 db.start()
                 outages += 1
             workers = [w for w in workers if w.poll() is None]  # os._exit in a handler
             while len(workers) < 2:
                 workers.append(worker())
-        time.sleep(2)  # workers started last are up (and have installed their signal handlers)
+        for w in workers:  # (those started last too: a SIGTERM before its handlers would kill it)
+            wait_for(lambda w=w: serving(w), timeout=60)
         for w in workers:
             w.send_signal(signal.SIGTERM)
         assert {w.wait(60) for w in workers} <= {0, 3}  # 3: a handler's os._exit got there first
@@ -139,12 +149,13 @@ def test_a_durable_queue_survives_valkey_losing_everything_mid_run(settings: Any
         workers = [start_worker(valkey.url, "--queues", "durable", "--concurrency", "4")
                    for _ in range(2)]
         recorded = redis.Redis.from_url(effects.url)
-        while len(recorded.keys("effect:*")) < jobs_n // 3:
-            time.sleep(0.05)
+        wait_for(lambda: len(recorded.keys("effect:*")) >= jobs_n // 3, timeout=60)
         redis.Redis.from_url(valkey.url).flushall()  # Valkey lost its data under the workers
         restored = manage("jobqueue", "restore", url=valkey.url)
         assert restored.returncode == 0, restored.stderr
-        time.sleep(1)
+        # The workers run restored jobs before they stop (Valkey's counts began again at the
+        # flush: a success counted now is of a job claimed after the restore).
+        wait_for(lambda: Queue("durable").counts()["succeeded"] > 0, timeout=60)
         for w in workers:
             w.send_signal(signal.SIGTERM)
         assert {w.wait(60) for w in workers} == {0}
