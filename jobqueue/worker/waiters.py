@@ -19,7 +19,7 @@ On a kept connection a wait lasts up to IDLE_WAIT.
 Owns the waits' connections, the offers and the list of waits in progress (so that another
 thread can end them with CLIENT UNBLOCK). A wait says what ended it (`Woke`). A job handed over
 goes to the `take` it was given, on the thread that received it; after a token the waiter calls
-the `claim` it was given (both the worker's). It reads the held jobs (is the worker idle?) and
+the `claim` it was given (both `claims.py`'s). It reads the held jobs (is the worker idle?) and
 the event loop, and calls `handoff`'s `wait_commands`, `after_wait` and `withdraw`; it records
 nothing.
 """
