@@ -54,7 +54,8 @@ class Claims:
         """Where claimed jobs go, once the worker started them (`Worker.start_runners`)."""
         self.fell_busy: Callable[[], object] = lambda: None
         """Called when jobs reach a worker that held none (its idle offers go: the waiters'
-        `withdraw_offers`)."""
+        `withdraw_offers`), once the jobs are on the runners (they start without waiting for
+        that round trip), unless they have all ended by then (the offers are right again)."""
 
     def claim(self, successes: list[Finished] | None = None,
               woken: tuple[Queue, int] | None = None) -> int:
@@ -164,9 +165,10 @@ class Claims:
 
     def _submit(self, leases: list[Lease]) -> None:
         assert self.runners is not None
-        if self._held.add(leases):  # busy now: its idle offers on other shards go first
+        fell_busy = self._held.add(leases)
+        self.runners.submit(leases)  # (first: the jobs start without waiting for Valkey)
+        if fell_busy and self._held.jobs:  # busy still: its idle offers on other shards go
             self.fell_busy()
-        self.runners.submit(leases)
 
 
 def release(served: Served, leases: list[Lease]) -> None:
