@@ -8,8 +8,9 @@ watches, so the job arrives leased, with no claim call between. Once the worker 
 loop (it ran an `async def` handler), that wait runs on the loop (`waitline.py`), so an async
 job starts on the thread that received it. A busy worker waits without an offer (a job handed
 over then would wait for room): when it falls busy, the offers of its waits on other shards go
-and those waits end (`withdraw_offers`, once the jobs that made it busy are on its runners); when it falls idle, the main loop ends its waits without
-an offer (`unblock`) so the next wait makes the offer. A queue whose limits only the claim script
+and those waits end (`withdraw_offers`, once the jobs that made it busy are on its runners);
+when it falls idle, the main loop ends its waits without an offer (`unblock`) so the next wait
+makes the offer. A queue whose limits only the claim script
 enforces (a `concurrency` cap, a rate, lane caps or lane rates: `QueueOptions.claim_only`) never
 offers.
 On a cluster the kept connection is to the node that holds the shard, found again after an
