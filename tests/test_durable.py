@@ -9,7 +9,8 @@ import pytest
 import redis
 from django.db import transaction
 
-from jobqueue import Queue, get_job
+from jobqueue import Queue, chain, get_job
+from jobqueue.history import outbox
 from jobqueue.models import Job
 from tests.jobapp import jobs
 
@@ -44,6 +45,25 @@ def test_a_rollback_leaves_neither_row_nor_job() -> None:
         raise RuntimeError("rollback")
     assert not Job.objects.filter(pk=ref.id).exists() and not in_valkey(ref.id)
     assert Queue("durable").counts()["scheduled"] == 0
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_transaction_on_another_alias_holds_the_row_and_the_job_until_it_commits() -> None:
+    # The rows are written on `default`, whose connection is in no transaction here: written
+    # at once, they would outlive a rollback of "other" and a worker's resend would run them.
+    flow = chain(durable_add.s(1, 2), jobs.mul.using(queue="durable").s(10))
+    with pytest.raises(RuntimeError), transaction.atomic(using="other"):
+        durable_add.enqueue(1, 2)
+        flow.enqueue()
+        raise RuntimeError("rollback")
+    assert outbox.resend([Queue("durable")], grace=0) == 0
+    assert not Job.objects.exists() and not any(Queue("durable").counts().values())
+    with transaction.atomic(using="other"):
+        ref = durable_add.enqueue(3, 4)
+        last = flow.enqueue()
+        assert not any(Queue("durable").counts().values())
+    assert in_valkey(ref.id) and in_valkey(last.id)
+    assert Job.objects.filter(durable=True).count() == 3
 
 
 @pytest.mark.slow

@@ -78,6 +78,27 @@ def test_a_claim_whose_reply_is_lost_hands_its_jobs_back_uncharged(
     assert info is not None and info.state == "succeeded"
 
 
+def test_a_claim_on_a_connection_the_server_closed_reconnects_before_it_sends(
+        valkey_server: ValkeyProcess) -> None:
+    # The server closes a claim's kept connection (CLIENT KILL here; its idle `timeout`, or a
+    # proxy, the same): nothing was sent on it yet, so the next claim reconnects and goes,
+    # rather than fail as a claim whose reply was lost.
+    client = redis.Redis.from_url(valkey_server.url, **conf.CLIENT_OPTIONS)
+    queue = Queue("default", client=client)
+    assert queue.dequeue(worker="w1") == []  # (its connection is kept for the next claim)
+    ref = jobs.add.enqueue(1, 2)
+    admin = redis.Redis.from_url(valkey_server.url)
+    for seen in admin.client_list():
+        if seen["cmd"] != "client|list":
+            admin.client_kill_filter(_id=seen["id"])
+    [lease] = queue.dequeue(count=1, worker="w1")
+    assert lease.job_id == ref.id and queue.ack(lease, "3")
+    before = admin.info("stats")["total_connections_received"]
+    assert wire.call_once(client, ("PING",)) == "PONG"  # (a live one: no new connection)
+    assert admin.info("stats")["total_connections_received"] == before
+    admin.close()
+
+
 def test_a_job_handed_to_a_worker_killed_while_its_offer_stood_costs_no_run(
         valkey_server: ValkeyProcess) -> None:
     worker = start_worker(valkey_server.url, "--queues", "default", "--concurrency", "1")

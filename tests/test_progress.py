@@ -146,3 +146,38 @@ def test_a_running_jobs_progress_is_visible_and_stays_after_it_ends(
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("handler", ["waits_for_file", "awaits_file"])
+def test_a_last_progress_valkey_refuses_loses_only_that_progress(
+        settings: Any, tmp_path: Path, handler: str) -> None:
+    # The last progress of a job is written as it ends, while Valkey refuses writes (an error
+    # reply: OOM). That write is lost and logged; the job's outcome is still recorded once
+    # Valkey takes writes again, and the worker (one runner) goes on running jobs.
+    server = ValkeyProcess("--maxmemory-policy", "noeviction", appendonly=False).start()
+    try:
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": server.url}
+        client = redis.Redis(port=server.port)
+        log, gate = tmp_path / "worker.log", tmp_path / "go"
+        proc = start_worker(server.url, "--queues", "default", "--concurrency", "1", log=log)
+        try:
+            held = getattr(jobs, handler).enqueue(str(gate))
+            wait_for(lambda: (info := get_job(held.id)) is not None and info.state == "active"
+                     and info.progress == "started", timeout=60)
+            client.config_set("maxmemory", 1)  # (every write refused: OOM)
+            try:
+                gate.touch()
+                wait_for(lambda: "its last progress could not be written" in log.read_text()
+                         or "Traceback" in log.read_text())
+            finally:
+                client.config_set("maxmemory", 0)
+            assert held.result(timeout=30) == "finished"
+            assert jobs.add.enqueue(1, 2).result(timeout=30) == 3
+        finally:
+            proc.terminate()
+            assert proc.wait(60) == 0
+        assert "job=" + held.id in log.read_text()
+    finally:
+        server.cleanup()

@@ -89,3 +89,40 @@ def test_a_job_whose_lease_is_shorter_than_the_workers_own_is_renewed_in_time(
         proc.wait(60)
     info = queue.get(ref.id)
     assert reaped == 0 and info is not None and info.state == "succeeded" and info.attempts == 1
+
+
+def test_a_job_joining_with_a_shorter_lease_never_puts_off_the_renewal_of_those_held(
+        valkey_server: ValkeyProcess, settings: Any) -> None:
+    # A job held with a 3 s lease is due its renewal 1 s after the heartbeat planned it. Jobs
+    # that join with ever shorter leases bring the renewal forward when theirs would lapse
+    # first, and never push it back: each join before it is due would otherwise put it off.
+    import threading
+
+    from jobqueue.worker.heartbeat import Heartbeat
+    from jobqueue.worker.serving import HeldJobs
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": valkey_server.url}
+    queue = Queue("default")
+    refs = [jobs.add.using(lease=seconds).enqueue(1, 1) for seconds in (3.0, 2.9, 2.8, 0.6)]
+    leases = {lease.job_id: lease for lease in queue.dequeue(count=4, worker="w-1")}
+    first, *joining = (leases[ref.id] for ref in refs)
+    held = HeldJobs(capacity=8)
+    heartbeat = Heartbeat(held, lambda name: queue, threading.Event(), default_lease=30.0)
+    assert heartbeat.plan(now=0.0) == 10.0  # (nothing held: the worker's own lease)
+    held.add([first])
+    assert held.sooner.is_set()  # (the wait planned for 30 s must be planned again)
+    held.sooner.clear()
+    assert heartbeat.plan(now=0.0) == pytest.approx(1.0)
+    now = 0.0
+    for lease in joining[:2]:  # (2.9 s at 0.3, 2.8 s at 0.6: due later than the first's)
+        now += 0.3
+        held.add([lease])
+        assert held.sooner.is_set()
+        held.sooner.clear()
+        assert heartbeat.plan(now=now) == pytest.approx(1.0)
+    held.add([joining[2]])  # (0.6 s at 0.7: its renewal is due before the one planned)
+    assert heartbeat.plan(now=0.7) == pytest.approx(0.9)
+    heartbeat.renew()  # (made at 0.9: the next one is planned afresh)
+    assert heartbeat.plan(now=0.9) == pytest.approx(1.1)
+    for lease in leases.values():
+        assert queue.ack(lease, "2")

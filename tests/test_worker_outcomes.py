@@ -124,7 +124,7 @@ def test_outcomes_finished_while_a_waiters_claim_fails_are_each_recorded_once_va
 
         def waiters_claim() -> None:
             with contextlib.suppress(*VALKEY_DOWN):
-                worker._claim(woken=(queue, 0))
+                worker.claims.claim(woken=(queue, 0))
 
         def main_loops_turn() -> None:
             with contextlib.suppress(*VALKEY_DOWN):
@@ -266,7 +266,7 @@ def test_successes_a_refused_claim_carried_are_recorded_by_a_later_one(
     worker.outcomes.finished(lease, Outcome(True, result="2"))
     carried = worker.outcomes.record(defer_acks=True)
     with _busy(valkey_server), pytest.raises(redis.exceptions.ResponseError, match="BUSY"):
-        worker._claim(carried, woken=(queue, 0))
+        worker.claims.claim(carried, woken=(queue, 0))
     worker.turn()
     worker.runners.stop(wait=True)
     job = queue.get(good.id)
@@ -331,7 +331,7 @@ def test_at_concurrency_1_a_success_whose_claim_fails_is_recorded_once_valkey_is
     worker = _holding(queue, [lease], concurrency=1)
     valkey_server.stop()
     try:
-        worker._finished_one(lease, Outcome(True, result="2"))
+        worker.claims.finished_one(lease, Outcome(True, result="2"))
         assert worker.outcomes.unrecorded() and worker.wake.is_set()
     finally:
         valkey_server.start()

@@ -48,8 +48,10 @@ def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
 
     The ids are minted now so the caller gets them at once; validation also happens now. A
     durable queue's jobs are first written to the database (in the transaction, if any) and
-    always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py. With
-    tracing on, inside a producer span whose context each job carries (tracing.py).
+    always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py. Inside
+    a transaction on another alias than the rows' own (`outbox.elsewhere`), the rows could not
+    roll back with it: they are written once every open transaction has committed, then sent.
+    With tracing on, inside a producer span whose context each job carries (tracing.py).
     """
     traced = tracing.tracer()
     if traced is not None:
@@ -65,11 +67,17 @@ def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]
     prepared = [prepare(spec, queue.options, get_config().max_payload) for spec in specs]
     minted = [spec._replace(job_id=p.job_id) for spec, p in zip(specs, prepared, strict=True)]
     refs = [JobRef(p.job_id, queue.name) for p in prepared]
-    if durable:
+    if durable and outbox.elsewhere():
+        def write_and_push() -> None:
+            outbox.write(queue, prepared)
+            outbox.push(queue, minted)
+
+        after_commit(write_and_push, refs, UNWRITTEN)
+    elif durable:
         outbox.write(queue, prepared)
-        after_commit(lambda: outbox.push(queue, minted), refs, durable=True)  # (now, outside
+        after_commit(lambda: outbox.push(queue, minted), refs, WRITTEN)  # (now, outside
     else:  # a transaction)
-        after_commit(lambda: queue.enqueue_many(minted), refs, durable=False)
+        after_commit(lambda: queue.enqueue_many(minted), refs, LOST)
     return refs
 
 
@@ -77,29 +85,44 @@ def submit_flow(queue: Queue, nodes: list[graph.Node], flow: str = "",
                 immediate: bool = False) -> list[JobRef]:
     """Enqueue a flow (graph.py) now, or — inside a transaction — once it commits, as `submit`
     does; its refs either way (ids are minted now). A durable queue's flow is first written to
-    the database (in the transaction, if any) and reaches Valkey after the commit: outbox.py."""
+    the database (in the transaction, if any) and reaches Valkey after the commit: outbox.py
+    (inside a transaction on another alias than the rows' own, both after the commit, as
+    `submit` does; a dependency on a job the database lacks is then logged, not raised)."""
     prepared = graph.checked(queue, nodes)
     refs = [JobRef(job.job_id, queue.name) for job in prepared]
-    if queue.options.durable:
+    if queue.options.durable and outbox.elsewhere():
+        def write_and_push() -> None:
+            shards = outbox.write_flow(queue, nodes, prepared, flow)
+            outbox.push_flow(queue, nodes, prepared, flow, shards)
+
+        after_commit(write_and_push, refs, UNWRITTEN)
+    elif queue.options.durable:
         shards = outbox.write_flow(queue, nodes, prepared, flow)
         after_commit(lambda: outbox.push_flow(queue, nodes, prepared, flow, shards), refs,
-                     durable=True)
+                     WRITTEN)
     elif immediate or not get_config().on_commit or not in_transaction():
         return graph.enqueue(queue, nodes, prepared, flow)
     else:
-        after_commit(lambda: graph.enqueue(queue, nodes, prepared, flow), refs, durable=False)
+        after_commit(lambda: graph.enqueue(queue, nodes, prepared, flow), refs, LOST)
     return refs
 
 
-def after_commit(send: Callable[[], object], refs: list[JobRef], durable: bool) -> None:
+LOST = "they are lost (a durable queue keeps its jobs through such an error)"
+WRITTEN = "their rows are in the database: a worker's relay sends them"
+UNWRITTEN = "their rows may not have been written: the jobs are lost unless they were"
+"""What becomes of jobs whose send after the commit failed (`after_commit`'s `fate`)."""
+
+
+def after_commit(send: Callable[[], object], refs: list[JobRef], fate: str) -> None:
     """Call `send` once every transaction open in this thread has committed, whatever database
     alias each is on (at once when none is: an error then is the caller's); never when one of
     them rolls back. Registered as
     Django's robust on-commit callbacks (so `captureOnCommitCallbacks(execute=True)` sends the
     jobs in a test). A failure to send is logged (ERROR, logger `jobqueue.enqueue`, naming the
     jobs) and never raised: the transaction has committed, and the other callbacks it holds
-    must still run. The jobs of a plain queue are then lost; a durable queue's rows are in the
-    database, and a worker's relay sends them."""
+    must still run. The log says the jobs' `fate`: a plain queue's are lost (LOST); a durable
+    queue's rows are in the database, and a worker's relay sends them (WRITTEN), unless the
+    send was to write them too (UNWRITTEN)."""
     aliases = open_transactions()
     left = len(aliases)
 
@@ -107,7 +130,7 @@ def after_commit(send: Callable[[], object], refs: list[JobRef], durable: bool) 
         nonlocal left
         left -= 1
         if left <= 0:
-            _send_logged(send, refs, durable)
+            _send_logged(send, refs, fate)
 
     if not aliases:
         send()
@@ -115,11 +138,9 @@ def after_commit(send: Callable[[], object], refs: list[JobRef], durable: bool) 
         transaction.on_commit(committed, using=alias, robust=True)
 
 
-def _send_logged(send: Callable[[], object], refs: list[JobRef], durable: bool) -> None:
+def _send_logged(send: Callable[[], object], refs: list[JobRef], fate: str) -> None:
     try:
         send()
     except Exception as exc:  # noqa: BLE001 - logged: an error here would drop other callbacks
-        fate = ("their rows are in the database: a worker's relay sends them" if durable else
-                "they are lost (a durable queue keeps its jobs through such an error)")
         log.error("could not send job(s) %s of queue %s to Valkey after the commit (%r); %s",
                   ", ".join(ref.id for ref in refs), refs[0].queue if refs else "?", exc, fate)

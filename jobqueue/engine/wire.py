@@ -85,10 +85,12 @@ def call(client: Any, command: tuple[Any, ...]) -> Any:
 def call_once(client: Any, command: tuple[Any, ...]) -> Any:
     """`call` for a command whose replay would not answer as the first send did (a claim: its
     jobs would be leased to nobody): sent once on one connection, never again by this layer;
-    a connection error or a timeout raises, and the caller learns its reply was lost."""
+    a connection error or a timeout raises, and the caller learns its reply was lost. A kept
+    connection the server has closed meanwhile (its idle `timeout`, CLIENT KILL, a restart) is
+    found before the send, and replaced: nothing went out on it."""
     held = _Borrowed.of(client)
     conn = held.take()
-    if conn is None:  # all borrowed connections are busy: one of the pool's
+    if conn is None:  # all borrowed connections are busy: one of the pool's (which checks it)
         pool = client.connection_pool
         conn = pool.get_connection()
         try:
@@ -97,12 +99,27 @@ def call_once(client: Any, command: tuple[Any, ...]) -> Any:
             pool.release(conn)
     else:
         try:
+            _reconnect_if_closed(conn)
             reply = call_on(conn, [command])[0]
         finally:
             held.idle.append(conn)
     if isinstance(reply, ResponseError):
         raise reply
     return reply
+
+
+def _reconnect_if_closed(conn: Any) -> None:
+    """Close a connected `conn` that the server closed (EOF is waiting) or that holds a reply
+    nobody asked for: the send that follows connects anew. One poll of the socket, no round
+    trip; a connection not connected yet is left to connect at the send."""
+    if getattr(conn, "_sock", None) is None:
+        return
+    try:
+        stale = conn.can_read(timeout=0)
+    except (ValkeyConnectionError, OSError):
+        stale = True
+    if stale:
+        conn.disconnect()
 
 
 def call_many(client: Any, commands: Iterable[tuple[Any, ...]]) -> list[Any] | None:

@@ -2,7 +2,9 @@
 
 For a queue with `durable: True`, enqueue inserts each job's `Job` row — inside the caller's
 transaction when there is one, so a rollback leaves neither row nor job — and pushes the job to
-Valkey once the row is committed. Valkey is then a fast index of the work that can be rebuilt:
+Valkey once the row is committed. The rows are written on the default alias: inside a
+transaction on another alias (`elsewhere`), which they could not roll back with, they are
+written once it commits, and pushed then. Valkey is then a fast index of the work that can be rebuilt:
 
 - `resend` (run by every worker's mirror, and by a `--burst` run before it decides it is
   done) sends again the rows no push or resend has confirmed yet, so a job whose push failed (Valkey down
@@ -38,6 +40,9 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db import DEFAULT_DB_ALIAS
+
+from .._compat import open_transactions
 from ..engine.refs import JobRef
 from ..exceptions import InvalidFlow
 from ..flows import graph
@@ -54,6 +59,14 @@ MIN_EXPIRY = timedelta(milliseconds=1)
 FINISHED = (State.SUCCEEDED, State.DEAD, State.CANCELLED, State.EXPIRED)
 RESEND_GRACE = 5.0
 """Seconds a durable row is left to its own push before a resend sends it again."""
+
+
+def elsewhere() -> bool:
+    """Whether this thread has a transaction open on another database alias than the one the
+    rows are written on (`insert_jobs`: the default one). Rows written now would commit on
+    their own and outlive that transaction's rollback (a worker's resend would then run them):
+    the caller writes them once every open transaction has committed."""
+    return any(alias != DEFAULT_DB_ALIAS for alias in open_transactions())
 
 
 def write(queue: Queue, prepared: Sequence[Prepared]) -> None:

@@ -2,9 +2,10 @@
 stop well. This module is its loop; each other job has a room of its own.
 
 Threads, each with one job:
-- the main loop claims work when there is room (`Worker.run`), records what finished
-  (`outcomes.py`: it is the only thread that takes outcomes off their hand-off) and runs
-  maintenance, schedules and the summary when due (`maintenance.py`);
+- the main loop claims work when there is room (`Worker.run`; what and where it claims, and
+  how claimed jobs reach the runners, is `claims.py`'s), records what finished (`outcomes.py`:
+  it is the only thread that takes outcomes off their hand-off) and runs maintenance, schedules
+  and the summary when due (`maintenance.py`);
 - `concurrency` runner threads run the claimed jobs (with `--processes`, each through a process
   of its own: `pool.py`), and `async def` ones run on one event loop, at most `concurrency` at
   once (`runners.py`), each handing its outcome to `outcomes.py`;
@@ -13,8 +14,8 @@ Threads, each with one job:
   (`handler.ProgressBoard`);
 - one waiter per shard blocks on the shard's `wake` list while the worker has room
   (`waiters.py`: kept connections, idle offers, hand-offs, unblocking; on the event loop, a
-  wait goes through `waitline.py`); a token makes the waiter claim at once here (claims take
-  one lock, so the main loop and the waiters never both count the same room);
+  wait goes through `waitline.py`); a token makes the waiter claim at once (`claims.py`:
+  claims take one lock, so the main loop and the waiters never both count the same room);
 - the mirror moves terminal events into MySQL and resends durable jobs (`mirror_thread.py`: a
   slow database never slows claiming; `runworker` runs it in a process of its own).
 What every room reads (the config, the queues served, the jobs held) is in `serving.py`;
@@ -28,30 +29,28 @@ import contextlib
 import logging
 import threading
 import time
-from collections import defaultdict
 
 from redis.exceptions import RedisError
 
-from .. import collector, tracing
+from .. import collector
 from ..api.handler import PROGRESS
-from ..engine.store import Queue
 from ..exceptions import VALKEY_DOWN, JobQueueError
-from ..records import Lease
 from . import presence
-from .executor import Outcome
+from .claims import Claims
 from .heartbeat import Heartbeat
 from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
-from .outcomes import Carried, Finished, Outcomes
+from .outcomes import Outcomes
 from .runners import EventLoop, Runners
-from .serving import DRAINED, Drained, HeldJobs, Served, WorkerConfig, find_queues
+from .serving import HeldJobs, Served, WorkerConfig, find_queues
 from .threads import Threads
 from .waiters import Waiters
 
 log = logging.getLogger("jobqueue.worker")
 
 
-def _wait_for_valkey(served: Served, stop: threading.Event, exc: Exception) -> None:
+def _wait_for_valkey(served: Served, claims: Claims, stop: threading.Event,
+                     exc: Exception) -> None:
     """Until Valkey answers again (or a stop)."""
     log.warning("Valkey unreachable (%s); retrying", exc)
     delay = 0.1
@@ -59,8 +58,7 @@ def _wait_for_valkey(served: Served, stop: threading.Event, exc: Exception) -> N
         try:
             if served.queues:
                 served.queues[0].client.ping()
-            for queue in served.queues:  # (the jobs of a claim whose reply was lost go back)
-                queue.lost_claims.recover(queue.client, queue.name)
+            claims.recover_lost()
             log.info("Valkey is back")
             return
         except VALKEY_DOWN:
@@ -82,12 +80,14 @@ class Worker:
         self.maintenance = Maintenance(config, self.served, self.held, self.outcomes)
         self._stop_claiming = threading.Event()
         self._threads_stop = threading.Event()
+        self.claims = Claims(config, self.served, self.held, self.outcomes,
+                             stop_claiming=self._stop_claiming, threads_stop=self._threads_stop,
+                             wake=self.wake)
+        """What it claims and hands to its runners (and hands back)."""
         self.waiters = Waiters(config, self.held, stop_claiming=self._stop_claiming,
-                               threads_stop=self._threads_stop, take=self._take,
-                               claim=self._claim_woken, loop=self._loop)
-        self._claim_lock = threading.Lock()
-        self._drained = Drained()
-        self._rotation = 0
+                               threads_stop=self._threads_stop, take=self.claims.take,
+                               claim=self.claims.claim_woken, loop=self._loop)
+        self.claims.fell_busy = self.waiters.withdraw_offers
         self._abort = threading.Event()
         self._threads = Threads(stop=self._stop_claiming, wake=self.wake)
         self.runners: Runners | None = None
@@ -128,7 +128,7 @@ class Worker:
                 try:
                     busy = self.turn()
                 except VALKEY_DOWN as exc:
-                    _wait_for_valkey(self.served, self._stop_claiming, exc)
+                    _wait_for_valkey(self.served, self.claims, self._stop_claiming, exc)
                     continue
                 except RedisError:  # e.g. OOM or a failover: the next turn may succeed
                     log.exception("Valkey refused a command; retrying in 1 s")
@@ -180,8 +180,9 @@ class Worker:
     def start_runners(self) -> None:
         """Start the runners (`run` does, once it found its queues; a test that drives
         `turn()` itself calls it). At concurrency 1 a runner claims the next job itself."""
-        done = self._finished_one if self.config.concurrency == 1 else self.outcomes.finished
+        done = self.claims.finished_one if self.config.concurrency == 1 else self.outcomes.finished
         self.runners = Runners(self.config.concurrency, done, processes=self.config.processes)
+        self.claims.runners = self.runners
 
     def _ensure_waiters(self) -> None:
         for queue, index in self.waiters.missing(self.served.queues, self.served.shards):
@@ -198,7 +199,7 @@ class Worker:
             if self.maintenance.run_due():
                 self._ensure_waiters()
         finally:
-            claimed = self._claim(successes)
+            claimed = self.claims.claim(successes)
         if not self.held.jobs and self.waiters.plain_waiting:
             self.waiters.unblock()
         return claimed > 0
@@ -208,7 +209,7 @@ class Worker:
         next token, or the acks held for a claim."""
         now = time.monotonic()
         wait = self.maintenance.next_wake()
-        refill = self._drained.refill(self.served.queues, now)
+        refill = self.claims.next_refill(now)
         if refill is not None:
             wait = min(wait, max(refill - now, 0.001))
         ack_due = self.outcomes.ack_due()
@@ -222,105 +223,6 @@ class Worker:
             return False
         return self.maintenance.nothing_left()
 
-    # -- claiming ----------------------------------------------------------------------------
-
-    def _claim(self, successes: list[Finished] | None = None,
-               woken: tuple[Queue, int] | None = None) -> int:
-        """Record `successes` and claim what there is room for (the main loop, or a wake waiter
-        that just got a token: one lock, so their counts of room never race). A waiter passes
-        the queue and shard its token came from: the claim asks only there."""
-        with self._claim_lock:
-            carried = self.outcomes.carry(successes or [])
-            try:
-                return self._claim_locked(carried, woken)
-            except BaseException:  # (Valkey down or refusing: acked by a later turn)
-                self.outcomes.give_back(carried.left())
-                raise
-
-    def _claim_locked(self, carried: Carried, woken: tuple[Queue, int] | None) -> int:
-        room, queues = self.config.capacity - len(self.held.jobs), self.served.queues
-        if (self._stop_claiming.is_set() or not queues or room <= 0
-                or (self.held.jobs and room < self.config.batch)):
-            # Nothing to claim (a batch's worth must be free: one claim serves many jobs).
-            self.outcomes.hold_or_ack(carried, stopping=self._stop_claiming.is_set())
-            return 0
-        if woken is None:
-            self._rotation = (self._rotation + 1) % len(queues)  # no queue always goes first
-            order = queues[self._rotation:] + queues[: self._rotation]
-        else:  # (the main loop serves the others: a token must not cost a round trip per queue)
-            order = [woken[0]]
-        claimed, now = 0, time.monotonic()
-        for queue in order:
-            claimed += self._claim_from(queue, carried, room - claimed, now,
-                                        woken[1] if woken else None)
-        self.outcomes.ack_left(carried)  # (of queues no longer served, or not asked now)
-        return claimed
-
-    def _claim_from(self, queue: Queue, carried: Carried, room: int, now: float,
-                    only: int | None) -> int:
-        """One call to a queue: ack its successes, claim up to `room` (from shard `only`)."""
-        items = carried.of(queue.name)
-        # A queue's `concurrency` caps the jobs of that queue this worker holds at once, so a
-        # busy queue cannot take every slot from the others (Pacer's isolation).
-        limit = queue.options.concurrency or self.config.capacity
-        take = min(room, limit - self.held.per_queue[queue.name])
-        if take <= 0 or (only is None and self._drained.skip(queue.name, now)):
-            return 0  # (its successes are acked with the rest)
-        answers, leases = queue.ack_and_dequeue(
-            [(lease, outcome.result) for lease, outcome in items],
-            count=take, lease=self.config.lease, worker=self.config.name,
-            override_lease=self.config.lease is not None,
-            shards=self.served.shards[queue.name], only=only,
-        )
-        carried.by_queue.pop(queue.name, None)
-        self.outcomes.acked(items, answers)
-        if queue.rate_wait:  # its rate limit holds the rest back: serve the others meanwhile
-            self._drained.mark(queue.name, now + queue.rate_wait)
-        elif len(leases) < take:  # drained: skip the queue a moment (see `Drained`; after a
-            # waiter's claim of one shard too: work on the others wakes their own waiters)
-            self._drained.mark(queue.name, now + DRAINED)
-        self._submit(leases)
-        return len(leases)
-
-    def _finished_one(self, lease: Lease, outcome: Outcome) -> None:
-        """At concurrency 1, on the job's thread: a success is acked by the claim of the next job,
-        made here (no batch of acks can form: a hop to the main loop would only add one);
-        failures, and successes while stopping, go to the main loop."""
-        if not outcome.ok or self._stop_claiming.is_set():
-            self.outcomes.finished(lease, outcome)
-            return
-        self.held.forget((lease,))
-        try:
-            self._claim([(lease, outcome)])
-        except VALKEY_DOWN:  # (given back: the main loop records it once Valkey is back)
-            pass
-        except RedisError:
-            log.exception("Valkey refused a command")
-        if self.outcomes.unrecorded() or not self.held.jobs:  # (the main loop's now; idle:
-            self.wake.set()  # it ends the waiters' plain waits, to wait with an offer again)
-
-    def _submit(self, leases: list[Lease]) -> None:
-        assert self.runners is not None
-        if self.held.add(leases):  # busy now: its idle offers on other shards go first
-            self.waiters.withdraw_offers()
-        self.runners.submit(leases)
-
-    def _take(self, queue: Queue, leases: list[Lease]) -> None:
-        """Run the jobs a hand-off brought, or hand them back when the worker stops (as it
-        does those a stopping waiter found handed to it)."""
-        with self._claim_lock:
-            if not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
-                self._drained.clear(queue.name)
-                self._submit(leases)
-                return
-        self._release(leases)
-
-    def _claim_woken(self, queue: Queue, index: int) -> None:
-        """A waiter got a token: claim from its shard on its thread rather than wake the main
-        loop to do it, so an enqueue reaches a worker's runner in one hop."""
-        self._drained.clear(queue.name)
-        self._claim(woken=(queue, index))
-
     # -- stopping ----------------------------------------------------------------------------
 
     def _drain(self) -> None:
@@ -328,16 +230,15 @@ class Worker:
         then end what still runs where it can (`Runners.abandon`) and release it."""
         with contextlib.suppress(RedisError):  # (Valkey down: their leases will lapse instead)
             self.waiters.unblock(every=True)  # (a job handed over meanwhile goes back)
-            for queue in self.served.queues:  # (and those of a claim whose reply was lost)
-                queue.lost_claims.recover(queue.client, queue.name)
+            self.claims.recover_lost()  # (and those of a claim whose reply was lost)
         unstarted = self.runners.take_unstarted() if self.runners else []
         try:
-            self._release(unstarted)
+            self.claims.release(unstarted)
         except RedisError:
             log.warning("could not release prefetched jobs: their leases will expire instead")
         # (a call that fails gives back what it did not record: the next try records it)
         with contextlib.suppress(RedisError):
-            self._claim()  # stopping: records the successes that waited for a claim
+            self.claims.claim()  # stopping: records the successes that waited for a claim
         deadline = time.monotonic() + self.config.grace
         while self.held.jobs and not self._abort.is_set() and time.monotonic() < deadline:
             self.wake.clear()
@@ -349,15 +250,10 @@ class Worker:
         try:
             self.outcomes.record()
             leftovers = self.held.leases()
-            self._release(leftovers)
+            self.claims.release(leftovers)
             self.abandoned = len(leftovers)
         except RedisError:
             log.warning("could not release running jobs: their leases will expire instead")
-
-    def _release(self, leases: list[Lease]) -> None:
-        """Give claimed jobs back without charging their budget, and forget them here."""
-        release(self.served, leases)
-        self.held.forget(leases)
 
     def _stop_threads(self) -> None:
         self._threads_stop.set()
@@ -379,16 +275,3 @@ class Worker:
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,
                  self.processed, self.failed, self.abandoned)
 
-
-def release(served: Served, leases: list[Lease]) -> None:
-    """Give claimed jobs back to their queues without charging their budget, one call per
-    queue, logging each."""
-    by_queue: dict[str, list[Lease]] = defaultdict(list)
-    for lease in leases:
-        by_queue[lease.queue].append(lease)
-    for name, group in by_queue.items():
-        released = served.queue(name).release_many(group)
-        for lease, ok in zip(group, released, strict=True):
-            log.info("queue=%s job=%s attempt=%d outcome=%s", name, lease.job_id, lease.token,
-                     "released" if ok else "stale")
-            tracing.released(lease, ok)

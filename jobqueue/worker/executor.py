@@ -17,11 +17,13 @@ import time
 import traceback
 from typing import Any, NamedTuple, TypeGuard
 
+from redis.exceptions import RedisError
+
 from .. import tracing
 from ..api.handler import JobCancelled, JobContext, RetryLater, Unretryable
 from ..api.registry import JobFunction, handler_for
 from ..conf import loop_factory
-from ..exceptions import VALKEY_DOWN, JobQueueError, UnknownHandler
+from ..exceptions import JobQueueError, UnknownHandler
 from ..records import Lease
 from ..spec import dumps
 
@@ -133,12 +135,20 @@ async def execute_async(lease: Lease, resolved: Resolved) -> Outcome:
 
 
 def _write_progress(ctx: JobContext | None) -> None:
-    """Write a job's last progress; Valkey away loses it (the outcome still gets recorded)."""
+    """Write a job's last progress; Valkey away or refusing it (an error reply: OOM, a script
+    error) loses it, and the outcome still gets recorded."""
     if ctx is not None:
         try:
             ctx.flush_progress()
-        except VALKEY_DOWN:
-            log.warning("job=%s: its last progress could not be written", ctx.job_id)
+        except RedisError as exc:
+            log.warning("job=%s: its last progress could not be written (%r)", ctx.job_id, exc)
+
+
+def unexpected(exc: Exception) -> Outcome:
+    """The failure of a job whose run broke outside its handler (the worker's own code around
+    it: a bug, or a reply no code expected); a retry may run it."""
+    error = "".join(traceback.format_exception(exc, limit=20))[-8000:]
+    return Outcome(False, error=f"the worker failed around this job: {error}")
 
 
 def _failed(exc: BaseException, started: float, ctx: JobContext | None = None) -> Outcome:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -27,27 +28,37 @@ class Heartbeat:
         self.held, self.lock, self.queue, self.stop = held.jobs, held.lock, queue, stop
         self.sooner, self._held = held.sooner, held
         self.default_lease = default_lease
+        self._due: float | None = None
+        """When the next renewal is due (monotonic seconds), once planned."""
 
     def run(self) -> None:
         """Renew every third of the shortest lease held; a job that joins with a shorter one
         cuts the wait short (its lease would lapse first), to be planned again from then."""
         while not self.stop.is_set():
-            if self.sooner.wait(self.interval()):
+            now = time.monotonic()
+            if self.sooner.wait(max(self.plan(now) - now, 0.0)):
                 self.sooner.clear()
                 continue
             self.renew()
 
+    def plan(self, now: float) -> float:
+        """When the next renewal is due: a third of the shortest lease held (of the worker's own
+        when none is) from `now`, but never later than the renewal already planned (a job that
+        joins with a shorter lease may bring it forward, never put off the others')."""
+        due = now + self.interval()
+        if self._due is None or due < self._due:
+            self._due = due
+        return self._due
+
     def interval(self) -> float:
         """A third of the shortest lease held (of the worker's own when none is), noted as what
         the wait is planned for."""
-        with self.lock:
-            shortest = min((item.lease.lease for item in self.held.values()),
-                           default=self.default_lease)
-            self._held.planned = shortest
-        return max(0.02, min(shortest / 3, 10.0))
+        return max(0.02, min(self._held.plan(self.default_lease) / 3, 10.0))
 
     def renew(self) -> None:
-        """One renewal pass: one call per queue and lease length; flags leases found stale."""
+        """One renewal pass: one call per queue and lease length; flags leases found stale.
+        The next one is planned afresh."""
+        self._due = None
         with self.lock:
             items = list(self.held.values())
         groups: dict[tuple[str, float], list[Held]] = defaultdict(list)

@@ -44,7 +44,7 @@ from .._compat import connection_closer
 from ..conf import loop_factory
 from ..engine.store import Queue
 from ..records import Lease
-from .executor import Outcome, Resolved, execute, execute_async, is_async, resolve
+from .executor import Outcome, Resolved, execute, execute_async, is_async, resolve, unexpected
 from .pool import Abandoned, PoolProcess
 
 log = logging.getLogger("jobqueue.worker")
@@ -176,24 +176,45 @@ class Runners:
                     close_old_connections()
                 if job is None:
                     return
-                lease, resolved = job
-                signals.send(signals.job_started, Queue, lease=lease)
-                try:
-                    outcome = (self._run(lease, resolved, process) if self._tracer is None else
-                               tracing.run(self._tracer, lease,
-                                           partial(self._run, lease, resolved, process)))
-                except Abandoned:  # (ended by the stopping worker, which hands the job back)
-                    continue
-                close_old_connections()
-                self._done(lease, outcome)
+                self._one(*job, process, close_old_connections)
         finally:
             if process is not None:
                 process.close()
+
+    def _one(self, lease: Lease, resolved: Resolved | Outcome | None,
+             process: PoolProcess | None, close_old_connections: Callable[[], None]) -> None:
+        """Run one job and hand its outcome over. A job's own errors are its outcome
+        (`execute`); an error of the worker's code around it fails the job (or, past its
+        outcome, is logged): either way the runner goes on to the next job."""
+        try:
+            signals.send(signals.job_started, Queue, lease=lease)
+            outcome = (self._run(lease, resolved, process) if self._tracer is None else
+                       tracing.run(self._tracer, lease,
+                                   partial(self._run, lease, resolved, process)))
+        except Abandoned:  # (ended by the stopping worker, which hands the job back)
+            return
+        except Exception as exc:  # (logged, and the job's failure)
+            log.exception("job=%s: the runner failed around it", lease.job_id)
+            outcome = unexpected(exc)
+        try:
+            close_old_connections()
+        finally:
+            hand_over(self._done, lease, outcome)
 
     @staticmethod
     def _run(lease: Lease, resolved: Resolved | Outcome | None,
              process: PoolProcess | None) -> Outcome:
         return execute(lease, resolved) if process is None else process.run(lease)
+
+
+def hand_over(done: Done, lease: Lease, outcome: Outcome) -> None:
+    """`done(lease, outcome)`, an error of which is logged: the runner (or the event loop) that
+    hands an outcome over goes on either way."""
+    try:
+        done(lease, outcome)
+    except Exception:  # (a bug in the bookkeeping: said, and the runner goes on)
+        log.exception("job=%s: its outcome could not be handed over (the worker holds it "
+                      "until it stops)", lease.job_id)
 
 
 class EventLoop:
@@ -272,6 +293,8 @@ class EventLoop:
             self._starting = False
 
     async def _run(self, lease: Lease, resolved: Resolved) -> None:
+        """One job's task. As on a runner thread, an error of the worker's code around the
+        handler fails the job (or, past its outcome, is logged), and the loop goes on."""
         try:
             if signals.job_started.receivers:  # (off the loop: a receiver may use the ORM)
                 await asyncio.to_thread(signals.send_from_worker, signals.job_started, Queue,
@@ -281,14 +304,17 @@ class EventLoop:
             else:
                 outcome = await tracing.run_async(self._tracer, lease,
                                                   partial(execute_async, lease, resolved))
+        except Exception as exc:  # (logged, and the job's failure)
+            log.exception("job=%s: the event loop failed around it", lease.job_id)
+            outcome = unexpected(exc)
         finally:
             self._running -= 1
         if self._abandoning and _cancelled():  # (the stopping worker's cancel: it hands the
             return  # job back; a run that ended before it did reports its outcome)
         if self._starting:  # (it never awaited: see `_starting`)
-            self._loop.call_soon(self._done, lease, outcome)
+            self._loop.call_soon(hand_over, self._done, lease, outcome)
         else:
-            self._done(lease, outcome)
+            hand_over(self._done, lease, outcome)
         if self._waiting:  # (its room goes to the next; inside an eager start, at the next turn)
             if self._starting:
                 self._loop.call_soon(self._fill)

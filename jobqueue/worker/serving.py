@@ -155,6 +155,14 @@ class HeldJobs:
                 self.room.clear()
         return fell_busy
 
+    def plan(self, default: float) -> float:
+        """The shortest lease held (`default` when none is), noted as what the heartbeat's
+        wait is planned for from now (a job that joins with a shorter one sets `sooner`)."""
+        with self.lock:
+            shortest = min((held.lease.lease for held in self.jobs.values()), default=default)
+            self.planned = shortest
+        return shortest
+
     def forget(self, leases: Iterable[Lease]) -> None:
         """Drop jobs the worker no longer holds (recorded or released); their slots are free."""
         with self.lock:

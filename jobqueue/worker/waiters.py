@@ -8,8 +8,9 @@ watches, so the job arrives leased, with no claim call between. Once the worker 
 loop (it ran an `async def` handler), that wait runs on the loop (`waitline.py`), so an async
 job starts on the thread that received it. A busy worker waits without an offer (a job handed
 over then would wait for room): when it falls busy, the offers of its waits on other shards go
-and those waits end (`withdraw_offers`); when it falls idle, the main loop ends its waits without
-an offer (`unblock`) so the next wait makes the offer. A queue whose limits only the claim script
+and those waits end (`withdraw_offers`, once the jobs that made it busy are on its runners);
+when it falls idle, the main loop ends its waits without an offer (`unblock`) so the next wait
+makes the offer. A queue whose limits only the claim script
 enforces (a `concurrency` cap, a rate, lane caps or lane rates: `QueueOptions.claim_only`) never
 offers.
 On a cluster the kept connection is to the node that holds the shard, found again after an
@@ -19,7 +20,7 @@ On a kept connection a wait lasts up to IDLE_WAIT.
 Owns the waits' connections, the offers and the list of waits in progress (so that another
 thread can end them with CLIENT UNBLOCK). A wait says what ended it (`Woke`). A job handed over
 goes to the `take` it was given, on the thread that received it; after a token the waiter calls
-the `claim` it was given (both the worker's). It reads the held jobs (is the worker idle?) and
+the `claim` it was given (both `claims.py`'s). It reads the held jobs (is the worker idle?) and
 the event loop, and calls `handoff`'s `wait_commands`, `after_wait` and `withdraw`; it records
 nothing.
 """

@@ -229,6 +229,18 @@ def waits_for_file(ctx: JobContext, path: str) -> str:
 
 
 @job(takes_context=True)
+async def awaits_file(ctx: JobContext, path: str) -> str:
+    """`waits_for_file` as an async handler."""
+    import asyncio
+
+    ctx.progress("started")
+    while not Path(path).exists():
+        await asyncio.sleep(0.02)
+    ctx.progress("finishing")
+    return "finished"
+
+
+@job(takes_context=True)
 def hangs_on_first_attempt(ctx: JobContext, path: str) -> int:
     """Holds its first attempt until `path` exists (a test kills its worker meanwhile, whatever
     the machine's load); a later attempt returns at once."""
