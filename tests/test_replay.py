@@ -176,7 +176,7 @@ def test_an_operators_refusal_replayed_after_the_job_moved_answers_as_it_did(
     cancel_call = ["JOB00000000042", _retention_ms(), secrets.token_hex(8)]
     assert caller.run(queue.client, "cancel", shard, cancel_call) == "missing"
     queue.enqueue("y", job_id="JOB00000000042")
-    assert [lease.job_id for lease in queue.dequeue(count=5)] == [ref.id, "JOB00000000042"]
+    assert {lease.job_id for lease in queue.dequeue(count=5)} == {ref.id, "JOB00000000042"}
     assert caller.run(queue.client, "retry", shard, retry_call) == "state:pending"
     assert caller.run(queue.client, "cancel", shard, cancel_call) == "missing"
 
