@@ -8,10 +8,10 @@ retry (retry.lua).
   base:forward      STREAM "member done" entries for dependents on other shards of the queue
                           (dep, shard, slot, policy, member, state, value), until a relay
                           delivers them (deliver.lua, relay.py)
-A released job goes on its lane, base:ring, and wakes a worker, base:wake (_lanes.lua); a job
-that comes back waiting writes its event in base:done; base:flow:<id> (ZSET a flow's jobs on
-this shard -> their position in it: the console's flow page merges every shard's) lives as
-long as a dependent's sets.
+A released job goes on its lane and base:ring, and wakes a worker through base:wake
+(_lanes.lua); a job that comes back waiting writes its event in base:done (STREAM) and keeps
+its flow's index base:flow:<id> (ZSET a flow's jobs on this shard -> their position in it: the
+console's flow page merges every shard's) for good again.
 ]]
 
 -- A payload with `arg` (JSON text) as its first argument: spliced into its own (top-level) args,

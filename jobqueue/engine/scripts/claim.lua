@@ -52,7 +52,6 @@ Returns: n, the n answers of the successes (as ack.lua's: 1 succeeded, 3 cancell
 -- uses: finish, lane_key, wake_workers
 local base, active, meta, dead, idle, caps = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local ring, done, wake = base .. ':ring', base .. ':done', base .. ':wake'
-local slots, capped, rated = base .. ':slots', base .. ':capped', base .. ':rated'
 local count, default_lease, force, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local dead_retention, retention = tonumber(ARGV[5]), tonumber(ARGV[6])
 local rate, period = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -74,6 +73,10 @@ local flags = redis.call('HMGET', meta, 'paused', 'caps')
 if flags[1] == '1' then return out end
 local live_caps = flags[2] == '1'
 local lanes_limited = live_caps or ncaps > 0 or lane_rate > 0
+local slots, capped, rated = nil, nil, nil  -- (read only where lanes are limited)
+if lanes_limited then
+  slots, capped, rated = base .. ':slots', base .. ':capped', base .. ':rated'
+end
 
 -- A token bucket on the server clock: refilled continuously at `n` per `ms`, holding at most n
 -- (at least one: a shard's share of a small limit may be a fraction of a job per period).
