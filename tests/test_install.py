@@ -25,7 +25,7 @@ def test_the_wheel_installs_into_a_new_project_and_runs_a_job_in_its_console(tmp
     assert isinstance(wheel, Path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "jobqueue/engine/scripts/claim.lua" in names and "jobqueue/migrations/0001_initial.py" in names
-    assert "jobqueue/engine/scripts/_common.lua" in names
+    assert "jobqueue/engine/scripts/_finish.lua" in names
     assert "jobqueue/console/pages.py" in names and "jobqueue/flows/__init__.py" in names
     assert "jobqueue/templates/admin/jobqueue/dashboard.html" in names
     assert found["row"] == "succeeded receipt 991 sent"

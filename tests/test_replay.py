@@ -147,6 +147,40 @@ def test_operator_transitions(queue: Queue) -> None:
                                          secrets.token_hex(8)]) == "ok:active"
 
 
+def test_retry_that_releases_a_dependent_whose_members_are_all_done(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chord([jobs.add.s(1, 1)], jobs.total.s()).enqueue()
+    assert queue.cancel(ref.id) == "cancelled"  # while it waits: its sets take the outcome still
+    [member] = queue.dequeue(count=5)
+    assert queue.ack(member, 2)
+    assert replayed(queue, "retry", 0, [ref.id, secrets.token_hex(8)]) == "ok:pending"
+
+
+def test_cancel_of_a_dependent_a_members_failure_cancelled(valkey_url: str) -> None:
+    queue = Queue("default")
+    ref = chord([jobs.add.s(1, 1)], jobs.total.s()).enqueue()
+    [member] = queue.dequeue(count=5)
+    assert queue.nack(member, "boom", fatal=True) == "dead"
+    assert queue.client.hget(queue.shard(0).job(ref.id), "blocked_by") == member.job_id
+    assert replayed(queue, "cancel", 0, [ref.id, _retention_ms(),
+                                         secrets.token_hex(8)]) == "ok:cancelled"
+
+
+def test_an_operators_refusal_replayed_after_the_job_moved_answers_as_it_did(
+        queue: Queue) -> None:
+    """Every exit of an operator script keeps its answer: a refusal too, though the job has
+    moved on by the time the call is sent again."""
+    ref = queue.enqueue("x")
+    shard, retry_call = queue.shard(0), [ref.id, secrets.token_hex(8)]
+    assert caller.run(queue.client, "retry", shard, retry_call) == "state:pending"
+    cancel_call = ["JOB00000000042", _retention_ms(), secrets.token_hex(8)]
+    assert caller.run(queue.client, "cancel", shard, cancel_call) == "missing"
+    queue.enqueue("y", job_id="JOB00000000042")
+    assert {lease.job_id for lease in queue.dequeue(count=5)} == {ref.id, "JOB00000000042"}
+    assert caller.run(queue.client, "retry", shard, retry_call) == "state:pending"
+    assert caller.run(queue.client, "cancel", shard, cancel_call) == "missing"
+
+
 def test_flow(queue: Queue) -> None:
     from jobqueue.flows import graph
 

@@ -2,7 +2,7 @@
 metrics read them.
 
 A queue's settings cap each lane (`lane_concurrency`) and rate it (`lane_rate`); the claim script
-enforces both (claim.lua) and every transition that ends an attempt frees its slot (_common.lua).
+enforces both (claim.lua) and every transition that ends an attempt frees its slot (_lanes.lua).
 A cap set live (`set_cap`) is kept in each shard's `caps` hash, marked in its `meta` (a claim of
 a queue without one skips the read, and an enqueue hands no job over while one is set); a shard
 that a resize or a raised `shards` setting adds copies shard 0's (`copy_caps`, which layouts.py

@@ -2,7 +2,7 @@
 
 A caller that waits first runs the `watch` script on the job's shard: in one atomic step it
 reads the row and, while the job has not finished, counts the caller in the row's `notify`
-field. The script that finishes the job (`finish()` in `_common.lua`, which every terminal
+field. The script that finishes the job (`finish()` in `_finish.lua`, which every terminal
 transition goes through) then pushes one token per counted waiter onto `:notify:<id>`, the list
 the caller BLPOPs; a job nobody waits for costs its finish nothing more. Because the count and
 the read are one step, a job that finishes between them still wakes the caller. A job Valkey no

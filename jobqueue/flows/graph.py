@@ -8,7 +8,7 @@ spreads over the queue's shards, and a chain keeps to one shard. A group that wa
 something (`chain(a, group([...]))`) does not spread: each member waits for `a`, so all go to
 `a`'s shard and `a`'s own call releases them (the fast path below).
 An edge member -> dependent on one shard is released by the script call that records the
-member's outcome, fenced by its token (the fast path: `member_done` in `_common.lua`). Across
+member's outcome, fenced by its token (the fast path: `member_done` in `_flows.lua`). Across
 shards, that same call writes a "member done" entry in the member's shard's `:forward` stream,
 which a relay (relay.py) delivers to the dependent's shard (`deliver.lua`: a set, so a replay
 changes nothing) before deleting it; so a replayed ack, a finisher killed at any point, or a

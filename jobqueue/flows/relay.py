@@ -1,6 +1,6 @@
 """Delivers "member done" across shards: a flow's member that finished on one shard of a queue
 while a job waiting for it lives on another (graph.py) left, in the same script call that recorded
-its outcome, an entry in its shard's `:forward` STREAM (`forward` in `_common.lua`). `relay_shard`
+its outcome, an entry in its shard's `:forward` STREAM (`forward` in `_flows.lua`). `relay_shard`
 applies each entry on the dependent's shard (`deliver.lua`) and only then deletes it; a
 delivery that ends jobs there (a cascade of cancels) may forward in turn, and is relayed on.
 
@@ -11,7 +11,7 @@ it claims from (`relay_queue`; a resize settles only once its retiring shards' s
 empty), so an entry left by a finisher killed before its relay, or found after a restart from
 the AOF (entries are plain keys), is delivered all the same. Two relays may deliver one entry:
 the delivery is idempotent (a set, not a counter) and fenced (an outcome older than the
-slot's last one changes nothing: `fenced` in `_common.lua`). A dependent is written before any
+slot's last one changes nothing: `fenced` in `_flows.lua`). A dependent is written before any
 of its members can forward to it (graph.py writes dependents first), so an entry whose dependent
 is not on its shard names one that expired or was deleted, or a node that lost data: it is
 kept until it is stale (see `_stale`), then dropped with a warning.

@@ -36,7 +36,7 @@ LANE_TOP = 10
 """Lanes per queue that `jobqueue_lane_active` reports (the busiest): one series per tenant of a
 large fleet would swamp Prometheus."""
 BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
-"""The histogram's upper bounds in ms: the same list as DURATION_BUCKETS in _common.lua."""
+"""The histogram's upper bounds in ms: the same list as DURATION_BUCKETS in _counters.lua."""
 
 
 class ValkeyCollector:

@@ -4,6 +4,7 @@ KEYS[2] active  ZSET    id -> lease deadline ms
 ARGV[1] id, ARGV[2] token, ARGV[3] data (JSON), ARGV[4] lease ms from now (0 = keep)
 Returns: 1 (stored) or 0 (stale)
 ]]
+-- uses: job_key, now_ms
 local base, active = KEYS[1], KEYS[2]
 local id, token, data, ms = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local jk = job_key(base, id)

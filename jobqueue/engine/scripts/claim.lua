@@ -5,19 +5,19 @@ moveToFinished fetches the next job.
 KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                         base:lane:<l>, and as a job finishes base:hist, base:m:<minute>,
                         base:uniq:<key>, base:uniqs, base:notify:<id>, base:flow:<id>, and for
-                        its dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting
-KEYS[2] ring    LIST    lanes with ready work; rotated one step per turn with LMOVE
-KEYS[3] active  ZSET    id -> lease deadline ms (server clock)
-KEYS[4] meta    HASH    paused; caps = '1' while base:caps holds a cap set live
-KEYS[5] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
-KEYS[6] done    STREAM  terminal events
-KEYS[7] idle    HASH    idle workers (see enqueue.lua): a worker that claims a job is idle no more
-KEYS[8] wake    LIST    wake tokens (for lanes the successes bring back from their cap and this
-                        claim leaves on the ring: one push, not one per lane)
-KEYS[9] slots   HASH    lane -> its active jobs that hold a slot of its cap
-KEYS[10] capped SET     lanes held off the ring at their cap
-KEYS[11] rated  ZSET    lanes held off the ring by their rate: lane -> ms their next token is due
-KEYS[12] caps   HASH    lane ('*': every named lane) -> a cap set live (wins over ARGV's)
+                        its dependents base:deps:<id>, base:results:<id>, base:forward,
+                        base:waiting; base:ring LIST lanes with ready work, rotated one step
+                        per turn with LMOVE; base:done STREAM terminal events; base:wake LIST
+                        wake tokens (for lanes the successes bring back from their cap and this
+                        claim leaves on the ring: one push, not one per lane); base:slots HASH
+                        lane -> its active jobs that hold a slot of its cap; base:capped SET
+                        lanes held off the ring at their cap; base:rated ZSET lanes held off
+                        the ring by their rate: lane -> ms their next token is due
+KEYS[2] active  ZSET    id -> lease deadline ms (server clock)
+KEYS[3] meta    HASH    paused; caps = '1' while base:caps holds a cap set live
+KEYS[4] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
+KEYS[5] idle    HASH    idle workers (see enqueue.lua): a worker that claims a job is idle no more
+KEYS[6] caps    HASH    lane ('*': every named lane) -> a cap set live (wins over ARGV's)
 ARGV[1] count, ARGV[2] default lease ms, ARGV[3] '1' = ARGV[2] overrides each job's lease,
 ARGV[4] worker name, ARGV[5] dead retention ms, ARGV[6] retention ms of a finished row,
 ARGV[7] the shard's rate limit: jobs per period (its share of the queue's N; 0 = no limit),
@@ -33,7 +33,7 @@ refilled on the server clock.
 A lane out of tokens leaves the ring (base:rated) when a turn spends its last one; a lane at its
 cap (a live cap, else ARGV's for the lane, else the '*' one) when a turn meets it there (one a
 turn brings to its cap stays until the next look: a slot often frees first). A held lane is not
-looked at again until a transition frees a slot (_common.lua's free_slot) or its next token is
+looked at again until a transition frees a slot (_lanes.lua's free_slot) or its next token is
 due (moved back here or by promote.lua), so a claim's cost does not grow with the lanes held
 back: a lane costs one look after it reached its cap, and such a turn is not counted in the
 claim's limit of turns. A job past its `expires_at` is not run:
@@ -48,8 +48,10 @@ Returns: n, the n answers of the successes (as ack.lua's: 1 succeeded, 3 cancell
         with the field named in last_error) and not returned; payload and checkpoint are
         checked by the caller, which decodes them anyway.
 ]]
-local base, ring, active, meta, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local wake, slots, capped, rated, caps = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+-- uses: now_ms, ack_jobs, lane_back, STATES, count_field, valid_priority, valid_lane, job_key, bury
+-- uses: finish, lane_key, wake_workers
+local base, active, meta, dead, idle, caps = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local ring, done, wake = base .. ':ring', base .. ':done', base .. ':wake'
 local count, default_lease, force, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local dead_retention, retention = tonumber(ARGV[5]), tonumber(ARGV[6])
 local rate, period = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -62,7 +64,8 @@ for i = 0, nweights - 1 do weights[ARGV[at + 1 + i * 2]] = tonumber(ARGV[at + 2 
 local turns_key = base .. ':turns'
 local claim_id = ARGV[at + 1 + nweights * 2]
 local now = now_ms()  -- (one clock reading for the acks and the claim)
-local out, back = ack_jobs(base, active, done, meta, ring, retention, at + 2 + nweights * 2, now)
+local out, back = ack_jobs(base, active, done, meta, ring, retention, ARGV, at + 2 + nweights * 2,
+  now)
 table.insert(out, 1, #out)
 out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
 local waited_at = #out
@@ -70,6 +73,10 @@ local flags = redis.call('HMGET', meta, 'paused', 'caps')
 if flags[1] == '1' then return out end
 local live_caps = flags[2] == '1'
 local lanes_limited = live_caps or ncaps > 0 or lane_rate > 0
+local slots, capped, rated = nil, nil, nil  -- (read only where lanes are limited)
+if lanes_limited then
+  slots, capped, rated = base .. ':slots', base .. ':capped', base .. ':rated'
+end
 
 -- A token bucket on the server clock: refilled continuously at `n` per `ms`, holding at most n
 -- (at least one: a shard's share of a small limit may be a fraction of a job per period).
@@ -267,5 +274,5 @@ end
 -- (none when the claim took the ring's last work).
 if back > 0 then wake_workers(wake, math.min(back, redis.call('LLEN', ring))) end
 -- (a claim that finds nothing, an idle worker's maintenance turn, leaves its offer standing)
-if claimed > 0 and worker ~= '' then redis.call('HDEL', KEYS[7], worker) end
+if claimed > 0 and worker ~= '' then redis.call('HDEL', idle, worker) end
 return out

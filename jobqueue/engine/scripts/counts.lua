@@ -11,6 +11,7 @@ ARGV: none
 Returns: {pending, scheduled, active, dead, succeeded, cancelled, expired, paused (0/1), lanes
         on the ring, waiting}
 ]]
+-- uses: lane_key
 local base, ring, schedule, active, dead, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
 local lanes = redis.call('LRANGE', ring, 0, -1)

@@ -1,5 +1,5 @@
 --[[ deliver: "member done" entries relayed from another shard's base:forward STREAM (a member
-finished there; see forward and member_done in _common.lua) applied to the jobs of this shard
+finished there; see forward and member_done in _flows.lua) applied to the jobs of this shard
 that wait for it, as member_done applies them on the member's own shard: the outcome goes in the
 job's slot, the member leaves the job's set of pending members (SREM: a replayed entry finds it
 gone and changes nothing), the job is released once when its set empties, and a failed member's
@@ -9,14 +9,14 @@ KEYS[1] base    prefix  emq:{q#k}; derives rows base:job:<id>, base:deps:<id>, b
                         base:waiting, lanes base:pending / base:lane:<l>, base:ring, base:wake (a
                         job released), base:forward (a cancel forwarded on), and as a job is
                         cancelled base:hist, base:m:<minute>, base:uniq:<key>, base:uniqs,
-                        base:notify:<id>, base:flow:<id>
-KEYS[2] done    STREAM  terminal events (a job cancelled by its member's failure)
-KEYS[3] meta    HASH    counters n_<state>
+                        base:notify:<id>, base:flow:<id>; base:done STREAM terminal events (a
+                        job cancelled by its member's failure, or waiting again)
+KEYS[2] meta    HASH    counters n_<state>
 ARGV[1] retention ms, ARGV[2] n, then 7 per entry: dependent id, slot, policy ('f' | 'i' | 'c'),
         member id, member's state ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (the
         slot's JSON: its result, or an error object), token (the member's attempts when it
         ended; '' none: an entry written before tokens, applied as it is): an outcome older
-        than the slot's last applied one changes nothing (fenced in _common.lua)
+        than the slot's last applied one changes nothing (fenced in _flows.lua)
 Returns: {entries this call forwarded in turn (to relay from this shard), then per entry 1
         (applied, or nothing left to apply: a replay, an older outcome, a job no longer waiting),
         2 (applied, and the job a member's failure had cancelled waits again: the relay claims
@@ -24,22 +24,24 @@ Returns: {entries this call forwarded in turn (to relay from this shard), then p
         expired or deleted, or a node that lost data; the relay keeps the entry until it is
         stale)}
 ]]
-local base, done, meta = KEYS[1], KEYS[2], KEYS[3]
+-- uses: now_ms, job_key, edge_done, finish
+local base, meta = KEYS[1], KEYS[2]
+local done = base .. ':done'
 local retention, n = tonumber(ARGV[1]), tonumber(ARGV[2])
-local now, out = now_ms(), {0}
+local now, out, sent = now_ms(), {0}, 0
 for i = 0, n - 1 do
   local a = 3 + i * 7
   local dep, index, policy = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   if redis.call('EXISTS', job_key(base, dep)) == 0 then
     out[#out + 1] = 0
   else
-    local before = revived
-    if edge_done(base, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], dep, index, policy, now, retention,
-        ARGV[a + 6]) then
-      finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
+    local applied = edge_done(base, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], dep, index, policy,
+      now, retention, ARGV[a + 6])
+    if applied == 'cancel' then
+      sent = sent + finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
     end
-    out[#out + 1] = (revived > before) and 2 or 1
+    out[#out + 1] = (applied == 'revived') and 2 or 1
   end
 end
-out[1] = forwarded
+out[1] = sent
 return out

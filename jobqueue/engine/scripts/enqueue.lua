@@ -52,6 +52,7 @@ Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries
         'moved' (mode '': the shard is draining; re-read the layout); 'absent' (mode 'prior':
         neither the lane nor the key is here; place it on its live shard)
 ]]
+-- uses: now_ms, job_key, unready, uniq_key, lane_key, uniqs_key, lane_push, wake_workers
 local base, ring, schedule, wake, meta, active, idle = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6], KEYS[7]
 local prior, n = ARGV[1] == 'prior', tonumber(ARGV[2])

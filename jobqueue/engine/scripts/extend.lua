@@ -5,6 +5,7 @@ ARGV[1] n, then 3 per job: id, token, lease ms from now
 Returns: per job 1 (renewed), 2 (renewed, and an operator asked to cancel it), 3 (not renewed:
         this very attempt has finished, its ack got there first) or 0 (stale: the lease is lost)
 ]]
+-- uses: now_ms, job_key
 local base, active, n = KEYS[1], KEYS[2], tonumber(ARGV[1])
 local now = now_ms()
 local out = {}

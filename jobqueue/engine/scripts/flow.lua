@@ -2,7 +2,7 @@
 (or scheduled), the others wait (state 'waiting') until every job they depend on is done. Each
 dependency is an edge member -> dependent: the member's row lists its dependents, the
 dependent's base:deps:<id> SET holds its members not yet done; finish() walks the edges (see
-member_done in _common.lua). A member on this shard must be written earlier in this call, live
+member_done in _flows.lua). A member on this shard must be written earlier in this call, live
 here, or come with its outcome (a durable queue's member that finished and that Valkey no longer
 holds: its database row's); one that already finished is applied at once. A member on another
 shard is only named in the dependent's set here: its edge is written by a link in the call on
@@ -17,13 +17,12 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>,
                           base:forward (outcomes for dependents on other shards), and
                           as a job finishes at once base:hist, base:m:<minute>, base:uniq:<key>,
-                          base:uniqs, base:notify:<id>
-KEYS[2] ring      LIST    lanes with ready work
-KEYS[3] schedule  ZSET    id -> due ms
-KEYS[4] wake      LIST    wake tokens
-KEYS[5] meta      HASH    'draining' (the shard takes no new jobs), 'listed'
-KEYS[6] done      STREAM  terminal events (a job cancelled at once: a member had failed)
-KEYS[7] waiting   SET     jobs waiting for their dependencies
+                          base:uniqs, base:notify:<id>; base:ring LIST lanes with ready
+                          work, base:wake LIST wake tokens, base:done STREAM terminal events (a
+                          job cancelled at once: a member had failed), base:waiting SET jobs
+                          waiting for their dependencies
+KEYS[2] schedule  ZSET    id -> due ms
+KEYS[3] meta      HASH    'draining' (the shard takes no new jobs), 'listed'
 ARGV[1] flow id ('' = none: no base:flow:<id> index), ARGV[2] retention ms, ARGV[3] mode: 'new'
         (a job id already taken refuses the call) or 'again' (a durable queue's rows sent again
         by a push, a relay or a restore: a job Valkey holds already is left as it is), ARGV[4]
@@ -46,8 +45,10 @@ Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written, entr
         base:op:flow:<its first job's id>: sent again after its reply was lost, it finds that
         answer and gives it, instead of finding its own jobs taken.
 ]]
-local base, ring, schedule, wake, meta, done, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
-  KEYS[5], KEYS[6], KEYS[7]
+-- uses: job_key, now_ms, lane_push, member_done, finish, wake_workers
+local base, schedule, meta = KEYS[1], KEYS[2], KEYS[3]
+local ring, wake, done, waiting = base .. ':ring', base .. ':wake', base .. ':done',
+  base .. ':waiting'
 local flow, retention, again, n = ARGV[1], tonumber(ARGV[2]), ARGV[3] == 'again', tonumber(ARGV[4])
 local flags = redis.call('HMGET', meta, 'draining', 'listed')
 if flags[1] and n > 0 then return {0, 'moved'} end
@@ -90,7 +91,7 @@ for i = 0, tonumber(ARGV[links]) - 1 do
   end
 end
 
-local now, ready, written, finished = now_ms(), 0, 0, {}
+local now, ready, written, finished, forwarded = now_ms(), 0, 0, {}, 0
 local function put(row, name, value, default)
   if value ~= default then row[#row + 1] = name; row[#row + 1] = value end
 end
@@ -140,11 +141,16 @@ end
 for _, job in ipairs(jobs) do
   if not job.kept then written = written + 1; write_job(job) end
 end
-for _, f in ipairs(finished) do
-  for _, dep in ipairs(member_done(base, f[1], f[2], f[3], f[4], now, retention, f[5], f[6])) do
-    finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now, retention)
+-- A member's end cancels the jobs its failure dooms; what it and they forwarded is counted.
+local function member_ended(member, state, result, edges, err, token)
+  local doomed, sent = member_done(base, member, state, result, edges, now, retention, err, token)
+  forwarded = forwarded + sent
+  for _, dep in ipairs(doomed) do
+    forwarded = forwarded + finish(base, done, meta, job_key(base, dep), dep, 'cancelled', now,
+      retention)
   end
 end
+for _, f in ipairs(finished) do member_ended(f[1], f[2], f[3], f[4], f[5], f[6]) end
 -- The links: an edge on the member's row (once), and for a member that has finished already its
 -- outcome applied now (to a dependent of this shard: shard '') or forwarded. (The edge is written
 -- on a finished member too: an operator's retry of a failed one that then succeeds brings back
@@ -166,10 +172,7 @@ for i = 0, tonumber(ARGV[links]) - 1 do
     local k = row[1] and {row[1], row[3]} or known[member]
     local ok = k[1] == 'succeeded'
     local err = not row[1] and not ok and k[2] or nil
-    for _, d in ipairs(member_done(base, member, k[1], ok and k[2] or nil, edge, now, retention,
-        err, row[1] and (row[4] or '0') or nil)) do
-      finish(base, done, meta, job_key(base, d), d, 'cancelled', now, retention)
-    end
+    member_ended(member, k[1], ok and k[2] or nil, edge, err, row[1] and (row[4] or '0') or nil)
   end
 end
 wake_workers(wake, ready)

@@ -10,6 +10,7 @@ ARGV[1] at most this many lanes from the ring's head, and as many from each of c
 Returns: 3 entries per band head: lane, id, ms it became ready (run_after, else enqueued_at;
         0 when the row has neither: the id's mint time says it)
 ]]
+-- uses: lane_key, job_key, count_field
 local base, ring, capped, rated = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local max_lanes, max_bands = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out, seen = {}, {}

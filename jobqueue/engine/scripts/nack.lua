@@ -3,14 +3,13 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           base:lane:<l>, base:slots, base:capped, base:rated (a slot freed),
                           and as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                           base:uniqs, base:notify:<id>, base:flow:<id>, and for its
-                          dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting
+                          dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting;
+                          base:done STREAM terminal events, base:ring LIST lanes with ready
+                          work, base:wake LIST wake tokens
 KEYS[2] active    ZSET    id -> lease deadline ms
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] dead      ZSET    id -> finished ms
-KEYS[5] done      STREAM  terminal events
-KEYS[6] ring      LIST    lanes with ready work
-KEYS[7] wake      LIST    wake tokens
-KEYS[8] meta      HASH    counters
+KEYS[5] meta      HASH    counters
 ARGV[1] id, ARGV[2] token, ARGV[3] error text, ARGV[4] retry_in ms (-1 = the job's backoff),
 ARGV[5] '1' = fatal (no retry), ARGV[6] retention ms, ARGV[7] dead retention ms,
 ARGV[8] the queue's max_attempts, ARGV[9] its backoff ms (for a row that holds neither)
@@ -20,8 +19,10 @@ Returns: the new state ('pending', 'scheduled', 'dead', 'cancelled'), or '' when
         recorded already (sent again after its reply was lost: the row's `nacked` is its token)
         answers as that one did.
 ]]
+-- uses: job_key, now_ms, wake_workers, free_slot, finish, count_minute, observe, record_attempt
+-- uses: make_ready
 local base, active, schedule, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local done, ring, wake, meta = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local done, ring, wake, meta = base .. ':done', base .. ':ring', base .. ':wake', KEYS[5]
 local id, token, err, retry_in, fatal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts',
@@ -39,16 +40,16 @@ redis.call('ZREM', active, id)
 wake_workers(wake, free_slot(base, ring, row[8], row[9]))
 redis.call('HSET', jk, 'last_error', err, 'lease_until', '', 'nacked', token)
 if row[6] == '1' then
-  finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]), nil, true)
-  return (forwarded > 0) and 'cancelled:forwarded' or 'cancelled'
+  local sent = finish(base, done, meta, jk, id, 'cancelled', now, tonumber(ARGV[6]), nil, true)
+  return (sent > 0) and 'cancelled:forwarded' or 'cancelled'
 end
 -- The budget counts runs, not claims: releases and operator retries are `uncharged`.
 count_minute(base, now, 'failed')
 local used = tonumber(row[2]) - (tonumber(row[3]) or 0)
 if fatal == '1' or used >= (tonumber(row[4]) or tonumber(ARGV[8])) then
   redis.call('ZADD', dead, now, id)
-  finish(base, done, meta, jk, id, 'dead', now, tonumber(ARGV[7]), nil, true)
-  return (forwarded > 0) and 'dead:forwarded' or 'dead'
+  local sent = finish(base, done, meta, jk, id, 'dead', now, tonumber(ARGV[7]), nil, true)
+  return (sent > 0) and 'dead:forwarded' or 'dead'
 end
 observe(base, row[7], now)  -- a failed run that will be retried (finish observes the others)
 record_attempt(jk, row[2], err, now)

@@ -4,6 +4,7 @@ KEYS[1] base    prefix  emq:{q}; rows base:job:<id>
 ARGV[1] n, then 3 per job: id, token, value (JSON)
 Returns: per job 1 (stored) or 0 (stale: the attempt is over or another holds the job)
 ]]
+-- uses: job_key
 local base, n = KEYS[1], tonumber(ARGV[1])
 local out = {}
 for i = 0, n - 1 do

@@ -1,15 +1,18 @@
 --[[ promote: scheduled jobs that are due move to their lane, and lanes whose next token is due
 (held back by their rate: claim.lua) go back on the ring. Idempotent; any worker runs it.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
-                          base:lane:<l>, base:capped (a lane back from its rate, unless capped)
+                          base:lane:<l>, base:capped (a lane back from its rate, unless capped);
+                          base:rated ZSET lanes held back by their rate: lane -> ms their next
+                          token is due
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] ring      LIST    lanes with ready work
 KEYS[4] wake      LIST    wake tokens
-KEYS[5] rated     ZSET    lanes held back by their rate: lane -> ms their next token is due
 ARGV[1] limit
 Returns: {promoted, ms until the next due job or lane token (-1 = none)}
 ]]
-local base, schedule, ring, wake, rated = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- uses: now_ms, job_key, make_ready, STATES, lane_push, lane_back, wake_workers
+local base, schedule, ring, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rated = base .. ':rated'
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', schedule, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local moved, back = 0, 0

@@ -8,19 +8,20 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                         base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
                         base:deps:<id>, base:results:<id>, base:forward, base:waiting
-                        (_common.lua); an idle worker's hand-off list base:hand:<name>
+                        (_flows.lua); an idle worker's hand-off list base:hand:<name>;
+                        base:done STREAM terminal events, base:ring LIST lanes with ready
+                        work, base:wake LIST wake tokens
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] dead    ZSET    id -> finished ms
-KEYS[4] done    STREAM  terminal events
-KEYS[5] ring    LIST    lanes with ready work
-KEYS[6] wake    LIST    wake tokens
-KEYS[7] meta    HASH    counters
+KEYS[4] meta    HASH    counters
 ARGV[1] limit, ARGV[2] retention ms, ARGV[3] dead retention ms, ARGV[4] the queue's
 max_attempts (for a row that holds none)
 Returns: how many expired leases were handled
 ]]
-local base, active, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ring, wake, meta = KEYS[5], KEYS[6], KEYS[7]
+-- uses: now_ms, job_key, free_slot, count_field, bury, finish, make_ready, record_attempt, STATES
+-- uses: lane_push, wake_workers
+local base, active, dead, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local done, ring, wake = base .. ':done', base .. ':ring', base .. ':wake'
 local limit, retention, dead_retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', dead, '-inf', now - dead_retention)

@@ -4,19 +4,20 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:lane:<l>, base:slots, base:capped, base:rated (a slot freed), and
                         as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                         base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
-                        base:deps:<id>, base:results:<id>, base:forward, base:waiting (_common.lua)
+                        base:deps:<id>, base:results:<id>, base:forward, base:waiting (_flows.lua);
+                        base:ring LIST lanes with ready work, base:wake LIST wake tokens,
+                        base:done STREAM terminal events
 KEYS[2] active  ZSET    id -> lease deadline ms
-KEYS[3] ring    LIST    lanes with ready work
-KEYS[4] wake    LIST    wake tokens
-KEYS[5] done    STREAM  terminal events
-KEYS[6] meta    HASH    counters
+KEYS[3] meta    HASH    counters
 ARGV[1] retention ms, ARGV[2] n, then 2 per job: id, token; or n = 0, then a worker's name and
 a claim's id: every job that claim leased to that worker (claim.lua marks them), which never
 reached it (the claim's reply was lost): the budget counts runs, and nobody ran them
 Returns: per job 1 (released, or cancelled when flagged; also when this release already did:
         a replay after a lost reply) or 0 (stale); for a lost claim, how many it handed back
 ]]
-local base, active, ring, wake, done, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- uses: now_ms, job_key, free_slot, count_field, finish, make_ready, wake_workers
+local base, active, meta = KEYS[1], KEYS[2], KEYS[3]
+local ring, wake, done = base .. ':ring', base .. ':wake', base .. ':done'
 local retention, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 local out, ready = {}, 0

@@ -5,6 +5,7 @@ ARGV[1] id, ARGV[2] priority (-100…100), ARGV[3] the call's id (unused: a repl
 priority again, and answers as the first call did)
 Returns: 'ok:<state>', 'missing', or 'state:<state>' for a finished job
 ]]
+-- uses: job_key, lane_key
 local base = KEYS[1]
 local id, priority = ARGV[1], tonumber(ARGV[2])
 local jk = job_key(base, id)

@@ -7,6 +7,7 @@ ARGV[1] id
 Returns: {'missing'} (no live row), {state, result, last_error} for a finished job, or {state}
         for a job not finished yet (the caller is counted as a waiter)
 ]]
+-- uses: job_key
 local base, id = KEYS[1], ARGV[1]
 local jk = job_key(base, id)
 local row = redis.call('HMGET', jk, 'state', 'result', 'last_error')
