@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import ids, signals, spec
 from ..conf import get_client, get_config
-from ..exceptions import InvalidOption, InvalidTransition, JobNotFound
+from ..exceptions import VALKEY_DOWN, InvalidOption, InvalidTransition, JobNotFound
 from ..keys import ShardKeys, validate_queue
 from ..records import COUNT_FIELDS, COUNTS_REPLY, JobInfo, Lease, ms_to_dt, text
 from ..spec import MAX_DELAY, JobSpec, Prepared, dumps, prepare, validate_lease, validate_priority
@@ -242,8 +242,13 @@ class Queue:
                 break
             index = (start + step) % total
             carried = riding if step == 0 else []
-            reply = self.lost_claims.send(self.client, self.shard(index), worker,  # (claims.py)
-                                          [count - len(out), *head], (acks[i] for i in carried))
+            try:
+                reply = self.lost_claims.send(self.client, self.shard(index), worker,  # claims.py
+                                              [count - len(out), *head], (acks[i] for i in carried))
+            except VALKEY_DOWN:
+                if step == 0:
+                    raise
+                break  # (what earlier shards leased is this worker's; that claim is recovered)
             wait, leases = _read_claim(self.name, index, reply, carried, answers)
             waits.append(wait)
             out.extend(leases)
