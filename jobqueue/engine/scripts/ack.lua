@@ -10,7 +10,8 @@ KEYS[3] done    STREAM  terminal events for the MySQL mirror
 KEYS[4] meta    HASH    counters n_<state>
 KEYS[5] ring    LIST    lanes with ready work (a lane held at its cap comes back when a slot frees)
 KEYS[6] wake    LIST    wake tokens (for such lanes: one push per call, however many came back)
-ARGV[1] retention ms of a finished row, ARGV[2] n, then 3 per job: id, token, result (JSON)
+ARGV[1] retention  ms a finished row is kept
+ARGV[2..] jobs     n, then 3 per job: id, token, result (JSON)
 Returns: per job 1 (recorded succeeded), 3 (recorded cancelled: an operator flagged it), each
         plus 1 when outcomes were forwarded to dependents on other shards in base:forward
         (relay.py), or 0 (stale)

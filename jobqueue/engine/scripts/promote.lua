@@ -6,7 +6,7 @@ KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] ring      LIST    lanes with ready work
 KEYS[4] wake      LIST    wake tokens
 KEYS[5] rated     ZSET    lanes held back by their rate: lane -> ms their next token is due
-ARGV[1] limit
+ARGV[1] limit      at most this many jobs
 Returns: {promoted, ms until the next due job or lane token (-1 = none)}
 ]]
 local base, schedule, ring, wake, rated = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]

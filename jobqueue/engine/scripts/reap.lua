@@ -15,8 +15,10 @@ KEYS[4] done    STREAM  terminal events
 KEYS[5] ring    LIST    lanes with ready work
 KEYS[6] wake    LIST    wake tokens
 KEYS[7] meta    HASH    counters
-ARGV[1] limit, ARGV[2] retention ms, ARGV[3] dead retention ms, ARGV[4] the queue's
-max_attempts (for a row that holds none)
+ARGV[1] limit           at most this many expired leases
+ARGV[2] retention       ms a finished row is kept
+ARGV[3] dead_retention  ms a dead row is kept
+ARGV[4] max_attempts    the queue's max_attempts (for a row that holds none)
 Returns: how many expired leases were handled
 ]]
 local base, active, dead, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

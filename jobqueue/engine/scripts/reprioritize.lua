@@ -1,8 +1,10 @@
 --[[ reprioritize (operator): change a job's priority in place; a pending job is rescored on its
 lane, a scheduled, active or waiting one (a flow's, for its members) takes it when it is ready.
 KEYS[1] base    prefix  emq:{q}; rows base:job:<id>, lanes base:pending / base:lane:<l>
-ARGV[1] id, ARGV[2] priority (-100…100), ARGV[3] the call's id (unused: a replay sets the same
-priority again, and answers as the first call did)
+ARGV[1] job_id     the job
+ARGV[2] priority   -100…100
+ARGV[3] call_id    the call's id (unused: a replay sets the same priority again, and answers as
+        the first call did)
 Returns: 'ok:<state>', 'missing', or 'state:<state>' for a finished job
 ]]
 local base = KEYS[1]

@@ -9,7 +9,8 @@ KEYS[3] meta    HASH    caps = '1' while `caps` holds any (claims read it, enque
 KEYS[4] capped  SET     lanes held off the ring at their cap
 KEYS[5] ring    LIST    lanes with ready work
 KEYS[6] wake    LIST    wake tokens
-ARGV[1] lane ('' = the default lane, '*' = every named lane), ARGV[2] cap (0 = drop the live cap)
+ARGV[1] lane       '' = the default lane, '*' = every named lane
+ARGV[2] cap        0 = drop the live cap
 Returns: how many held lanes came back on the ring
 ]]
 local base, caps, meta, capped, ring, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
