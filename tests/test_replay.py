@@ -16,8 +16,9 @@ from typing import Any
 
 from jobqueue import Queue, chord, conf, spec
 from jobqueue.engine import handoff, layouts
-from jobqueue.engine.scripts import caller
-from jobqueue.engine.store import _claim_head, _dead_retention_ms, _retention_ms
+from jobqueue.engine.leases import dead_retention_ms as _dead_retention_ms
+from jobqueue.engine.leases import retention_ms as _retention_ms
+from jobqueue.engine.scripts import caller, calls, operator_calls
 from jobqueue.keys import placement_hash
 from tests.jobapp import jobs
 
@@ -59,7 +60,7 @@ def replayed(queue: Queue, name: str, index: int, args: list[Any],
 
 def enqueue_args(queue: Queue, payload: Any, **options: Any) -> list[Any]:
     job = spec.prepare(spec.JobSpec(payload, **options), queue.options, 1 << 20)
-    return ["", 1, *job.argv(queue.options)]
+    return ["", 1, job.job_id, job.payload, *calls.enqueue_tail(job, queue.options)]
 
 
 def claimed(queue: Queue, **options: Any) -> Any:
@@ -155,8 +156,8 @@ def test_flow(queue: Queue) -> None:
     first, second = (str(job.job_id) for job in prepared)
     args = ["F1", _retention_ms(), "new", 2]
     for job, members in ((prepared[0], []), (prepared[1], [[first, 0, "f", ""]])):
-        args += [*job.argv(queue.options)[:8], "first" if members else "", len(members),
-                 0, len(members)]
+        args += [job.job_id, job.payload, job.priority, job.lane, "", "", job.lease_ms,
+                 job.delay_ms, "first" if members else "", len(members), 0, len(members)]
         for member in members:
             args += member
         args.append(0)  # (its expires_ms: never)
@@ -196,7 +197,7 @@ def test_a_claim_replayed_would_lease_more_so_it_is_never_sent_again(queue: Queu
     now. It is sent once (`caller.run_once`); a lost reply hands its jobs back by the claim's id
     (tests/test_faults.py)."""
     queue.enqueue_many([spec.JobSpec(i) for i in range(2)])
-    args = [1, *_claim_head(queue, None, False, "w"), "c1", 0]
+    args = [1, *queue.leases.head(None, False, "w"), "c1", 0]
     first = caller.run(queue.client, "claim", queue.shard(0), args)
     second = caller.run(queue.client, "claim", queue.shard(0), args)
     assert first[2] != second[2]  # two jobs leased
@@ -207,7 +208,7 @@ def test_a_claim_replayed_would_lease_more_so_it_is_never_sent_again(queue: Queu
 def test_a_resize_compare_and_set(valkey: Any) -> None:
     keys = [layouts.LAYOUT_KEY, layouts.REGISTRY_KEY, "{emq}:resize-op:q"]
     args = ["q", "", "2 1 2", 2, secrets.token_hex(8)]
-    cas = valkey.register_script(layouts._CAS)
+    cas = valkey.register_script(operator_calls.LAYOUT_CAS)
     assert cas(keys=keys, args=args) == 1
     assert cas(keys=keys, args=args) == 1  # its own write: not "resized by someone else"
     assert cas(keys=keys, args=[*args[:4], "another"]) == 0

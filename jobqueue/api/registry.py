@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, overload
 from .. import ids, tracing
 from ..conf import get_client, get_config
 from ..engine.refs import JobRef
+from ..engine.scripts import calls
 from ..engine.store import Queue
 from ..exceptions import InvalidFlow, InvalidOption, UnknownHandler
 from ..flows import graph
@@ -143,7 +144,7 @@ class JobFunction:
                           or isinstance(spec.expires, datetime)  # (an instant: its ms vary)
                           or tracing.tracer() is not None)
             ready = prepare(spec, queue.options) if simple else None
-            tail = tuple(ready.argv(queue.options)[2:]) if ready is not None else ()
+            tail = calls.enqueue_tail(ready, queue.options) if ready is not None else ()
             route = self._route = Route(config, queue, ready, tail,
                                          self.options.immediate or not config.on_commit)
         return route

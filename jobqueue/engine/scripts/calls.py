@@ -13,7 +13,7 @@ them (no object per job but the lease, an index for an answer).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ...keys import ShardKeys
@@ -128,7 +128,7 @@ class FlowJob(NamedTuple):
 
 @twin("flow")
 def flow(client: Any, shard: ShardKeys, flow_id: str, retention: int, mode: str,
-         jobs: Sequence[FlowJob], outcomes: dict[str, tuple[str, str]],
+         jobs: Sequence[FlowJob], outcomes: Mapping[str, tuple[str, str]],
          links: Sequence[Sequence[Any]], *, options: QueueOptions) -> Flowed:
     """Write a flow's jobs of one shard and the links due there; a job id taken (mode 'new')
     or a member missing raises InvalidFlow (`answers.refused`)."""
