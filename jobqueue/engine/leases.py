@@ -9,20 +9,35 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import spec
 from ..conf import get_config
 from ..exceptions import VALKEY_DOWN, InvalidOption
+from ..keys import ShardKeys
 from ..records import Lease
-from ..spec import MAX_DELAY, dumps, validate_lease
+from ..spec import MAX_DELAY, QueueOptions, dumps, validate_lease
 from ..spec import seconds as _seconds
 from .claims import LostClaims
 from .scripts import calls
 from .scripts.answers import Acked, Extended, Nacked
 
-if TYPE_CHECKING:
-    from .store import Queue
+
+class Holder(Protocol):
+    """What `Leases` reads of its queue (`store.Queue`)."""
+
+    name: str
+    options: QueueOptions
+
+    @property
+    def client(self) -> Any: ...
+
+    @property
+    def shards(self) -> int: ...
+
+    def shard(self, index: int) -> ShardKeys: ...
+
+    def claim_shards(self) -> int: ...
 
 
 def retention_ms() -> int:
@@ -45,7 +60,7 @@ def _most_shard(acks: Sequence[tuple[Lease, str]]) -> int:
 class Leases:
     """The claimed jobs of one queue: claim them, record their outcomes, renew them."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Holder) -> None:
         self.queue = queue
         self.next_shard = 0
         self.claim_head: tuple[Any, tuple[Any, ...], list[Any]] | None = None

@@ -1,8 +1,9 @@
 """`Queue`: the job-state transitions on Valkey, one script call (one round trip) each.
 
 The `@job` API, the worker, the mirror, the admin and the `django.tasks` backend change a job's
-state only through these methods, and read a job and its counts through them; `scripts.caller`
-sends the scripts. Other modules touch Valkey keys for what their docstrings say: `layouts`
+state only through these methods, and read a job and its counts through them: each calls a
+script's twin (`scripts.calls`, `scripts.operator_calls`); the worker's side of a queue, its
+claimed jobs, is `self.leases` (leases.py). Other modules touch Valkey keys for what their docstrings say: `layouts`
 (shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
 lists), `backlog` (lane heads, minute samples), `lanes` (lane caps set live, slots in use),
 `console.readmodels` (the console's read models), `operations.metrics`, `history.mirror` (the
