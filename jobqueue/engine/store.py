@@ -3,14 +3,14 @@
 The `@job` API, the worker, the mirror, the admin and the `django.tasks` backend change a job's
 state only through these methods, and read a job and its counts through them: each calls a
 script's twin (`scripts.calls`, `scripts.operator_calls`); the worker's side of a queue, its
-claimed jobs, is `self.leases` (leases.py). Other modules touch Valkey keys for what their docstrings say: `layouts`
-(shard layouts, resizes, the queue registry), `handoff` (idle workers' offers and hand-off
-lists), `backlog` (lane heads, minute samples), `lanes` (lane caps set live, slots in use),
-`console.readmodels` (the console's read models), `operations.metrics`, `history.mirror` (the
-`done` streams), `operations.autoscale`, `operations.schedule`, `refs` (awaiting results), the
-`flows` room (`graph`, `relay`, `members`), `api.handler` (progress), and the worker's waits
-and presence (`worker/waiters.py`, `worker/waitline.py`,
-`worker/presence.py`).
+claimed jobs, is `self.leases` (leases.py); a handler's enqueue goes through its `Template`.
+Other modules touch Valkey keys for what their docstrings say: `layouts` (shard layouts,
+resizes, the queue registry), `handoff` (idle workers' offers and hand-off lists), `backlog`
+(lane heads, minute samples), `lanes` (lane caps set live, slots in use), `console.readmodels`
+(the console's read models), `operations.metrics`, `history.mirror` (the `done` streams),
+`operations.autoscale`, `operations.schedule`, `refs` (awaiting results), the `flows` room
+(`graph`, `relay`, `members`), `api.handler` (progress), and the worker's waits and presence
+(`worker/waiters.py`, `worker/waitline.py`, `worker/presence.py`).
 """
 
 from __future__ import annotations
@@ -107,27 +107,17 @@ class Queue:
         return self.enqueue_many([JobSpec(payload, **options)])[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[JobRef]:
-        """Add many jobs: validated first (all or none), then one script call per shard chunk
-        (a lone job goes `enqueue_encoded`'s way)."""
+        """Add many jobs: validated first (all or none), then one script call per shard chunk."""
         limit = get_config().max_payload
-        jobs = [prepare(job, self.options, limit) for job in specs]
-        if len(jobs) == 1:
-            job = jobs[0]
-            return [self.enqueue_encoded(job, job.job_id, job.payload,
-                                         calls.enqueue_tail(job, self.options))]
-        return self.enqueue_prepared(jobs)
-
-    def enqueue_encoded(self, template: Prepared, job_id: str, payload: str,
-                        tail: Sequence[Any]) -> JobRef:
-        """One job, encoded: its id, its payload as JSON, and `tail`, the rest of `template`'s
-        script arguments, which a handler works out once for all its calls
-        (`JobFunction.enqueue`): a call makes no `Prepared` (see `sending.send_one`)."""
-        return _announced([sending.send_one(self.client, self.name, self.options, self.configured,
-                                            template, job_id, payload, tail)])[0]
+        return self.enqueue_prepared([prepare(job, self.options, limit) for job in specs])
 
     def enqueue_prepared(self, jobs: list[Prepared], *, fresh: bool = False) -> list[JobRef]:
-        """Jobs validated already (`spec.prepare`), in one script call per shard chunk (see
-        `sending.send`; `fresh`: ids chosen by the caller that no shard can hold yet)."""
+        """Jobs validated already (`spec.prepare`): a lone one the short way (`Template`'s),
+        else in one script call per shard chunk (see `sending.send`; `fresh`: ids chosen by the
+        caller that no shard can hold yet)."""
+        if len(jobs) == 1 and not fresh:
+            job = jobs[0]
+            return [Template(self, job).enqueue(job.job_id, job.payload)]
         return _announced(sending.send(self.client, self.name, self.options, self.configured,
                                        jobs, fresh=fresh))
 
@@ -307,3 +297,21 @@ class Queue:
             if row:
                 return JobInfo.from_row(job_id, self.name, row, index, self.options.max_attempts)
         return None
+
+
+class Template:
+    """A handler's jobs as the enqueue script takes them, worked out once per configuration
+    (`api.registry`): its options validated (`job`, whose id and payload each call gives) and
+    their script fields after those two (`tail`: `calls.enqueue_tail`). A call then makes no
+    `Prepared`: an id, a JSON payload, one script call (`sending.send_one`)."""
+
+    __slots__ = ("job", "queue", "tail")
+
+    def __init__(self, queue: Queue, job: Prepared) -> None:
+        self.queue, self.job, self.tail = queue, job, calls.enqueue_tail(job, queue.options)
+
+    def enqueue(self, job_id: str, payload: str) -> JobRef:
+        queue = self.queue
+        return _announced([sending.send_one(queue.client, queue.name, queue.options,
+                                            queue.configured, self.job, job_id, payload,
+                                            self.tail)])[0]
