@@ -117,7 +117,9 @@ class Queue:
         caller that no shard can hold yet)."""
         if len(jobs) == 1 and not fresh:
             job = jobs[0]
-            return [Template(self, job).enqueue(job.job_id, job.payload)]
+            return _announced([sending.send_one(self.client, self.name, self.options,
+                                                self.configured, job, job.job_id, job.payload,
+                                                calls.enqueue_tail(job, self.options))])
         return _announced(sending.send(self.client, self.name, self.options, self.configured,
                                        jobs, fresh=fresh))
 

@@ -73,8 +73,7 @@ def encoded(job: Prepared, max_attempts: int, backoff_ms: int) -> tuple[Any, ...
 def enqueue_tail(job: Prepared, options: QueueOptions) -> tuple[Any, ...]:
     """A job's fields after its id and payload (`encoded`): a handler's template works them out
     once for all its calls, which `enqueue_one` sends with an id and a payload each."""
-    _, _, *tail = encoded(job, options.max_attempts, round(options.backoff * 1000))
-    return tuple(tail)
+    return encoded(job, options.max_attempts, round(options.backoff * 1000))[2:]
 
 
 def enqueue_one(client: Any, shard: ShardKeys, job_id: str, payload: str,
