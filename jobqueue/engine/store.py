@@ -104,7 +104,8 @@ class Queue:
 
     def enqueue(self, payload: Any, **options: Any) -> JobRef:
         """Add one job (see JobSpec for the options); a live unique_key returns that job."""
-        return self.enqueue_many([JobSpec(payload, **options)])[0]
+        return self.enqueue_prepared([prepare(JobSpec(payload, **options), self.options,
+                                              get_config().max_payload)])[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[JobRef]:
         """Add many jobs: validated first (all or none), then one script call per shard chunk."""
@@ -117,9 +118,11 @@ class Queue:
         caller that no shard can hold yet)."""
         if len(jobs) == 1 and not fresh:
             job = jobs[0]
+            tail = calls.encoded(job, self.options.max_attempts,
+                                 round(self.options.backoff * 1000))[2:]  # (enqueue_tail's)
             return _announced([sending.send_one(self.client, self.name, self.options,
                                                 self.configured, job, job.job_id, job.payload,
-                                                calls.enqueue_tail(job, self.options))])
+                                                tail)])
         return _announced(sending.send(self.client, self.name, self.options, self.configured,
                                        jobs, fresh=fresh))
 

@@ -39,6 +39,8 @@ TWINS: dict[str, Callable[..., Any]] = {}
 """Script name -> its twin (tests/test_scripts.py reads it)."""
 HEADS: dict[str, Callable[..., Any]] = {}
 """Script name -> the builder of the head its twin takes as `head` (its parameters stand there)."""
+_new = tuple.__new__
+"""Makes a named tuple from its fields without its `__new__`'s Python frame (a claim's answer)."""
 CHUNK = 500
 """Jobs per enqueue call."""
 WAIT_MS = 1000
@@ -193,9 +195,9 @@ def claim(client: Any, shard: ShardKeys, count: int, head: Sequence[Any], claim_
     reply = caller.run_once(client, "claim", shard, args)
     n = int(reply[0])
     rows = reply[2 + n :]
-    return Claimed([ACKED[ok] for ok in reply[1 : 1 + n]], int(reply[1 + n]),
-                   [Lease.from_claim(shard.queue, shard.index, *rows[r : r + 5])
-                    for r in range(0, len(rows), 5)])
+    return _new(Claimed, ([ACKED[ok] for ok in reply[1 : 1 + n]], int(reply[1 + n]),
+                          [Lease.from_claim(shard.queue, shard.index, *rows[r : r + 5])
+                           for r in range(0, len(rows), 5)]))
 
 
 @twin("ack")
