@@ -269,7 +269,8 @@ class JobSpec(NamedTuple):
 
 
 class Prepared(NamedTuple):
-    """A validated JobSpec in the form the enqueue script takes (a tuple: built per job)."""
+    """A validated JobSpec, as the enqueue script takes it (`engine.scripts.calls.encoded`; a
+    tuple: built per job)."""
 
     job_id: str
     minted: bool
@@ -288,16 +289,6 @@ class Prepared(NamedTuple):
     """Tokens its earlier runs may have used (a durable row restored after Valkey lost its data,
     a job an operator retries from its mirror row): its `attempts` start there, so that no token
     repeats; 0 for a new job."""
-
-    def argv(self, options: QueueOptions) -> list[Any]:
-        """The enqueue script's arguments; a retry policy equal to the queue's is left out of
-        the row (the queue's settings then apply when the job fails)."""
-        return [self.job_id, self.payload, self.priority, self.lane,
-                "" if self.max_attempts == options.max_attempts else self.max_attempts,
-                "" if self.backoff_ms == round(options.backoff * 1000) else self.backoff_ms,
-                self.lease_ms, self.delay_ms, self.unique_key,
-                "1" if self.minted else f"0:{self.spent}" if self.spent else "0",
-                self.debounce_ms, self.expires_ms]
 
 
 def _delay(spec: JobSpec) -> float:

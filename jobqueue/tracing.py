@@ -162,6 +162,16 @@ class _Attempt:
         self.raised = False
         """Whether the exception the handler raised is recorded on the span."""
 
+    def ran[R: Ran](self, outcome: R) -> R:
+        """Note a failure on the span: the handler's exception is there already unless it ran
+        in another process (or never ran: an unknown handler, a corrupt payload)."""
+        if not outcome.ok:
+            self.error = (outcome.error.strip().splitlines() or [""])[-1]
+            if not self.raised:
+                self.span.add_event("exception", {"exception.message": self.error,
+                                                  "exception.stacktrace": outcome.error})
+        return outcome
+
 
 _open: dict[tuple[str, int], _Attempt] = {}
 """Attempts whose outcome is not recorded yet, by (job id, token)."""
@@ -184,7 +194,7 @@ def run[R: Ran](tracer: Tracer, lease: Lease, job: Callable[[], R]) -> R:
         outcome = job()
     finally:
         _leave(tokens)
-    return _ran(attempt, outcome)
+    return attempt.ran(outcome)
 
 
 async def run_async[R: Ran](tracer: Tracer, lease: Lease, job: Callable[[], Awaitable[R]]) -> R:
@@ -194,7 +204,7 @@ async def run_async[R: Ran](tracer: Tracer, lease: Lease, job: Callable[[], Awai
         outcome = await job()
     finally:
         _leave(tokens)
-    return _ran(attempt, outcome)
+    return attempt.ran(outcome)
 
 
 def failed(exc: BaseException) -> None:
@@ -248,17 +258,6 @@ def _start(tracer: Tracer, lease: Lease) -> Span:
         attributes["jobqueue.lane"] = lane if isinstance(lane, str) else ""
     return tracer.start_span(f"process {lease.queue}", context=parent, links=links,
                              kind=trace.SpanKind.CONSUMER, attributes=attributes)
-
-
-def _ran[R: Ran](attempt: _Attempt, outcome: R) -> R:
-    """Note a failure on the span: the handler's exception is there already unless it ran in
-    another process (or never ran: an unknown handler, a corrupt payload)."""
-    if not outcome.ok:
-        attempt.error = (outcome.error.strip().splitlines() or [""])[-1]
-        if not attempt.raised:
-            attempt.span.add_event("exception", {"exception.message": attempt.error,
-                                                 "exception.stacktrace": outcome.error})
-    return outcome
 
 
 def _finished(sender: object, lease: Lease, state: str, **_: object) -> None:

@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 from jobqueue import Queue, conf, keys
 from jobqueue.engine import backlog, handoff, layouts, scripts, wire
 from jobqueue.engine.scripts import caller
+from jobqueue.engine.scripts import calls as twins
 from jobqueue.exceptions import (
     InvalidJobId,
     InvalidName,
@@ -192,14 +193,15 @@ def test_a_claim_that_carries_a_success_costs_the_commands_of_one_job(queue: Que
 
 def test_a_queue_keeps_its_claims_head_until_what_it_holds_changes(queue: Queue) -> None:
     queue.dequeue(count=1, lease=30, worker="w")
-    head = queue.claim_head
+    head = queue.leases.claim_head
     queue.dequeue(count=1, lease=30, worker="w")
-    assert head is not None and queue.claim_head is head  # (the kept one: not built again)
+    assert head is not None and queue.leases.claim_head is head  # (the kept one: not built again)
     queue.dequeue(count=1, lease=60, worker="w")
-    assert queue.claim_head is not head and queue.claim_head[2][0] == 60_000  # type: ignore[index]
+    assert queue.leases.claim_head is not head
+    assert queue.leases.claim_head[2][0] == 60_000  # type: ignore[index]
     conf.reset()
     queue.dequeue(count=1, lease=60, worker="w")
-    assert queue.claim_head[0] is conf.get_config()  # type: ignore[index]
+    assert queue.leases.claim_head[0] is conf.get_config()  # type: ignore[index]
 
 
 def test_nack_retries_with_exponential_backoff_then_dies(queue: Queue, valkey: Any) -> None:
@@ -634,7 +636,7 @@ def test_a_bulk_enqueue_whose_connection_drops_mid_stream_writes_each_job_once(
                 killer.client_kill_filter(_type="normal", skipme=True)
             args: list[Any] = ["", 500]
             for job in jobs[start:start + 500]:
-                args.extend(job.argv(queue.options))
+                args.extend((job.job_id, job.payload, *twins.enqueue_tail(job, queue.options)))
             yield args
 
     replies = caller.run_many(queue.client, "enqueue", queue.shard(0), calls())

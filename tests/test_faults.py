@@ -17,8 +17,9 @@ import redis
 from jobqueue import Queue, conf, ids
 from jobqueue.engine import wire
 from jobqueue.history import outbox
-from jobqueue.keys import ShardKeys
+from jobqueue.keys import ShardKeys, placement_hash
 from jobqueue.models import Job
+from jobqueue.spec import JobSpec
 from tests.jobapp import jobs
 
 from .servers import ValkeyProcess
@@ -97,6 +98,30 @@ def test_a_claim_on_a_connection_the_server_closed_reconnects_before_it_sends(
     assert wire.call_once(client, ("PING",)) == "PONG"  # (a live one: no new connection)
     assert admin.info("stats")["total_connections_received"] == before
     admin.close()
+
+
+def test_a_claim_across_shards_keeps_what_earlier_shards_leased_when_a_later_reply_is_lost(
+        slow_server: ValkeyProcess) -> None:
+    """A claim for more jobs than one shard holds goes on to the next shard; when that shard's
+    reply is lost (here: a claim of many jobs outlasting the client's patience), the leases the
+    earlier shards gave are returned, not dropped; the lost claim's jobs come back uncharged."""
+    setup = Queue("default", client=conf.client_for_url(slow_server.url), shards=2)
+    lanes = {placement_hash(lane) % 2: lane for lane in ("a", "b", "c", "d", "e", "f")}
+    setup.enqueue_many([JobSpec(i, lane=lanes[1]) for i in range(40_000)])
+    done, second = (setup.enqueue(name, lane=lanes[0]).id for name in ("done", "second"))
+    [held] = setup.ack_and_dequeue([], 1, worker="w1", only=0)[1]  # (claim.lua loaded)
+    setup.lost_claims.recover(setup.client, "default")  # (nothing lost yet)
+    client = redis.Redis.from_url(slow_server.url, socket_timeout=0.02, **conf.CLIENT_OPTIONS)
+    queue = Queue("default", client=client, shards=2)
+    # It starts on shard 0, where its success rides, leases `second`, then asks shard 1 for the
+    # rest: 40,000 leases take the server longer than the client waits.
+    answers, leases = queue.ack_and_dequeue([(held, '"ok"')], 50_000, worker="w1")
+    assert held.job_id == done and answers == [1]
+    assert [lease.job_id for lease in leases] == [second] and setup.ack(leases[0], "ok")
+    assert queue.lost_claims.lost  # (the shard 1 claim: its jobs come back at the next claim)
+    queue.lost_claims.recover(setup.client, "default")
+    counts = setup.counts()
+    assert (counts["pending"], counts["active"], counts["succeeded"]) == (40_000, 0, 2)
 
 
 def test_a_job_handed_to_a_worker_killed_while_its_offer_stood_costs_no_run(

@@ -39,7 +39,6 @@ from redis.cluster import RedisCluster
 
 from jobqueue import Queue, chain, chord, conf, flows, group
 from jobqueue.engine import layouts
-from jobqueue.engine.store import FORWARDED
 from jobqueue.exceptions import InvalidFlow, InvalidOption, InvalidTransition
 from jobqueue.flows import relay
 from jobqueue.records import Lease
@@ -255,7 +254,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
             if ok:
                 [answer] = self.queue.ack_encoded([(lease, f'"{lease.job_id}"')])
                 assert answer, lease
-                if answer in FORWARDED:
+                if answer.forwarded:
                     relay.relay_shard(self.queue, lease.shard)
             else:
                 assert self.queue.nack(lease, "it broke", fatal=True) in ("dead", "cancelled")

@@ -398,15 +398,14 @@ def test_a_stale_delivery_changes_nothing_after_a_retried_members_newer_outcome(
 
 def test_a_failure_answers_whether_it_forwarded_to_another_shard(four: Queue) -> None:
     """The worker relays after a terminal nack only when it forwarded (as after an ack)."""
-    from jobqueue.engine.store import nack_forwarding
 
     a = jobs.fails_with.using(queue=FOUR, lane=lane_on(0)).enqueue("x")
     jobs.noop.using(queue=FOUR, lane=lane_on(2), depends_on=[a]).enqueue()
     b = jobs.fails_with.using(queue=FOUR, lane=lane_on(1)).enqueue("y")
     jobs.noop.using(queue=FOUR, lane=lane_on(1), depends_on=[b]).enqueue()
     leases = {lease.job_id: lease for lease in four.dequeue(count=5)}
-    assert nack_forwarding(four, leases[a.id], "x", fatal=True) == ("dead", True)
-    assert nack_forwarding(four, leases[b.id], "y", fatal=True) == ("dead", False)
+    assert four.leases.nack(leases[a.id], "x", fatal=True) == ("dead", True)
+    assert four.leases.nack(leases[b.id], "y", fatal=True) == ("dead", False)
     assert forward_entries(four) == 1
 
 

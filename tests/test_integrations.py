@@ -44,7 +44,7 @@ def test_enqueue_inside_a_transaction_waits_for_the_commit() -> None:
 
 
 def test_a_handlers_enqueue_that_meets_a_taken_id_mints_another(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The short way (`Queue.enqueue_encoded`) sends no `Prepared`; when the shard says its minted
+    """The short way (`store.Template.enqueue`) sends no `Prepared`; when the shard says its minted
     id is taken by another job, it goes the batches' way (`Queue.enqueue_prepared`), which mints
     anew. The other job's row is left as it was."""
     from jobqueue import ids

@@ -14,10 +14,13 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import pytest
+
 from jobqueue import Queue, chord, conf, spec
 from jobqueue.engine import handoff, layouts
-from jobqueue.engine.scripts import caller
-from jobqueue.engine.store import _claim_head, _dead_retention_ms, _retention_ms
+from jobqueue.engine.leases import dead_retention_ms as _dead_retention_ms
+from jobqueue.engine.leases import retention_ms as _retention_ms
+from jobqueue.engine.scripts import caller, calls, operator_calls
 from jobqueue.keys import placement_hash
 from tests.jobapp import jobs
 
@@ -59,7 +62,7 @@ def replayed(queue: Queue, name: str, index: int, args: list[Any],
 
 def enqueue_args(queue: Queue, payload: Any, **options: Any) -> list[Any]:
     job = spec.prepare(spec.JobSpec(payload, **options), queue.options, 1 << 20)
-    return ["", 1, *job.argv(queue.options)]
+    return ["", 1, job.job_id, job.payload, *calls.enqueue_tail(job, queue.options)]
 
 
 def claimed(queue: Queue, **options: Any) -> Any:
@@ -181,6 +184,19 @@ def test_an_operators_refusal_replayed_after_the_job_moved_answers_as_it_did(
     assert caller.run(queue.client, "cancel", shard, cancel_call) == "missing"
 
 
+def test_a_reprioritize_sent_again_after_its_job_moved_answers_as_its_first_call(
+        queue: Queue) -> None:
+    """`run_answered` sends an operator's call again when its reply is lost; the job may have
+    moved meanwhile (here: claimed). The replay answers from the answer kept under the call's
+    id, as retry's and cancel's do."""
+    ref = queue.enqueue("x")
+    args = [ref.id, 9, secrets.token_hex(8)]
+    first = caller.run(queue.client, "reprioritize", queue.shard(0), args)
+    assert first == "ok:pending"
+    queue.dequeue(worker="w")
+    assert caller.run(queue.client, "reprioritize", queue.shard(0), args) == first
+
+
 def test_flow(queue: Queue) -> None:
     from jobqueue.flows import graph
 
@@ -189,8 +205,8 @@ def test_flow(queue: Queue) -> None:
     first, second = (str(job.job_id) for job in prepared)
     args = ["F1", _retention_ms(), "new", 2]
     for job, members in ((prepared[0], []), (prepared[1], [[first, 0, "f", ""]])):
-        args += [*job.argv(queue.options)[:8], "first" if members else "", len(members),
-                 0, len(members)]
+        args += [job.job_id, job.payload, job.priority, job.lane, "", "", job.lease_ms,
+                 job.delay_ms, "first" if members else "", len(members), 0, len(members)]
         for member in members:
             args += member
         args.append(0)  # (its expires_ms: never)
@@ -230,7 +246,7 @@ def test_a_claim_replayed_would_lease_more_so_it_is_never_sent_again(queue: Queu
     now. It is sent once (`caller.run_once`); a lost reply hands its jobs back by the claim's id
     (tests/test_faults.py)."""
     queue.enqueue_many([spec.JobSpec(i) for i in range(2)])
-    args = [1, *_claim_head(queue, None, False, "w"), "c1", 0]
+    args = [1, *queue.leases.head(None, False, "w"), "c1", 0]
     first = caller.run(queue.client, "claim", queue.shard(0), args)
     second = caller.run(queue.client, "claim", queue.shard(0), args)
     assert first[2] != second[2]  # two jobs leased
@@ -241,7 +257,7 @@ def test_a_claim_replayed_would_lease_more_so_it_is_never_sent_again(queue: Queu
 def test_a_resize_compare_and_set(valkey: Any) -> None:
     keys = [layouts.LAYOUT_KEY, layouts.REGISTRY_KEY, "{emq}:resize-op:q"]
     args = ["q", "", "2 1 2", 2, secrets.token_hex(8)]
-    cas = valkey.register_script(layouts._CAS)
+    cas = valkey.register_script(operator_calls.LAYOUT_CAS)
     assert cas(keys=keys, args=args) == 1
     assert cas(keys=keys, args=args) == 1  # its own write: not "resized by someone else"
     assert cas(keys=keys, args=[*args[:4], "another"]) == 0

@@ -12,8 +12,6 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from .test_worker_startup import NOT_FOR_A_WORKER
 from .workers import ROOT
 
@@ -117,7 +115,6 @@ def test_a_rooms_init_imports_nothing() -> None:
     assert {folder: names for folder, names in loading.items() if names} == {}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34 step 3: the twins beside their scripts")
 def test_only_the_engines_scripts_call_valkeys_scripts() -> None:
     known = modules()
     calling = []
@@ -131,7 +128,6 @@ def test_only_the_engines_scripts_call_valkeys_scripts() -> None:
     assert calling == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34 steps 3-4: state written by its owner's methods")
 def test_no_function_writes_the_state_of_what_it_is_given() -> None:
     """A module-level function that assigns to an attribute of a parameter does a class's work
     outside it: the class should own the change."""
@@ -150,7 +146,6 @@ def test_no_function_writes_the_state_of_what_it_is_given() -> None:
     assert writes == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34 steps 3 and 6: the twins build ARGV; one name, one thing")
 def test_no_argv_built_outside_the_twins_and_no_class_name_in_two_modules() -> None:
     found = []
     defined: dict[str, list[str]] = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from django.db import transaction
 
@@ -15,10 +15,10 @@ from .. import tracing
 from .._compat import in_transaction, open_transactions
 from ..conf import Config, get_config
 from ..engine.refs import JobRef
-from ..engine.store import Queue
+from ..engine.store import Queue, Template
 from ..flows import graph
 from ..history import outbox
-from ..spec import JobSpec, Prepared, prepare
+from ..spec import JobSpec, prepare
 
 log = logging.getLogger("jobqueue.enqueue")
 
@@ -28,16 +28,15 @@ class Route(NamedTuple):
 
     config: Config
     queue: Queue
-    ready: Prepared | None
-    """The handler's options validated, as a job of its own that each call gives a payload and
-    an id (`Queue.enqueue_encoded`); None when calls need `submit`'s whole way (a durable queue,
-    options that differ per call: a job_id, a run_after time; or spans to make: tracing.py)."""
-    tail: tuple[Any, ...]
-    """`ready`'s enqueue script arguments after its id and payload (every call's own)."""
+    ready: Template | None
+    """The handler's options validated and encoded, as a job of its own that each call gives a
+    payload and an id (`store.Template`); None when calls need `submit`'s whole way (a durable
+    queue, options that differ per call: a job_id, a run_after time; or spans to make:
+    tracing.py)."""
     now: bool
     """Whether its jobs go to Valkey at once even inside a transaction."""
 
-    def template(self) -> Prepared | None:
+    def template(self) -> Template | None:
         """`ready`, when this call may take it: now, not at a transaction's commit."""
         return self.ready if self.now or not in_transaction() else None
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from ..engine.scripts import caller
+from ..engine.scripts import calls
 from ..engine.store import Queue
 from ..records import Lease
 from ..spec import dumps
@@ -78,7 +78,7 @@ class JobContext:
         now = time.monotonic()
         if not self._cancelled and now >= self._next_check:
             self._next_check = now + 1.0
-            self._cancelled = Queue(self.queue).cancel_requested(self._lease)
+            self._cancelled = Queue(self.queue).leases.cancel_requested(self._lease)
         return self._cancelled
 
     def raise_if_cancelled(self) -> None:
@@ -154,12 +154,9 @@ def write_progress(items: list[tuple[Lease, str]]) -> list[bool]:
         by_queue[lease.queue].append(i)
     stored = [False] * len(items)
     for name, positions in by_queue.items():
-        queue = Queue(name)
-        answers = caller.run_by_shard(queue.client, "progress", name, [], [
-            (items[i][0].shard, [items[i][0].job_id, items[i][0].token, items[i][1]])
-            for i in positions])
+        answers = calls.progress(Queue(name).client, name, [items[i] for i in positions])
         for i, ok in zip(positions, answers, strict=True):
-            stored[i] = bool(ok)
+            stored[i] = ok
     return stored
 
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, overload
 from .. import ids, tracing
 from ..conf import get_client, get_config
 from ..engine.refs import JobRef
-from ..engine.store import Queue
+from ..engine.store import Queue, Template
 from ..exceptions import InvalidFlow, InvalidOption, UnknownHandler
 from ..flows import graph
 from ..keys import validate_queue
@@ -98,9 +98,7 @@ class JobFunction:
             return self._enqueue_after([payload])[0]
         route = self._routed()
         if (ready := route.template()) is not None:
-            return route.queue.enqueue_encoded(ready, ids.new_id(),
-                                               encode_payload(payload, route.config.max_payload),
-                                               route.tail)
+            return ready.enqueue(ids.new_id(), encode_payload(payload, route.config.max_payload))
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
     def _enqueue_after(self, payloads: list[dict[str, Any]]) -> list[JobRef]:
@@ -122,7 +120,7 @@ class JobFunction:
             # its payload (as `enqueue` does).
             limit = route.config.max_payload
             return route.queue.enqueue_prepared([
-                ready._replace(job_id=ids.new_id(),
+                ready.job._replace(job_id=ids.new_id(),
                                payload=encode_payload(_payload(self.name, *_split(call)), limit))
                 for call in calls])
         specs = [JobSpec(_payload(self.name, *_split(call)), **self.options.spec) for call in calls]
@@ -142,9 +140,8 @@ class JobFunction:
             simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None
                           or isinstance(spec.expires, datetime)  # (an instant: its ms vary)
                           or tracing.tracer() is not None)
-            ready = prepare(spec, queue.options) if simple else None
-            tail = tuple(ready.argv(queue.options)[2:]) if ready is not None else ()
-            route = self._route = Route(config, queue, ready, tail,
+            ready = Template(queue, prepare(spec, queue.options)) if simple else None
+            route = self._route = Route(config, queue, ready,
                                          self.options.immediate or not config.on_commit)
         return route
 

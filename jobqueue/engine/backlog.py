@@ -8,9 +8,9 @@ hours) that the console's charts read; everything else here only reads.
 
 from __future__ import annotations
 
-from ..ids import minted_ms
 from ..spec import rate as spec_rate
-from .scripts import caller
+from .scripts import operator_calls
+from .scripts.answers import Head
 from .store import Queue
 
 SAMPLE_TTL = 7200
@@ -23,13 +23,11 @@ def server_ms(queue: Queue) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def heads(queue: Queue, index: int, lanes: int = 1000, bands: int = 10) -> list[tuple[str, str, int]]:
+def heads(queue: Queue, index: int, lanes: int = 1000, bands: int = 10) -> list[Head]:
     """(lane, job id, ms it became ready) of the first job of each priority band of shard
     `index`'s lanes with ready work (the first `lanes` of its ring, and up to `lanes` each of
     those held back by their cap or rate): where its longest waits are."""
-    reply = caller.run(queue.client, "heads", queue.shard(index), [lanes, bands])
-    return [(reply[n], reply[n + 1], int(reply[n + 2]) or minted_ms(reply[n + 1]) or 0)
-            for n in range(0, len(reply), 3)]
+    return operator_calls.heads(queue.client, queue.shard(index), lanes, bands)
 
 
 def oldest_wait(queue: Queue, now: int | None = None, lanes: int = 1000) -> float | None:

@@ -1,11 +1,12 @@
 """Claims whose reply was lost: their jobs go back to waiting, uncharged.
 
-A claim is never sent again (`caller.run_once`): a second one would lease other jobs, and leave
-the first one's leased to nobody until their lease lapsed, the reaper then counting a run that
-never happened. Instead each claim carries an id, which claim.lua writes on every row it leases;
-a claim whose reply is lost (a timeout, a broken connection) is remembered here, and release.lua
-hands its jobs back by that id (worker and claim id) before the queue's next claim, when the
-worker sees Valkey again, or as it stops. One `LostClaims` per `Queue`.
+A claim is never sent again (`calls.claim` sends it by `run_once`): a second one would lease
+other jobs, and leave the first one's leased to nobody until their lease lapsed, the reaper then
+counting a run that never happened. Instead each claim carries an id, which claim.lua writes on
+every row it leases; a claim whose reply is lost (a timeout, a broken connection) is remembered
+here, and release.lua hands its jobs back by that id (worker and claim id) before the queue's
+next claim, when the worker sees Valkey again, or as it stops. One `LostClaims` per `Leases`
+(leases.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from ..conf import get_config
 from ..exceptions import VALKEY_DOWN
 from ..keys import ShardKeys
 from ..records import Lease
-from .scripts import caller
+from .scripts import calls
+from .scripts.answers import Claimed
 
 _count = itertools.count(1)
 _tag = [secrets.token_hex(3)]
@@ -35,20 +37,16 @@ class LostClaims:
     def __init__(self) -> None:
         self.lost: list[tuple[int, str, str]] = []
 
-    def send(self, client: Any, shard: ShardKeys, worker: str, head: list[Any],
-             acks: Iterable[tuple[Lease, str]]) -> Any:
-        """One claim on `shard` (claim.lua's arguments: `head`, its id, then the successes it
-        records), once the jobs of the queue's lost claims are back: its reply, or the error
-        that lost it (then it is remembered)."""
+    def send(self, client: Any, shard: ShardKeys, worker: str, count: int, head: list[Any],
+             successes: Iterable[tuple[Lease, str]]) -> Claimed:
+        """One claim on `shard` (`calls.claim`: up to `count` jobs, `head` its arguments up to
+        its id, then the successes it records), once the jobs of the queue's lost claims are
+        back: its answer, or the error that lost it (then it is remembered)."""
         if self.lost:
             self.recover(client, shard.queue)
         claim_id = f"{_tag[0]}{next(_count)}"
-        args = [*head, claim_id, 0]
-        for held, result in acks:
-            args += [held.job_id, held.token, result]
-        args[len(head) + 1] = (len(args) - len(head) - 2) // 3
         try:
-            return caller.run_once(client, "claim", shard, args)
+            return calls.claim(client, shard, count, head, claim_id, successes)
         except VALKEY_DOWN:
             self.lost.append((shard.index, worker, claim_id))
             raise
@@ -59,6 +57,6 @@ class LostClaims:
         their lease lapses; then the reaper counts the lapse as a run."""
         while self.lost:
             index, worker, claim_id = self.lost[0]
-            caller.run(client, "release", ShardKeys(queue, index),
-                       [round(get_config().retention * 1000), 0, worker, claim_id])
+            calls.release_lost(client, ShardKeys(queue, index),
+                               round(get_config().retention * 1000), worker, claim_id)
             self.lost.pop(0)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..keys import ShardKeys, validate_lane
 from ..spec import EVERY_LANE, QueueOptions, lane_cap
-from .scripts import caller
+from .scripts import operator_calls
 
 
 def set_cap(client: Any, queue: str, shards: int, lane: str, cap: int | None) -> None:
@@ -28,7 +28,7 @@ def set_cap(client: Any, queue: str, shards: int, lane: str, cap: int | None) ->
         validate_lane(lane)
     value = 0 if cap is None else lane_cap(cap, f"the cap of lane {lane!r}")
     for index in range(shards):
-        caller.run(client, "set_lane_concurrency", ShardKeys(queue, index), [lane, value])
+        operator_calls.set_lane_concurrency(client, ShardKeys(queue, index), lane, value)
 
 
 def live_caps(client: Any, queue: str) -> dict[str, int]:

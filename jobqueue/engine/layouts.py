@@ -43,10 +43,9 @@ from .. import ids
 from ..conf import get_client, get_config
 from ..exceptions import InvalidOption, JobQueueError
 from ..keys import REGISTRY_KEY, ShardKeys, placement_hash
-from ..records import COUNTS_REPLY
 from ..spec import Prepared
 from . import lanes
-from .scripts import caller
+from .scripts import operator_calls
 
 LAYOUT_KEY = "{emq}:shards"
 HISTORY_KEY = "{emq}:resizes"
@@ -58,30 +57,6 @@ SETTLE_TURN = "{emq}:settling:"
 TTL = 1.0
 MAX_SHARDS = 1024
 LIVE_STATES = ("pending", "scheduled", "active", "waiting")
-
-# Write the layout only if nobody changed it since it was read (compare and set), and raise the
-# registry's widest count to cover it. The call's id (ARGV[5]) is kept a minute in KEYS[3], so
-# that the call sent again after its reply was lost answers 1, as it did.
-_CAS = """
-local cur = redis.call('HGET', KEYS[1], ARGV[1]) or ''
-if cur ~= ARGV[2] then
-  return (cur == ARGV[3] and redis.call('GET', KEYS[3]) == ARGV[5]) and 1 or 0
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-redis.call('SET', KEYS[3], ARGV[5], 'PX', 60000)
-local widest = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if tonumber(ARGV[4]) > widest then redis.call('HSET', KEYS[2], ARGV[1], ARGV[4]) end
-return 1
-"""
-
-# Raise the registry's widest count of a queue to ARGV[2] (never lower it: a resize may have
-# raised it further meanwhile).
-_RAISE = """
-if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') < tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-end
-"""
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -143,7 +118,7 @@ def _widen(client: Any, name: str, configured: int) -> None:
     before this process sends a job there or claims one; then record the count in the registry,
     so that this runs once, not at each read."""
     lanes.copy_caps(client, name, configured)
-    client.register_script(_RAISE)(keys=[REGISTRY_KEY], args=[name, configured])
+    operator_calls.raise_widest(client, REGISTRY_KEY, name, configured)
 
 
 def read_again(client: Any, name: str, configured: int, turns: int) -> Layout:
@@ -225,11 +200,11 @@ def plan(current: Layout, count: int) -> Layout:
 
 def write(client: Any, name: str, before: Layout, after: Layout) -> bool:
     """Store `after` if the stored layout is still `before`; False if another change came first."""
-    cas = client.register_script(_CAS)
-    done = cas(keys=[LAYOUT_KEY, REGISTRY_KEY, f"{{emq}}:resize-op:{name}"],
-               args=[name, before.raw, after.encode(), after.widest, secrets.token_hex(8)])
+    done = operator_calls.layout_cas(client, [LAYOUT_KEY, REGISTRY_KEY, f"{{emq}}:resize-op:{name}"],
+                                     name, before.raw, after.encode(), after.widest,
+                                     secrets.token_hex(8))
     forget(name)
-    return bool(int(done))
+    return done
 
 
 def record(client: Any, name: str, before: int, after: int, by: str) -> None:
@@ -378,8 +353,8 @@ def settle(client: Any, name: str, configured: int) -> Layout | None:
 def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
     if shard.index >= now.live:  # (and no flow's "member done" left to relay from it: workers
         # relay the shards they claim from, so a retired shard's entries would wait forever)
-        counts = dict(zip(COUNTS_REPLY, caller.run(client, "counts", shard, []), strict=True))
-        return (not any(int(counts[state]) for state in LIVE_STATES)
+        counts = operator_calls.counts(client, shard)
+        return (not any(counts[state] for state in LIVE_STATES)
                 and not client.xlen(shard.key("forward")))
     if not now.prior:
         return True

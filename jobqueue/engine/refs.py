@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from redis.exceptions import NoScriptError
 
 from .. import ids
 from ..conf import CLIENT_OPTIONS, get_client, get_config, normalise_url, seed_nodes
@@ -31,7 +30,7 @@ from ..keys import ShardKeys, validate_queue
 from ..records import json_field
 from ..states import State
 from . import layouts
-from .scripts import caller, source
+from .scripts import operator_calls
 
 FINISHED = (State.SUCCEEDED, State.DEAD, State.CANCELLED, State.EXPIRED)
 """The states a mirror row answers `result()` with (every terminal one)."""
@@ -98,11 +97,11 @@ def wait(queue: str, job_id: str, timeout: float | None = None) -> Any:
     if shard is None:
         return _from_mirror(queue, job_id)
     while True:
-        reply = caller.run(client, "watch", shard, [job_id])
-        if reply[0] == "missing":
+        seen = operator_calls.watch(client, shard, job_id)
+        if seen.state is None:
             return _from_mirror(queue, job_id)
-        if len(reply) == 3:
-            return _answer(job_id, *reply)
+        if seen.finished:
+            return _answer(job_id, seen.state, seen.result, seen.error)
         client.blpop([shard.key(f"notify:{job_id}")], _slice(deadline, job_id, timeout))
 
 
@@ -131,18 +130,12 @@ async def await_result(queue: str, job_id: str, timeout: float | None = None) ->
     shard = await asyncio.to_thread(_shard, get_client(), queue, job_id)
     if shard is None:
         return await sync_to_async(_from_mirror)(queue, job_id)
-    script = source("watch")
-    keys = script.keys_for(shard)
     while True:
-        try:
-            reply = await client.evalsha(script.sha, len(keys), *keys, job_id)
-        except NoScriptError:  # (a restarted server: load the text, then call it again)
-            await client.script_load(script.text)
-            reply = await client.evalsha(script.sha, len(keys), *keys, job_id)
-        if reply[0] == "missing":
+        seen = await operator_calls.watch_async(client, shard, job_id)
+        if seen.state is None:
             return await sync_to_async(_from_mirror)(queue, job_id)
-        if len(reply) == 3:
-            return _answer(job_id, *reply)
+        if seen.finished:
+            return _answer(job_id, seen.state, seen.result, seen.error)
         await client.blpop([shard.key(f"notify:{job_id}")], _slice(deadline, job_id, timeout))
 
 

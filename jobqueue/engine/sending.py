@@ -13,7 +13,7 @@ now (`held`): the enqueue script, which looks only at its own shard, would write
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .. import ids
@@ -22,18 +22,14 @@ from ..keys import ShardKeys
 from ..spec import Prepared, QueueOptions
 from . import layouts
 from .refs import JobRef
-from .scripts import caller
-
-CHUNK = 500
-"""Jobs per enqueue script call."""
-WAIT_MS = 1000
-"""How long an enqueue of a `wait_replicas` queue waits for its replicas."""
+from .scripts import calls
+from .scripts.answers import SEND_AGAIN, Placed
 
 
 def send_one(client: Any, name: str, options: QueueOptions, configured: int, template: Prepared,
              job_id: str, payload: str, tail: Sequence[Any]) -> JobRef:
     """One job, encoded: its id, its payload as JSON, and `tail`, the rest of `template`'s
-    script arguments (`Prepared.argv` after id and payload). A resize in progress,
+    script arguments (`calls.enqueue_tail`). A resize in progress,
     `wait_replicas`, a shard that turns the job away or a minted id already taken send it
     `send`'s way."""
     now = layouts.read(client, name, configured)
@@ -41,14 +37,13 @@ def send_one(client: Any, name: str, options: QueueOptions, configured: int, tem
         return send(client, name, options, configured,
                     [template._replace(job_id=job_id, payload=payload)])[0]
     index = layouts.place(job_id, template.lane, template.unique_key, now.live)
-    listed, found, status = caller.run(client, "enqueue", ShardKeys(name, index),
-                                       ["", 1, job_id, payload, *tail])
+    listed, found, status = calls.enqueue_one(client, ShardKeys(name, index), job_id, payload, tail)
     if not listed:
         layouts.list_queue(client, name, index, now.live)
-    if status in ("moved", "collision"):
+    if status in SEND_AGAIN:  # (moved, or collision: 'absent' answers mode 'prior' only)
         return send(client, name, options, configured,
                     [template._replace(job_id=job_id, payload=payload)], refused=True)[0]
-    return JobRef(found, name, created=status == "new")
+    return JobRef(found, name, created=status == Placed.NEW)
 
 
 def send(client: Any, name: str, options: QueueOptions, configured: int, jobs: list[Prepared],
@@ -90,7 +85,7 @@ def send(client: Any, name: str, options: QueueOptions, configured: int, jobs: l
     if replicated < wanted:
         raise NotReplicated(
             f"queue {name!r}: {len(out)} job(s) written on the primary, but only "
-            f"{replicated} of {wanted} replica(s) confirmed them within {WAIT_MS} ms", out)
+            f"{replicated} of {wanted} replica(s) confirmed them within {calls.WAIT_MS} ms", out)
     return out
 
 
@@ -118,34 +113,21 @@ def held(client: Any, name: str, widest: int, job_ids: Sequence[str]) -> dict[st
 
 def _send(client: Any, shard: ShardKeys, options: QueueOptions, mode: str, jobs: list[Prepared],
           positions: list[int], refs: list[JobRef | None], live: int) -> tuple[list[int], int]:
-    """Send a shard's jobs in chunks, filling `refs`. Returns the positions to send again (an
-    id collision, a draining shard, a lane or key absent from its prior shard) and, for a
-    `wait_replicas` queue, how many replicas confirmed the writes."""
-    chunks = [positions[s : s + CHUNK] for s in range(0, len(positions), CHUNK)]
-
-    def calls() -> Iterator[list[Any]]:  # built one by one: see caller.run_many
-        for chunk in chunks:
-            args: list[Any] = [mode, len(chunk)]
-            for i in chunk:
-                args.extend(jobs[i].argv(options))
-            yield args
-
-    acked = options.wait_replicas
-    if acked:
-        replies, acked = caller.run_replicated(client, "enqueue", shard, list(calls()), acked,
-                                               WAIT_MS)
-    else:
-        replies = caller.run_many(client, "enqueue", shard, calls())
-    if not all(reply[0] for reply in replies):
+    """Send a shard's jobs (`calls.enqueue`: in chunks), filling `refs`. Returns the positions
+    to send again (an id collision, a draining shard, a lane or key absent from its prior
+    shard) and, for a `wait_replicas` queue, how many replicas confirmed the writes."""
+    reply, acked = calls.enqueue(client, shard, mode, [jobs[i] for i in positions],
+                                 options=options, replicas=options.wait_replicas)
+    if not reply.listed:
         layouts.list_queue(client, shard.queue, shard.index, live)
     retry: list[int] = []
-    for chunk, reply in zip(chunks, replies, strict=True):
-        for n, i in enumerate(chunk):
-            job_id, status = reply[1 + 2 * n], reply[2 + 2 * n]
-            if status == "collision":  # another process minted the same id: mint anew
-                jobs[i] = jobs[i]._replace(job_id=ids.new_id())
-            if status in ("collision", "moved", "absent"):
-                retry.append(i)
-            else:
-                refs[i] = JobRef(job_id, shard.queue, created=status == "new")
+    flat = reply.flat
+    for n, i in enumerate(positions):
+        job_id, status = flat[2 * n], flat[2 * n + 1]
+        if status == Placed.COLLISION:  # another process minted the same id: mint anew
+            jobs[i] = jobs[i]._replace(job_id=ids.new_id())
+        if status in SEND_AGAIN:
+            retry.append(i)
+        else:
+            refs[i] = JobRef(job_id, shard.queue, created=status == Placed.NEW)
     return retry, acked

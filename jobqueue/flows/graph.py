@@ -44,7 +44,7 @@ from .. import signals
 from ..conf import get_config
 from ..engine import layouts
 from ..engine.refs import JobRef
-from ..engine.scripts import caller
+from ..engine.scripts import calls
 from ..engine.store import Queue
 from ..exceptions import InvalidFlow
 from ..spec import JobSpec, Prepared, prepare
@@ -202,38 +202,26 @@ class Writing:
         turned them away (it is draining: placed again at the next turn)."""
         batch = [(node, job) for node, job in self.todo if where[job.job_id] == index]
         links = self.links_due(index, where)
-        args: list[Any] = [self.flow, round(get_config().retention * 1000),
-                           "again" if self.again else "new", len(batch)]
-        for node, job in batch:
-            args += [*job.argv(self.queue.options)[:8], node.takes, node.slots, node.position
-                     or self.positions[job.job_id], len(node.members)]
-            for member, slot, pol in node.members:
-                away = where.get(member)
-                args += [member, slot, pol, "" if away in (None, index) else away]
-            args.append(job.expires_ms)
-        args.append(len(self.outcomes))
-        for job_id, (state, value) in self.outcomes.items():
-            args += [job_id, state, value]
-        args.append(len(links))
-        for link in links:
-            args += link
-        reply = caller.run(self.queue.client, "flow", self.queue.shard(index), args)
-        if reply[1] == "moved":
+        jobs = [calls.FlowJob(job, node.takes, node.slots, node.position
+                              or self.positions[job.job_id],
+                              [(member, slot, pol, "" if (away := where.get(member)) in (None, index)
+                                else away) for member, slot, pol in node.members])
+                for node, job in batch]
+        reply = calls.flow(self.queue.client, self.queue.shard(index), self.flow,
+                           round(get_config().retention * 1000), "again" if self.again else "new",
+                           jobs, self.outcomes, links, options=self.queue.options)
+        if reply.moved:
             return False
-        if reply[1] == "exists":
-            raise InvalidFlow(f"job id {reply[2]} is taken already")
-        if reply[1] == "missing":
-            raise InvalidFlow(f"no live job {reply[2]} in queue {self.queue.name!r} to depend on")
-        if not reply[0]:
+        if not reply.listed:
             layouts.list_queue(self.queue.client, self.queue.name, index,
                                self.queue.layout().live)
-        self.written += int(reply[2])
+        self.written += reply.written
         self.placed.update((str(job.job_id), index) for _, job in batch)
         self.todo = [item for item in self.todo if where[item[1].job_id] != index]
         self.linked.update((link[0], link[1]) for link in links)
         self.linked.update((member, str(job.job_id)) for node, job in batch  # (written here)
                            for member, _, _ in node.members if where.get(member) in (None, index))
-        if int(reply[3]):  # (a link to a member that had finished: its outcome, delivered now)
+        if reply.forwarded:  # (a link to a member that had finished: its outcome, delivered now)
             relay.relay_shard(self.queue, index)
         return True
 

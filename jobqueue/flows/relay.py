@@ -29,13 +29,14 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from redis.exceptions import RedisError
 
 from ..conf import get_config
 from ..engine import layouts
-from ..engine.scripts import caller
+from ..engine.scripts import calls
+from ..engine.scripts.answers import Applied, Delivered
 from ..engine.store import Queue
 from ..records import Lease
 
@@ -79,18 +80,18 @@ def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], s
             gone.append(entry_id)
     retention = round(get_config().retention * 1000)
     for target, batch in by_shard.items():
-        args: list[Any] = [retention, len(batch)]
-        for _, fields in batch:  # (an entry written before tokens has none: applied as is)
-            args += [*(fields[name] for name in FIELDS), fields.get("token", "")]
-        reply, kept = _deliver(queue, index, target, args)
-        if int(reply[0]):
+        # (an entry written before tokens has none: applied as is)
+        entries = [(*(fields[name] for name in FIELDS), fields.get("token", ""))
+                   for _, fields in batch]
+        reply, kept = _deliver(queue, index, target, retention, entries)
+        if reply.forwarded:
             onward.add(target)
-        if 2 in map(int, reply[1:]):  # (a job that waits again: claimed from there, retired or not)
+        if Applied.WAITS_AGAIN in reply.applied:  # (claimed from there, retired or not)
             layouts.reopen(queue.client, queue.name, queue.configured, target)
-        for (entry_id, fields), applied in zip(batch, reply[1:], strict=True):
-            if (int(applied) and kept) or _stale(entry_id, retention):
+        for (entry_id, fields), applied in zip(batch, reply.applied, strict=True):
+            if (applied and kept) or _stale(entry_id, retention):
                 gone.append(entry_id)
-                if not int(applied):
+                if not applied:
                     log.warning("queue=%s: job %s never reached shard %d; dropped its member "
                                 "%s's outcome", queue.name, fields["dep"], target, fields["member"])
     if gone:
@@ -98,17 +99,16 @@ def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], s
     return len(gone), onward, entries[-1][0] if len(entries) == BATCH else None
 
 
-def _deliver(queue: Queue, source: int, target: int, args: list[Any]) -> tuple[Any, bool]:
+def _deliver(queue: Queue, source: int, target: int, retention: int,
+             entries: list[tuple[str, ...]]) -> tuple[Delivered, bool]:
     """The deliver call on shard `target`: (its reply, whether its writes are safe to delete
     the entries for). On a cluster whose node of `target` is not `source`'s, that node's AOF
     must hold the delivery first (WAITAOF): were it to restart from an everysec AOF without
     it while `source`'s node kept the delete, the dependent would wait forever. (One server
     writes its AOF in order: a lost delivery loses the later delete too.) Not confirmed in
     time: the entries stay, delivered again (idempotent) at the next relay."""
-    if caller.same_server(queue.client, queue.shard(source), queue.shard(target)):
-        return caller.run(queue.client, "deliver", queue.shard(target), args), True
-    reply, kept = caller.run_on_disk(queue.client, "deliver", queue.shard(target), args,
-                                     AOF_WAIT_MS)
+    reply, kept = calls.deliver(queue.client, queue.shard(target), retention, entries,
+                                source=queue.shard(source), aof_wait_ms=AOF_WAIT_MS)
     if not kept:
         log.warning("queue=%s shard %d: its node's AOF did not confirm a delivery within %d "
                     "ms; the entries stay for the next relay", queue.name, target, AOF_WAIT_MS)

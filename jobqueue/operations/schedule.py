@@ -10,8 +10,8 @@ nightly job at noon does not run it at once.
 
 Ticks are read on Valkey's clock (`server_now`), never a worker's: a worker whose clock runs a
 day fast would fire tomorrow's tick now and record it, and every worker would then skip a day
-of ticks. Valkey bounds what any one worker can move (`_RECORD`): a recorded tick is never in
-its future beyond SLACK_MS, and a recorded tick that is (written before this bound) is taken
+of ticks. Valkey bounds what any one worker can move (`operator_calls.record_tick`): a recorded
+tick is never in its future beyond SLACK_MS, and a recorded tick that is (written before this bound) is taken
 for none, so the right tick fires and replaces it.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 
 from ..api.registry import enqueue
 from ..cron import Entry
+from ..engine.scripts import operator_calls
 
 log = logging.getLogger("jobqueue.schedule")
 STATE_KEY = "emq:schedules"
@@ -32,24 +33,6 @@ STATE_KEY = "emq:schedules"
 SLACK_MS = 1000
 """How far in Valkey's future a tick may be fired and recorded (a caller's clock reading a little
 ahead); a tick further ahead is refused, and one found recorded there is taken for none."""
-
-# Valkey's clock, in ms, read on the node that holds the schedules' state.
-_NOW = "local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000)"
-
-# Record ARGV[2] as the last tick of entry ARGV[1] (its state ARGV[3]) unless it is in Valkey's
-# future beyond ARGV[4] ms, or not later than the last tick recorded (one in that future counts
-# as none). Returns 1 when recorded.
-_RECORD = """
-local t = redis.call('TIME')
-local now, tick = t[1] * 1000 + math.floor(t[2] / 1000), tonumber(ARGV[2])
-if tick > now + tonumber(ARGV[4]) then return 0 end
-local ok, seen = pcall(cjson.decode, redis.call('HGET', KEYS[1], ARGV[1]) or '')
-local last = ok and type(seen) == 'table' and tonumber(seen.last)
-if last and last >= tick and last <= now + tonumber(ARGV[4]) then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-return 1
-"""
-
 
 def state(client: Any) -> dict[str, Any]:
     """Per entry: {"last": tick ms, "job": last job id, "paused": bool}."""
@@ -78,7 +61,7 @@ def enqueue_entry(entry: Entry, unique_key: str | None = None) -> str:
 
 def server_now(client: Any) -> datetime:
     """Valkey's time (that of the node holding the schedules' state)."""
-    ms = int(client.register_script(_NOW)(keys=[STATE_KEY]))
+    ms = operator_calls.server_now_ms(client, STATE_KEY)
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
@@ -116,11 +99,12 @@ def fire_due(entries: Mapping[str, Entry], client: Any, now: datetime | None = N
 
 
 def _record(client: Any, name: str, tick_ms: int, job_id: str) -> None:
-    """Set the entry's last tick, in one step on Valkey (`_RECORD`): never back, and never into
-    Valkey's future. A tick two workers both fire is enqueued under the same unique key, which
-    returns the same job while its row lives (`RETENTION`, a day by default): it runs once."""
-    client.register_script(_RECORD)(keys=[STATE_KEY], args=[
-        name, tick_ms, json.dumps({"last": tick_ms, "job": job_id}), SLACK_MS])
+    """Set the entry's last tick, in one step on Valkey (`operator_calls.record_tick`): never
+    back, and never into Valkey's future. A tick two workers both fire is enqueued under the
+    same unique key, which returns the same job while its row lives (`RETENTION`, a day by
+    default): it runs once."""
+    operator_calls.record_tick(client, STATE_KEY, name, tick_ms,
+                               json.dumps({"last": tick_ms, "job": job_id}), SLACK_MS)
 
 
 def run_now(entry: Entry, client: Any) -> str:

@@ -23,7 +23,8 @@ from queue import Empty, SimpleQueue
 from redis.exceptions import RedisError
 
 from .. import signals
-from ..engine.store import ACKED, FORWARDED, Queue, nack_forwarding
+from ..engine.scripts.answers import Acked
+from ..engine.store import Queue
 from ..exceptions import VALKEY_DOWN
 from ..flows import relay
 from ..records import Lease
@@ -148,8 +149,8 @@ class Outcomes:
             raise first
 
     def _nack(self, lease: Lease, out: Outcome) -> None:
-        state, forwarded = nack_forwarding(self._served.queue(lease.queue), lease, out.error,
-                                           out.retry_in, fatal=out.fatal)
+        state, forwarded = self._served.queue(lease.queue).leases.nack(
+            lease, out.error, out.retry_in, fatal=out.fatal)
         _log(lease, out, state or "stale")
         if forwarded:  # (a member's failure went to dependents on other shards)
             relay.after(self._served, [lease])
@@ -196,15 +197,15 @@ class Outcomes:
     def ack(self, queue: Queue, items: list[Finished]) -> None:
         self.acked(items, queue.ack_encoded([(lease, out.result) for lease, out in items]))
 
-    def acked(self, items: list[Finished], answers: list[int]) -> None:
-        """Log recorded successes (or runs an operator cancelled: `ACKED`) and forget their
+    def acked(self, items: list[Finished], answers: list[Acked]) -> None:
+        """Log recorded successes (or runs an operator cancelled: `Acked.state`) and forget their
         jobs; relay the outcomes their acks forwarded to dependents on other shards (relay.py)."""
         for (lease, out), answer in zip(items, answers, strict=True):
-            _log(lease, out, ACKED.get(answer, "stale"))
-        if any(answer in FORWARDED for answer in answers):
+            _log(lease, out, answer.state)
+        if any(answer.forwarded for answer in answers):
             pairs = zip(items, answers, strict=True)
             relay.after(self._served, [lease for (lease, _), answer in pairs
-                                       if answer in FORWARDED])
+                                       if answer.forwarded])
         # (most were forgotten already: their slots went to the claim)
         self._held.forget(lease for lease, _ in items)
         if items:

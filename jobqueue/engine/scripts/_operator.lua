@@ -1,6 +1,6 @@
---[[ _operator: what the operator scripts (retry.lua, cancel.lua) share: a call's answer kept a
-minute in base:op:<call id> (STRING), so that the call sent again after its reply was lost
-finds it and answers as it did, where a replay would find the job moved on.
+--[[ _operator: what the operator scripts (retry.lua, cancel.lua, reprioritize.lua) share: a
+call's answer kept a minute in base:op:<call id> (STRING), so that the call sent again after its
+reply was lost finds it and answers as it did, where a replay would find the job moved on.
 ]]
 
 -- Where a call's answer is kept (see above), or nil for a call without an id ('' or none).

@@ -11,7 +11,8 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         however many came back)
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] meta    HASH    counters n_<state>
-ARGV[1] retention ms of a finished row, ARGV[2] n, then 3 per job: id, token, result (JSON)
+ARGV[1] retention  ms a finished row is kept
+ARGV[2..] jobs     n, then 3 per job: id, token, result (JSON)
 Returns: per job 1 (recorded succeeded), 3 (recorded cancelled: an operator flagged it), each
         plus 1 when outcomes were forwarded to dependents on other shards in base:forward
         (relay.py), or 0 (stale)

@@ -15,9 +15,11 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           events
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] meta      HASH    counters
-ARGV[1] id, ARGV[2] retention ms, ARGV[3] the call's own id ('' = none): its answer is kept a
-minute in base:op:<call id>, so that the call sent again after its reply was lost answers as
-it did (a replay would find the job cancelled)
+ARGV[1] job_id     the job
+ARGV[2] retention  ms a finished row is kept
+ARGV[3] call_id    the call's own id ('' = none): its answer is kept a minute in
+        base:op:<call id>, so that the call sent again after its reply was lost answers as it
+        did (a replay would find the job cancelled)
 Returns: 'ok:cancelled' (also for a job a member's failure had cancelled: final now), 'ok:active'
          (flagged), 'missing', or 'state:<state>' when finished
 ]]

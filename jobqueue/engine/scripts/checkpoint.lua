@@ -1,7 +1,10 @@
 --[[ checkpoint: store a running job's progress on its row (and optionally renew the lease).
 KEYS[1] base    prefix  emq:{q}; rows base:job:<id>
 KEYS[2] active  ZSET    id -> lease deadline ms
-ARGV[1] id, ARGV[2] token, ARGV[3] data (JSON), ARGV[4] lease ms from now (0 = keep)
+ARGV[1] job_id     the job
+ARGV[2] token      the attempt's fencing token
+ARGV[3] data       the progress (JSON)
+ARGV[4] lease_ms   lease ms from now (0 = keep)
 Returns: 1 (stored) or 0 (stale)
 ]]
 -- uses: job_key, now_ms

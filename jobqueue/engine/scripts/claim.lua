@@ -18,15 +18,20 @@ KEYS[3] meta    HASH    paused; caps = '1' while base:caps holds a cap set live
 KEYS[4] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
 KEYS[5] idle    HASH    idle workers (see enqueue.lua): a worker that claims a job is idle no more
 KEYS[6] caps    HASH    lane ('*': every named lane) -> a cap set live (wins over ARGV's)
-ARGV[1] count, ARGV[2] default lease ms, ARGV[3] '1' = ARGV[2] overrides each job's lease,
-ARGV[4] worker name, ARGV[5] dead retention ms, ARGV[6] retention ms of a finished row,
-ARGV[7] the shard's rate limit: jobs per period (its share of the queue's N; 0 = no limit),
-ARGV[8] the period ms, ARGV[9] each named lane's rate limit: jobs per period (0 = none),
-ARGV[10] its period ms, ARGV[11] c = number of lane caps, then 2 per cap: lane ('*': every
-named lane not listed), cap; then w = number of weighted lanes, then 2 per lane: name, weight
-(2…100; others weigh 1), then the claim's id ('' = none: written on each row it leases as
-`claim`, so that a claim whose reply was lost can be handed back, see release.lua), then n
-successes to record, then 3 per job: id, token, result (JSON)
+ARGV[1] count           at most this many jobs
+ARGV[2] lease_ms        default lease ms
+ARGV[3] override        '1' = ARGV[2] overrides each job's lease
+ARGV[4] worker          worker name
+ARGV[5] dead_retention  ms a dead row is kept
+ARGV[6] retention       ms a finished row is kept
+ARGV[7..] policy        the shard's rate limit: jobs per period (its share of the queue's N; 0 =
+        no limit), the period ms, each named lane's rate limit: jobs per period (0 = none), its
+        period ms, then c = number of lane caps, then 2 per cap: lane ('*': every named lane
+        not listed), cap; then w = number of weighted lanes, then 2 per lane: name, weight
+        (2…100; others weigh 1)
+ARGV[..] claim_id       the claim's id ('' = none: written on each row it leases as `claim`, so
+        that a claim whose reply was lost can be handed back, see release.lua)
+ARGV[..] successes      n successes to record, then 3 per job: id, token, result (JSON)
 Turns a weighted lane has had in the current round are kept in base:turns (HASH lane -> n); a
 rate limit's token bucket in base:bucket (HASH tokens, at ms), a lane's in base:lbucket:<lane>,
 refilled on the server clock.

@@ -12,11 +12,12 @@ KEYS[1] base    prefix  emq:{q#k}; derives rows base:job:<id>, base:deps:<id>, b
                         base:notify:<id>, base:flow:<id>; base:done STREAM terminal events (a
                         job cancelled by its member's failure, or waiting again)
 KEYS[2] meta    HASH    counters n_<state>
-ARGV[1] retention ms, ARGV[2] n, then 7 per entry: dependent id, slot, policy ('f' | 'i' | 'c'),
-        member id, member's state ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (the
-        slot's JSON: its result, or an error object), token (the member's attempts when it
-        ended; '' none: an entry written before tokens, applied as it is): an outcome older
-        than the slot's last applied one changes nothing (fenced in _flows.lua)
+ARGV[1] retention  ms a finished row is kept
+ARGV[2..] entries  n, then 7 per entry: dependent id, slot, policy ('f' | 'i' | 'c'), member id,
+        member's state ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (the slot's JSON:
+        its result, or an error object), token (the member's attempts when it ended; '' none:
+        an entry written before tokens, applied as it is): an outcome older than the slot's last
+        applied one changes nothing (fenced in _common.lua)
 Returns: {entries this call forwarded in turn (to relay from this shard), then per entry 1
         (applied, or nothing left to apply: a replay, an older outcome, a job no longer waiting),
         2 (applied, and the job a member's failure had cancelled waits again: the relay claims

@@ -13,10 +13,10 @@ KEYS[5] meta      HASH    'draining' set: the shard takes no new jobs (a resize 
 KEYS[6] active    ZSET    id -> lease deadline ms (a job handed to an idle worker is leased here)
 KEYS[7] idle      HASH    idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>',
                           each field expiring when its worker's wait does
-ARGV[1] mode: '' = place here; 'prior' = the shard the job's lane or unique key had before a
-        resize, which takes it only while that lane holds ready jobs here (its order holds) and
-        returns the live job of its unique key (one live job per key)
-ARGV[2] n = number of jobs, then 12 per job:
+ARGV[1] mode       '' = place here; 'prior' = the shard the job's lane or unique key had
+        before a resize, which takes it only while that lane holds ready jobs here (its order
+        holds) and returns the live job of its unique key (one live job per key)
+ARGV[2..] jobs     n = number of jobs, then 12 per job:
         id, payload (JSON), priority, lane ('' = default), max_attempts and backoff_ms ('' = the
         queue's, read from settings when the job fails), lease_ms (0 = worker default), delay_ms
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the

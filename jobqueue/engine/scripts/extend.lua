@@ -1,7 +1,7 @@
 --[[ extend: renew leases (the worker's heartbeat); token-fenced.
 KEYS[1] base    prefix  emq:{q}; rows base:job:<id>
 KEYS[2] active  ZSET    id -> lease deadline ms
-ARGV[1] n, then 3 per job: id, token, lease ms from now
+ARGV[1..] jobs     n, then 3 per job: id, token, lease ms from now
 Returns: per job 1 (renewed), 2 (renewed, and an operator asked to cancel it), 3 (not renewed:
         this very attempt has finished, its ack got there first) or 0 (stale: the lease is lost)
 ]]

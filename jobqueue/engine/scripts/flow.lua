@@ -23,20 +23,23 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           waiting for their dependencies
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] meta      HASH    'draining' (the shard takes no new jobs), 'listed'
-ARGV[1] flow id ('' = none: no base:flow:<id> index), ARGV[2] retention ms, ARGV[3] mode: 'new'
-        (a job id already taken refuses the call) or 'again' (a durable queue's rows sent again
-        by a push, a relay or a restore: a job Valkey holds already is left as it is), ARGV[4]
-        n, then per job: id, payload (JSON), priority, lane, max_attempts and backoff_ms ('' =
-        the queue's), lease_ms, delay_ms, takes ('' | 'first' | 'list': what its members'
-        outcomes become, see release_job), slots (how many), position (in the flow's index), d
-        = number of members, then 4 per member: id, slot, policy ('f' fail | 'i' ignore | 'c'
-        continue), its shard ('' this one, else the index of the other shard it is on), then
-        its expires_ms (0 = never; else the row's expires_at = now + it, which the claim
-        checks); then k = number of outcomes, then 3 per outcome: member id, state
-        ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (its result as JSON when it
-        succeeded, else its last error): used only for a member Valkey does not hold; then l =
-        number of links, then 5 per link: member id (of this shard), dependent id, slot,
-        policy, the dependent's shard ('' this one)
+ARGV[1] flow_id    the flow's id ('' = none: no base:flow:<id> index)
+ARGV[2] retention  ms a finished row is kept
+ARGV[3] mode       'new' (a job id already taken refuses the call) or 'again' (a durable
+        queue's rows sent again by a push, a relay or a restore: a job Valkey holds already is
+        left as it is)
+ARGV[4..] jobs     n, then per job: id, payload (JSON), priority, lane, max_attempts and
+        backoff_ms ('' = the queue's), lease_ms, delay_ms, takes ('' | 'first' | 'list': what
+        its members' outcomes become, see release_job), slots (how many), position (in the
+        flow's index), d = number of members, then 4 per member: id, slot, policy ('f' fail |
+        'i' ignore | 'c' continue), its shard ('' this one, else the index of the other shard
+        it is on), then its expires_ms (0 = never; else the row's expires_at = now + it, which
+        the claim checks)
+ARGV[..] outcomes  k = number of outcomes, then 3 per outcome: member id, state ('succeeded' |
+        'dead' | 'cancelled' | 'expired'), value (its result as JSON when it succeeded, else its
+        last error): used only for a member Valkey does not hold
+ARGV[..] links     l = number of links, then 5 per link: member id (of this shard), dependent id,
+        slot, policy, the dependent's shard ('' this one)
 Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written, entries forwarded},
         or {0, 'moved'} (the shard is draining and jobs were to be written: re-read the
         layout), {0, 'exists', id} (mode 'new': a job id already taken), {0, 'missing', id} (a

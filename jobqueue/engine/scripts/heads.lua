@@ -5,8 +5,9 @@ KEYS[1] base    prefix  emq:{q}; reads rows base:job:<id>, lanes base:pending / 
 KEYS[2] ring    LIST    lanes with ready work
 KEYS[3] capped  SET     lanes with ready work held off the ring at their cap
 KEYS[4] rated   ZSET    lanes with ready work held off the ring by their rate
-ARGV[1] at most this many lanes from the ring's head, and as many from each of capped and rated
-        (a held lane's jobs wait too, often longest), ARGV[2] at most this many bands a lane
+ARGV[1] lanes      at most this many lanes from the ring's head, and as many from each of
+        capped and rated (a held lane's jobs wait too, often longest)
+ARGV[2] bands      at most this many bands a lane
 Returns: 3 entries per band head: lane, id, ms it became ready (run_after, else enqueued_at;
         0 when the row has neither: the id's mint time says it)
 ]]

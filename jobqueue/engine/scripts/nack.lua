@@ -10,9 +10,15 @@ KEYS[2] active    ZSET    id -> lease deadline ms
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] dead      ZSET    id -> finished ms
 KEYS[5] meta      HASH    counters
-ARGV[1] id, ARGV[2] token, ARGV[3] error text, ARGV[4] retry_in ms (-1 = the job's backoff),
-ARGV[5] '1' = fatal (no retry), ARGV[6] retention ms, ARGV[7] dead retention ms,
-ARGV[8] the queue's max_attempts, ARGV[9] its backoff ms (for a row that holds neither)
+ARGV[1] job_id          the job
+ARGV[2] token           the attempt's fencing token
+ARGV[3] error           error text
+ARGV[4] retry_ms        retry in this many ms (-1 = the job's backoff)
+ARGV[5] fatal           '1' = fatal (no retry)
+ARGV[6] retention       ms a finished row is kept
+ARGV[7] dead_retention  ms a dead row is kept
+ARGV[8] max_attempts    the queue's max_attempts (for a row that holds none)
+ARGV[9] backoff_ms      the queue's backoff ms (for a row that holds none)
 Returns: the new state ('pending', 'scheduled', 'dead', 'cancelled'), or '' when stale; 'dead'
         and 'cancelled' end in ':forwarded' when the outcome went to dependents on other shards
         in base:forward (the worker relays it at once: relay.py). A nack this attempt's own nack

@@ -1,7 +1,7 @@
 --[[ progress: store running jobs' progress (a JSON value) on their rows; token-fenced, so only
 the holder of the current attempt writes it. The value stays on the row after the job ends.
 KEYS[1] base    prefix  emq:{q}; rows base:job:<id>
-ARGV[1] n, then 3 per job: id, token, value (JSON)
+ARGV[1..] jobs     n, then 3 per job: id, token, value (JSON)
 Returns: per job 1 (stored) or 0 (stale: the attempt is over or another holds the job)
 ]]
 -- uses: job_key

@@ -7,7 +7,7 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] ring      LIST    lanes with ready work
 KEYS[4] wake      LIST    wake tokens
-ARGV[1] limit
+ARGV[1] limit      at most this many jobs
 Returns: {promoted, ms until the next due job or lane token (-1 = none)}
 ]]
 -- uses: now_ms, job_key, make_ready, STATES, lane_push, lane_back, wake_workers

@@ -14,8 +14,10 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] dead    ZSET    id -> finished ms
 KEYS[4] meta    HASH    counters
-ARGV[1] limit, ARGV[2] retention ms, ARGV[3] dead retention ms, ARGV[4] the queue's
-max_attempts (for a row that holds none)
+ARGV[1] limit           at most this many expired leases
+ARGV[2] retention       ms a finished row is kept
+ARGV[3] dead_retention  ms a dead row is kept
+ARGV[4] max_attempts    the queue's max_attempts (for a row that holds none)
 Returns: how many expired leases were handled
 ]]
 -- uses: now_ms, job_key, free_slot, count_field, bury, finish, make_ready, record_attempt, STATES

@@ -9,9 +9,10 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:done STREAM terminal events
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] meta    HASH    counters
-ARGV[1] retention ms, ARGV[2] n, then 2 per job: id, token; or n = 0, then a worker's name and
-a claim's id: every job that claim leased to that worker (claim.lua marks them), which never
-reached it (the claim's reply was lost): the budget counts runs, and nobody ran them
+ARGV[1] retention  ms a finished row is kept
+ARGV[2..] jobs     n, then 2 per job: id, token; or n = 0, then a worker's name and a claim's
+        id: every job that claim leased to that worker (claim.lua marks them), which never
+        reached it (the claim's reply was lost): the budget counts runs, and nobody ran them
 Returns: per job 1 (released, or cancelled when flagged; also when this release already did:
         a replay after a lost reply) or 0 (stale); for a lost claim, how many it handed back
 ]]

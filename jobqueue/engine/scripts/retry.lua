@@ -11,9 +11,10 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:deps:<id>, base:results:<id>, base:waiting; base:ring LIST lanes
                         with ready work, base:wake LIST wake tokens
 KEYS[2] dead    ZSET    id -> finished ms
-ARGV[1] id, ARGV[2] the call's own id ('' = none): its answer is kept a minute in
-base:op:<call id>, so that the call sent again after its reply was lost answers as it did (a
-replay would find the job pending)
+ARGV[1] job_id     the job
+ARGV[2] call_id    the call's own id ('' = none): its answer is kept a minute in
+        base:op:<call id>, so that the call sent again after its reply was lost answers as it
+        did (a replay would find the job pending)
 Returns: 'ok:pending', 'ok:waiting', 'missing', 'state:<current state>' when the state does not
         allow it, or 'corrupt:attempts' when the row's attempts is unreadable
 ]]

@@ -9,7 +9,8 @@ KEYS[3] meta    HASH    caps = '1' while `caps` holds any (claims read it, enque
                         over)
 KEYS[4] ring    LIST    lanes with ready work
 KEYS[5] wake    LIST    wake tokens
-ARGV[1] lane ('' = the default lane, '*' = every named lane), ARGV[2] cap (0 = drop the live cap)
+ARGV[1] lane       '' = the default lane, '*' = every named lane
+ARGV[2] cap        0 = drop the live cap
 Returns: how many held lanes came back on the ring
 ]]
 -- uses: lane_back, wake_workers

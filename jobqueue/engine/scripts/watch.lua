@@ -3,7 +3,7 @@ finished, counts itself in the row's `notify` (finish() then pushes a token per 
 base:notify:<id>, the list the caller BLPOPs): one atomic step, so a job that finishes between
 the read and the wait still wakes it.
 KEYS[1] base    prefix  emq:{q}; rows base:job:<id>
-ARGV[1] id
+ARGV[1] job_id     the job
 Returns: {'missing'} (no live row), {state, result, last_error} for a finished job, or {state}
         for a job not finished yet (the caller is counted as a waiter)
 ]]
