@@ -14,8 +14,6 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import pytest
-
 from jobqueue import Queue, chord, conf, spec
 from jobqueue.engine import handoff, layouts
 from jobqueue.engine.leases import dead_retention_ms as _dead_retention_ms
