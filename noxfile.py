@@ -19,8 +19,9 @@ import nox
 PYTHONS = ["3.12", "3.13"]
 DJANGOS = {"5.2": "Django>=5.2,<5.3", "6.1": "Django>=6.1,<6.2"}
 POSTGRES_URL = os.environ.get("JOBQUEUE_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/jobqueue")
-DATABASE_TESTS = ["tests/test_databases.py", "tests/test_durable.py", "tests/test_console.py",
-                  "tests/test_integrations.py", "tests/test_corruption.py", "tests/test_django_tasks.py"]
+DATABASE_TESTS = ["tests/history/test_databases.py", "tests/history/test_durable.py",
+                  "tests/console/test_console.py", "tests/api/test_integrations.py",
+                  "tests/engine/test_corruption.py", "tests/api/test_django_tasks.py"]
 """The files that write and read the history, and the django.tasks backend held to django-tasks'
 own checks (on Django 5.2, with the backport); plus the worker's mirror tests (-k below)."""
 RUNTIME = ["redis[hiredis]>=7.0,<9", "uvloop>=0.21,<1", "django-redis>=6.0,<8",
@@ -51,7 +52,8 @@ def databases(session: nox.Session, database: str, django: str) -> None:
     url = POSTGRES_URL if database == "postgres" else f"sqlite:///{session.create_tmp()}/jobqueue.sqlite3"
     env = {"DATABASE_URL": url}
     session.run("pytest", "-q", *DATABASE_TESTS, env=env)
-    session.run("pytest", "-q", "tests/test_worker_lifecycle.py", "-k", "mirror and not mariadb", env=env)
+    session.run("pytest", "-q", "tests/worker/test_worker_lifecycle.py", "-k", "mirror and not mariadb",
+                env=env)
 
 
 @nox.session(python=PYTHONS)

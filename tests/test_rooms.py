@@ -12,7 +12,8 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
-from .test_worker_startup import NOT_FOR_A_WORKER
+from tests.worker.test_worker_startup import NOT_FOR_A_WORKER
+
 from .workers import ROOT
 
 PACKAGE = ROOT / "jobqueue"

@@ -29,7 +29,7 @@ async def add_later(x: int, y: int) -> int:
     return x + y
 
 
-# What tests/test_django_tasks.py holds the backend to (the checks django-tasks' own backends
+# What tests/api/test_django_tasks.py holds the backend to (the checks django-tasks' own backends
 # pass, rewritten for a real backend and worker).
 
 RAN: list[str] = []

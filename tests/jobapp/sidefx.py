@@ -1,4 +1,4 @@
-"""A module that no payload may make a worker import (tests/test_hostile.py): importing it
+"""A module that no payload may make a worker import (tests/worker/test_hostile.py): importing it
 leaves a mark, then fails as a misconfigured module does."""
 
 import os

@@ -1,5 +1,5 @@
 """A django.tasks task in an app's `tasks` module that nothing else imports: a worker finds it
-the first time a job names it (tests/test_django_tasks.py)."""
+the first time a job names it (tests/api/test_django_tasks.py)."""
 
 try:
     from django.tasks import task

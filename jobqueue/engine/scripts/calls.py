@@ -1,5 +1,5 @@
 """The twins of the job transitions: for each script one function whose parameters are its
-ARGV, named and ordered as its header declares them (tests/test_scripts.py holds them to it),
+ARGV, named and ordered as its header declares them (tests/engine/test_scripts.py holds them to it),
 which sends the call (`caller`: the KEYS come from the header) and turns the reply into a value
 of `answers`. Nothing else builds a script's arguments or reads its reply.
 
@@ -36,7 +36,7 @@ from .answers import (
 )
 
 TWINS: dict[str, Callable[..., Any]] = {}
-"""Script name -> its twin (tests/test_scripts.py reads it)."""
+"""Script name -> its twin (tests/engine/test_scripts.py reads it)."""
 HEADS: dict[str, Callable[..., Any]] = {}
 """Script name -> the builder of the head its twin takes as `head` (its parameters stand there)."""
 _new = tuple.__new__
