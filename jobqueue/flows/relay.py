@@ -81,9 +81,9 @@ def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], s
     retention = round(get_config().retention * 1000)
     for target, batch in by_shard.items():
         # (an entry written before tokens has none: applied as is)
-        entries = [(*(fields[name] for name in FIELDS), fields.get("token", ""))
-                   for _, fields in batch]
-        reply, kept = _deliver(queue, index, target, retention, entries)
+        items = [(*(fields[name] for name in FIELDS), fields.get("token", ""))
+                 for _, fields in batch]
+        reply, kept = _deliver(queue, index, target, retention, items)
         if reply.forwarded:
             onward.add(target)
         if Applied.WAITS_AGAIN in reply.applied:  # (claimed from there, retired or not)

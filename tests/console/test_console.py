@@ -389,7 +389,7 @@ def test_the_queue_page_shows_lane_caps_and_sets_one_live_with_its_own_permissio
 
 
 def test_expired_jobs_are_counted_shown_and_retryable(admin_client: Client) -> None:
-    from .servers import server_ms
+    from tests.servers import server_ms
 
     queue = Queue("default")
     ref = jobs.add.using(expires=0.05).enqueue(1, 1)

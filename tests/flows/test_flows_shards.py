@@ -177,7 +177,7 @@ def test_an_outcome_a_finisher_never_relayed_is_delivered_by_a_workers_maintenan
 
 def test_entries_a_finisher_never_relayed_survive_a_valkey_restart_from_its_aof(
         settings: Any) -> None:
-    from .servers import ValkeyProcess
+    from tests.servers import ValkeyProcess
 
     server = ValkeyProcess().start()
     try:
@@ -443,7 +443,7 @@ def test_a_relay_across_cluster_nodes_waits_for_the_dependents_aof_before_deleti
     disk (WAITAOF) before the entry is deleted on the member's node."""
     import redis
 
-    from .servers import ValkeyCluster
+    from tests.servers import ValkeyCluster
 
     cluster = ValkeyCluster(appendonly=True).start()
     try:

@@ -46,7 +46,7 @@ def test_metrics_count_states_outcomes_and_durations_from_valkey(client: Client)
 
 def test_metrics_show_expired_jobs_and_the_busiest_capped_lanes_only(client: Client,
                                                                    settings: Any) -> None:
-    from .servers import server_ms
+    from tests.servers import server_ms
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"lane_concurrency": 3}}}
     conf.reset()

@@ -112,7 +112,7 @@ def test_runworker_refuses_bad_options_clearly(args: list[str], code: int, messa
     import subprocess
     import sys
 
-    from .workers import ROOT
+    from tests.workers import ROOT
 
     done = subprocess.run([sys.executable, "manage.py", "runworker", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60,
