@@ -30,6 +30,14 @@ def wait_past(client: Any, *zsets: str) -> None:
     wait_for(lambda: server_ms(client) > last, every=0.01)
 
 
+def flush_all(client: Any) -> None:
+    """Empty every key of a standalone server, or of every primary of a cluster."""
+    if isinstance(client, redis.RedisCluster):
+        client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        client.flushall()
+
+
 def ping_until_up(client: redis.Redis, timeout: float = 10.0) -> None:
     """PING through `client` until it answers (ConnectionError after `timeout` s), then close it."""
     deadline = time.monotonic() + timeout

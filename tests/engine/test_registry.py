@@ -15,14 +15,8 @@ from jobqueue import Queue, conf
 from jobqueue.engine import layouts
 from jobqueue.engine.store import known_queues
 from jobqueue.spec import JobSpec
+from tests.servers import flush_all
 from tests.workers import start_worker, wait_for
-
-
-def lose_everything(client: Any) -> None:
-    if isinstance(client, RedisCluster):
-        client.flushall(target_nodes=RedisCluster.PRIMARIES)
-    else:
-        client.flushall()
 
 
 def test_a_producer_lists_its_queue_again_after_valkey_lost_its_data(valkey: Any) -> None:
@@ -30,7 +24,7 @@ def test_a_producer_lists_its_queue_again_after_valkey_lost_its_data(valkey: Any
     one.enqueue("x")
     many.enqueue_many([JobSpec(i) for i in range(10)])
     assert {"reports", "exports"} <= set(known_queues(valkey))
-    lose_everything(valkey)
+    flush_all(valkey)
     assert not {"reports", "exports"} & set(known_queues(valkey))
     one.enqueue("y")  # the same process, the same client, the same Queue objects
     many.enqueue_many([JobSpec(i) for i in range(10)])
@@ -44,7 +38,7 @@ def test_a_handlers_enqueue_lists_its_queue_again_after_valkey_lost_its_data(set
     reports = jobs.add.using(queue="reports")
     reports.enqueue(1, 2)
     assert "reports" in known_queues()
-    lose_everything(conf.get_client())
+    flush_all(conf.get_client())
     reports.enqueue(3, 4)
     assert "reports" in known_queues()
 

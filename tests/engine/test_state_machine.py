@@ -22,11 +22,11 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from redis.cluster import RedisCluster
 
 from jobqueue import Queue
 from jobqueue.exceptions import InvalidTransition
 from jobqueue.records import Lease
+from tests.servers import flush_all
 
 LANES = ["", "a", "b"]
 TERMINAL = {"succeeded", "dead", "cancelled"}
@@ -52,10 +52,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
     class JobStateMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            if isinstance(client, RedisCluster):
-                client.flushall(target_nodes=RedisCluster.PRIMARIES)
-            else:
-                client.flushall()
+            flush_all(client)
             self.queue = Queue("default", client=client)
             self.shard = self.queue.shard(0)
             self.jobs: dict[str, Model] = {}

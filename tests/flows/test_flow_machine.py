@@ -35,7 +35,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from redis.cluster import RedisCluster
 
 from jobqueue import Queue, chain, chord, conf, flows, group
 from jobqueue.engine import layouts
@@ -43,6 +42,7 @@ from jobqueue.exceptions import InvalidFlow, InvalidOption, InvalidTransition
 from jobqueue.flows import relay
 from jobqueue.records import Lease
 from tests.jobapp import jobs
+from tests.servers import flush_all
 
 NAME = "flowq"
 SHARDS = 2
@@ -92,10 +92,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
     class FlowMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            if isinstance(client, RedisCluster):
-                client.flushall(target_nodes=RedisCluster.PRIMARIES)
-            else:
-                client.flushall()
+            flush_all(client)
             layouts.forget(NAME)
             self.queue = Queue(NAME)
             self.jobs: dict[str, Job] = {}

@@ -17,7 +17,7 @@ ARGV[2..] entries  n, then 7 per entry: dependent id, slot, policy ('f' | 'i' | 
         member's state ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (the slot's JSON:
         its result, or an error object), token (the member's attempts when it ended; '' none:
         an entry written before tokens, applied as it is): an outcome older than the slot's last
-        applied one changes nothing (fenced in _common.lua)
+        applied one changes nothing (fenced in _flows.lua)
 Returns: {entries this call forwarded in turn (to relay from this shard), then per entry 1
         (applied, or nothing left to apply: a replay, an older outcome, a job no longer waiting),
         2 (applied, and the job a member's failure had cancelled waits again: the relay claims
