@@ -107,7 +107,7 @@ def submit_flow(queue: Queue, nodes: list[graph.Node], flow: str = "",
 
 
 LOST = "they are lost (a durable queue keeps its jobs through such an error)"
-WRITTEN = "their rows are in the database: a worker's relay sends them"
+WRITTEN = "their rows are in the database: a worker's resend sends them"
 UNWRITTEN = "their rows may not have been written: the jobs are lost unless they were"
 """What becomes of jobs whose send after the commit failed (`after_commit`'s `fate`)."""
 
@@ -120,7 +120,7 @@ def after_commit(send: Callable[[], object], refs: list[JobRef], fate: str) -> N
     jobs in a test). A failure to send is logged (ERROR, logger `jobqueue.enqueue`, naming the
     jobs) and never raised: the transaction has committed, and the other callbacks it holds
     must still run. The log says the jobs' `fate`: a plain queue's are lost (LOST); a durable
-    queue's rows are in the database, and a worker's relay sends them (WRITTEN), unless the
+    queue's rows are in the database, and a worker's resend sends them (WRITTEN), unless the
     send was to write them too (UNWRITTEN)."""
     aliases = open_transactions()
     left = len(aliases)

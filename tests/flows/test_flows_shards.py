@@ -243,7 +243,7 @@ def test_a_spread_durable_chord_restores_after_valkey_lost_its_data(
 def test_a_spread_durable_chord_whose_writer_died_between_its_calls_is_sent_again(
         settings: Any, valkey_server: Any) -> None:
     """The rows are committed; of the flow script's calls only the first one (the callback's
-    shard, with the members placed there) reached Valkey: the worker's relay of unsent rows
+    shard, with the members placed there) reached Valkey: the worker's resend of unsent rows
     writes the rest, and the callback runs once with every result in order."""
     from django.db import transaction
 
