@@ -29,7 +29,7 @@ from .layouts import known_queues
 from .leases import Leases, dead_retention_ms, retention_ms
 from .refs import JobRef
 from .scripts import calls, operator_calls
-from .scripts.answers import Acked, Extended, Nacked, refused
+from .scripts.answers import Acked, Extended, refused
 
 __all__ = ["JobInfo", "JobRef", "JobSpec", "Lease", "Queue", "known_queues"]
 
@@ -168,11 +168,6 @@ class Queue:
              *, fatal: bool = False) -> str | None:
         """Record a failure: the job's new state, or None when the lease is stale."""
         return self.leases.nack(lease, error, retry_in, fatal=fatal).state
-
-    def nack_forwarding(self, lease: Lease, error: str = "", retry_in: float | None = None,
-                        *, fatal: bool = False) -> Nacked:
-        """`nack`, and whether the failure forwarded its outcome to other shards."""
-        return self.leases.nack(lease, error, retry_in, fatal=fatal)
 
     def extend(self, lease: Lease, seconds: float) -> bool:
         """Renew a lease for `seconds` from now (server clock); False when stale."""
