@@ -76,11 +76,14 @@ class Runners:
     """N threads running jobs from an inbox (each through a pool process of its own with
     `--processes`: pool.py), and an event loop for `async def` handlers, until stopped."""
 
-    def __init__(self, count: int, done: Done, *, processes: bool = False) -> None:
+    def __init__(self, count: int, done: Done, *, processes: bool = False,
+                 max_memory: int | None = None) -> None:
+        """`max_memory`: resident MB past which a pool process is replaced after its job."""
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
         self._done = done
         self._count = count
         self._processes = processes
+        self._max_memory = max_memory
         self._pool: list[PoolProcess] = []
         """The runners' processes (`--processes`), ended by `abandon`."""
         self._loop: EventLoop | None = None
@@ -164,7 +167,7 @@ class Runners:
         # next job's first query, so one the server dropped meanwhile is replaced. After an
         # idle wait they are looked at again before the job (a kept one may have grown too old).
         close_old_connections, inbox = connection_closer(), self._inbox
-        process = PoolProcess() if self._processes else None
+        process = PoolProcess(self._max_memory) if self._processes else None
         if process is not None:
             self._pool.append(process)
         try:
