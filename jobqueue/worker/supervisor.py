@@ -117,6 +117,13 @@ class Forked:
         if self.returncode is None:
             os.kill(self.pid, sig)
 
+    def wait(self) -> int:
+        """Its exit code, once it has exited (minus the signal that killed it)."""
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
 
 def fork(run: Callable[[], int], closing: tuple[int, ...] = ()) -> Forked:
     """Run `run` in a forked child, which exits with what it returns and never comes back here;
