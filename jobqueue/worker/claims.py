@@ -124,7 +124,7 @@ class Claims:
 
     def _claim_locked(self, carried: Carried, woken: tuple[Queue, int] | None) -> int:
         room, queues = self._config.capacity - len(self._held.jobs), self._served.queues
-        if self.recycler is not None:
+        if self.recycler is not None and not self._stop_claiming.is_set():
             room = self.recycler.room(room, len(self._held.jobs))
         stopping = self._stop_claiming.is_set()
         if (stopping or not queues or room <= 0

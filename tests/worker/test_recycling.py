@@ -18,6 +18,7 @@ from jobqueue.keys import RECYCLES_KEY
 from jobqueue.models import Job
 from jobqueue.operations.metrics import ValkeyCollector
 from jobqueue.worker import presence
+from jobqueue.worker.recycling import Recycler, resident_bytes
 from tests.jobapp import jobs
 from tests.servers import ValkeyProcess
 from tests.workers import manage, run_burst, start_worker, wait_for
@@ -50,6 +51,31 @@ def charged(job_id: str) -> int:
     row = Queue("default").client.hmget(Queue("default").shard(0).job(job_id),
                                         "attempts", "uncharged")
     return int(row[0] or 0) - int(row[1] or 0)
+
+
+def test_max_jobs_bounds_each_claim_and_is_due_once_its_last_job_has_finished() -> None:
+    trips: list[str] = []
+    recycler = Recycler(10, None, lambda reason, why: trips.append(reason))
+    assert recycler.room(8, held=0) == 8
+    recycler.took(8)
+    assert recycler.room(8, held=6) == 2  # never more than it will run
+    recycler.took(2)
+    assert recycler.room(8, held=3) == 0 and not trips  # its jobs still run
+    assert not recycler.admits(1)  # a hand-off past the budget goes back
+    assert recycler.room(8, held=0) == 0 and trips == ["max_jobs"]
+    assert recycler.room(8, held=0) == 0 and trips == ["max_jobs"]  # once
+
+
+def test_max_memory_is_due_once_the_process_is_past_it() -> None:
+    trips: list[str] = []
+    mb = (resident_bytes() or 0) >> 20
+    assert mb > 0
+    roomy = Recycler(None, mb + 1000, lambda reason, why: trips.append(reason))
+    assert roomy.room(8, held=0) == 8 and roomy.admits(100) and not trips
+    full = Recycler(None, mb - 1, lambda reason, why: trips.append(why))
+    assert full.room(8, held=0) == 0 and full.reason == "max_memory"
+    assert len(trips) == 1 and f"is past --max-memory {mb - 1} MB" in trips[0]
+    assert Recycler.of(None, None, lambda reason, why: None) is None  # no limit: no recycler
 
 
 def test_100_jobs_with_max_jobs_10_take_at_least_10_processes_each_job_run_once(
