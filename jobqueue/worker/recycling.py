@@ -8,7 +8,8 @@ left (`Claims.recycler`; None, and so no cost, without the flags):
 - `--max-jobs N`: the worker claims at most N jobs (hand-offs included), so it never holds
   more than it will run; once they have all finished, it is due.
 - `--max-memory MB`: before each claim the process's resident memory is read (on Linux from
-  /proc, a few microseconds); past the limit the worker is due at once.
+  /proc, a few microseconds); past the limit the worker is due at once (once it has taken a
+  job: each process runs one at least, so a limit below a process's start cannot make a loop).
 
 A worker that is due trips its recycle (`Worker.recycle`): it stops claiming as a stop signal
 would, hands back its prefetched jobs uncharged, finishes what runs within `--grace`, counts
@@ -114,7 +115,9 @@ class Recycler:
         worker is due (it trips then). `held`: the jobs the worker holds now."""
         if self.reason is not None:
             return 0
-        if self._resident is not None and (rss := self._resident.bytes()) > self._limit:
+        # (not before its first job: a process that starts past the limit would make way for
+        # another that does too, in a loop with no job between)
+        if self._resident is not None and self.taken and (rss := self._resident.bytes()) > self._limit:
             self._due("max_memory", f"resident memory {rss >> 20} MB is past --max-memory "
                                     f"{self.max_memory} MB")
             return 0

@@ -73,6 +73,8 @@ def test_max_memory_is_due_once_the_process_is_past_it() -> None:
     roomy = Recycler(None, mb + 1000, lambda reason, why: trips.append(reason))
     assert roomy.room(8, held=0) == 8 and roomy.admits(100) and not trips
     full = Recycler(None, mb - 1, lambda reason, why: trips.append(why))
+    assert full.room(8, held=0) == 8 and not trips  # a process runs one job at least
+    full.took(1)
     assert full.room(8, held=0) == 0 and full.reason == "max_memory"
     assert len(trips) == 1 and f"is past --max-memory {mb - 1} MB" in trips[0]
     assert Recycler.of(None, None, lambda reason, why: None) is None  # no limit: no recycler
