@@ -120,7 +120,8 @@ class Worker:
 
     def request_stop(self) -> None:
         """First call: stop claiming and let running jobs finish. Second: release them now."""
-        if self._stop_asked:
+        # (a recycle stops claiming too, but a signal during its drain is still the first)
+        if self._stop_asked if self.recycled else self._stop_claiming.is_set():
             log.warning("second stop request: releasing running jobs now")
             self._abort.set()
         else:

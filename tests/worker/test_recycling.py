@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from jobqueue import Queue
+from jobqueue import Queue, get_job
 from jobqueue.keys import RECYCLES_KEY
 from jobqueue.models import Job
 from jobqueue.operations.metrics import ValkeyCollector
@@ -214,3 +214,23 @@ def test_a_worker_past_its_share_exits_75_for_its_supervisor(valkey_server: Valk
     assert run_burst(valkey_server.url, *argv[argv.index("--concurrency"):]) == 75
     assert len(runs(path)) == 3 and Queue("default").counts()["pending"] == 2
     assert {job for job, _, _ in runs(path)} <= {r.id for r in refs}
+
+
+def test_a_stop_signal_during_a_recycle_still_lets_the_running_job_finish(
+        valkey_server: ValkeyProcess, tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    Queue("default").pause()  # (both jobs in the worker's first claim)
+    slow = jobs.sleep.enqueue(3.0)
+    jobs.leaky.enqueue(str(tmp_path / "runs"), 200)
+    Queue("default").resume()
+    worker = start_worker(valkey_server.url, "--max-memory", "200", "--concurrency", "2",
+                          log=log)
+    try:
+        wait_for(lambda: "recycled (" in log.read_text())  # the sleep runs on
+        worker.send_signal(signal.SIGTERM)  # the first stop, not a second: the job finishes
+        assert worker.wait(30) == 0
+    finally:
+        worker.kill()
+    info = get_job(slow.id)
+    assert info is not None and info.state == "succeeded" and info.attempts == 1
+    assert "second stop" not in log.read_text()
