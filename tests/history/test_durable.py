@@ -251,3 +251,24 @@ def test_a_retried_runs_event_mirrored_late_leaves_the_reopened_row_unfinished()
     assert queue.cancel(ref.id) == "cancelled"
     assert mirror.step() == 1
     assert Job.objects.get(pk=ref.id).state == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_rows_that_cannot_be_written_after_another_alias_commits_leave_the_jobs_in_valkey(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The rows are written after the commit of a transaction on "other": if the database
+    refuses them then, the jobs still go to Valkey (plain jobs, not durable ones), never lost."""
+    from django.db import OperationalError, connections
+
+    def refuse_rows(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith("INSERT") and "jobqueue_job" in sql:
+            raise OperationalError(2006, "MySQL server has gone away")
+        return execute(sql, params, many, context)
+
+    flow = chain(durable_add.s(1, 2), jobs.mul.using(queue="durable").s(10))
+    with connections["default"].execute_wrapper(refuse_rows), transaction.atomic(using="other"):
+        ref = durable_add.enqueue(3, 4)
+        last = flow.enqueue()
+    assert not Job.objects.exists()
+    assert in_valkey(ref.id) and in_valkey(last.id)
+    assert "sent to Valkey without" in caplog.text
