@@ -143,7 +143,7 @@ def flow(client: Any, shard: ShardKeys, flow_id: str, retention: int, mode: str,
                  job.delay_ms, item.takes, item.slots, item.position, len(item.members)]
         for member in item.members:
             args += member
-        args.append(job.expires_ms)
+        args += [job.expires_ms, job.spent]
     args.append(len(outcomes))
     for job_id, (state, value) in outcomes.items():
         args += [job_id, state, value]
