@@ -207,7 +207,7 @@ def test_flow(queue: Queue) -> None:
                  job.delay_ms, "first" if members else "", len(members), 0, len(members)]
         for member in members:
             args += member
-        args.append(0)  # (its expires_ms: never)
+        args += [0, 0]  # (its expires_ms: never; spent: no tokens used before)
     args += [0, 0]
     assert replayed(queue, "flow", 0, args)[1:] == ["ok", 2, 0]
     assert queue.get(second).state == "waiting"  # type: ignore[union-attr]
