@@ -18,6 +18,8 @@ ARGV[1] limit           at most this many expired leases
 ARGV[2] retention       ms a finished row is kept
 ARGV[3] dead_retention  ms a dead row is kept
 ARGV[4] max_attempts    the queue's max_attempts (for a row that holds none)
+A run past its time limit (its row's `deadline`, claim.lua) is recorded failed with a
+jobqueue.exceptions.JobTimeout: its worker did not end it (stuck, stopped or dead).
 Returns: how many expired leases were handled
 ]]
 -- uses: now_ms, job_key, free_slot, count_field, bury, finish, make_ready, record_attempt, STATES
@@ -47,7 +49,7 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', active, id)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel',
-    'slot', 'lane', 'worker')
+    'slot', 'lane', 'worker', 'deadline')
   if row[1] == 'active' then
     ready = ready + free_slot(base, ring, row[6], row[7])
     local attempts = count_field(row[2])
@@ -63,7 +65,12 @@ for _, id in ipairs(expired) do
         ready = ready + 1
       end
     else
-      redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
+      local err = 'lease expired'
+      if row[9] and now >= (tonumber(row[9]) or now) then
+        err = 'jobqueue.exceptions.JobTimeout: the run passed its timeout and its worker did ' ..
+          'not end it (reaped)'
+      end
+      redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
       if row[5] == '1' then
         finish(base, done, meta, jk, id, 'cancelled', now, retention, nil, true)
       elseif attempts - (count_field(row[3]) or 0)
@@ -71,7 +78,7 @@ for _, id in ipairs(expired) do
         redis.call('ZADD', dead, now, id)
         finish(base, done, meta, jk, id, 'dead', now, dead_retention, nil, true)
       else
-        record_attempt(jk, row[2], 'lease expired', now)
+        record_attempt(jk, row[2], err, now)
         make_ready(base, ring, jk, id, now)
         ready = ready + 1
       end
