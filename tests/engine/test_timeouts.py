@@ -113,3 +113,14 @@ def test_a_job_handed_to_an_idle_worker_gets_its_deadline_too(valkey: Any) -> No
     row = valkey.hgetall(shard.job(ref.id))
     assert (lease.job_id, lease.lease, lease.timeout) == (ref.id, 2.5, 1.5)
     assert int(row["lease_until"]) == int(row["deadline"]) + 1000
+
+
+def test_a_reaped_timeout_is_retried_after_the_job_backoff(queue: Queue, valkey: Any) -> None:
+    ref = queue.enqueue("stuck", timeout=0.05, max_attempts=3, backoff=60)
+    queue.dequeue(count=1, lease=30, worker="stuck-worker")
+    wait_past(valkey, queue.shard(0).key("active"))
+    assert queue.reap() == 1
+    info = queue.get(ref.id)
+    assert info and info.state == "scheduled" and "JobTimeout" in info.last_error
+    due = valkey.zscore(queue.shard(0).key("schedule"), ref.id)
+    assert server_ms(valkey) + 55_000 < due <= server_ms(valkey) + 60_000

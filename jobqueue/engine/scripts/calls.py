@@ -267,8 +267,9 @@ def progress(client: Any, queue: str, jobs: Sequence[tuple[Lease, str]]) -> list
 
 @twin("reap")
 def reap(client: Any, shard: ShardKeys, limit: int, retention: int, dead_retention: int,
-         max_attempts: int) -> int:
-    return int(caller.run(client, "reap", shard, [limit, retention, dead_retention, max_attempts]))
+         max_attempts: int, backoff_ms: int) -> int:
+    return int(caller.run(client, "reap", shard, [limit, retention, dead_retention, max_attempts,
+                                                  backoff_ms]))
 
 
 @twin("promote")
