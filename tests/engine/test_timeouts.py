@@ -124,3 +124,12 @@ def test_a_reaped_timeout_is_retried_after_the_job_backoff(queue: Queue, valkey:
     assert info and info.state == "scheduled" and "JobTimeout" in info.last_error
     due = valkey.zscore(queue.shard(0).key("schedule"), ref.id)
     assert server_ms(valkey) + 55_000 < due <= server_ms(valkey) + 60_000
+
+
+def test_a_flow_job_keeps_its_timeout() -> None:
+    from jobqueue import chain
+    from tests.jobapp import jobs
+
+    chain(jobs.add.s(1, 2).using(timeout=4), jobs.mul.s(10)).enqueue()
+    [first] = Queue("default").dequeue(count=5, lease=30, worker="w")
+    assert (first.timeout, first.lease) == (4.0, 5.0)
