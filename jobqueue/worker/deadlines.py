@@ -63,19 +63,22 @@ class Deadlines:
             self._changed.notify()
         return run
 
-    def returned(self, run: Run) -> bool:
-        """The run's thread returned: whether its outcome counts (False: the run was abandoned
-        at its deadline, its failure recorded; its slot is free now)."""
+    def returned(self, run: Run, outcome: Outcome) -> Outcome | None:
+        """The run's thread returned with `outcome`: the outcome to hand over (its JobTimeout
+        when it returned past its deadline before the timer saw it), or None when the run was
+        abandoned at its deadline (its failure recorded then; its slot is free now)."""
         with self._changed:
             run.returned = True
             self._runs.discard(run)
-            abandoned = run.timed_out
-        if abandoned:
-            self._held.returned()
-            log.warning("job=%s: the run abandoned at its timeout (%g s) returned after %.1f s; "
-                        "what it returned is discarded", run.lease.job_id, run.lease.timeout,
-                        time.monotonic() - run.started)
-        return not abandoned
+            abandoned, late = run.timed_out, time.monotonic() >= run.lease.deadline
+            run.timed_out = True  # (the timer leaves it be from here on)
+        if not abandoned:
+            return timed_out(timeout_error(run.lease), outcome.duration) if late else outcome
+        self._held.returned()
+        log.warning("job=%s: the run abandoned at its timeout (%g s) returned after %.1f s; "
+                    "what it returned is discarded", run.lease.job_id, run.lease.timeout,
+                    time.monotonic() - run.started)
+        return None
 
     def _watch(self) -> None:
         """Abandon each run past its deadline whose thread has not returned."""

@@ -121,20 +121,22 @@ async def execute_async(lease: Lease, resolved: Resolved) -> Outcome:
     """`execute` for an `async def` handler, awaited on the worker's event loop. A cancel of its
     task ends up here as a failure too: the caller, which knows whether it cancelled the task,
     drops the outcome of a run it cancelled itself. A run with a time limit is cancelled at its
-    deadline by a timer of the loop (`asyncio.timeout`), and fails with JobTimeout."""
+    deadline by a timer of the loop (`asyncio.timeout`), and fails with JobTimeout whatever it
+    did with the cancel (raised it, raised another error, or swallowed it and returned)."""
     started = time.monotonic()
     func, args, kwargs = _call_args(resolved, lease)
     failed: BaseException | None = None
+    limit = asyncio.timeout(lease.deadline - started) if lease.deadline else None
     try:
-        if lease.deadline:
-            async with asyncio.timeout(lease.deadline - started) as limit:
-                result = await func(*args, **kwargs)
-        else:
+        if limit is None:
             result = await func(*args, **kwargs)
-    except TimeoutError as exc:  # (the handler's own, unless the run's limit expired)
-        failed = JobTimeout(timeout_error(lease)) if lease.deadline and limit.expired() else exc
+        else:
+            async with limit:
+                result = await func(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
         failed = exc
+    if limit is not None and limit.expired():
+        failed = JobTimeout(timeout_error(lease))
     ctx = _unwritten(args)
     if ctx is not None:  # (a round trip: off the loop)
         await asyncio.to_thread(_write_progress, ctx)

@@ -197,8 +197,9 @@ class Runners:
         """Run one job and hand its outcome over. A job's own errors are its outcome
         (`execute`); an error of the worker's code around it fails the job (or, past its
         outcome, is logged): either way the runner goes on to the next job."""
-        run = (self.deadlines.start(lease) if lease.deadline and process is None
-               and self.deadlines is not None else None)
+        deadlines = self.deadlines if lease.deadline and process is None else None
+        run = deadlines.start(lease) if deadlines is not None else None
+        outcome: Outcome | None
         try:
             signals.send(signals.job_started, Queue, lease=lease)
             outcome = (self._run(lease, resolved, process) if self._tracer is None else
@@ -209,12 +210,12 @@ class Runners:
         except Exception as exc:  # (logged, and the job's failure)
             log.exception("job=%s: the runner failed around it", lease.job_id)
             outcome = unexpected(exc)
-        finally:
-            counts = run is None or self.deadlines is None or self.deadlines.returned(run)
+        if deadlines is not None and run is not None:  # (None: abandoned at its deadline, its
+            outcome = deadlines.returned(run, outcome)  # timeout recorded then)
         try:
             close_old_connections()
         finally:
-            if counts:  # (else its timeout was recorded at the deadline: deadlines.py)
+            if outcome is not None:
                 hand_over(self._done, lease, outcome)
 
     @staticmethod

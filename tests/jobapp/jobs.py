@@ -441,3 +441,15 @@ def spins(path: str) -> None:
     Path(path).write_text(str(os.getpid()))
     while True:
         pass
+
+
+@job(max_attempts=1)
+async def aswallows_cancel(seconds: float) -> str:
+    """Awaits `seconds`, and returns normally when cancelled (a handler that swallows it)."""
+    import asyncio
+
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        return "swallowed"
+    return "woke"

@@ -34,11 +34,14 @@ def _stop(worker: object) -> None:
 def test_a_hanging_async_run_is_cancelled_and_the_job_dies_with_job_timeout(valkey_url: str) -> None:
     ref = jobs.ahangs.using(timeout=0.3, max_attempts=2, backoff=0).enqueue(3600)
     beside = jobs.ahangs.enqueue(0.01)  # (the loop goes on serving the others)
+    swallows = jobs.aswallows_cancel.using(timeout=0.3).enqueue(3600)
     assert run_burst(valkey_url, "--concurrency", "4", timeout=60) == 0
     row = Job.objects.get(pk=ref.id)
     assert (row.state, row.attempts) == ("dead", 2)
     assert row.last_error.startswith("jobqueue.exceptions.JobTimeout:") and "0.3 s" in row.last_error
     assert Job.objects.get(pk=beside.id).result == "woke"
+    row = Job.objects.get(pk=swallows.id)  # (what it returned past its limit is not a success)
+    assert row.state == "dead" and "JobTimeout" in row.last_error and row.result is None
 
 
 def test_a_thread_run_past_its_timeout_is_retried_and_its_late_return_changes_nothing(
