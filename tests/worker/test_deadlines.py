@@ -17,11 +17,17 @@ def _lease(timeout: float) -> Lease:
                  time.monotonic() + timeout)
 
 
-def test_a_run_that_returns_past_its_deadline_is_its_timeout_whoever_sees_it_first() -> None:
+def _watched(capacity: int) -> tuple[HeldJobs, Deadlines, list[Outcome]]:
+    """Held jobs (with room, as a worker's start sets it), their deadlines, and the outcomes
+    handed over."""
     handed: list[Outcome] = []
-    held = HeldJobs(capacity=2)
-    held.room.set()  # (as a worker's start sets it)
-    deadlines = Deadlines(lambda lease, outcome: handed.append(outcome), held)
+    held = HeldJobs(capacity)
+    held.room.set()
+    return held, Deadlines(lambda lease, outcome: handed.append(outcome), held), handed
+
+
+def test_a_run_that_returns_past_its_deadline_is_its_timeout_whoever_sees_it_first() -> None:
+    held, deadlines, handed = _watched(2)
     run = deadlines.start(_lease(0.001))
     time.sleep(0.01)  # (past the deadline; the timer may or may not have seen it yet)
     outcome = deadlines.returned(run, Outcome(True, result='"late"'))
@@ -32,10 +38,7 @@ def test_a_run_that_returns_past_its_deadline_is_its_timeout_whoever_sees_it_fir
 
 
 def test_an_abandoned_run_holds_its_slot_until_its_thread_returns() -> None:
-    handed: list[Outcome] = []
-    held = HeldJobs(capacity=1)
-    held.room.set()  # (as a worker's start sets it)
-    deadlines = Deadlines(lambda lease, outcome: handed.append(outcome), held)
+    held, deadlines, handed = _watched(1)
     run = deadlines.start(_lease(0.05))
     wait_for(lambda: handed, timeout=5)  # the timer records the timeout at the deadline ...
     assert "JobTimeout" in handed[0].error and held.abandoned == 1 and held.taken == 1
@@ -45,8 +48,7 @@ def test_an_abandoned_run_holds_its_slot_until_its_thread_returns() -> None:
 
 
 def test_a_run_that_returns_in_time_hands_its_own_outcome() -> None:
-    held = HeldJobs(capacity=1)
-    deadlines = Deadlines(lambda lease, outcome: None, held)
+    held, deadlines, _ = _watched(1)
     run = deadlines.start(_lease(60))
     done = Outcome(True, result="1")
     assert deadlines.returned(run, done) is done and held.abandoned == 0
