@@ -91,7 +91,7 @@ def _columns(queue: Queue, job: Prepared, shard: int, now: datetime) -> dict[str
         "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",
         "enqueued_at": now, "started_at": None, "finished_at": None, "changed_at": None, "mirrored_at": now,
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
-        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms,
+        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms, "timeout_ms": job.timeout_ms or None,
         "expires_at": now + timedelta(milliseconds=job.expires_ms) if job.expires_ms else None,
         "reopened_after": None, "history": None, "progress": None, "flow": None,
     }
@@ -224,7 +224,7 @@ def spec_of(row: Job) -> JobSpec:
         run_after=due, max_attempts=row.max_attempts or None,
         backoff=None if row.backoff_ms is None else row.backoff_ms / 1000,
         lease=(row.lease_ms / 1000) if row.lease_ms else None, unique_key=row.unique_key or None,
-        expires=expires,
+        expires=expires, timeout=(row.timeout_ms / 1000) if row.timeout_ms else None,
     )
 
 

@@ -118,7 +118,7 @@ class Claims:
         return self._drained.refill(self._served.queues, now)
 
     def _claim_locked(self, carried: Carried, woken: tuple[Queue, int] | None) -> int:
-        room, queues = self._config.capacity - len(self._held.jobs), self._served.queues
+        room, queues = self._config.capacity - self._held.taken, self._served.queues
         stopping = self._stop_claiming.is_set()
         if (stopping or not queues or room <= 0
                 or (self._held.jobs and room < self._config.batch)):

@@ -181,7 +181,8 @@ class Worker:
         """Start the runners (`run` does, once it found its queues; a test that drives
         `turn()` itself calls it). At concurrency 1 a runner claims the next job itself."""
         done = self.claims.finished_one if self.config.concurrency == 1 else self.outcomes.finished
-        self.runners = Runners(self.config.concurrency, done, processes=self.config.processes)
+        self.runners = Runners(self.config.concurrency, done, processes=self.config.processes,
+                               held=self.held)
         self.claims.runners = self.runners
 
     def _ensure_waiters(self) -> None:
@@ -268,7 +269,8 @@ class Worker:
         if self._mirror is not None:
             self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
         if self.runners is not None:
-            self.runners.stop(wait=not self.abandoned)
+            # (an abandoned run's thread may never return: the process's exit ends it)
+            self.runners.stop(wait=not self.abandoned and not self.held.abandoned)
         if self.served.queues:
             with contextlib.suppress(*VALKEY_DOWN):
                 presence.goodbye(self.served.queues[0].client, self.config.name)

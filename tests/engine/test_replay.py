@@ -230,7 +230,7 @@ def test_sweeps_do_nothing_twice(queue: Queue) -> None:
     lapsed = claimed(queue, lease=0.001)
     shard = queue.shard(0)
     for name, args in (("promote", [100]), ("reap", [100, _retention_ms(), _dead_retention_ms(),
-                                                       queue.options.max_attempts])):
+                                                       queue.options.max_attempts, 1000])):
         first = caller.run(queue.client, name, shard, args)
         state = snapshot(queue.client)
         caller.run(queue.client, name, shard, args)

@@ -272,3 +272,16 @@ def test_rows_that_cannot_be_written_after_another_alias_commits_leave_the_jobs_
     assert not Job.objects.exists()
     assert in_valkey(ref.id) and in_valkey(last.id)
     assert "sent to Valkey without" in caplog.text
+
+
+@pytest.mark.slow
+def test_restore_keeps_a_durable_jobs_timeout(valkey_server: ValkeyProcess) -> None:
+    ref = durable_add.using(timeout=2.5, lease=45).enqueue(1, 1)
+    assert Job.objects.get(pk=ref.id).timeout_ms == 2500
+    redis.Redis.from_url(valkey_server.url).flushall()  # Valkey loses its data
+    done = manage("jobqueue", "restore", "--queues", "durable", url=valkey_server.url)
+    assert "restored 1 job(s)" in done.stdout, done.stderr
+    info = get_job(ref.id, queue="durable")
+    assert info and info.source == "valkey" and info.timeout == 2.5
+    [lease] = Queue("durable").dequeue(count=1)
+    assert (lease.lease, lease.timeout) == (3.5, 2.5)  # (the lease ends a second past it)
