@@ -13,12 +13,16 @@ reports the whole fleet.
 - `jobqueue_lane_active{queue,lane}` — running jobs that hold a slot of their lane's cap, for
   the LANE_TOP busiest lanes of each queue only (gauge; bounded cardinality);
 - `jobqueue_worker_recycles_total{reason}` — worker processes that made way for a fresh one
-  (`runworker --max-jobs`: `max_jobs`, `--max-memory`: `max_memory`) (counter).
+  (`runworker --max-jobs`: `max_jobs`, `--max-memory`: `max_memory`) (counter);
+- `jobqueue_abandoned_runs{worker}` — runs of plain handlers past their `timeout` whose threads
+  have not returned: recorded failed, each still holding a slot of its worker (gauge; from the
+  workers' presence entries, `{emq}:workers`, which the worker's presence.py writes).
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..conf import get_client, get_config
 from ..engine import backlog, lanes, layouts
 from ..engine.store import Queue, known_queues
-from ..keys import RECYCLE_REASONS, RECYCLES_KEY
+from ..keys import RECYCLE_REASONS, RECYCLES_KEY, WORKERS_KEY
 from ..states import State
 
 OUTCOMES = ("succeeded", "failed", "dead", "cancelled", "expired")
@@ -104,7 +108,20 @@ class ValkeyCollector:
             for lane, active in lanes.busiest(queue.client, name, queue.all_shards(), LANE_TOP):
                 lane_active.add_metric([name, lane], active)
         yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes,
-                    _recycles())
+                    abandoned_runs(), _recycles())
+
+
+def abandoned_runs() -> GaugeMetricFamily:
+    """Each live worker's abandoned runs, as its last presence entry says."""
+    gauge = GaugeMetricFamily("jobqueue_abandoned_runs", "Runs past their timeout whose "
+                              "threads have not returned (each holds a slot)", labels=["worker"])
+    for raw in get_client().hvals(WORKERS_KEY):
+        try:
+            entry = json.loads(raw)
+            gauge.add_metric([str(entry["name"])], int(entry.get("abandoned") or 0))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return gauge
 
 
 def _recycles() -> CounterMetricFamily:

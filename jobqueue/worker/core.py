@@ -204,7 +204,7 @@ class Worker:
         `turn()` itself calls it). At concurrency 1 a runner claims the next job itself."""
         done = self.claims.finished_one if self.config.concurrency == 1 else self.outcomes.finished
         self.runners = Runners(self.config.concurrency, done, processes=self.config.processes,
-                               max_memory=self.config.max_memory)
+                               held=self.held, max_memory=self.config.max_memory)
         self.claims.runners = self.runners
 
     def _ensure_waiters(self) -> None:
@@ -291,7 +291,8 @@ class Worker:
         if self._mirror is not None:
             self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
         if self.runners is not None:
-            self.runners.stop(wait=not self.abandoned)
+            # (an abandoned run's thread may never return: the process's exit ends it)
+            self.runners.stop(wait=not self.abandoned and not self.held.abandoned)
         if self.served.queues:
             with contextlib.suppress(*VALKEY_DOWN):
                 if self.recycled:

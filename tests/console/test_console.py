@@ -520,3 +520,27 @@ def _reads_through_an_index(sql: str) -> bool:
         finally:
             cursor.execute("RESET enable_seqscan")
         return "Seq Scan" not in plan and "Filter:" not in plan
+
+
+def test_the_job_page_shows_the_run_limit_and_a_timed_out_attempt(admin_client: Client) -> None:
+    ref = jobs.always_fails.using(timeout=1.5, max_attempts=2).enqueue("x")
+    queue = Queue("default")
+    [lease] = queue.dequeue(count=1, worker="w0")
+    queue.nack(lease, "jobqueue.exceptions.JobTimeout: the run passed its timeout of 1.5 s",
+               retry_in=0)
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/default/{ref.id}/").content.decode()
+    assert "1.5 s per run" in page[page.index('id="job-timeout"'):]
+    assert "JobTimeout" in page[page.index('id="job-attempts"'):]
+
+
+def test_the_workers_page_and_the_metrics_show_abandoned_runs(admin_client: Client) -> None:
+    from jobqueue.worker import Worker, WorkerConfig
+
+    worker = Worker(WorkerConfig(queues=("default",), mirror=False, name="w-1"))
+    worker.served.add(Queue("default"))
+    worker.held.abandon()  # (a run past its timeout whose thread has not returned)
+    worker.maintenance.advertise()
+    page = admin_client.get("/admin/jobqueue/job/live/workers/").content.decode()
+    assert "+ 1 abandoned past their timeout" in page
+    metrics = admin_client.get("/metrics").content.decode()
+    assert 'jobqueue_abandoned_runs{worker="w-1"} 1.0' in metrics
