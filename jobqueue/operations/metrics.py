@@ -12,6 +12,8 @@ reports the whole fleet.
 - `jobqueue_rate_limit_tokens{queue}` — jobs a rate-limited queue would admit now (gauge);
 - `jobqueue_lane_active{queue,lane}` — running jobs that hold a slot of their lane's cap, for
   the LANE_TOP busiest lanes of each queue only (gauge; bounded cardinality);
+- `jobqueue_worker_recycles_total{reason}` — worker processes that made way for a fresh one
+  (`runworker --max-jobs`: `max_jobs`, `--max-memory`: `max_memory`) (counter);
 - `jobqueue_abandoned_runs{worker}` — runs of plain handlers past their `timeout` whose threads
   have not returned: recorded failed, each still holding a slot of its worker (gauge; from the
   workers' presence entries, `{emq}:workers`, which the worker's presence.py writes).
@@ -33,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..conf import get_client, get_config
 from ..engine import backlog, lanes, layouts
 from ..engine.store import Queue, known_queues
-from ..keys import WORKERS_KEY
+from ..keys import RECYCLE_REASONS, RECYCLES_KEY, WORKERS_KEY
 from ..states import State
 
 OUTCOMES = ("succeeded", "failed", "dead", "cancelled", "expired")
@@ -106,7 +108,7 @@ class ValkeyCollector:
             for lane, active in lanes.busiest(queue.client, name, queue.all_shards(), LANE_TOP):
                 lane_active.add_metric([name, lane], active)
         yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes,
-                    abandoned_runs())
+                    abandoned_runs(), _recycles())
 
 
 def abandoned_runs() -> GaugeMetricFamily:
@@ -120,6 +122,17 @@ def abandoned_runs() -> GaugeMetricFamily:
         except (ValueError, KeyError, TypeError):
             continue
     return gauge
+
+
+def _recycles() -> CounterMetricFamily:
+    """Worker recycles by reason, as the recycling workers counted them (`presence.recycled`)."""
+    recycles = CounterMetricFamily("jobqueue_worker_recycles",
+                                   "Worker processes that made way for a fresh one",
+                                   labels=["reason"])
+    counted = get_client().hmget(RECYCLES_KEY, RECYCLE_REASONS)
+    for reason, value in zip(RECYCLE_REASONS, counted, strict=True):
+        recycles.add_metric([reason], int(value or 0))
+    return recycles
 
 
 @sensitive_variables("token")

@@ -19,6 +19,8 @@ process runs one known job at a time:
   parent-death signal), so none outlives a worker killed with SIGKILL.
 
 Processes are spawned (not forked: the worker runs threads), started with a runner's first job.
+With `--max-memory`, a process whose resident memory has passed it after a job is closed, and
+the runner's next job starts a fresh one (a leaky handler's leak goes with it).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from .._compat import connection_closer
 from ..api.handler import timeout_error
 from ..records import Lease
 from .executor import Outcome, execute, timed_out
+from .recycling import over
 
 log = logging.getLogger("jobqueue.worker")
 STOPS = {signal.SIGINT, signal.SIGTERM}
@@ -56,7 +59,9 @@ class PoolProcess:
     """The process of one runner thread: started on its first job, started again after it
     died, ended by the worker when it stops (`end`) or by the runner when it exits (`close`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_memory: int | None = None) -> None:
+        """`max_memory`: resident MB past which the process is replaced after its job."""
+        self._max_memory = max_memory
         self._process: BaseProcess | None = None
         self._pipe: Connection | None = None
         self._busy = False
@@ -80,6 +85,8 @@ class PoolProcess:
             if lease.deadline and not self._pipe.poll(max(lease.deadline - time.monotonic(), 0)):
                 return self._expired(lease)
             outcome: Outcome = self._pipe.recv()
+            if self._max_memory is not None:
+                self._replace_if_over(self._max_memory)
             return outcome
         except (EOFError, OSError) as exc:
             return self._died(exc)
@@ -93,6 +100,16 @@ class PoolProcess:
         process = self._process
         if self._busy and process is not None:
             process.kill()
+
+    def _replace_if_over(self, limit: int) -> None:
+        """Close the process when its resident memory has passed `limit` MB: the next job
+        starts a fresh one."""
+        process = self._process
+        mb = over(limit, process.pid) if process is not None and process.pid else None
+        if mb is not None:
+            log.info("a pool process holds %d MB, past --max-memory %d MB: replacing it",
+                     mb, limit)
+            self.close()
 
     def close(self) -> None:
         """Let the process exit (killed if it does not, or runs a job); the runner stops."""

@@ -84,7 +84,8 @@ class Runners:
     `--processes`: pool.py), and an event loop for `async def` handlers, until stopped."""
 
     def __init__(self, count: int, done: Done, *, processes: bool = False,
-                 held: HeldJobs | None = None) -> None:
+                 held: HeldJobs | None = None, max_memory: int | None = None) -> None:
+        """`max_memory`: resident MB past which a pool process is replaced after its job."""
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
         self.deadlines = Deadlines(done, held) if held is not None else None
         """Plain runs with a time limit (deadlines.py); None: a time limit is not watched (a
@@ -92,6 +93,7 @@ class Runners:
         self._done = done
         self._count = count
         self._processes = processes
+        self._max_memory = max_memory
         self._pool: list[PoolProcess] = []
         """The runners' processes (`--processes`), ended by `abandon`."""
         self._loop: EventLoop | None = None
@@ -175,7 +177,7 @@ class Runners:
         # next job's first query, so one the server dropped meanwhile is replaced. After an
         # idle wait they are looked at again before the job (a kept one may have grown too old).
         close_old_connections, inbox = connection_closer(), self._inbox
-        process = PoolProcess() if self._processes else None
+        process = PoolProcess(self._max_memory) if self._processes else None
         if process is not None:
             self._pool.append(process)
         try:

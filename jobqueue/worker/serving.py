@@ -25,6 +25,7 @@ from .. import spec
 from ..engine.store import Queue, known_queues
 from ..exceptions import VALKEY_DOWN, ConfigurationError
 from ..records import Lease
+from .recycling import MEMORY_FLOOR_MB
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -48,9 +49,17 @@ class WorkerConfig:
     maintenance_every: float = 1.0
     summary_every: float = 30.0
     mirror: bool = True
+    max_jobs: int | None = None
+    """Jobs one worker process runs before a fresh one takes its place (`recycling.py`)."""
+    max_memory: int | None = None
+    """Resident MB past which a worker process (and a pool process) makes way for a fresh one."""
 
     def __post_init__(self) -> None:
         spec.whole_number(self.concurrency, "concurrency", 1)
+        if self.max_jobs is not None:
+            spec.whole_number(self.max_jobs, "max_jobs", 1)
+        if self.max_memory is not None:
+            spec.whole_number(self.max_memory, "max_memory (MB)", MEMORY_FLOOR_MB)
         if self.prefetch is not None:
             spec.whole_number(self.prefetch, "prefetch", 0)
         if self.lease is not None:
@@ -61,6 +70,11 @@ class WorkerConfig:
     def capacity(self) -> int:
         """How many claimed jobs the worker holds at most (running plus prefetched)."""
         return self.concurrency + (self.concurrency if self.prefetch is None else self.prefetch)
+
+    @property
+    def recycles(self) -> bool:
+        """Whether a limit makes its process make way for a fresh one (`recycling.py`)."""
+        return self.max_jobs is not None or self.max_memory is not None
 
     @property
     def batch(self) -> int:

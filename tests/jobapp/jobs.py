@@ -453,3 +453,22 @@ async def aswallows_cancel(seconds: float) -> str:
     except asyncio.CancelledError:
         return "swallowed"
     return "woke"
+
+
+KEPT: list[bytes] = []
+"""What `leaky` keeps for the life of its process (a leak, as image libraries and caches make)."""
+
+
+@job(takes_context=True)
+def leaky(ctx: JobContext, path: str, keep_mb: int = 0) -> int:
+    """Notes its run in `path` (job id, process id, resident MB before it ran), then keeps
+    `keep_mb` MB for the life of its process; returns its process id. The recycling tests count
+    runs and processes with it."""
+    from jobqueue.worker.recycling import resident_bytes
+
+    before = (resident_bytes() or 0) >> 20
+    if keep_mb:
+        KEPT.append(b"\x01" * (keep_mb << 20))  # (written: resident, not merely reserved)
+    with open(path, "a") as f:
+        f.write(f"{ctx.job_id} {os.getpid()} {before}\n")
+    return os.getpid()
