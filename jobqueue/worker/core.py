@@ -48,6 +48,9 @@ from .threads import Threads
 from .waiters import Waiters
 
 log = logging.getLogger("jobqueue.worker")
+ADVERTISE_WHILE_DRAINING = 1.0
+"""Seconds between the presence entries a draining worker writes (a recycle's drain may last
+as long as its longest job: the console must not show it as stale)."""
 
 
 def _wait_for_valkey(served: Served, claims: Claims, stop: threading.Event,
@@ -94,6 +97,9 @@ class Worker:
         without them."""
         self.claims.recycler = self.recycler
         self._stop_asked = False
+        self._grace_ends: float | None = None
+        """When running jobs must have finished: `--grace` after the first stop; None before
+        one (a recycle's drain waits for its running jobs however long they take)."""
         self._abort = threading.Event()
         self._threads = Threads(stop=self._stop_claiming, wake=self.wake)
         self.runners: Runners | None = None
@@ -127,15 +133,18 @@ class Worker:
         else:
             log.info("stop requested: finishing running jobs (grace %.0fs)", self.config.grace)
         self._stop_asked = True
+        if self._grace_ends is None:  # (a recycle's drain has none until a stop arrives)
+            self._grace_ends = time.monotonic() + self.config.grace
         self._stop_claiming.set()
         self.wake.set()
 
     def _recycle(self, reason: str, why: str) -> None:
         """The recycler found this worker due (under the claim lock, on any thread): stop
-        claiming and drain as a first stop would; `runworker` then exits RECYCLE_EXIT."""
+        claiming and drain, with no deadline (a job cut short would go back uncharged, and a
+        job that takes every process past `--max-memory` would never end); a stop during the
+        drain gives the jobs `--grace` from then. `runworker` then exits RECYCLE_EXIT."""
         log.info("worker %s recycled (%s): handing back prefetched jobs, finishing running "
-                 "ones (grace %.0fs); a fresh process takes its place", self.config.name, why,
-                 self.config.grace)
+                 "ones; a fresh process takes its place", self.config.name, why)
         self._stop_claiming.set()
         self.wake.set()
 
@@ -262,11 +271,16 @@ class Worker:
         # (a call that fails gives back what it did not record: the next try records it)
         with contextlib.suppress(RedisError):
             self.claims.claim()  # stopping: records the successes that waited for a claim
-        deadline = time.monotonic() + self.config.grace
-        while self.held.jobs and not self._abort.is_set() and time.monotonic() < deadline:
+        if self._grace_ends is None and not self.recycled:  # (a thread died, a burst ended)
+            self._grace_ends = time.monotonic() + self.config.grace
+        advertised = time.monotonic()
+        while self.held.jobs and not self._abort.is_set() and self._in_grace():
             self.wake.clear()
             with contextlib.suppress(RedisError):
                 self.outcomes.record()
+                if time.monotonic() - advertised >= ADVERTISE_WHILE_DRAINING:
+                    advertised = time.monotonic()  # (a long drain is no silent worker)
+                    self.maintenance.advertise()
             self.wake.wait(0.1)
         if self.held.jobs and self.runners is not None:
             self.runners.abandon()  # (ended before they are handed back: none runs on)
@@ -277,6 +291,10 @@ class Worker:
             self.abandoned = len(leftovers)
         except RedisError:
             log.warning("could not release running jobs: their leases will expire instead")
+
+    def _in_grace(self) -> bool:
+        ends = self._grace_ends
+        return ends is None or time.monotonic() < ends
 
     def _stop_threads(self) -> None:
         self._threads_stop.set()
@@ -295,9 +313,9 @@ class Worker:
             self.runners.stop(wait=not self.abandoned and not self.held.abandoned)
         if self.served.queues:
             with contextlib.suppress(*VALKEY_DOWN):
-                if self.recycled:
+                if self.recycled:  # (stopped meanwhile: no fresh process takes its name)
                     presence.recycled(self.served.queues[0].client, self.config.name,
-                                      self.recycled)
+                                      self.recycled, final=self._stop_asked)
                 else:
                     presence.goodbye(self.served.queues[0].client, self.config.name)
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,

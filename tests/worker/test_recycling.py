@@ -6,8 +6,11 @@ the `leaky` handler notes each run (job, process, resident MB before it ran) in 
 from __future__ import annotations
 
 import json
+import logging
 import signal
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from jobqueue import Queue, get_job
 from jobqueue.keys import RECYCLES_KEY
 from jobqueue.models import Job
 from jobqueue.operations.metrics import ValkeyCollector
-from jobqueue.worker import presence
+from jobqueue.worker import Worker, WorkerConfig, presence
 from jobqueue.worker.recycling import Recycler, resident_bytes
 from tests.jobapp import jobs
 from tests.servers import ValkeyProcess
@@ -234,3 +237,107 @@ def test_a_stop_signal_during_a_recycle_still_lets_the_running_job_finish(
     info = get_job(slow.id)
     assert info is not None and info.state == "succeeded" and info.attempts == 1
     assert "second stop" not in log.read_text()
+
+
+def in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def recycling_mid_run(name: str = "w-recycling") -> tuple[Worker, str]:
+    """A worker (grace 0.3 s) whose first claim takes a 1.5 s sleep and a job that keeps
+    100 MB in this process, past the worker's --max-memory (set 60 MB above this process's
+    size): it recycles while the sleep runs. Its running thread, and the sleep's id."""
+    limit = ((resident_bytes() or 0) >> 20) + 60
+    Queue("default").pause()  # (both jobs in the worker's first claim)
+    slow = jobs.sleep.enqueue(1.5)
+    jobs.leaky.enqueue("/dev/null", 100)
+    Queue("default").resume()
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=2, mirror=False,
+                                 max_memory=limit, grace=0.3, name=name))
+    return worker, slow.id
+
+
+@pytest.fixture
+def kept_memory_freed() -> Iterator[None]:
+    yield
+    jobs.KEPT.clear()
+
+
+@pytest.mark.usefixtures("kept_memory_freed")
+def test_a_memory_recycle_never_cuts_a_running_job_short(valkey_server: ValkeyProcess) -> None:
+    """A recycle's drain has no deadline (only a real stop starts the grace): the job that
+    runs on past --grace finishes, charged once, rather than go back to be run again (a job
+    that itself takes each process past the limit would loop forever, never charged)."""
+    worker, slow = recycling_mid_run()
+    in_thread(worker).join(30)
+    assert worker.recycled == "max_memory" and worker.abandoned == 0
+    info = get_job(slow)
+    assert info is not None and info.state == "succeeded" and charged(slow) == 1
+
+
+@pytest.mark.usefixtures("kept_memory_freed")
+def test_a_stop_during_a_recycle_leaves_no_count_behind(valkey_server: ValkeyProcess) -> None:
+    """A stop while a recycle drains (the supervisor stops too: no fresh process follows):
+    the recycle is counted by its reason, but not under the worker's name (nothing would
+    remove it), and the grace runs from the stop."""
+    from jobqueue.keys import WORKERS_KEY
+
+    worker, slow = recycling_mid_run("w-final")
+    thread = in_thread(worker)
+    wait_for(lambda: worker.recycled is not None)
+    worker.request_stop()  # (the operator's stop, relayed by the supervisor)
+    thread.join(30)
+    client = Queue("default").client
+    assert client.hget(WORKERS_KEY, "w-final") is None
+    assert client.hget(RECYCLES_KEY, "name:w-final") is None
+    assert recycles()["max_memory"] == 1
+    assert worker.abandoned == 1  # (the grace of 0.3 s from the stop: the sleep went back)
+
+
+def test_pool_processes_that_start_past_max_memory_are_kept_with_one_warning(
+        valkey_server: ValkeyProcess, tmp_path: Path) -> None:
+    path, log = tmp_path / "runs", tmp_path / "log"
+    jobs.leaky.enqueue_many([(str(path),)] * 6)
+    code = run_burst(valkey_server.url, "--max-memory", "64", "--concurrency", "1",
+                     "--workers", "1", "--processes", log=log)
+    assert code == 0
+    assert len(processes(path)) == 1, "a spawned pool process (Django set up again) per job"
+    text = log.read_text()
+    assert text.count("WARNING") == 1 and "pool process holds" in text
+
+
+def test_a_worker_past_its_share_leaves_wake_tokens_to_the_others(
+        valkey_server: ValkeyProcess) -> None:
+    """--max-jobs used up while its last job runs: its waiters stop taking the shard's wake
+    tokens (it could claim nothing with them): an enqueue's token stays for another worker."""
+    queue = Queue("default")
+    jobs.sleep.enqueue(3.0)
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=2, mirror=False, max_jobs=1,
+                                 maintenance_every=3600))
+    thread = in_thread(worker)
+    try:
+        wait_for(lambda: worker.held.jobs and worker.recycler.taken == 1)  # type: ignore[union-attr]
+        jobs.add.enqueue(1, 2)
+        wake = queue.shard(0).key("wake")
+        wait_for(lambda: queue.client.llen(wake) == 1, timeout=5)
+        with pytest.raises(AssertionError):  # (and it stays there)
+            wait_for(lambda: queue.client.llen(wake) == 0, timeout=1.5)
+    finally:
+        worker.request_stop()
+        thread.join(20)
+
+
+def test_a_worker_that_starts_past_max_memory_says_so_once_and_does_not_recycle(
+        valkey_server: ValkeyProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """No restart loop: a process already past --max-memory at its first claim logs one ERROR
+    and keeps running (its memory is not held to the limit)."""
+    refs = jobs.add.enqueue_many([(1, 2)] * 3)
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=1, mirror=False,
+                                 max_memory=64, burst=True))
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        in_thread(worker).join(30)
+    assert worker.recycled is None and all(get_job(r.id).state == "succeeded" for r in refs)  # type: ignore[union-attr]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "--max-memory is below this worker's size after start" in errors[0]
