@@ -88,14 +88,16 @@ class Worker:
                              stop_claiming=self._stop_claiming, threads_stop=self._threads_stop,
                              wake=self.wake)
         """What it claims and hands to its runners (and hands back)."""
-        self.waiters = Waiters(config, self.held, stop_claiming=self._stop_claiming,
-                               threads_stop=self._threads_stop, take=self.claims.take,
-                               claim=self.claims.claim_woken, loop=self._loop)
-        self.claims.fell_busy = self.waiters.withdraw_offers
         self.recycler = Recycler.of(config.max_jobs, config.max_memory, self._recycle)
         """When this process makes way for a fresh one (`--max-jobs`, `--max-memory`); None
         without them."""
         self.claims.recycler = self.recycler
+        self.waiters = Waiters(config, self.held, stop_claiming=self._stop_claiming,
+                               threads_stop=self._threads_stop, take=self.claims.take,
+                               claim=self.claims.claim_woken, loop=self._loop,
+                               spent=self.recycler.spent if self.recycler else None)
+        self.claims.fell_busy = self.waiters.withdraw_offers
+        self.claims.spent = lambda: self.waiters.unblock(every=True)
         self._stop_asked = False
         self._grace_ends: float | None = None
         """When running jobs must have finished: `--grace` after the first stop; None before

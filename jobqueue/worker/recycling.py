@@ -26,6 +26,7 @@ import logging
 import os
 import resource
 import sys
+import threading
 from collections.abc import Callable
 
 from ..exceptions import ConfigurationError
@@ -98,6 +99,9 @@ class Recycler:
         """Jobs claimed or handed over so far."""
         self.reason: str | None = None
         """Why it recycles ("max_jobs", "max_memory"), once due."""
+        self.spent = threading.Event()
+        """Set once `--max-jobs` jobs were taken: the worker claims nothing more, and its
+        waiters stop taking the wake tokens another worker could use."""
         self._trip = trip
         self._resident = Resident() if max_memory is not None else None
         self._limit = (max_memory or 0) << 20
@@ -135,9 +139,13 @@ class Recycler:
         return self.reason is None and (self.max_jobs is None
                                         or self.taken + count <= self.max_jobs)
 
-    def took(self, count: int) -> None:
-        """Jobs claimed or handed over reached the runners."""
+    def took(self, count: int) -> bool:
+        """Jobs claimed or handed over reached the runners; True when they spent the budget."""
         self.taken += count
+        if self.max_jobs is None or self.taken < self.max_jobs or self.spent.is_set():
+            return False
+        self.spent.set()
+        return True
 
     def _due(self, reason: str, why: str) -> None:
         self.reason = reason
