@@ -69,18 +69,35 @@ def test_max_jobs_bounds_each_claim_and_is_due_once_its_last_job_has_finished() 
     assert recycler.room(8, held=0) == 0 and trips == ["max_jobs"]  # once
 
 
-def test_max_memory_is_due_once_the_process_is_past_it() -> None:
+def test_max_memory_is_due_once_the_process_has_grown_past_it() -> None:
     trips: list[str] = []
     mb = (resident_bytes() or 0) >> 20
     assert mb > 0
     roomy = Recycler(None, mb + 1000, lambda reason, why: trips.append(reason))
     assert roomy.room(8, held=0) == 8 and roomy.admits(100) and not trips
+    growing = Recycler(None, mb + 50, lambda reason, why: trips.append(why))
+    assert growing.room(8, held=0) == 8 and not trips
+    kept = b"\x01" * (100 << 20)  # (written: resident)
+    assert growing.room(8, held=0) == 8 and not trips  # a process runs one job at least
+    growing.took(1)
+    assert growing.room(8, held=0) == 0 and growing.reason == "max_memory"
+    assert len(trips) == 1 and f"is past --max-memory {mb + 50} MB" in trips[0]
+    assert len(kept) and Recycler.of(None, None, lambda reason, why: None) is None
+
+
+def test_a_process_past_max_memory_at_its_first_claim_says_so_once_and_is_not_held_to_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """No restart loop: a fresh process would start past the limit too."""
+    trips: list[str] = []
+    mb = (resident_bytes() or 0) >> 20
     full = Recycler(None, mb - 1, lambda reason, why: trips.append(why))
-    assert full.room(8, held=0) == 8 and not trips  # a process runs one job at least
-    full.took(1)
-    assert full.room(8, held=0) == 0 and full.reason == "max_memory"
-    assert len(trips) == 1 and f"is past --max-memory {mb - 1} MB" in trips[0]
-    assert Recycler.of(None, None, lambda reason, why: None) is None  # no limit: no recycler
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        assert full.room(8, held=0) == 8
+        full.took(1)
+        assert full.room(8, held=0) == 8 and full.room(8, held=0) == 8
+    assert not trips and full.reason is None
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.startswith("--max-memory is below this worker's size after start: ")
 
 
 def test_100_jobs_with_max_jobs_10_take_at_least_10_processes_each_job_run_once(
@@ -304,8 +321,8 @@ def test_pool_processes_that_start_past_max_memory_are_kept_with_one_warning(
                      "--workers", "1", "--processes", log=log)
     assert code == 0
     assert len(processes(path)) == 1, "a spawned pool process (Django set up again) per job"
-    text = log.read_text()
-    assert text.count("WARNING") == 1 and "pool process holds" in text
+    said = [line for line in log.read_text().splitlines() if "pool process holds" in line]
+    assert len(said) == 1 and " WARNING " in said[0] and "once started" in said[0]
 
 
 def test_a_worker_past_its_share_leaves_wake_tokens_to_the_others(
