@@ -4,7 +4,8 @@ The supervisor runs no job itself. It starts N worker children, each with its ow
 (the claim script makes sharing queues safe), passes stop signals on, and starts a child again
 when it dies (SIGKILL, out of memory, a handler that called `os._exit`). A child that recycled
 itself (`--max-jobs`, `--max-memory`: it exits RECYCLE_EXIT, see `recycling.py`) is started
-again at once, without the delay a dying child gets; `runworker` supervises even one worker
+again at once, without the delay a dying child gets (unless it did so QUICK_RECYCLES times in
+a row, each soon after its start: then it gets that delay too); `runworker` supervises even one worker
 when those are set. In a burst run a child that finished its burst (exit 0) is done; the
 supervisor exits 0 once all are.
 
@@ -45,6 +46,10 @@ from .recycling import RECYCLE_EXIT
 log = logging.getLogger("jobqueue.worker")
 QUICK_DEATH = 5.0
 """A child that dies sooner than this after its start is restarted with a growing delay."""
+QUICK_RECYCLES = 3
+"""Recycles in a row, each sooner than QUICK_DEATH after its start, after which a child is
+restarted with a delay as a crashed one is (a limit its processes reach as they start, such as
+a handler that loads a big model at import, must not make a restart loop without a pause)."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -167,6 +172,8 @@ class _Child:
     finished: bool = False
     """Exited 0 at the end of a burst, or after a stop: not to be started again."""
     exits: list[int] = field(default_factory=list)
+    quick_recycles: int = 0
+    """Recycles in a row that came sooner than QUICK_DEATH after the start."""
 
 
 class Supervisor:
@@ -244,13 +251,15 @@ class Supervisor:
         if self._stopping.is_set() or (self.burst and code == 0):
             child.finished = True
             return
-        if code == RECYCLE_EXIT:
-            child.delay = 0.5
-            log.info("supervisor: worker %d recycled itself (pid %d); starting a fresh one",
-                     index, pid)
-            self._start(index)
-            return
         lived = time.monotonic() - child.started
+        if code == RECYCLE_EXIT:
+            child.quick_recycles = child.quick_recycles + 1 if lived < QUICK_DEATH else 0
+            if child.quick_recycles < QUICK_RECYCLES:
+                child.delay = 0.5
+                log.info("supervisor: worker %d recycled itself (pid %d); starting a fresh one",
+                         index, pid)
+                self._start(index)
+                return
         child.delay = min(child.delay * 2, 30.0) if lived < QUICK_DEATH else 0.5
         child.restart_at = time.monotonic() + child.delay
         log.warning("supervisor: worker %d exited with code %d after %.1fs; restarting in %.1fs",
