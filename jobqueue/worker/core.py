@@ -41,7 +41,7 @@ from .heartbeat import Heartbeat
 from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
 from .outcomes import Outcomes
-from .recycling import Recycler
+from .recycling import RECYCLE_EXIT, Recycler
 from .runners import EventLoop, Runners
 from .serving import HeldJobs, Served, WorkerConfig, find_queues
 from .threads import Threads
@@ -117,9 +117,14 @@ class Worker:
         return self.outcomes.failed
 
     @property
-    def recycled(self) -> str | None:
+    def recycle_reason(self) -> str | None:
         """Why this worker stopped to make way for a fresh process (None: it did not)."""
         return self.recycler.reason if self.recycler is not None else None
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code its process ends with: RECYCLE_EXIT when it recycled, else 0."""
+        return RECYCLE_EXIT if self.recycle_reason else 0
 
     def _loop(self) -> EventLoop | None:
         return self.runners.loop if self.runners else None
@@ -129,7 +134,7 @@ class Worker:
     def request_stop(self) -> None:
         """First call: stop claiming and let running jobs finish. Second: release them now."""
         # (a recycle stops claiming too, but a signal during its drain is still the first)
-        if self._stop_asked if self.recycled else self._stop_claiming.is_set():
+        if self._stop_asked if self.recycle_reason else self._stop_claiming.is_set():
             log.warning("second stop request: releasing running jobs now")
             self._abort.set()
         else:
@@ -273,7 +278,7 @@ class Worker:
         # (a call that fails gives back what it did not record: the next try records it)
         with contextlib.suppress(RedisError):
             self.claims.claim()  # stopping: records the successes that waited for a claim
-        if self._grace_ends is None and not self.recycled:  # (a thread died, a burst ended)
+        if self._grace_ends is None and not self.recycle_reason:  # (a thread died, a burst ended)
             self._grace_ends = time.monotonic() + self.config.grace
         advertised = time.monotonic()
         while self.held.jobs and not self._abort.is_set() and self._in_grace():
@@ -315,9 +320,9 @@ class Worker:
             self.runners.stop(wait=not self.abandoned and not self.held.abandoned)
         if self.served.queues:
             with contextlib.suppress(*VALKEY_DOWN):
-                if self.recycled:  # (stopped meanwhile: no fresh process takes its name)
+                if self.recycle_reason:  # (stopped meanwhile: no fresh process takes its name)
                     presence.recycled(self.served.queues[0].client, self.config.name,
-                                      self.recycled, final=self._stop_asked)
+                                      self.recycle_reason, final=self._stop_asked)
                 else:
                     presence.goodbye(self.served.queues[0].client, self.config.name)
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,

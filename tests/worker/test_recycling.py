@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -174,6 +175,7 @@ def test_a_running_supervised_worker_recycles_until_stopped_and_the_console_coun
         [row] = queue.client.hvals("{emq}:workers")
         first = json.loads(row)
         assert first["pid"] != worker.pid  # supervised, with --workers 1
+        assert first["name"] == f"{socket.gethostname()}:{worker.pid}"  # its name, no "-0"
         refs = jobs.leaky.enqueue_many([(str(path),)] * 20)
         wait_for(lambda: queue.counts()["succeeded"] == 20)
         each_ran_once(path, [r.id for r in refs])
@@ -289,7 +291,7 @@ def test_a_memory_recycle_never_cuts_a_running_job_short(valkey_server: ValkeyPr
     that itself takes each process past the limit would loop forever, never charged)."""
     worker, slow = recycling_mid_run()
     in_thread(worker).join(30)
-    assert worker.recycled == "max_memory" and worker.abandoned == 0
+    assert worker.recycle_reason == "max_memory" and worker.abandoned == 0
     info = get_job(slow)
     assert info is not None and info.state == "succeeded" and charged(slow) == 1
 
@@ -303,7 +305,7 @@ def test_a_stop_during_a_recycle_leaves_no_count_behind(valkey_server: ValkeyPro
 
     worker, slow = recycling_mid_run("w-final")
     thread = in_thread(worker)
-    wait_for(lambda: worker.recycled is not None)
+    wait_for(lambda: worker.recycle_reason is not None)
     worker.request_stop()  # (the operator's stop, relayed by the supervisor)
     thread.join(30)
     client = Queue("default").client
@@ -355,6 +357,6 @@ def test_a_worker_that_starts_past_max_memory_says_so_once_and_does_not_recycle(
                                  max_memory=64, burst=True))
     with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
         in_thread(worker).join(30)
-    assert worker.recycled is None and all(get_job(r.id).state == "succeeded" for r in refs)  # type: ignore[union-attr]
+    assert worker.recycle_reason is None and all(get_job(r.id).state == "succeeded" for r in refs)  # type: ignore[union-attr]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "--max-memory is below this worker's size after start" in errors[0]

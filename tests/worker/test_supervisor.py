@@ -85,8 +85,7 @@ def test_where_the_kernel_sends_no_parent_death_signal_a_thread_watches_the_pare
 
 def test_a_child_that_keeps_recycling_at_once_is_restarted_with_a_delay() -> None:
     """A recycle is restarted at once, but not a child whose every process recycles as soon
-    as it starts (a limit it reaches at start-up): after a few such in a row it waits as a
-    crashed child does."""
+    as it starts (a limit it reaches at start-up): after a few such in a row it pauses."""
     from jobqueue.worker.supervisor import QUICK_RECYCLES, Supervisor
 
     supervisor = Supervisor([[sys.executable, "-c", "raise SystemExit(75)"]], burst=False)
