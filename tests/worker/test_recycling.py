@@ -303,7 +303,7 @@ def test_a_stop_during_a_recycle_leaves_no_count_behind(valkey_server: ValkeyPro
     remove it), and the grace runs from the stop."""
     from jobqueue.keys import WORKERS_KEY
 
-    worker, slow = recycling_mid_run("w-final")
+    worker, _slow = recycling_mid_run("w-final")
     thread = in_thread(worker)
     wait_for(lambda: worker.recycle_reason is not None)
     worker.request_stop()  # (the operator's stop, relayed by the supervisor)
