@@ -264,13 +264,19 @@ def in_thread(worker: Worker) -> threading.Thread:
     return thread
 
 
+def heartbeat(name: str) -> float:
+    """The time of the worker's last presence entry (0: none)."""
+    raw = Queue("default").client.hget("{emq}:workers", name)
+    return float(json.loads(raw)["heartbeat"]) if raw else 0.0
+
+
 def recycling_mid_run(name: str = "w-recycling") -> tuple[Worker, str]:
-    """A worker (grace 0.3 s) whose first claim takes a 1.5 s sleep and a job that keeps
+    """A worker (grace 0.3 s) whose first claim takes a 2 s sleep and a job that keeps
     100 MB in this process, past the worker's --max-memory (set 60 MB above this process's
     size): it recycles while the sleep runs. Its running thread, and the sleep's id."""
     limit = ((resident_bytes() or 0) >> 20) + 60
     Queue("default").pause()  # (both jobs in the worker's first claim)
-    slow = jobs.sleep.enqueue(1.5)
+    slow = jobs.sleep.enqueue(2.0)
     jobs.leaky.enqueue("/dev/null", 100)
     Queue("default").resume()
     worker = Worker(WorkerConfig(queues=("default",), concurrency=2, mirror=False,
@@ -290,7 +296,11 @@ def test_a_memory_recycle_never_cuts_a_running_job_short(valkey_server: ValkeyPr
     runs on past --grace finishes, charged once, rather than go back to be run again (a job
     that itself takes each process past the limit would loop forever, never charged)."""
     worker, slow = recycling_mid_run()
-    in_thread(worker).join(30)
+    thread = in_thread(worker)
+    wait_for(lambda: worker.recycle_reason is not None)
+    seen = heartbeat(worker.config.name)
+    wait_for(lambda: heartbeat(worker.config.name) > seen, timeout=5)  # (advertised: not stale)
+    thread.join(30)
     assert worker.recycle_reason == "max_memory" and worker.abandoned == 0
     info = get_job(slow)
     assert info is not None and info.state == "succeeded" and charged(slow) == 1
