@@ -370,3 +370,25 @@ def test_a_worker_that_starts_past_max_memory_says_so_once_and_does_not_recycle(
     assert worker.recycle_reason is None and all(get_job(r.id).state == "succeeded" for r in refs)  # type: ignore[union-attr]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "--max-memory is below this worker's size after start" in errors[0]
+
+
+def test_the_last_jobs_of_the_budget_are_claimed_while_the_others_run(
+        valkey_server: ValkeyProcess) -> None:
+    """--max-jobs leaves less than a batch's worth: those are claimed as soon as there is room
+    for them, not once the worker is empty."""
+    queue = Queue("default")
+    queue.pause()
+    jobs.add.enqueue(1, 2)
+    jobs.sleep.enqueue_many([(2.0,)] * 3)
+    queue.resume()
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=4, mirror=False, max_jobs=5))
+    thread = in_thread(worker)
+    try:
+        wait_for(lambda: worker.recycler.taken == 4 and len(worker.held.jobs) == 3)  # type: ignore[union-attr]
+        last = jobs.add.enqueue(2, 3)
+        wait_for(lambda: worker.recycler.taken == 5, timeout=1.5)  # type: ignore[union-attr]
+        assert len(worker.held.jobs) >= 3  # (the sleeps still run)
+    finally:
+        thread.join(30)
+    info = get_job(last.id)
+    assert worker.recycle_reason == "max_jobs" and info is not None and info.state == "succeeded"
