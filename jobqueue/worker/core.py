@@ -300,6 +300,11 @@ class Worker:
             log.warning("could not release running jobs: their leases will expire instead")
 
     def _in_grace(self) -> bool:
+        """Whether running jobs may still finish: until `--grace` after a stop (a recycle's
+        drain has no deadline until one arrives, or a thread of the worker dies: without its
+        heartbeat, say, it must not wait on)."""
+        if self._grace_ends is None and self._threads.broken is not None:
+            self._grace_ends = time.monotonic() + self.config.grace
         ends = self._grace_ends
         return ends is None or time.monotonic() < ends
 
