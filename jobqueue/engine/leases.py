@@ -114,7 +114,8 @@ class Leases:
             permits.ended(held for held, _ in acks)
         reserved, mark = None, permits.mark
         if permits.capped(given):
-            reserved = permits.reserve(client, count, given, self.lease_ms(lease) / 1000)
+            reserved = permits.reserve(client, count, given,
+                                       self.queue.options.lease if lease is None else lease)
         try:
             answers, out = self._ack_and_claim(acks, count if reserved is None else reserved,
                                                lease, worker, override_lease, shards, only)

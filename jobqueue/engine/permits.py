@@ -34,11 +34,15 @@ from typing import Any
 
 from ..keys import ShardKeys, cap_keys
 from ..records import Lease
-from ..spec import QueueOptions, global_cap
+from ..spec import QueueOptions, global_cap, validate_lease
 from .scripts import calls
 
 MARGIN = 0.9
 """The part of their lease a holder counts on its permits (the rest covers the call's trip)."""
+_forks = [0]
+"""Forks this process came through: a child's holders start afresh (the permits are the
+parent's)."""
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class Permits:
@@ -47,7 +51,7 @@ class Permits:
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self.holder = f"{os.getpid()}:{secrets.token_hex(4)}"
-        self._pid = os.getpid()
+        self._born = _forks[0]
         self.mark = ""
         """The cap's live setting as last heard ('' = none set live; '0' = lifted live)."""
         self.held = 0
@@ -74,12 +78,13 @@ class Permits:
         if not self.capped(given):
             return None
         with self._lock:
-            if self._pid != os.getpid():  # (a forked child: the parent's permits are not its own)
+            if self._born != _forks[0]:  # (a forked child: the parent's permits are not its own)
                 self.__init__(self.queue)  # type: ignore[misc]
             now = time.monotonic()
-            self._drop_lapsed(now)
             busy = len(self.running) + self.reserved
             if self.held - busy < want or now >= self._valid_until or self.over:
+                self._drop_lapsed(now)
+                busy = len(self.running) + self.reserved
                 self._sync(client, busy + want, busy, given, lease, now)
                 if not self.capped(given):
                     return None
@@ -136,7 +141,8 @@ class Permits:
               now: float) -> None:
         """One permits call: hold `want` from now on (its lease: the longest of `lease` and
         the running jobs' leases left, so a renewal between heartbeats never lapses)."""
-        lease = max([lease, 1.0, *(end - now for end in self.running.values())])
+        lease = max([validate_lease(lease) if lease else 0.0, 1.0,
+                     *(end - now for end in self.running.values())])
         answer = calls.permits(client, cap_keys(self.queue), self.holder, want, floor,
                                round(lease * 1000), given)
         self.held, self.mark, self.over = answer.held, answer.live, answer.over

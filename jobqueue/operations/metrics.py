@@ -11,7 +11,10 @@ reports the whole fleet.
 - `jobqueue_job_duration_seconds{queue}` — run time of recorded runs (histogram);
 - `jobqueue_rate_limit_tokens{queue}` — jobs a rate-limited queue would admit now (gauge);
 - `jobqueue_lane_active{queue,lane}` — running jobs that hold a slot of their lane's cap, for
-  the LANE_TOP busiest lanes of each queue only (gauge; bounded cardinality).
+  the LANE_TOP busiest lanes of each queue only (gauge; bounded cardinality);
+- `jobqueue_global_concurrency{queue}` — the global cap in force, and
+  `jobqueue_global_permits{queue}` — its permits held now (what runs or is about to, over every
+  worker), for queues with a cap only (gauges).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..conf import get_client, get_config
-from ..engine import backlog, lanes, layouts
+from ..engine import backlog, lanes, layouts, permits
 from ..engine.store import Queue, known_queues
 from ..states import State
 
@@ -57,6 +60,11 @@ class ValkeyCollector:
                                         "(the busiest lanes)", labels=["queue", "lane"])
         shards = GaugeMetricFamily("jobqueue_shards", "Shards of a queue by status",
                                    labels=["queue", "status"])
+        global_cap = GaugeMetricFamily("jobqueue_global_concurrency",
+                                       "The queue's global cap in force", labels=["queue"])
+        global_permits = GaugeMetricFamily("jobqueue_global_permits",
+                                           "Permits of the queue's global cap held now",
+                                           labels=["queue"])
         resizes = CounterMetricFamily("jobqueue_shard_resizes",
                                       "Live resizes (by hand or automatic)",
                                       labels=["queue", "direction"])
@@ -100,7 +108,12 @@ class ValkeyCollector:
                 tokens.add_metric([name], level)
             for lane, active in lanes.busiest(queue.client, name, queue.all_shards(), LANE_TOP):
                 lane_active.add_metric([name, lane], active)
-        yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes)
+            cap = permits.state(queue.client, name, queue.options)
+            if cap.cap is not None:
+                global_cap.add_metric([name], cap.cap)
+                global_permits.add_metric([name], cap.held)
+        yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes,
+                    global_cap, global_permits)
 
 
 @sensitive_variables("token")
