@@ -186,6 +186,12 @@ class Leases:
         self.rate_wait = min(limited) / 1000 if limited and all(limited) else 0.0
         return answers, out
 
+    def give_back(self) -> None:
+        """Give back the global cap's permits no running job holds (a worker stopping): one
+        call, only when some are held."""
+        if self.permits.held:
+            self.permits.give_back(self.queue.client, self.queue.options.global_concurrency or 0)
+
     def ack_encoded(self, items: Sequence[tuple[Lease, str]]) -> list[Acked]:
         """Record successes, results already encoded as JSON (the worker encodes them once),
         one script call per shard."""

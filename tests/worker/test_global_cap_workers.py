@@ -16,8 +16,8 @@ import pytest
 from jobqueue import Queue
 from jobqueue.keys import cap_keys
 from tests.jobapp import jobs
-from tests.servers import ValkeyProcess, server_ms
-from tests.workers import start_worker, wait_for
+from tests.servers import server_ms
+from tests.workers import serving, start_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -27,15 +27,9 @@ QUEUES = {"capped": {"shards": 4, "global_concurrency": 3, "lease": LEASE}}
 
 
 @pytest.fixture(params=["standalone", "cluster"])
-def url(request: pytest.FixtureRequest, settings: Any, valkey_server: ValkeyProcess) -> str:
+def url(request: pytest.FixtureRequest, settings: Any) -> str:
     """The Valkey the test and its workers use, with the `capped` queue configured."""
-    where = valkey_server.url
-    if request.param == "cluster":
-        where = request.getfixturevalue("valkey_cluster").url
-    settings.JOBQUEUE = {"URL": where, "QUEUES": {"default": {}, **QUEUES}}
-    if request.param == "cluster":
-        Queue("default").client.flushall(target_nodes="primaries")
-    return where
+    return serving(request, settings, QUEUES)
 
 
 def workers(url: str, n: int) -> list[subprocess.Popen[bytes]]:
