@@ -74,8 +74,11 @@ def interleaved(shards: int, jobs: int, batch: int) -> tuple[float, float, float
     for queue in queues:
         queue.enqueue_many([JobSpec({"handler": "bench.noop", "args": []}) for _ in range(jobs)])
     spent, cpu, acks, left = [0.0, 0.0], [0.0, 0.0], [[], []], [True, True]
+    turn = 0
     while any(left):
-        for i, queue in enumerate(queues):
+        turn += 1
+        for i in ((0, 1) if turn % 2 else (1, 0)):  # (each goes first every other turn)
+            queue = queues[i]
             if not left[i]:
                 continue
             started, used = time.perf_counter(), time.process_time()
@@ -113,7 +116,7 @@ def main() -> None:
                                                 f"server {usec / base[1]:.3f}×")
                 base = base or (wall, usec)
                 print(f"{shards:>6} {'non-binding' if capped else 'off':>13} {wall:>9,.0f} "
-                      f"{usec:>14.2f} {calls:>12}{note}")
+                      f"{usec:>14.2f} {calls:>12.2f}{note}")
         print("\ninterleaved (claims of both queues taking turns; each claim timed):")
         for shards in (1, 16):
             pairs = [interleaved(shards, args.jobs, args.batch) for _ in range(args.rounds)]
