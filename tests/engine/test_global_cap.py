@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import redis
 
 from jobqueue import Queue, conf
 from jobqueue.engine import permits
@@ -164,3 +165,16 @@ def test_many_claimers_at_once_never_run_more_than_the_cap(make: Make) -> None:
             done.result(120)  # (a claimer's error fails the test)
     assert queue.counts()["succeeded"] == 120
     assert 1 <= int(queue.client.get(peak)) <= 3
+
+
+def test_a_claim_without_a_cap_makes_one_call_and_reads_no_key_of_a_cap(make: Make) -> None:
+    queue = make(shards=1)
+    if not isinstance(queue.client, redis.Redis):
+        pytest.skip("one server's command counts (a cluster's are per node)")
+    fill(queue, 3)
+    claim(queue, 1)  # (the claim's head is built and its script loaded)
+    queue.client.config_resetstat()
+    assert len(claim(queue, 2)) == 2
+    stats = queue.client.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 1 and "cmdstat_get" not in stats
+    assert not queue.client.keys("emq:{g#cap}*") and queue.leases.permits.held == 0
