@@ -76,6 +76,14 @@ class JobFailed(JobQueueError):
         self.job_id, self.state, self.error = job_id, state, error
 
 
+class JobTimeout(JobQueueError):
+    """A run that passed its `timeout` (the job's or its queue's option): the attempt fails with
+    this error and is retried as `max_attempts` and `backoff` say. The worker ends it (an async
+    run is cancelled, a process-pool run's process killed; a thread's run is abandoned, its
+    `ctx.cancelled` true and its late return discarded), or, when the worker itself is stuck,
+    another worker's reaper does once the run's lease lapses past the limit."""
+
+
 class InvalidFlow(JobQueueError, ValueError):
     """A flow or a dependency that cannot be built: a cycle, an unknown or finished-and-gone
     member, an empty group, a step that cannot take the previous result, jobs of several

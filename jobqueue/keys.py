@@ -15,6 +15,11 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 LANE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 REGISTRY_KEY = "{emq}:queues"
 WORKERS_KEY = "{emq}:workers"
+RECYCLES_KEY = "{emq}:recycles"
+"""Worker recycles: by reason (`max_jobs`, `max_memory`) for the whole fleet, and by worker name
+(`name:<worker>`) while that worker lives."""
+RECYCLE_REASONS = ("max_jobs", "max_memory")
+"""Why a worker recycles: `runworker --max-jobs`, `--max-memory`."""
 
 
 def _crc16(data: bytes) -> int:

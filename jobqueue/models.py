@@ -90,6 +90,8 @@ class Job(models.Model):
     run_after = models.DateTimeField(null=True, blank=True)
     backoff_ms = models.PositiveIntegerField(null=True, blank=True)
     lease_ms = models.PositiveIntegerField(null=True, blank=True)
+    timeout_ms = models.PositiveIntegerField(null=True, blank=True)
+    """A durable job's run time limit (its `timeout`; None: none), for a resend or a restore."""
     expires_at = models.DateTimeField(null=True, blank=True)
     """When a durable job ends `expired` unless it started by then (None: never); a resend or a
     restore that finds the row past it marks it expired instead of sending it."""

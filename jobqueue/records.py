@@ -9,6 +9,7 @@ field was bad, so a corrupt row is shown, mirrored and buried — never a crash.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -103,10 +104,16 @@ class Lease(NamedTuple):
     shard: int
     problem: str | None = None
     """Why the row cannot run (a corrupt payload or checkpoint); the worker buries such a job."""
+    timeout: float = 0.0
+    """The run's time limit in seconds (0: none): the job's or its queue's `timeout`."""
+    deadline: float = 0.0
+    """When the run must end (`time.monotonic()` as the claim's reply arrived, plus `timeout`;
+    0: no limit). The server's own deadline (claim.lua) is earlier by the reply's trip; the
+    lease it renews runs a second past it, the worker's margin to record the timeout itself."""
 
     @classmethod
     def from_claim(cls, queue: str, shard: int, job_id: str, token: str, raw_payload: str,
-                   raw_checkpoint: str, lease_ms: str) -> Lease:
+                   raw_checkpoint: str, lease_ms: str | int) -> Lease:
         payload, problem = json_field(raw_payload, "payload")
         if raw_payload == "":
             problem = "corrupt field payload: the row has none"
@@ -114,8 +121,14 @@ class Lease(NamedTuple):
         problem = problem or checkpoint_problem
         if problem:  # the job will be buried, not run: hand nothing half-decoded to a handler
             payload = checkpoint = None
-        return cls(job_id, int(token), payload, checkpoint, int(lease_ms) / 1000, queue, shard,
-                   problem)
+        try:
+            lease = int(lease_ms) / 1000
+        except ValueError:  # '<lease ms>:<timeout ms>': a run with a time limit (claim.lua)
+            lease_part, _, limit = str(lease_ms).partition(":")
+            timeout = int(limit) / 1000
+            return cls(job_id, int(token), payload, checkpoint, int(lease_part) / 1000, queue,
+                       shard, problem, timeout, time.monotonic() + timeout)
+        return cls(job_id, int(token), payload, checkpoint, lease, queue, shard, problem)
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,8 @@ class JobInfo:
     expires_at: datetime | None = None
     """When it expires unless started by then (None: never)."""
     cancel_requested: bool = False
+    timeout: float | None = None
+    """Seconds one run may take (its `timeout`; None: no limit)."""
     history: tuple[Any, ...] = ()
     """Earlier attempts that failed (the last ten): attempt, worker, started, ended (ms), error."""
     progress: Any = None
@@ -173,10 +188,17 @@ class JobInfo:
             run_after=fields.time("run_after") or enqueued, started_at=fields.time("started_at"),
             lease_until=fields.time("lease_until"), finished_at=fields.time("finished_at"),
             expires_at=fields.time("expires_at"), cancel_requested=row.get("cancel") == "1",
+            timeout=run_timeout(row.get("lease_ms")),
             history=attempt_history(fields.json("history")),
             progress=fields.json("progress"), flow=fields.text("flow") or None,
             corrupt=tuple(fields.corrupt),
         )
+
+
+def run_timeout(lease_ms: str | None) -> float | None:
+    """A row's run time limit in seconds, from its `lease_ms` ('<lease>:<timeout>'), or None."""
+    limit = (lease_ms or "").partition(":")[2]
+    return int(limit) / 1000 if limit.isdecimal() and int(limit) > 0 else None
 
 
 def attempt_history(value: Any) -> tuple[Any, ...]:

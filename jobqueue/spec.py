@@ -71,6 +71,11 @@ def validate_lease(value: object) -> float:
     return seconds(value, "lease", low=0.001, high=MAX_SECONDS)
 
 
+def validate_timeout(value: object) -> float:
+    """A run time limit: seconds in 0.001…86,400 (a number or a timedelta)."""
+    return seconds(value, "timeout", low=0.001, high=MAX_SECONDS)
+
+
 def validate_backoff(value: object) -> float:
     return seconds(value, "backoff", low=0, high=MAX_SECONDS)
 
@@ -142,7 +147,7 @@ def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
 
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
                       "priority", "durable", "lane_weights", "rate", "wait_replicas",
-                      "lane_concurrency", "lane_rate", "global_concurrency")
+                      "lane_concurrency", "lane_rate", "timeout", "global_concurrency")
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,9 @@ class QueueOptions:
     live (`Queue.set_lane_concurrency`) wins over these."""
     lane_rate: str | None = None
     """"N/s", "N/m" or "N/h": at most N jobs of each named lane start per period."""
+    timeout: float | None = None
+    """Seconds one run of a job may take (the job's own `timeout` wins): past it the run is
+    stopped and fails with `JobTimeout`. Written on each job as it is enqueued."""
     global_concurrency: int | None = None
     """At most n of the queue's jobs active at once, across every worker and shard (permits of
     one cap: engine/permits.py); a cap set live (`Queue.set_global_concurrency`) wins."""
@@ -253,6 +261,7 @@ def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -
         global_concurrency=None if global_concurrency is None else global_cap(global_concurrency),
         backoff=validate_backoff(options.backoff),
         priority=validate_priority(options.priority),
+        timeout=None if options.timeout is None else validate_timeout(options.timeout),
     )
 
 
@@ -276,6 +285,8 @@ class JobSpec(NamedTuple):
     then too."""
     expires: float | timedelta | datetime | None = None
     """Seconds from now (or an aware datetime): a job not started by then ends `expired`."""
+    timeout: float | timedelta | None = None
+    """Seconds one run may take (None: the queue's, else no limit)."""
 
 
 class Prepared(NamedTuple):
@@ -299,6 +310,8 @@ class Prepared(NamedTuple):
     """Tokens its earlier runs may have used (a durable row restored after Valkey lost its data,
     a job an operator retries from its mirror row): its `attempts` start there, so that no token
     repeats; 0 for a new job."""
+    timeout_ms: int = 0
+    """The run time limit (0: none), written with the lease (`calls.lease_field`)."""
 
 
 def _delay(spec: JobSpec) -> float:
@@ -323,15 +336,19 @@ def _delay(spec: JobSpec) -> float:
 
 
 def _options(options: QueueOptions, priority: Any, lane: Any, max_attempts: Any, backoff: Any,
-             lease: Any) -> tuple[int, str, int, int, int]:
-    """The validated options a job shares with most jobs of its batch:
-    (priority, lane, max_attempts, backoff ms, lease ms). lease 0 = the worker's default."""
+             lease: Any, timeout: Any = None) -> tuple[int, str, int, int, int, int]:
+    """The validated options a job shares with most jobs of its batch: (priority, lane,
+    max_attempts, backoff ms, lease ms, timeout ms). lease 0 = the worker's default; timeout
+    0 = no limit."""
+    if timeout is None:
+        timeout = options.timeout
     return (
         validate_priority(options.priority if priority is None else priority),
         "" if lane is None else validate_lane(lane),
         validate_max_attempts(options.max_attempts if max_attempts is None else max_attempts),
         round(validate_backoff(options.backoff if backoff is None else backoff) * 1000),
         0 if lease is None else round(validate_lease(lease) * 1000),
+        0 if timeout is None else max(1, round(validate_timeout(timeout) * 1000)),
     )
 
 
@@ -372,11 +389,12 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
         raise InvalidOption("debounce cannot be used on a durable queue: its database row "
                             "would keep the first enqueue's arguments (use a plain queue)")
     delay = _delay(spec)
-    shared = (options, spec.priority, spec.lane, spec.max_attempts, spec.backoff, spec.lease)
+    shared = (options, spec.priority, spec.lane, spec.max_attempts, spec.backoff, spec.lease,
+              spec.timeout)
     try:
-        priority, lane, max_attempts, backoff_ms, lease_ms = _cached_options(*shared)
+        priority, lane, max_attempts, backoff_ms, lease_ms, timeout_ms = _cached_options(*shared)
     except TypeError:  # an unhashable option: validate it uncached, which says what is wrong
-        priority, lane, max_attempts, backoff_ms, lease_ms = _options(*shared)
+        priority, lane, max_attempts, backoff_ms, lease_ms, timeout_ms = _options(*shared)
     unique = _unique_key(spec.unique_key)
     job_id = ids.validate_job_id(spec.job_id) if spec.job_id is not None else ids.new_id()
     delay_ms, expires_ms = math.ceil(delay * 1000), _expires_ms(spec.expires)
@@ -385,7 +403,8 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
                             f"start ({delay_ms / 1000:g} s from now): it could never run")
     return Prepared(job_id, spec.job_id is None, encode_payload(spec.payload, max_payload),
                     priority, lane, max_attempts, backoff_ms, lease_ms, delay_ms, unique,
-                    delay_ms if spec.debounce is not None else 0, expires_ms)
+                    delay_ms if spec.debounce is not None else 0, expires_ms,
+                    timeout_ms=timeout_ms)
 
 
 def encode_payload(payload: Any, max_payload: int) -> str:

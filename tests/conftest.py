@@ -14,6 +14,7 @@ from redis.cluster import RedisCluster
 from jobqueue import Queue, conf
 
 from .servers import ValkeyCluster, ValkeyProcess
+from .workers import end_leftovers
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -44,6 +45,14 @@ def _jobqueue_isolated(settings: Any, valkey_server: ValkeyProcess) -> Iterator[
     redis.Redis.from_url(valkey_server.url).flushall()
     yield
     conf.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    """A worker a test started, and what it forked, ends before the test's database is emptied
+    (else a SIGKILLed worker's mirror writes rows into the next test's)."""
+    yield
+    end_leftovers()
 
 
 @pytest.fixture(params=["standalone", "cluster"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +15,10 @@ from typing import Any
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+OWNER = f"JOBQUEUE_TEST_OWNER={os.getpid()}"
+"""In the environment of every worker this test process starts, and so of the processes they fork
+(a worker's mirror, a pool's processes): `end_leftovers` finds them by it."""
+_started = False
 
 
 def database_url() -> str:
@@ -31,8 +36,12 @@ def start_worker(valkey_url: str, *args: str, db_url: str | None = None,
                  new_session: bool = False) -> subprocess.Popen[bytes]:
     """`runworker` with these arguments; `new_session`: in a process group of its own, as a
     terminal or a process manager starts it (the group's id is the worker's pid)."""
+    global _started
+    _started = True
+    owner, pid = OWNER.split("=")
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", VALKEY_URL=valkey_url,
-               DATABASE_URL=db_url or database_url(), PYTHONUNBUFFERED="1", **(env or {}))
+               DATABASE_URL=db_url or database_url(), PYTHONUNBUFFERED="1", **{owner: pid},
+               **(env or {}))
     if "--workers" not in args:  # one process unless the test asks for more (default: per core)
         args = ("--workers", "1", *args)
     command = [sys.executable, "manage.py", "runworker", *args]
@@ -52,6 +61,40 @@ def run_burst(valkey_url: str, *args: str, timeout: float = 120, **kw: object) -
         proc.kill()  # a failed test leaves no worker behind
         proc.wait()
         raise
+
+
+def _leftovers() -> list[int]:
+    """The live processes (not zombies) whose environment holds `OWNER`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            if OWNER.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except (OSError, IndexError):  # (it ended meanwhile, or is not ours to read)
+            continue
+    return found
+
+
+def end_leftovers(timeout: float = 15) -> list[int]:
+    """After a test that started workers: wait until every process they started has ended (a
+    SIGKILLed worker's mirror ends on its own, after a last pass that writes rows), then SIGKILL
+    what is left. A test's database is emptied after it: nothing may write there later. Gives
+    the processes it had to kill."""
+    global _started
+    if not _started or not Path("/proc/self/environ").exists():
+        return []
+    _started = False
+    deadline = time.monotonic() + timeout
+    while (left := _leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 30, every: float = 0.02) -> None:

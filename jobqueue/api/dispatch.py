@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from .. import tracing
 from .._compat import in_transaction, open_transactions
@@ -49,7 +49,8 @@ def submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]:
     durable queue's jobs are first written to the database (in the transaction, if any) and
     always reach Valkey after the commit (`immediate` cannot skip that): see outbox.py. Inside
     a transaction on another alias than the rows' own (`outbox.elsewhere`), the rows could not
-    roll back with it: they are written once every open transaction has committed, then sent.
+    roll back with it: they are written once every open transaction has committed, then sent
+    (if the database refuses them then, the jobs are sent without rows, as a plain queue's).
     With tracing on, inside a producer span whose context each job carries (tracing.py).
     """
     traced = tracing.tracer()
@@ -68,8 +69,10 @@ def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]
     refs = [JobRef(p.job_id, queue.name) for p in prepared]
     if durable and outbox.elsewhere():
         def write_and_push() -> None:
-            outbox.write(queue, prepared)
-            outbox.push(queue, minted)
+            if _written(lambda: outbox.write(queue, prepared), refs):
+                outbox.push(queue, minted)
+            else:
+                queue.enqueue_many(minted)
 
         after_commit(write_and_push, refs, UNWRITTEN)
     elif durable:
@@ -91,8 +94,11 @@ def submit_flow(queue: Queue, nodes: list[graph.Node], flow: str = "",
     refs = [JobRef(job.job_id, queue.name) for job in prepared]
     if queue.options.durable and outbox.elsewhere():
         def write_and_push() -> None:
-            shards = outbox.write_flow(queue, nodes, prepared, flow)
-            outbox.push_flow(queue, nodes, prepared, flow, shards)
+            shards = _written(lambda: outbox.write_flow(queue, nodes, prepared, flow), refs)
+            if shards is None:
+                graph.enqueue(queue, nodes, prepared, flow)
+            else:
+                outbox.push_flow(queue, nodes, prepared, flow, shards)
 
         after_commit(write_and_push, refs, UNWRITTEN)
     elif queue.options.durable:
@@ -106,9 +112,23 @@ def submit_flow(queue: Queue, nodes: list[graph.Node], flow: str = "",
     return refs
 
 
+def _written[T](write: Callable[[], T], refs: list[JobRef]) -> T | None:
+    """`write`'s answer: durable rows written after the commit of a transaction on another
+    alias; None when the database refused them (logged): the caller then sends the jobs to
+    Valkey without rows, as a plain queue's, rather than losing them."""
+    try:
+        return write()
+    except DatabaseError as exc:
+        log.error("could not write the durable rows of job(s) %s of queue %s after the commit "
+                  "(%r); the jobs are sent to Valkey without them, as plain jobs",
+                  ", ".join(ref.id for ref in refs), refs[0].queue if refs else "?", exc)
+        return None
+
+
 LOST = "they are lost (a durable queue keeps its jobs through such an error)"
 WRITTEN = "their rows are in the database: a worker's resend sends them"
-UNWRITTEN = "their rows may not have been written: the jobs are lost unless they were"
+UNWRITTEN = ("their rows were written just before, unless the database refused them too: then "
+             "the jobs are lost")
 """What becomes of jobs whose send after the commit failed (`after_commit`'s `fate`)."""
 
 

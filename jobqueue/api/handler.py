@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from ..engine.scripts import calls
 from ..engine.store import Queue
+from ..exceptions import JobTimeout
 from ..records import Lease
 from ..spec import dumps
 
@@ -53,6 +54,12 @@ class Unretryable(Exception):
     cause's traceback."""
 
 
+def timeout_error(lease: Lease) -> str:
+    """What a run past its time limit failed with (the attempt's error)."""
+    return (f"the run of job {lease.job_id} (attempt {lease.token}) passed its timeout of "
+            f"{lease.timeout:g} s")
+
+
 class JobContext:
     """What a `takes_context=True` handler gets as `ctx`."""
 
@@ -74,15 +81,29 @@ class JobContext:
     @property
     def cancelled(self) -> bool:
         """True once an operator asked to cancel this job (Cancel on its page, or
-        `Queue.cancel`). Read from Valkey at most once a second, so a loop may ask often."""
+        `Queue.cancel`), or once the run passed its `timeout` (`timed_out`). Read from Valkey
+        at most once a second, so a loop may ask often."""
         now = time.monotonic()
+        if not self._cancelled and self.timed_out:
+            self._cancelled = True
         if not self._cancelled and now >= self._next_check:
             self._next_check = now + 1.0
             self._cancelled = Queue(self.queue).leases.cancel_requested(self._lease)
         return self._cancelled
 
+    @property
+    def timed_out(self) -> bool:
+        """True once the run passed its `timeout`: the worker has recorded it failed with
+        JobTimeout, and whatever the handler returns now is discarded (stop soon: until it
+        returns, its thread holds one of the worker's slots)."""
+        deadline = self._lease.deadline
+        return bool(deadline) and time.monotonic() >= deadline
+
     def raise_if_cancelled(self) -> None:
-        """Stop here if an operator cancelled the job: it is recorded as cancelled."""
+        """Stop here if an operator cancelled the job (it is recorded as cancelled), or if the
+        run passed its timeout (JobTimeout: the worker recorded that already)."""
+        if self.timed_out:
+            raise JobTimeout(timeout_error(self._lease))
         if self.cancelled:
             raise JobCancelled(f"job {self.job_id} was cancelled while it ran")
 
@@ -132,12 +153,16 @@ class JobContext:
 
     async def acancelled(self) -> bool:
         """`cancelled`, awaited. Between its once-a-second looks it answers at once."""
+        if not self._cancelled and self.timed_out:
+            self._cancelled = True
         if self._cancelled or time.monotonic() < self._next_check:
             return self._cancelled
         return await asyncio.to_thread(lambda: self.cancelled)
 
     async def araise_if_cancelled(self) -> None:
         """`raise_if_cancelled`, awaited."""
+        if self.timed_out:
+            raise JobTimeout(timeout_error(self._lease))
         if await self.acancelled():
             raise JobCancelled(f"job {self.job_id} was cancelled while it ran")
 

@@ -24,7 +24,7 @@ from ..exceptions import InvalidFlow, InvalidOption, UnknownHandler
 from ..flows import graph
 from ..keys import validate_queue
 from ..records import JobInfo, Lease
-from ..spec import JobSpec, encode_payload, prepare
+from ..spec import JobSpec, encode_payload, prepare, validate_timeout
 from .dispatch import Route, submit, submit_flow
 
 _registry: dict[str, JobFunction] = {}
@@ -32,7 +32,7 @@ Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any
 """One call of a handler: a tuple of args, a dict of kwargs, or (args, kwargs)."""
 
 SPEC_OPTIONS = ("lane", "priority", "delay", "run_after", "max_attempts", "backoff", "lease",
-                "unique_key", "job_id", "debounce", "expires")
+                "unique_key", "job_id", "debounce", "expires", "timeout")
 
 
 @dataclass(frozen=True)
@@ -234,8 +234,8 @@ def _check_spec_options(spec: Mapping[str, Any]) -> None:
 def job(func: Callable[..., Any], /) -> JobFunction: ...
 @overload
 def job(*, queue: str = ..., priority: int = ..., max_attempts: int = ..., backoff: float = ...,
-        lease: float = ..., takes_context: bool = ..., name: str | None = ...,
-        immediate: bool = ...) -> Callable[[Callable[..., Any]], JobFunction]: ...
+        lease: float = ..., timeout: float = ..., takes_context: bool = ...,
+        name: str | None = ..., immediate: bool = ...) -> Callable[[Callable[..., Any]], JobFunction]: ...
 
 
 def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
@@ -244,6 +244,8 @@ def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
     """Register a handler, bare (`@job`) or with defaults (`@job(queue="emails", priority=5)`)."""
     _check_spec_options(spec)
     validate_queue(queue)  # now, at import, not at the first enqueue
+    if spec.get("timeout") is not None:
+        validate_timeout(spec["timeout"])
 
     def register(f: Callable[..., Any]) -> JobFunction:
         dotted = name or f"{f.__module__}.{f.__qualname__}"

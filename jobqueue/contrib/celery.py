@@ -10,9 +10,11 @@ Celery's routing names (`queue=`, the task's own `queue`, `task_routes`; else jo
   limit by Celery's own rule, with `self.request.retries` counting the earlier runs that were
   charged (not a stopping worker's hand-backs, nor the runs an operator's retry forgave);
   `max_retries` becomes the job's budget (max_retries + 1 runs) so a worker's death counts too;
-- what jobqueue cannot honour (a retry with other arguments or `throw=False`, `link`,
-  `time_limit`, a task id that is not a jobqueue id, …) is refused by name with InvalidOption,
-  never dropped.
+- a task's `time_limit` (or `apply_async(time_limit=…)`) is the job's `timeout`: past it the run
+  is stopped and fails with JobTimeout (retried within the job's budget); `soft_time_limit`
+  raises Celery's `SoftTimeLimitExceeded` inside the task, which it may catch to clean up;
+- what jobqueue cannot honour (a retry with other arguments or `throw=False`, `link`, a task id
+  that is not a jobqueue id, …) is refused by name with InvalidOption, never dropped.
 
 Nothing goes through a Celery broker or result backend: what `.delay()` returns is a `JobResult`,
 whose `.get(timeout=…)` waits for the job's result through jobqueue (`JobRef.result`).
@@ -21,11 +23,14 @@ docs/howto/from-celery.md lists what is mapped, refused and changed.
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Task, current_app, states
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
@@ -37,10 +42,12 @@ from ..engine.refs import JobRef
 from ..engine.store import JobSpec, Lease, Queue
 from ..exceptions import InvalidJobId, InvalidOption, JobFailed, UnknownHandler
 from ..records import int_field
-from ..spec import MAX_ATTEMPTS
+from ..spec import MAX_ATTEMPTS, MAX_SECONDS, seconds
 from ..states import State
 
 PREFIX = "celery:"
+SOFT_LIMIT = "soft_time_limit"
+"""The payload's key for `apply_async(soft_time_limit=…)` (a task's own is read as it runs)."""
 # Transport details with no meaning here; anything else (link, time_limit, chord, …) would be
 # silently lost, so it is refused instead.
 IGNORED_OPTIONS = {"serializer", "compression", "headers", "shadow", "ignore_result", "exchange",
@@ -104,6 +111,8 @@ class JobTask(Task):
                     priority: int | None = None, queue: Any = None,
                     expires: float | timedelta | datetime | None = None,
                     **options: Any) -> JobResult:
+        time_limit = options.pop("time_limit") if "time_limit" in options else self.time_limit
+        soft_limit = options.pop("soft_time_limit", None)
         unsupported = set(options) - IGNORED_OPTIONS
         unsupported |= {name for name, value in (("link", link), ("link_error", link_error)) if value}
         if unsupported:
@@ -111,8 +120,11 @@ class JobTask(Task):
                                 "supported by jobqueue (args, kwargs, countdown, eta, priority, "
                                 "queue, expires, task_id are)")
         args, kwargs = list(args or ()), dict(kwargs or {})
-        payload = {"handler": PREFIX + self.name, "args": args, "kwargs": kwargs}
+        payload: dict[str, Any] = {"handler": PREFIX + self.name, "args": args, "kwargs": kwargs}
+        if soft_limit is not None:  # (a task's own soft_time_limit is read where it runs)
+            payload[SOFT_LIMIT] = seconds(soft_limit, SOFT_LIMIT, low=0.001, high=MAX_SECONDS)
         spec = JobSpec(payload, job_id=self._job_id(task_id), delay=countdown, run_after=eta,
+                       timeout=time_limit,
                        priority=self.priority if priority is None else priority,
                        max_attempts=_budget(self.max_retries),
                        backoff=float(self.default_retry_delay or 0),
@@ -176,6 +188,33 @@ class JobTask(Task):
                 "the task's max_retries")
 
 
+class SoftLimit:
+    """Celery's `soft_time_limit` on the thread that runs a task: past it, `SoftTimeLimitExceeded`
+    is raised inside the task (at its next Python instruction: a blocking C call ends first), as
+    Celery's prefork pool does with a signal; the task may catch it to clean up."""
+
+    def __init__(self, seconds: float) -> None:
+        self._thread = threading.get_ident()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._lock = threading.Lock()
+        self._over = False
+
+    def __enter__(self) -> None:
+        self._timer.start()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:  # (the limit fires before this, or never)
+            self._over = True
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if not self._over:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread), ctypes.py_object(SoftTimeLimitExceeded))
+
+
 def _budget(max_retries: int | None) -> int:
     """The job's runs for a task's `max_retries` (None, Celery's "for ever": the most a job
     may have)."""
@@ -211,12 +250,18 @@ def handler_for(name: str, lease: Lease) -> JobFunction:
         raise UnknownHandler(f"no Celery task registered as {task_name[:200]!r} runs on jobqueue "
                              "(a task of the worker's Celery app whose class is JobTask)")
 
+    payload = lease.payload if isinstance(lease.payload, dict) else {}
+    soft_limit = payload.get(SOFT_LIMIT) or task.soft_time_limit
+
     def run(*args: Any, **kwargs: Any) -> Any:
         retries = 0 if lease.token <= 1 else _charged_runs(lease)
         task.push_request(id=lease.job_id, retries=retries, args=args, kwargs=kwargs,
                           called_directly=False, jobqueue=True,
                           delivery_info={"routing_key": lease.queue})
         try:
+            if soft_limit:
+                with SoftLimit(float(soft_limit)):
+                    return task.run(*args, **kwargs)
             return task.run(*args, **kwargs)
         except RetryLater:
             raise

@@ -200,7 +200,8 @@ class Queue:
     def reap(self, limit: int = 1000, shards: int | None = None) -> int:
         """Expired leases go back to waiting (or dead when spent); returns how many."""
         return sum(calls.reap(self.client, self.shard(i), limit, retention_ms(),
-                              dead_retention_ms(), self.options.max_attempts)
+                              dead_retention_ms(), self.options.max_attempts,
+                              round(self.options.backoff * 1000))
                    for i in range(shards or self.claim_shards()))
 
     def promote(self, limit: int = 1000, shards: int | None = None) -> int:

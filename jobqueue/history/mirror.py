@@ -20,7 +20,7 @@ from ..records import mirror_columns
 
 GROUP = "mirror"
 NOT_DURABLE = {"durable": False, "relayed": True, "run_after": None, "backoff_ms": None,
-               "lease_ms": None, "expires_at": None, "reopened_after": None, "flow": None}
+               "lease_ms": None, "timeout_ms": None, "expires_at": None, "reopened_after": None, "flow": None}
 """The outbox columns of a row the mirror creates (see outbox.py); it never updates them."""
 
 

@@ -91,7 +91,7 @@ def _columns(queue: Queue, job: Prepared, shard: int, now: datetime) -> dict[str
         "result": None, "last_error": "", "unique_key": job.unique_key, "worker": "",
         "enqueued_at": now, "started_at": None, "finished_at": None, "changed_at": None, "mirrored_at": now,
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
-        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms,
+        "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms, "timeout_ms": job.timeout_ms or None,
         "expires_at": now + timedelta(milliseconds=job.expires_ms) if job.expires_ms else None,
         "reopened_after": None, "history": None, "progress": None, "flow": None,
     }
@@ -224,7 +224,7 @@ def spec_of(row: Job) -> JobSpec:
         run_after=due, max_attempts=row.max_attempts or None,
         backoff=None if row.backoff_ms is None else row.backoff_ms / 1000,
         lease=(row.lease_ms / 1000) if row.lease_ms else None, unique_key=row.unique_key or None,
-        expires=expires,
+        expires=expires, timeout=(row.timeout_ms / 1000) if row.timeout_ms else None,
     )
 
 
@@ -269,7 +269,8 @@ def recreate(queue: Queue, row: Job) -> None:
     with reopened(row.pk, after=row.finished_at):
         if row.durable and row.flow is not None:
             node = _node(row)._replace(spec=spec)
-            _send(queue, [node], graph.checked(queue, [node]), row.flow.get("flow", ""),
+            [job] = graph.checked(queue, [node])
+            _send(queue, [node], [job._replace(spent=row.attempts)], row.flow.get("flow", ""),
                   {row.pk: row.shard}, again=False)
             return
         job = prepare(spec, queue.options, get_config().max_payload)._replace(spent=row.attempts)
@@ -356,10 +357,12 @@ def _members_first(rows: Sequence[Job]) -> list[Job]:
     return ordered
 
 
-def _resend_flows(queue: Queue, rows: Sequence[Job], chunk: int = 500) -> int:
+def _resend_flows(queue: Queue, rows: Sequence[Job], chunk: int = 500, *,
+                  lost: bool = False) -> int:
     """Send durable flow rows again, members first, one flow script call per run of rows of
     one flow on one shard; mark the rows sent relayed; how many Valkey did not have. A run
-    whose member has neither reached Valkey nor finished is left to a later pass."""
+    whose member has neither reached Valkey nor finished is left to a later pass. `lost`: as
+    `_resend`'s (a restore: each job's attempts go past the tokens its runs may have used)."""
     from ..models import Job
 
     ordered, sent, start = _members_first(rows), 0, 0
@@ -374,8 +377,9 @@ def _resend_flows(queue: Queue, rows: Sequence[Job], chunk: int = 500) -> int:
         start = end
         nodes = [_node(row) for row in run]
         try:
-            sent += _send(queue, nodes, graph.checked(queue, nodes), key[0],
-                          {row.pk: row.shard for row in run})
+            prepared = [job._replace(spent=_spent(row) if lost else 0)
+                        for job, row in zip(graph.checked(queue, nodes), run, strict=True)]
+            sent += _send(queue, nodes, prepared, key[0], {row.pk: row.shard for row in run})
         except InvalidFlow as exc:
             log.warning("queue=%s: flow %s not sent again yet (%s)", queue.name, key[0] or "-", exc)
             continue
@@ -430,7 +434,7 @@ def restore(queues: Iterable[Queue], batch: int = 500,
         for start in range(0, len(order), batch):
             found = Job.objects.in_bulk(order[start:start + batch])
             restored += _resend_flows(queue, [found[pk] for pk in order[start:start + batch]
-                                              if pk in found])
+                                              if pk in found], lost=True)
             seen += min(batch, len(order) - start)
             if progress:
                 progress(queue.name, seen, restored)

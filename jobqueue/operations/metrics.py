@@ -12,6 +12,11 @@ reports the whole fleet.
 - `jobqueue_rate_limit_tokens{queue}` — jobs a rate-limited queue would admit now (gauge);
 - `jobqueue_lane_active{queue,lane}` — running jobs that hold a slot of their lane's cap, for
   the LANE_TOP busiest lanes of each queue only (gauge; bounded cardinality);
+- `jobqueue_worker_recycles_total{reason}` — worker processes that made way for a fresh one
+  (`runworker --max-jobs`: `max_jobs`, `--max-memory`: `max_memory`) (counter);
+- `jobqueue_abandoned_runs{worker}` — runs of plain handlers past their `timeout` whose threads
+  have not returned: recorded failed, each still holding a slot of its worker (gauge; from the
+  workers' presence entries, `{emq}:workers`, which the worker's presence.py writes);
 - `jobqueue_global_concurrency{queue}` — the global cap in force, and
   `jobqueue_global_permits{queue}` — its permits held now (what runs or is about to, over every
   worker), for queues with a cap only (gauges).
@@ -20,6 +25,7 @@ reports the whole fleet.
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +38,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..conf import get_client, get_config
 from ..engine import backlog, lanes, layouts, permits
 from ..engine.store import Queue, known_queues
+from ..keys import RECYCLE_REASONS, RECYCLES_KEY, WORKERS_KEY
 from ..states import State
 
 OUTCOMES = ("succeeded", "failed", "dead", "cancelled", "expired")
@@ -113,7 +120,31 @@ class ValkeyCollector:
                 global_cap.add_metric([name], cap.cap)
                 global_permits.add_metric([name], cap.held)
         yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes,
-                    global_cap, global_permits)
+                    global_cap, global_permits, abandoned_runs(), _recycles())
+
+
+def abandoned_runs() -> GaugeMetricFamily:
+    """Each live worker's abandoned runs, as its last presence entry says."""
+    gauge = GaugeMetricFamily("jobqueue_abandoned_runs", "Runs past their timeout whose "
+                              "threads have not returned (each holds a slot)", labels=["worker"])
+    for raw in get_client().hvals(WORKERS_KEY):
+        try:
+            entry = json.loads(raw)
+            gauge.add_metric([str(entry["name"])], int(entry.get("abandoned") or 0))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return gauge
+
+
+def _recycles() -> CounterMetricFamily:
+    """Worker recycles by reason, as the recycling workers counted them (`presence.recycled`)."""
+    recycles = CounterMetricFamily("jobqueue_worker_recycles",
+                                   "Worker processes that made way for a fresh one",
+                                   labels=["reason"])
+    counted = get_client().hmget(RECYCLES_KEY, RECYCLE_REASONS)
+    for reason, value in zip(RECYCLE_REASONS, counted, strict=True):
+        recycles.add_metric([reason], int(value or 0))
+    return recycles
 
 
 @sensitive_variables("token")

@@ -31,6 +31,7 @@ from ..exceptions import VALKEY_DOWN
 from ..records import Lease
 from .executor import Outcome
 from .outcomes import Carried, Finished, Outcomes
+from .recycling import Recycler
 from .runners import Runners
 from .serving import DRAINED, Drained, HeldJobs, Served, WorkerConfig
 
@@ -52,6 +53,9 @@ class Claims:
         self._rotation = 0
         self.runners: Runners | None = None
         """Where claimed jobs go, once the worker started them (`Worker.start_runners`)."""
+        self.recycler: Recycler | None = None
+        """Bounds each claim by what `--max-jobs` leaves and trips a due recycle (`Worker`
+        sets it when a limit is set; None, and so no cost, without one)."""
         self.fell_busy: Callable[[], object] = lambda: None
         """Called when jobs reach a worker that held none (its idle offers go: the waiters'
         `withdraw_offers`), once the jobs are on the runners (they start without waiting for
@@ -97,7 +101,8 @@ class Claims:
         """Run the jobs a hand-off brought, or hand them back when the worker stops (as it
         does those a stopping waiter found handed to it)."""
         with self._lock:
-            if not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
+            if not (self._stop_claiming.is_set() or self._threads_stop.is_set()) and (
+                    self.recycler is None or self.recycler.admits(len(leases))):
                 self._drained.clear(queue.name)
                 self._submit(leases)
                 return
@@ -118,7 +123,9 @@ class Claims:
         return self._drained.refill(self._served.queues, now)
 
     def _claim_locked(self, carried: Carried, woken: tuple[Queue, int] | None) -> int:
-        room, queues = self._config.capacity - len(self._held.jobs), self._served.queues
+        room, queues = self._config.capacity - self._held.taken, self._served.queues
+        if self.recycler is not None and not self._stop_claiming.is_set():
+            room = self.recycler.room(room, len(self._held.jobs))
         stopping = self._stop_claiming.is_set()
         if (stopping or not queues or room <= 0
                 or (self._held.jobs and room < self._config.batch)):
@@ -166,6 +173,8 @@ class Claims:
     def _submit(self, leases: list[Lease]) -> None:
         assert self.runners is not None
         fell_busy = self._held.add(leases)
+        if self.recycler is not None:
+            self.recycler.took(len(leases))
         self.runners.submit(leases)  # (first: the jobs start without waiting for Valkey)
         if fell_busy and self._held.jobs:  # busy still: its idle offers on other shards go
             self.fell_busy()

@@ -41,6 +41,7 @@ from .heartbeat import Heartbeat
 from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
 from .outcomes import Outcomes
+from .recycling import Recycler
 from .runners import EventLoop, Runners
 from .serving import HeldJobs, Served, WorkerConfig, find_queues
 from .threads import Threads
@@ -88,6 +89,11 @@ class Worker:
                                threads_stop=self._threads_stop, take=self.claims.take,
                                claim=self.claims.claim_woken, loop=self._loop)
         self.claims.fell_busy = self.waiters.withdraw_offers
+        self.recycler = Recycler.of(config.max_jobs, config.max_memory, self._recycle)
+        """When this process makes way for a fresh one (`--max-jobs`, `--max-memory`); None
+        without them."""
+        self.claims.recycler = self.recycler
+        self._stop_asked = False
         self._abort = threading.Event()
         self._threads = Threads(stop=self._stop_claiming, wake=self.wake)
         self.runners: Runners | None = None
@@ -102,6 +108,11 @@ class Worker:
     def failed(self) -> int:
         return self.outcomes.failed
 
+    @property
+    def recycled(self) -> str | None:
+        """Why this worker stopped to make way for a fresh process (None: it did not)."""
+        return self.recycler.reason if self.recycler is not None else None
+
     def _loop(self) -> EventLoop | None:
         return self.runners.loop if self.runners else None
 
@@ -109,11 +120,22 @@ class Worker:
 
     def request_stop(self) -> None:
         """First call: stop claiming and let running jobs finish. Second: release them now."""
-        if self._stop_claiming.is_set():
+        # (a recycle stops claiming too, but a signal during its drain is still the first)
+        if self._stop_asked if self.recycled else self._stop_claiming.is_set():
             log.warning("second stop request: releasing running jobs now")
             self._abort.set()
         else:
             log.info("stop requested: finishing running jobs (grace %.0fs)", self.config.grace)
+        self._stop_asked = True
+        self._stop_claiming.set()
+        self.wake.set()
+
+    def _recycle(self, reason: str, why: str) -> None:
+        """The recycler found this worker due (under the claim lock, on any thread): stop
+        claiming and drain as a first stop would; `runworker` then exits RECYCLE_EXIT."""
+        log.info("worker %s recycled (%s): handing back prefetched jobs, finishing running "
+                 "ones (grace %.0fs); a fresh process takes its place", self.config.name, why,
+                 self.config.grace)
         self._stop_claiming.set()
         self.wake.set()
 
@@ -181,7 +203,8 @@ class Worker:
         """Start the runners (`run` does, once it found its queues; a test that drives
         `turn()` itself calls it). At concurrency 1 a runner claims the next job itself."""
         done = self.claims.finished_one if self.config.concurrency == 1 else self.outcomes.finished
-        self.runners = Runners(self.config.concurrency, done, processes=self.config.processes)
+        self.runners = Runners(self.config.concurrency, done, processes=self.config.processes,
+                               held=self.held, max_memory=self.config.max_memory)
         self.claims.runners = self.runners
 
     def _ensure_waiters(self) -> None:
@@ -271,10 +294,15 @@ class Worker:
         if self._mirror is not None:
             self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
         if self.runners is not None:
-            self.runners.stop(wait=not self.abandoned)
+            # (an abandoned run's thread may never return: the process's exit ends it)
+            self.runners.stop(wait=not self.abandoned and not self.held.abandoned)
         if self.served.queues:
             with contextlib.suppress(*VALKEY_DOWN):
-                presence.goodbye(self.served.queues[0].client, self.config.name)
+                if self.recycled:
+                    presence.recycled(self.served.queues[0].client, self.config.name,
+                                      self.recycled)
+                else:
+                    presence.goodbye(self.served.queues[0].client, self.config.name)
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,
                  self.processed, self.failed, self.abandoned)
 

@@ -20,10 +20,10 @@ from typing import Any, NamedTuple, TypeGuard
 from redis.exceptions import RedisError
 
 from .. import tracing
-from ..api.handler import JobCancelled, JobContext, RetryLater, Unretryable
+from ..api.handler import JobCancelled, JobContext, RetryLater, Unretryable, timeout_error
 from ..api.registry import JobFunction, handler_for
 from ..conf import loop_factory
-from ..exceptions import JobQueueError, UnknownHandler
+from ..exceptions import JobQueueError, JobTimeout, UnknownHandler
 from ..records import Lease
 from ..spec import dumps
 
@@ -120,14 +120,23 @@ def execute(lease: Lease, resolved: Resolved | Outcome | None = None) -> Outcome
 async def execute_async(lease: Lease, resolved: Resolved) -> Outcome:
     """`execute` for an `async def` handler, awaited on the worker's event loop. A cancel of its
     task ends up here as a failure too: the caller, which knows whether it cancelled the task,
-    drops the outcome of a run it cancelled itself."""
+    drops the outcome of a run it cancelled itself. A run with a time limit is cancelled at its
+    deadline by a timer of the loop (`asyncio.timeout`), and fails with JobTimeout whatever it
+    did with the cancel (raised it, raised another error, or swallowed it and returned)."""
     started = time.monotonic()
     func, args, kwargs = _call_args(resolved, lease)
     failed: BaseException | None = None
+    limit = asyncio.timeout(lease.deadline - started) if lease.deadline else None
     try:
-        result = await func(*args, **kwargs)
+        if limit is None:
+            result = await func(*args, **kwargs)
+        else:
+            async with limit:
+                result = await func(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
         failed = exc
+    if limit is not None and limit.expired():
+        failed = JobTimeout(timeout_error(lease))
     ctx = _unwritten(args)
     if ctx is not None:  # (a round trip: off the loop)
         await asyncio.to_thread(_write_progress, ctx)
@@ -162,8 +171,15 @@ def _failed(exc: BaseException, started: float, ctx: JobContext | None = None) -
         return Outcome(False, error=str(exc), retry_in=exc.retry_in, duration=took)
     if isinstance(exc, JobCancelled):  # the row's cancel flag makes the nack record it cancelled
         return Outcome(False, error=str(exc), fatal=True, duration=took)
+    if isinstance(exc, JobTimeout):  # (the error says it all: no traceback to read)
+        return timed_out(str(exc), took)
     error = "".join(traceback.format_exception(exc, limit=20))[-8000:]
     return Outcome(False, error=error, fatal=final, duration=took)
+
+
+def timed_out(message: str, took: float) -> Outcome:
+    """The failure of a run past its time limit (retried as its budget allows)."""
+    return Outcome(False, error=f"jobqueue.exceptions.JobTimeout: {message}", duration=took)
 
 
 def _succeeded(result: Any, started: float, ctx: JobContext | None = None) -> Outcome:

@@ -1,5 +1,7 @@
 """Lease renewal: while a handler runs, its lease is renewed at a third of its length, so a
-job may run for days on a 30 s lease and a dead worker's jobs still come back within one.
+job may run for days on a 30 s lease and a dead worker's jobs still come back within one. A run
+with a time limit is renewed no further than a second past its deadline (extend.lua caps it on
+the server), so a worker stuck past the limit cannot keep the run from the reaper.
 
 Reads the held jobs (`serving.HeldJobs`) and flags a lease found stale; calls only `extend_many`."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -34,6 +35,9 @@ from .serving import WorkerConfig
 from .supervisor import Forked, fork, forkable
 
 log = logging.getLogger("jobqueue.worker")
+PASSED = signal.SIGUSR1
+"""The mirror's thread to its process's main thread (a signal it waits for with the stop
+signals): the final pass is over."""
 RESEND_EVERY = 2.0
 SHARDS_EVERY = 10.0
 RECYCLE_EVERY = 60.0
@@ -149,9 +153,7 @@ class MirrorProcess:
         self.proc.send_signal(signal.SIGTERM)
         if abort:
             self.abort()
-        while self.proc.poll() is None:
-            time.sleep(0.05)
-        if self.proc.returncode:
+        if self.proc.wait():
             log.warning("mirror process exited with code %d", self.proc.returncode)
 
     def abort(self) -> None:
@@ -162,23 +164,31 @@ class MirrorProcess:
 def _serve(config: WorkerConfig) -> int:
     """In the mirror's process: mirror until the first stop signal, then make the final pass
     until it ends or a second signal comes. Signals are taken by `sigwait` on this thread, so
-    no handler runs while the mirror's thread holds a lock."""
+    no handler runs while the mirror's thread holds a lock. The mirror's thread says when it
+    is done (PASSED), so the process exits then: its worker waits for that exit before its own,
+    and a recycled worker's supervisor for the worker's."""
     collector.settle()  # (forked before the worker settled it)
     stops = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # (the mirror's thread inherits the mask)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {*stops, PASSED})  # (its thread inherits the mask)
     stop, abort = threading.Event(), threading.Event()
     mirror = MirrorThread(_served(config), config.name, stop)
 
     def work() -> None:
-        mirror.run()
-        mirror.final_pass(insist=config.burst, abort=abort)
+        try:
+            mirror.run()
+            mirror.final_pass(insist=config.burst, abort=abort)
+        finally:
+            os.kill(os.getpid(), PASSED)
 
     thread = threading.Thread(target=work, name="jobqueue-mirror", daemon=True)
     thread.start()
     signal.sigwait(stops)
     stop.set()
     while thread.is_alive():
-        if signal.sigtimedwait(stops, 0.1) is not None:
+        got = signal.sigtimedwait({*stops, PASSED}, 1.0)
+        if got is not None and got.si_signo == PASSED:
+            thread.join()  # (on its way out)
+        elif got is not None:
             abort.set()
     return 0
 

@@ -9,6 +9,8 @@ process runs one known job at a time:
 - a handler that ends its process (`os._exit`, a crash, the kernel's OOM killer) fails its own
   job only, charged once ("its process exited"), and the runner starts a new process for its
   next job: no other job is charged for it, none is sent to a process known to be gone;
+- a run past its time limit (`timeout`) has its process killed at the deadline and fails with
+  JobTimeout; the runner starts a new process for its next job;
 - a stopping worker ends the processes that still run a job (past the grace, or at a second
   stop) before it hands their jobs back, so no job runs on beside its next run elsewhere;
 - the processes leave stop signals to the worker: Ctrl-C in a terminal, or a SIGTERM to the
@@ -17,6 +19,8 @@ process runs one known job at a time:
   parent-death signal), so none outlives a worker killed with SIGKILL.
 
 Processes are spawned (not forked: the worker runs threads), started with a runner's first job.
+With `--max-memory`, a process whose resident memory has passed it after a job is closed, and
+the runner's next job starts a fresh one (a leaky handler's leak goes with it).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -34,8 +39,10 @@ from typing import Any
 
 from .. import collector
 from .._compat import connection_closer
+from ..api.handler import timeout_error
 from ..records import Lease
-from .executor import Outcome, execute
+from .executor import Outcome, execute, timed_out
+from .recycling import over
 
 log = logging.getLogger("jobqueue.worker")
 STOPS = {signal.SIGINT, signal.SIGTERM}
@@ -52,7 +59,9 @@ class PoolProcess:
     """The process of one runner thread: started on its first job, started again after it
     died, ended by the worker when it stops (`end`) or by the runner when it exits (`close`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_memory: int | None = None) -> None:
+        """`max_memory`: resident MB past which the process is replaced after its job."""
+        self._max_memory = max_memory
         self._process: BaseProcess | None = None
         self._pipe: Connection | None = None
         self._busy = False
@@ -73,7 +82,11 @@ class PoolProcess:
             if self._ending:  # (the worker stopped while the process started)
                 raise Abandoned
             self._pipe.send(lease)
+            if lease.deadline and not self._pipe.poll(max(lease.deadline - time.monotonic(), 0)):
+                return self._expired(lease)
             outcome: Outcome = self._pipe.recv()
+            if self._max_memory is not None:
+                self._replace_if_over(self._max_memory)
             return outcome
         except (EOFError, OSError) as exc:
             return self._died(exc)
@@ -87,6 +100,16 @@ class PoolProcess:
         process = self._process
         if self._busy and process is not None:
             process.kill()
+
+    def _replace_if_over(self, limit: int) -> None:
+        """Close the process when its resident memory has passed `limit` MB: the next job
+        starts a fresh one."""
+        process = self._process
+        mb = over(limit, process.pid) if process is not None and process.pid else None
+        if mb is not None:
+            log.info("a pool process holds %d MB, past --max-memory %d MB: replacing it",
+                     mb, limit)
+            self.close()
 
     def close(self) -> None:
         """Let the process exit (killed if it does not, or runs a job); the runner stops."""
@@ -130,6 +153,21 @@ class PoolProcess:
             raise Abandoned
         log.error("a pool process could not start: %s", problem)
         return problem
+
+    def _expired(self, lease: Lease) -> Outcome:
+        """The run passed its time limit: its process is killed (the next job starts another)
+        and the run fails with JobTimeout."""
+        process, pipe = self._process, self._pipe
+        assert process is not None and pipe is not None
+        process.kill()
+        process.join(CLOSE_WAIT)
+        pipe.close()
+        self._process = self._pipe = None
+        if self._ending:  # (the stopping worker ended it first: it hands the job back)
+            raise Abandoned
+        log.warning("job=%s: its run passed its timeout (%g s); its process was killed",
+                    lease.job_id, lease.timeout)
+        return timed_out(timeout_error(lease), lease.timeout)
 
     def _died(self, exc: Exception) -> Outcome:
         """The process ended while it ran the job: Abandoned when the worker ended it, else

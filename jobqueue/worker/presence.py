@@ -2,7 +2,9 @@
 
 A worker writes its entry at every maintenance turn and deletes it when it stops; an entry left
 by a worker that died without a word (SIGKILL) is dropped once it has been silent for
-`FORGOTTEN_AFTER` seconds, by any worker.
+`FORGOTTEN_AFTER` seconds, by any worker. A worker that recycles itself (`recycling.py`) counts
+that in `RECYCLES_KEY` as it goes: by reason for the metrics, by its name for the console (a
+supervised worker's fresh process takes the same name); a worker's final stop drops the latter.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from ..keys import WORKERS_KEY
+from ..keys import RECYCLES_KEY, WORKERS_KEY
 
 FORGOTTEN_AFTER = 600.0
 """Seconds without a heartbeat after which a worker is dropped from the console's list."""
@@ -23,11 +25,21 @@ def advertise(client: Any, name: str, info: dict[str, Any]) -> None:
 
 def goodbye(client: Any, name: str) -> None:
     client.hdel(WORKERS_KEY, name)
+    client.hdel(RECYCLES_KEY, f"name:{name}")
+
+
+def recycled(client: Any, name: str, reason: str) -> None:
+    """The worker `name` makes way for a fresh process (`reason`: "max_jobs", "max_memory")."""
+    client.hdel(WORKERS_KEY, name)
+    client.hincrby(RECYCLES_KEY, reason, 1)
+    client.hincrby(RECYCLES_KEY, f"name:{name}", 1)
 
 
 def workers(client: Any, stale_after: float = 30.0) -> list[dict[str, Any]]:
-    """Workers that advertised themselves, newest heartbeat first, marked stale when quiet."""
+    """Workers that advertised themselves, newest heartbeat first, marked stale when quiet,
+    each with how often it was recycled."""
     now = time.time()
+    recycles = client.hgetall(RECYCLES_KEY)
     found = []
     for raw in client.hvals(WORKERS_KEY):
         try:
@@ -36,6 +48,7 @@ def workers(client: Any, stale_after: float = 30.0) -> list[dict[str, Any]]:
         except (ValueError, KeyError, TypeError):
             continue
         info["stale"] = info["age"] > stale_after
+        info["recycles"] = int(recycles.get(f"name:{info.get('name')}") or 0)
         found.append(info)
     return sorted(found, key=lambda w: w["age"])
 
@@ -45,3 +58,4 @@ def forget_silent(client: Any, older_than: float = FORGOTTEN_AFTER) -> None:
     gone = [w["name"] for w in workers(client) if w["age"] > older_than]
     if gone:
         client.hdel(WORKERS_KEY, *gone)
+        client.hdel(RECYCLES_KEY, *(f"name:{name}" for name in gone))

@@ -16,6 +16,11 @@ outlives a job lets the handler keep async clients (redis.asyncio, httpx, asyncp
 jobs. A watchdog thread logs the call a handler is in when it holds the loop (a blocking call in
 an async handler stalls every async job).
 
+A run with a time limit (`timeout`) is ended at its deadline: an async task is cancelled by the
+loop (executor.py), a pool process killed (pool.py), and a plain handler's thread, which cannot
+be stopped, abandoned (deadlines.py: its failure recorded at once, its slot kept until it
+returns, its late return dropped).
+
 A stopping worker that hands back jobs still running first ends what it can (`abandon`): the
 pool processes running them are killed, and their async tasks cancelled. Only that cancel ends
 an async run without an outcome; a `CancelledError` the handler raised itself fails its job
@@ -44,8 +49,10 @@ from .._compat import connection_closer
 from ..conf import loop_factory
 from ..engine.store import Queue
 from ..records import Lease
+from .deadlines import Deadlines
 from .executor import Outcome, Resolved, execute, execute_async, is_async, resolve, unexpected
 from .pool import Abandoned, PoolProcess
+from .serving import HeldJobs
 
 log = logging.getLogger("jobqueue.worker")
 Done = Callable[[Lease, Outcome], None]
@@ -76,11 +83,17 @@ class Runners:
     """N threads running jobs from an inbox (each through a pool process of its own with
     `--processes`: pool.py), and an event loop for `async def` handlers, until stopped."""
 
-    def __init__(self, count: int, done: Done, *, processes: bool = False) -> None:
+    def __init__(self, count: int, done: Done, *, processes: bool = False,
+                 held: HeldJobs | None = None, max_memory: int | None = None) -> None:
+        """`max_memory`: resident MB past which a pool process is replaced after its job."""
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
+        self.deadlines = Deadlines(done, held) if held is not None else None
+        """Plain runs with a time limit (deadlines.py); None: a time limit is not watched (a
+        caller without held jobs to count the abandoned runs in)."""
         self._done = done
         self._count = count
         self._processes = processes
+        self._max_memory = max_memory
         self._pool: list[PoolProcess] = []
         """The runners' processes (`--processes`), ended by `abandon`."""
         self._loop: EventLoop | None = None
@@ -164,7 +177,7 @@ class Runners:
         # next job's first query, so one the server dropped meanwhile is replaced. After an
         # idle wait they are looked at again before the job (a kept one may have grown too old).
         close_old_connections, inbox = connection_closer(), self._inbox
-        process = PoolProcess() if self._processes else None
+        process = PoolProcess(self._max_memory) if self._processes else None
         if process is not None:
             self._pool.append(process)
         try:
@@ -186,6 +199,9 @@ class Runners:
         """Run one job and hand its outcome over. A job's own errors are its outcome
         (`execute`); an error of the worker's code around it fails the job (or, past its
         outcome, is logged): either way the runner goes on to the next job."""
+        deadlines = self.deadlines if lease.deadline and process is None else None
+        run = deadlines.start(lease) if deadlines is not None else None
+        outcome: Outcome | None
         try:
             signals.send(signals.job_started, Queue, lease=lease)
             outcome = (self._run(lease, resolved, process) if self._tracer is None else
@@ -196,10 +212,13 @@ class Runners:
         except Exception as exc:  # (logged, and the job's failure)
             log.exception("job=%s: the runner failed around it", lease.job_id)
             outcome = unexpected(exc)
+        if deadlines is not None and run is not None:  # (None: abandoned at its deadline, its
+            outcome = deadlines.returned(run, outcome)  # timeout recorded then)
         try:
             close_old_connections()
         finally:
-            hand_over(self._done, lease, outcome)
+            if outcome is not None:
+                hand_over(self._done, lease, outcome)
 
     @staticmethod
     def _run(lease: Lease, resolved: Resolved | Outcome | None,

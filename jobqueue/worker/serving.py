@@ -25,6 +25,7 @@ from .. import spec
 from ..engine.store import Queue, known_queues
 from ..exceptions import VALKEY_DOWN, ConfigurationError
 from ..records import Lease
+from .recycling import MEMORY_FLOOR_MB
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -48,9 +49,17 @@ class WorkerConfig:
     maintenance_every: float = 1.0
     summary_every: float = 30.0
     mirror: bool = True
+    max_jobs: int | None = None
+    """Jobs one worker process runs before a fresh one takes its place (`recycling.py`)."""
+    max_memory: int | None = None
+    """Resident MB past which a worker process (and a pool process) makes way for a fresh one."""
 
     def __post_init__(self) -> None:
         spec.whole_number(self.concurrency, "concurrency", 1)
+        if self.max_jobs is not None:
+            spec.whole_number(self.max_jobs, "max_jobs", 1)
+        if self.max_memory is not None:
+            spec.whole_number(self.max_memory, "max_memory (MB)", MEMORY_FLOOR_MB)
         if self.prefetch is not None:
             spec.whole_number(self.prefetch, "prefetch", 0)
         if self.lease is not None:
@@ -61,6 +70,11 @@ class WorkerConfig:
     def capacity(self) -> int:
         """How many claimed jobs the worker holds at most (running plus prefetched)."""
         return self.concurrency + (self.concurrency if self.prefetch is None else self.prefetch)
+
+    @property
+    def recycles(self) -> bool:
+        """Whether a limit makes its process make way for a fresh one (`recycling.py`)."""
+        return self.max_jobs is not None or self.max_memory is not None
 
     @property
     def batch(self) -> int:
@@ -138,6 +152,30 @@ class HeldJobs:
         self.sooner = threading.Event()
         """Set when a job joins whose lease is shorter than `planned` (the heartbeat must plan
         its wait again, or that lease lapses first), and when the worker stops."""
+        self.abandoned = 0
+        """Runs past their timeout whose thread still runs (`deadlines.py`): their outcome is
+        recorded and they are held no more, but each keeps its slot until its thread returns,
+        so the worker never runs more threads than its concurrency."""
+
+    @property
+    def taken(self) -> int:
+        """The slots in use: the jobs held and the abandoned runs' threads."""
+        return len(self.jobs) + self.abandoned
+
+    def abandon(self) -> None:
+        """A run passed its timeout on a thread that cannot be stopped: its slot stays taken
+        (changed under `lock`) until `returned`."""
+        with self.lock:
+            self.abandoned += 1
+            if self.taken >= self.capacity:
+                self.room.clear()
+
+    def returned(self) -> None:
+        """An abandoned run's thread returned: its slot is free."""
+        with self.lock:
+            self.abandoned -= 1
+            if self.taken < self.capacity:
+                self.room.set()
 
     def add(self, leases: list[Lease]) -> bool:
         """Hold claimed jobs; whether the worker held none before (it is busy now)."""
@@ -151,7 +189,7 @@ class HeldJobs:
                     if lease.lease < self.planned:
                         self.planned = lease.lease
                         self.sooner.set()
-            if len(self.jobs) >= self.capacity:
+            if self.taken >= self.capacity:
                 self.room.clear()
         return fell_busy
 
@@ -169,8 +207,8 @@ class HeldJobs:
             for lease in leases:
                 if self.jobs.pop((lease.job_id, lease.token), None) is not None:
                     self.per_queue[lease.queue] -= 1
-            if not self.room.is_set():  # (set() takes its lock and notifies even when set)
-                self.room.set()
+            if not self.room.is_set() and self.taken < self.capacity:  # (set() takes its lock
+                self.room.set()  # and notifies even when set)
 
     def wake(self) -> None:
         """The worker stops: end the waits on these jobs' room (waiters) and leases (heartbeat)."""

@@ -2,8 +2,11 @@
 
 The supervisor runs no job itself. It starts N worker children, each with its own claim loop
 (the claim script makes sharing queues safe), passes stop signals on, and starts a child again
-when it dies (SIGKILL, out of memory, a handler that called `os._exit`). In a burst run a child
-that finished its burst (exit 0) is done; the supervisor exits 0 once all are.
+when it dies (SIGKILL, out of memory, a handler that called `os._exit`). A child that recycled
+itself (`--max-jobs`, `--max-memory`: it exits RECYCLE_EXIT, see `recycling.py`) is started
+again at once, without the delay a dying child gets; `runworker` supervises even one worker
+when those are set. In a burst run a child that finished its burst (exit 0) is done; the
+supervisor exits 0 once all are.
 
 A child is forked from the supervisor once Django is set up and the handlers are imported, so
 it starts where the supervisor stands instead of setting Django up again in a new interpreter.
@@ -36,6 +39,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from .recycling import RECYCLE_EXIT
 
 log = logging.getLogger("jobqueue.worker")
 QUICK_DEATH = 5.0
@@ -111,6 +116,13 @@ class Forked:
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             os.kill(self.pid, sig)
+
+    def wait(self) -> int:
+        """Its exit code, once it has exited (minus the signal that killed it)."""
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 def fork(run: Callable[[], int], closing: tuple[int, ...] = ()) -> Forked:
@@ -228,9 +240,15 @@ class Supervisor:
         if code is None:
             return
         child.exits.append(code)
-        child.proc = None
+        pid, child.proc = child.proc.pid, None
         if self._stopping.is_set() or (self.burst and code == 0):
             child.finished = True
+            return
+        if code == RECYCLE_EXIT:
+            child.delay = 0.5
+            log.info("supervisor: worker %d recycled itself (pid %d); starting a fresh one",
+                     index, pid)
+            self._start(index)
             return
         lived = time.monotonic() - child.started
         child.delay = min(child.delay * 2, 30.0) if lived < QUICK_DEATH else 0.5

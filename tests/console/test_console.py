@@ -289,6 +289,23 @@ def test_the_workers_page_shows_what_each_worker_runs_its_rate_and_heartbeat(
     assert "jobs/s" in page and "1/4" in page and "<td>12</td>" in page and "s ago" in page
 
 
+def test_the_workers_page_counts_the_fresh_processes_that_took_a_workers_place(
+        admin_client: Client) -> None:
+    from jobqueue.worker import presence
+
+    client = Queue("default").client
+    for reason in ("max_jobs", "max_memory", "max_jobs"):  # (a recycled process says so)
+        presence.recycled(client, "w-7", reason)
+    presence.advertise(client, "w-7", {"pid": 1, "host": "h", "queues": ["default"],
+                                       "running": 0, "concurrency": 4, "processed": 5,
+                                       "failed": 0, "rate": 0.0, "jobs": []})
+    page = admin_client.get("/admin/jobqueue/job/live/workers/").content.decode()
+    assert "<th>recycled</th>" in page and "<td>0</td><td>3</td>" in page  # failed, recycled
+    presence.goodbye(client, "w-7")  # its final stop: the count goes with it
+    assert presence.workers(client) == [] and sorted(client.hkeys("{emq}:recycles")) == [
+        "max_jobs", "max_memory"]
+
+
 def test_the_job_page_lists_every_attempt(admin_client: Client) -> None:
     ref = jobs.always_fails.using(max_attempts=3).enqueue("x")
     queue = Queue("default")
@@ -528,3 +545,27 @@ def _reads_through_an_index(sql: str) -> bool:
         finally:
             cursor.execute("RESET enable_seqscan")
         return "Seq Scan" not in plan and "Filter:" not in plan
+
+
+def test_the_job_page_shows_the_run_limit_and_a_timed_out_attempt(admin_client: Client) -> None:
+    ref = jobs.always_fails.using(timeout=1.5, max_attempts=2).enqueue("x")
+    queue = Queue("default")
+    [lease] = queue.dequeue(count=1, worker="w0")
+    queue.nack(lease, "jobqueue.exceptions.JobTimeout: the run passed its timeout of 1.5 s",
+               retry_in=0)
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/default/{ref.id}/").content.decode()
+    assert "1.5 s per run" in page[page.index('id="job-timeout"'):]
+    assert "JobTimeout" in page[page.index('id="job-attempts"'):]
+
+
+def test_the_workers_page_and_the_metrics_show_abandoned_runs(admin_client: Client) -> None:
+    from jobqueue.worker import Worker, WorkerConfig
+
+    worker = Worker(WorkerConfig(queues=("default",), mirror=False, name="w-1"))
+    worker.served.add(Queue("default"))
+    worker.held.abandon()  # (a run past its timeout whose thread has not returned)
+    worker.maintenance.advertise()
+    page = admin_client.get("/admin/jobqueue/job/live/workers/").content.decode()
+    assert "+ 1 abandoned past their timeout" in page
+    metrics = admin_client.get("/metrics").content.decode()
+    assert 'jobqueue_abandoned_runs{worker="w-1"} 1.0' in metrics

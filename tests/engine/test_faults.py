@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue import Queue, conf, ids
+from jobqueue import Queue, chain, conf, ids
 from jobqueue.engine import wire
 from jobqueue.history import outbox
 from jobqueue.keys import ShardKeys, placement_hash
@@ -199,6 +199,22 @@ def test_a_restored_durable_job_never_repeats_a_fencing_token(durable: Queue,
     assert durable.ack(after, 3)
     info = durable.get(ref.id)
     assert info is not None and info.state == "succeeded" and info.result == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restored_durable_flow_job_never_repeats_a_fencing_token(
+        durable: Queue, valkey_server: ValkeyProcess) -> None:
+    first = jobs.add.using(queue="durable").s(1, 2)
+    last = chain(first, jobs.mul.using(queue="durable").s(10)).enqueue()
+    [before] = durable.dequeue(worker="a")  # the flow's first job runs when Valkey loses its data
+    redis.Redis.from_url(valkey_server.url).flushall()
+    assert outbox.restore([durable]) == 2
+    [after] = durable.dequeue(worker="b")
+    assert after.job_id == before.job_id and after.token != before.token
+    assert not durable.ack(before, "late")  # the run before the loss is fenced off
+    assert durable.ack(after, 3)
+    [then] = durable.dequeue(worker="b")
+    assert then.job_id == last.id and then.payload["args"] == [3, 10]
 
 
 @contextmanager

@@ -207,7 +207,7 @@ def test_flow(queue: Queue) -> None:
                  job.delay_ms, "first" if members else "", len(members), 0, len(members)]
         for member in members:
             args += member
-        args.append(0)  # (its expires_ms: never)
+        args += [0, 0]  # (its expires_ms: never; spent: no tokens used before)
     args += [0, 0]
     assert replayed(queue, "flow", 0, args)[1:] == ["ok", 2, 0]
     assert queue.get(second).state == "waiting"  # type: ignore[union-attr]
@@ -244,7 +244,7 @@ def test_sweeps_do_nothing_twice(queue: Queue) -> None:
     lapsed = claimed(queue, lease=0.001)
     shard = queue.shard(0)
     for name, args in (("promote", [100]), ("reap", [100, _retention_ms(), _dead_retention_ms(),
-                                                       queue.options.max_attempts])):
+                                                       queue.options.max_attempts, 1000])):
         first = caller.run(queue.client, name, shard, args)
         state = snapshot(queue.client)
         caller.run(queue.client, name, shard, args)

@@ -251,3 +251,37 @@ def test_a_retried_runs_event_mirrored_late_leaves_the_reopened_row_unfinished()
     assert queue.cancel(ref.id) == "cancelled"
     assert mirror.step() == 1
     assert Job.objects.get(pk=ref.id).state == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_rows_that_cannot_be_written_after_another_alias_commits_leave_the_jobs_in_valkey(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The rows are written after the commit of a transaction on "other": if the database
+    refuses them then, the jobs still go to Valkey (plain jobs, not durable ones), never lost."""
+    from django.db import OperationalError, connections
+
+    def refuse_rows(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith("INSERT") and "jobqueue_job" in sql:
+            raise OperationalError(2006, "MySQL server has gone away")
+        return execute(sql, params, many, context)
+
+    flow = chain(durable_add.s(1, 2), jobs.mul.using(queue="durable").s(10))
+    with connections["default"].execute_wrapper(refuse_rows), transaction.atomic(using="other"):
+        ref = durable_add.enqueue(3, 4)
+        last = flow.enqueue()
+    assert not Job.objects.exists()
+    assert in_valkey(ref.id) and in_valkey(last.id)
+    assert "sent to Valkey without" in caplog.text
+
+
+@pytest.mark.slow
+def test_restore_keeps_a_durable_jobs_timeout(valkey_server: ValkeyProcess) -> None:
+    ref = durable_add.using(timeout=2.5, lease=45).enqueue(1, 1)
+    assert Job.objects.get(pk=ref.id).timeout_ms == 2500
+    redis.Redis.from_url(valkey_server.url).flushall()  # Valkey loses its data
+    done = manage("jobqueue", "restore", "--queues", "durable", url=valkey_server.url)
+    assert "restored 1 job(s)" in done.stdout, done.stderr
+    info = get_job(ref.id, queue="durable")
+    assert info and info.source == "valkey" and info.timeout == 2.5
+    [lease] = Queue("durable").dequeue(count=1)
+    assert (lease.lease, lease.timeout) == (3.5, 2.5)  # (the lease ends a second past it)

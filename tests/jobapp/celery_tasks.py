@@ -43,3 +43,25 @@ def retries_with_new_args(self, n: int) -> None:  # type: ignore[no-untyped-def]
 def retries_without_throw(self) -> str:  # type: ignore[no-untyped-def]
     self.retry(throw=False)
     return "went on"
+
+
+@shared_task(bind=True, soft_time_limit=0.3, max_retries=0)
+def catches_its_soft_limit(self) -> str:  # type: ignore[no-untyped-def]
+    """Works until Celery's soft limit interrupts it, and cleans up."""
+    import time
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    try:
+        while True:
+            time.sleep(0.01)
+    except SoftTimeLimitExceeded:
+        return "cleaned up"
+
+
+@shared_task(time_limit=0.5, max_retries=1, default_retry_delay=0)
+def overruns_its_time_limit() -> None:
+    """Works past its hard limit (a thread: abandoned there, its late return dropped)."""
+    import time
+
+    time.sleep(3)

@@ -415,6 +415,65 @@ def held_per_attempt(ctx: JobContext, path: str) -> int:
     return ctx.attempt
 
 
+@job
+async def ahangs(seconds: float) -> str:
+    """Awaits `seconds` (a hanging async run, for its timeout to cancel)."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return "woke"
+
+
+@job(takes_context=True, backoff=0)
+def overruns_first_attempt(ctx: JobContext, path: str, seconds: float) -> str:
+    """Its first attempt works `seconds` without looking at its context (past its timeout), then
+    notes in `path` what its context says and returns; a later attempt returns at once."""
+    if ctx.attempt == 1:
+        time.sleep(seconds)
+        Path(path).write_text(f"cancelled={ctx.cancelled} timed_out={ctx.timed_out}")
+        return "late"
+    return "retried"
+
+
+@job(max_attempts=1)
+def spins(path: str) -> None:
+    """Writes its process's pid to `path`, then spins for ever (only a kill ends it)."""
+    Path(path).write_text(str(os.getpid()))
+    while True:
+        pass
+
+
+@job(max_attempts=1)
+async def aswallows_cancel(seconds: float) -> str:
+    """Awaits `seconds`, and returns normally when cancelled (a handler that swallows it)."""
+    import asyncio
+
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        return "swallowed"
+    return "woke"
+
+
+KEPT: list[bytes] = []
+"""What `leaky` keeps for the life of its process (a leak, as image libraries and caches make)."""
+
+
+@job(takes_context=True)
+def leaky(ctx: JobContext, path: str, keep_mb: int = 0) -> int:
+    """Notes its run in `path` (job id, process id, resident MB before it ran), then keeps
+    `keep_mb` MB for the life of its process; returns its process id. The recycling tests count
+    runs and processes with it."""
+    from jobqueue.worker.recycling import resident_bytes
+
+    before = (resident_bytes() or 0) >> 20
+    if keep_mb:
+        KEPT.append(b"\x01" * (keep_mb << 20))  # (written: resident, not merely reserved)
+    with open(path, "a") as f:
+        f.write(f"{ctx.job_id} {os.getpid()} {before}\n")
+    return os.getpid()
+
+
 RUNNING = """local n = redis.call('INCRBY', KEYS[1], ARGV[1])
 if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
 return n"""

@@ -21,6 +21,17 @@ local function count_field(v)
   return nil
 end
 
+-- A row's `lease_ms`: '<lease ms>', or '<lease ms>:<timeout ms>' for a job with a run time limit
+-- (kept in the one field so a claim reads no field more): lease, timeout (0: none); nil when
+-- corrupt.
+-- uses: count_field
+local function lease_field(v)
+  local lease, limit = string.match(v, '^(%d+):(%d+)$')
+  if not lease then return count_field(v), 0 end
+  limit = count_field(limit)
+  return limit and count_field(lease), limit
+end
+
 local function valid_lane(lane)
   return lane == '' or (#lane <= 128 and not string.find(lane, '[^%w%._:%-]'))
 end

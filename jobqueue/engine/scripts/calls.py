@@ -68,9 +68,16 @@ def encoded(job: Prepared, max_attempts: int, backoff_ms: int) -> tuple[Any, ...
     return (job.job_id, job.payload, job.priority, job.lane,
             "" if job.max_attempts == max_attempts else job.max_attempts,
             "" if job.backoff_ms == backoff_ms else job.backoff_ms,
-            job.lease_ms, job.delay_ms, job.unique_key,
+            f"{job.lease_ms}:{job.timeout_ms}" if job.timeout_ms else job.lease_ms,  # (lease_field)
+            job.delay_ms, job.unique_key,
             "1" if job.minted else f"0:{job.spent}" if job.spent else "0",
             job.debounce_ms, job.expires_ms)
+
+
+def lease_field(job: Prepared) -> int | str:
+    """A row's `lease_ms`: the lease, or '<lease>:<timeout>' for a run time limit (one field,
+    so a claim of a job without one reads nothing more: claim.lua)."""
+    return f"{job.lease_ms}:{job.timeout_ms}" if job.timeout_ms else job.lease_ms
 
 
 def enqueue_tail(job: Prepared, options: QueueOptions) -> tuple[Any, ...]:
@@ -140,11 +147,11 @@ def flow(client: Any, shard: ShardKeys, flow_id: str, retention: int, mode: str,
         job = item.job
         args += [job.job_id, job.payload, job.priority, job.lane,
                  "" if job.max_attempts == max_attempts else job.max_attempts,
-                 "" if job.backoff_ms == backoff_ms else job.backoff_ms, job.lease_ms,
+                 "" if job.backoff_ms == backoff_ms else job.backoff_ms, lease_field(job),
                  job.delay_ms, item.takes, item.slots, item.position, len(item.members)]
         for member in item.members:
             args += member
-        args.append(job.expires_ms)
+        args += [job.expires_ms, job.spent]
     args.append(len(outcomes))
     for job_id, (state, value) in outcomes.items():
         args += [job_id, state, value]
@@ -272,8 +279,9 @@ def progress(client: Any, queue: str, jobs: Sequence[tuple[Lease, str]]) -> list
 
 @twin("reap")
 def reap(client: Any, shard: ShardKeys, limit: int, retention: int, dead_retention: int,
-         max_attempts: int) -> int:
-    return int(caller.run(client, "reap", shard, [limit, retention, dead_retention, max_attempts]))
+         max_attempts: int, backoff_ms: int) -> int:
+    return int(caller.run(client, "reap", shard, [limit, retention, dead_retention, max_attempts,
+                                                  backoff_ms]))
 
 
 @twin("promote")

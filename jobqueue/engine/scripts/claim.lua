@@ -49,15 +49,19 @@ Returns: n, the n answers of the successes (as ack.lua's: 1 succeeded, 3 cancell
         1 when forwarded to another shard: relay.py; 0 stale), the ms until the rate limit
         admits another job (0: not limited now; when the claim came back short, also the ms
         until a lane held by its rate has a token; -1: nothing leased, the global cap's live
-        setting is not the claimer's: it asks for permits again), then 5 entries per claimed job: id, token
-        (the new `attempts`: the fencing token), payload, checkpoint ('' = none), lease ms. No
-        job is claimed when the queue is paused or nothing is ready.
+        setting is not the claimer's: it asks for permits again), then 5 entries per claimed
+        job: id, token (the new `attempts`: the fencing token), payload, checkpoint ('' =
+        none), lease ms (for a job with a run time limit, '<lease ms>:<timeout ms>'). No job is
+        claimed when the queue is paused or nothing is ready.
+A job with a run time limit (its lease_ms field '<lease>:<timeout>') gets a `deadline` on its
+row, now + timeout on the server clock, and a lease that ends by deadline + 1 s: extend.lua
+renews it no further, so a run nobody ends is reaped past its limit (reap.lua: JobTimeout).
         A popped row with a corrupt state, count, priority, lane or expires_at is buried (dead,
         with the field named in last_error) and not returned; payload and checkpoint are
         checked by the caller, which decodes them anyway.
 ]]
 -- uses: now_ms, ack_jobs, lane_back, STATES, count_field, valid_priority, valid_lane, job_key, bury
--- uses: finish, lane_key, wake_workers
+-- uses: finish, lane_key, wake_workers, lease_field
 local base, active, meta, dead, idle, caps = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local ring, done, wake = base .. ':ring', base .. ':done', base .. ':wake'
 local count, default_lease, force, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -121,7 +125,7 @@ local function corrupt_field(r)
   if r[2] and not count_field(r[2]) then return 'attempts' end
   if r[3] and not count_field(r[3]) then return 'uncharged' end
   if r[4] and (count_field(r[4]) or 0) < 1 then return 'max_attempts' end
-  if r[5] and not count_field(r[5]) then return 'lease_ms' end
+  if r[5] and not lease_field(r[5]) then return 'lease_ms' end
   if r[6] and not count_field(r[6]) then return 'backoff_ms' end
   if r[7] and not valid_priority(r[7]) then return 'priority' end
   if not valid_lane(r[8] or '') then return 'lane' end
@@ -147,8 +151,10 @@ local function lease_job(id, lane, slot)
     return finish(base, done, meta, jk, id, 'expired', now, retention)
   end
   local token = (tonumber(row[2]) or 0) + 1
-  local lease = tonumber(row[5]) or 0
+  local lease, limit = 0, 0
+  if row[5] then lease, limit = lease_field(row[5]) end
   if force == '1' or lease <= 0 then lease = default_lease end
+  if limit > 0 then lease = math.min(lease, limit + 1000) end  -- (see the header: run timeouts)
   if slot then
     redis.call('HSET', jk, 'state', 'active', 'attempts', token, 'started_at', now,
       'lease_until', now + lease, 'worker', worker, 'claim', claim_id, 'slot', '1')
@@ -160,6 +166,10 @@ local function lease_job(id, lane, slot)
   redis.call('ZADD', active, now + lease, id)
   out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[9] or ''
   out[#out + 1] = row[10] or ''; out[#out + 1] = lease
+  if limit > 0 then
+    redis.call('HSET', jk, 'deadline', now + limit)
+    out[#out] = lease .. ':' .. limit
+  end
   claimed = claimed + 1
 end
 

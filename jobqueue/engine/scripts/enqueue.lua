@@ -19,7 +19,8 @@ ARGV[1] mode       '' = place here; 'prior' = the shard the job's lane or unique
         holds) and returns the live job of its unique key (one live job per key)
 ARGV[2..] jobs     n = number of jobs, then 12 per job:
         id, payload (JSON), priority, lane ('' = default), max_attempts and backoff_ms ('' = the
-        queue's, read from settings when the job fails), lease_ms (0 = worker default), delay_ms
+        queue's, read from settings when the job fails), lease_ms (0 = worker default; with a
+        run time limit '<lease ms>:<timeout ms>', written so: claim.lua), delay_ms
         (0 = ready now), unique_key ('' = none), minted ('1' when the caller did not choose the
         id; '0' when it did; '0:<n>' when it did and the job's earlier runs may have used tokens
         up to n: a durable row restored, a job retried from its mirror row, whose attempts and
@@ -38,7 +39,8 @@ Scripts read a missing field as its default.
 The hand-off: a lone job that is ready now, on a shard with no other ready job (so no lane,
 priority or weight could come first) and not paused, goes straight to an idle worker if one
 waits here: the script leases it as claim.lua would (attempts 1, the worker's lease) and pushes
-'<id>|<lease ms>|<payload>' onto that worker's list base:hand:<name> (expiring ten minutes after
+'<id>|<lease ms>|<payload>' (for a job with a run time limit '<id>|<lease>:<timeout>|<payload>',
+its `deadline` written and its lease capped as claim.lua does) onto that worker's list base:hand:<name> (expiring ten minutes after
 the lease: a worker that died before it took the job leaves it there for the reaper, which
 hands it back uncharged), which the worker's BLPOP returns. The worker needs no claim call; no
 wake token is pushed. Each idle entry takes one job.
@@ -55,6 +57,7 @@ Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries
         neither the lane nor the key is here; place it on its live shard)
 ]]
 -- uses: now_ms, job_key, unready, uniq_key, lane_key, uniqs_key, lane_push, wake_workers
+-- uses: lease_field
 local base, ring, schedule, wake, meta, active, idle = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6], KEYS[7]
 local prior, n = ARGV[1] == 'prior', tonumber(ARGV[2])
@@ -156,11 +159,14 @@ for i = 0, n - 1 do
     put(row, 'lease_ms', ARGV[o + 6], '0'); put(row, 'unique_key', unique, '')
     if delay > 0 then put(row, 'run_after', at() + delay, nil) end
     if ARGV[o + 11] ~= '0' then put(row, 'expires_at', at() + tonumber(ARGV[o + 11]), nil) end
-    local lease = tonumber(ARGV[o + 6])
+    local lease, limit = nil, 0  -- (read only for a job handed over)
     if taker then  -- leased as claim.lua leases a job (attempts 1: the fencing token)
+      lease, limit = lease_field(ARGV[o + 6])
       if taker[3] or lease <= 0 then lease = taker[2] end
+      if limit > 0 then lease = math.min(lease, limit + 1000) end
       for _, v in ipairs({'attempts', 1, 'started_at', at(), 'lease_until', at() + lease,
           'worker', taker[1]}) do row[#row + 1] = v end
+      if limit > 0 then put(row, 'deadline', at() + limit, nil) end
     end
     redis.call('HSET', jk, unpack(row))
     if unique ~= '' then
@@ -170,7 +176,8 @@ for i = 0, n - 1 do
     if taker then
       redis.call('ZADD', active, at() + lease, id)
       local hand = base .. ':hand:' .. taker[1]
-      redis.call('RPUSH', hand, id .. '|' .. lease .. '|' .. ARGV[o + 1])
+      local leased = limit > 0 and (lease .. ':' .. limit) or lease
+      redis.call('RPUSH', hand, id .. '|' .. leased .. '|' .. ARGV[o + 1])
       redis.call('PEXPIRE', hand, lease + 600000)
     elseif delay > 0 then
       redis.call('ZADD', schedule, at() + delay, id)

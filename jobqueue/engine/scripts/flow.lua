@@ -34,7 +34,8 @@ ARGV[4..] jobs     n, then per job: id, payload (JSON), priority, lane, max_atte
         flow's index), d = number of members, then 4 per member: id, slot, policy ('f' fail |
         'i' ignore | 'c' continue), its shard ('' this one, else the index of the other shard
         it is on), then its expires_ms (0 = never; else the row's expires_at = now + it, which
-        the claim checks)
+        the claim checks), then spent (0, or the tokens a durable job's runs may have used
+        before Valkey lost its data: its attempts go on past them, uncharged)
 ARGV[..] outcomes  k = number of outcomes, then 3 per outcome: member id, state ('succeeded' |
         'dead' | 'cancelled' | 'expired'), value (its result as JSON when it succeeded, else its
         last error): used only for a member Valkey does not hold
@@ -61,7 +62,7 @@ if seen then return cjson.decode(seen) end
 
 -- The outcomes of members Valkey may no longer hold, by id; where the links start.
 local known, o = {}, 5
-for _ = 1, n do o = o + 13 + tonumber(ARGV[o + 11]) * 4 end
+for _ = 1, n do o = o + 14 + tonumber(ARGV[o + 11]) * 4 end
 for i = 0, tonumber(ARGV[o]) - 1 do
   known[ARGV[o + 1 + i * 3]] = {ARGV[o + 2 + i * 3], ARGV[o + 3 + i * 3]}
 end
@@ -84,7 +85,7 @@ for _ = 1, n do
     end
   end
   mine[ARGV[o]] = true
-  o = o + 13 + d * 4
+  o = o + 14 + d * 4
 end
 for i = 0, tonumber(ARGV[links]) - 1 do
   local member = ARGV[links + 1 + i * 5]
@@ -110,6 +111,8 @@ local function write_job(job)
   if state == 'scheduled' then put(row, 'run_after', now + delay, nil) end
   local expires = tonumber(ARGV[a + 12 + job.d * 4])
   if expires > 0 then put(row, 'expires_at', now + expires, nil) end
+  local spent = ARGV[a + 13 + job.d * 4]
+  put(row, 'attempts', spent, '0'); put(row, 'uncharged', spent, '0')
   redis.call('HSET', job_key(base, id), unpack(row))
   if flow ~= '' then redis.call('ZADD', base .. ':flow:' .. flow, ARGV[a + 10], id) end
   for m = 0, job.d - 1 do

@@ -10,7 +10,8 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:deps:<id>, base:results:<id>, base:forward, base:waiting
                         (_flows.lua); an idle worker's hand-off list base:hand:<name>;
                         base:done STREAM terminal events, base:ring LIST lanes with ready
-                        work, base:wake LIST wake tokens
+                        work, base:wake LIST wake tokens, base:schedule ZSET a timed-out run's
+                        retry after its backoff
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] dead    ZSET    id -> finished ms
 KEYS[4] meta    HASH    counters
@@ -18,6 +19,11 @@ ARGV[1] limit           at most this many expired leases
 ARGV[2] retention       ms a finished row is kept
 ARGV[3] dead_retention  ms a dead row is kept
 ARGV[4] max_attempts    the queue's max_attempts (for a row that holds none)
+ARGV[5] backoff_ms      the queue's backoff ms (for a row that holds none)
+A run past its time limit (its row's `deadline`, claim.lua) is recorded failed with a
+jobqueue.exceptions.JobTimeout (its worker did not end it: stuck, stopped or dead) and retried
+after the job's backoff, as nack.lua retries a failure; any other expired lease is retried at
+once.
 Returns: how many expired leases were handled
 ]]
 -- uses: now_ms, job_key, free_slot, count_field, bury, finish, make_ready, record_attempt, STATES
@@ -47,7 +53,7 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', active, id)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel',
-    'slot', 'lane', 'worker')
+    'slot', 'lane', 'worker', 'deadline', 'backoff_ms')
   if row[1] == 'active' then
     ready = ready + free_slot(base, ring, row[6], row[7])
     local attempts = count_field(row[2])
@@ -63,7 +69,12 @@ for _, id in ipairs(expired) do
         ready = ready + 1
       end
     else
-      redis.call('HSET', jk, 'last_error', 'lease expired', 'lease_until', '')
+      local err, timed_out = 'lease expired', row[9] and now >= (tonumber(row[9]) or now)
+      if timed_out then
+        err = 'jobqueue.exceptions.JobTimeout: the run passed its timeout and its worker did ' ..
+          'not end it (reaped)'
+      end
+      redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
       if row[5] == '1' then
         finish(base, done, meta, jk, id, 'cancelled', now, retention, nil, true)
       elseif attempts - (count_field(row[3]) or 0)
@@ -71,9 +82,17 @@ for _, id in ipairs(expired) do
         redis.call('ZADD', dead, now, id)
         finish(base, done, meta, jk, id, 'dead', now, dead_retention, nil, true)
       else
-        record_attempt(jk, row[2], 'lease expired', now)
-        make_ready(base, ring, jk, id, now)
-        ready = ready + 1
+        record_attempt(jk, row[2], err, now)
+        local used = attempts - (count_field(row[3]) or 0)
+        local delay = timed_out and math.min((count_field(row[10]) or tonumber(ARGV[5]))
+          * 2 ^ (used - 1), 3600000) or 0
+        if delay > 0 then
+          redis.call('HSET', jk, 'state', 'scheduled', 'run_after', now + delay)
+          redis.call('ZADD', base .. ':schedule', now + delay, id)
+        else
+          make_ready(base, ring, jk, id, now)
+          ready = ready + 1
+        end
       end
     end
   elseif row[1] and not STATES[row[1]] then

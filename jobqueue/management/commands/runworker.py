@@ -21,11 +21,12 @@ from jobqueue.exceptions import JobQueueError
 from jobqueue.keys import queue_list
 from jobqueue.worker import Worker, WorkerConfig
 from jobqueue.worker.mirror_thread import MirrorProcess
+from jobqueue.worker.recycling import MEMORY_FLOOR_MB, RECYCLE_EXIT, check_start
 from jobqueue.worker.supervisor import Supervisor, default_workers
 
 
-def _whole(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least `minimum`."""
+def _whole(minimum: int, unit: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `minimum` (`unit`: what its bound says)."""
 
     def parse(raw: str) -> int:
         try:
@@ -33,7 +34,7 @@ def _whole(minimum: int) -> Callable[[str], int]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}{unit}, got {value}")
         return value
 
     return parse
@@ -85,13 +86,13 @@ def _child_argv(options: dict[str, Any], name: str, index: int) -> list[str]:
     argv = [sys.executable, "-m", "django", "runworker", "--workers", "1", "--name", f"{name}-{index}",
             "--concurrency", str(options["concurrency"]), "--grace", str(options["grace"]),
             "--log-level", options["log_level"]]
-    for option in ("queues", "prefetch", "lease"):
+    for option in ("queues", "prefetch", "lease", "max_jobs", "max_memory"):
         if options[option] is not None:
-            argv += [f"--{option}", str(options[option])]
+            argv += ["--" + option.replace("_", "-"), str(options[option])]
     for flag in ("burst", "processes", "no_mirror"):
         if options[flag]:
             argv.append("--" + flag.replace("_", "-"))
-    return argv
+    return [*argv, "--supervised"]
 
 
 class Command(BaseCommand):
@@ -122,6 +123,16 @@ class Command(BaseCommand):
         parser.add_argument("--name", help="worker name (default host:pid)")
         parser.add_argument("--no-mirror", action="store_true",
                             help="do not mirror finished jobs to the database from this worker")
+        parser.add_argument("--max-jobs", type=_whole(1), default=None,
+                            help="jobs a worker process runs before a fresh one takes its place "
+                                 "(supervised, also with --workers 1)")
+        parser.add_argument("--max-memory", default=None,
+                            type=_whole(MEMORY_FLOOR_MB, " MB (what a worker process needs to start)"),
+                            help=f"resident MB (at least {MEMORY_FLOOR_MB}) past which a worker "
+                                 f"process, or a --processes pool process, makes way for a "
+                                 f"fresh one")
+        parser.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
+        # (--supervised: a child the supervisor started as a new process runs its worker itself)
         parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -135,6 +146,7 @@ class Command(BaseCommand):
                 burst=options["burst"], lease=options["lease"],
                 processes=options["processes"], grace=options["grace"],
                 mirror=not options["no_mirror"],
+                max_jobs=options["max_jobs"], max_memory=options["max_memory"],
                 **({"name": options["name"]} if options["name"] else {}),
             )
         except JobQueueError as exc:
@@ -150,24 +162,33 @@ class Command(BaseCommand):
         self._configure_logging(options["log_level"])
         config = self.config(options)
         workers = options["workers"] or default_workers()
-        if workers > 1:
+        # A limit puts a supervisor over even one worker: it starts a fresh one as one recycles.
+        if workers > 1 or (config.recycles and not options["supervised"]):
             autodiscover_modules("jobs")  # (once, here: each forked child starts with them)
+            try:
+                check_start(config.max_memory)
+            except JobQueueError as exc:
+                raise CommandError(str(exc)) from None
             connections.close_all()  # (a child must not share a connection with another)
             collector.settle()  # (before forking: the children share start-up's objects)
             supervisor = Supervisor([_child_argv(options, config.name, i) for i in range(workers)],
                                     burst=config.burst,
                                     run_child=lambda i: self._child(config, i))
             sys.exit(supervisor.run())
-        if self.serve(config):
+        worker = self.serve(config)
+        code = RECYCLE_EXIT if worker.recycled else 0
+        if worker.abandoned:
             # Handlers still running were released to other workers; do not wait for them.
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(0)
+            os._exit(code)
+        if code:
+            sys.exit(code)
 
     @staticmethod
-    def serve(config: WorkerConfig) -> int:
-        """Run one worker (and its mirror's process) until it stops; how many running jobs it
-        released at the end."""
+    def serve(config: WorkerConfig) -> Worker:
+        """Run one worker (and its mirror's process) until it stops; the stopped worker (how
+        many running jobs it released at the end, whether it recycled itself)."""
         mirror = MirrorProcess.start(config) if config.mirror else None
         worker = Worker(dataclasses.replace(config, mirror=False) if mirror else config)
         aborted = _relay_signals(worker, mirror)
@@ -178,16 +199,16 @@ class Command(BaseCommand):
         finally:
             if mirror is not None:
                 mirror.finish(abort=aborted.is_set())
-        return worker.abandoned
+        return worker
 
     def _child(self, config: WorkerConfig, index: int) -> int:
         """Supervised worker `index`, in a process forked from the supervisor: its exit code."""
         try:
-            self.serve(dataclasses.replace(config, name=f"{config.name}-{index}"))
+            worker = self.serve(dataclasses.replace(config, name=f"{config.name}-{index}"))
         except CommandError as exc:
             self.stderr.write(f"CommandError: {exc}")
             return 1
-        return 0
+        return RECYCLE_EXIT if worker.recycled else 0
 
     def _configure_logging(self, level: str) -> None:
         logger = logging.getLogger("jobqueue")

@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobqueue', '0011_job_changed_at'),
+        ('jobqueue', '0012_job_timeout'),
     ]
 
     operations = [

@@ -1,0 +1,135 @@
+"""Run timeouts in the scripts: the claim writes the run's deadline and caps its lease, renewals
+stop at the deadline, and the reaper ends a run past it with a JobTimeout (Valkey and Valkey
+Cluster). The worker's side is tests/worker/test_worker_timeouts.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from jobqueue import Queue, conf
+from jobqueue.engine import handoff
+from jobqueue.exceptions import ConfigurationError, InvalidOption
+from jobqueue.spec import JobSpec
+from tests.servers import server_ms, wait_past
+from tests.workers import wait_for
+
+
+@pytest.mark.parametrize("bad", [0, -1, 86_400.5, "5", True, float("nan"), [1]])
+def test_a_timeout_outside_a_millisecond_to_a_day_or_not_a_number_is_refused(
+        queue: Queue, bad: object) -> None:
+    with pytest.raises(InvalidOption, match="timeout"):
+        queue.enqueue("p", timeout=bad)
+    with pytest.raises(InvalidOption, match="timeout"):
+        queue.enqueue_many([JobSpec("p", timeout=bad)])  # type: ignore[arg-type]
+    assert queue.counts()["pending"] == 0
+
+
+def test_a_bad_queue_timeout_is_one_settings_error_naming_it(settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"slow": {"timeout": 0}}}
+    conf.reset()
+    with pytest.raises(ConfigurationError, match=r"'slow'.*timeout must be within"):
+        conf.get_config()
+
+
+def test_a_job_without_a_timeout_claims_as_before(queue: Queue, valkey: Any) -> None:
+    ref = queue.enqueue("p")
+    [lease] = queue.dequeue(count=1, lease=30, worker="w")
+    row = valkey.hgetall(queue.shard(0).job(ref.id))
+    assert "deadline" not in row and "lease_ms" not in row
+    assert (lease.lease, lease.timeout, lease.deadline) == (30.0, 0.0, 0.0)
+
+
+def test_the_claim_writes_the_deadline_and_ends_the_lease_a_second_past_it(
+        queue: Queue, valkey: Any) -> None:
+    ref = queue.enqueue("p", timeout=2, lease=60)
+    before = server_ms(valkey)
+    [lease] = queue.dequeue(count=1, lease=30, worker="w")
+    row = valkey.hgetall(queue.shard(0).job(ref.id))
+    deadline = int(row["deadline"])
+    assert before + 2000 <= deadline <= server_ms(valkey) + 2000
+    assert int(row["lease_until"]) == deadline + 1000 == valkey.zscore(queue.shard(0).key("active"), ref.id)
+    assert (lease.lease, lease.timeout) == (3.0, 2.0) and lease.deadline > 0
+    # a renewal (the heartbeat's, a checkpoint's) never reaches past the deadline's second
+    assert queue.extend(lease, 600) and queue.checkpoint(lease, {"at": 1}, extend=600)
+    assert valkey.zscore(queue.shard(0).key("active"), ref.id) == deadline + 1000
+
+
+def test_a_queue_timeout_applies_to_its_jobs_and_a_job_own_wins(settings: Any, valkey: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"slow": {"timeout": timedelta(seconds=5)}}}
+    conf.reset()
+    queue = Queue("slow", client=valkey)
+    assert queue.options.timeout == 5.0
+    queue.enqueue("queue's")
+    queue.enqueue("own", timeout=0.5)
+    leases = {lease.payload: lease for lease in queue.dequeue(count=2, lease=30, worker="w")}
+    assert leases["queue's"].timeout == 5.0 and leases["own"].timeout == 0.5
+
+
+def test_the_reaper_ends_a_run_past_its_timeout_with_job_timeout(queue: Queue, valkey: Any) -> None:
+    ref = queue.enqueue("stuck", timeout=0.05, max_attempts=2, backoff=0)
+    [first] = queue.dequeue(count=1, lease=30, worker="stuck-worker")
+    wait_past(valkey, queue.shard(0).key("active"))  # (the lease: deadline + 1 s)
+    assert queue.reap() == 1
+    info = queue.get(ref.id)
+    assert info and info.state == "pending" and "JobTimeout" in info.last_error
+    history = valkey.hget(queue.shard(0).job(ref.id), "history")
+    assert "JobTimeout" in history
+    assert queue.ack(first, "late") is False  # (the stuck run's late result changes nothing)
+    [second] = queue.dequeue(count=1, lease=30, worker="w2")
+    wait_for(lambda: not queue.extend(second, 30) or server_ms(valkey) > int(
+        valkey.hget(queue.shard(0).job(ref.id), "deadline")) + 1000, timeout=10)
+    wait_past(valkey, queue.shard(0).key("active"))
+    queue.reap()
+    info = queue.get(ref.id)
+    assert info and info.state == "dead" and "JobTimeout" in info.last_error
+
+
+def test_a_lease_expired_before_the_deadline_is_not_called_a_timeout(queue: Queue) -> None:
+    ref = queue.enqueue("p", timeout=60, max_attempts=1)
+    queue.dequeue(count=1, lease=0.05, worker="gone")
+    wait_past(queue.client, queue.shard(0).key("active"))
+    assert queue.reap() == 1
+    info = queue.get(ref.id)
+    assert info and info.state == "dead" and info.last_error == "lease expired"
+
+
+def test_a_corrupt_timeout_in_the_lease_field_buries_the_job(queue: Queue, valkey: Any) -> None:
+    ref = queue.enqueue("p", timeout=1)
+    valkey.hset(queue.shard(0).job(ref.id), "lease_ms", "30000:x")
+    assert queue.dequeue(count=1, lease=30, worker="w") == []
+    info = queue.get(ref.id)
+    assert info and info.state == "dead" and "lease_ms" in info.last_error
+
+
+def test_a_job_handed_to_an_idle_worker_gets_its_deadline_too(valkey: Any) -> None:
+    queue = Queue("default", client=valkey)
+    shard = queue.shard(0)
+    valkey.hset(shard.key("idle"), "w", handoff.offer(30_000, False))
+    ref = queue.enqueue("p", timeout=1.5)
+    [lease] = handoff.withdraw(queue.client, shard, "w")
+    row = valkey.hgetall(shard.job(ref.id))
+    assert (lease.job_id, lease.lease, lease.timeout) == (ref.id, 2.5, 1.5)
+    assert int(row["lease_until"]) == int(row["deadline"]) + 1000
+
+
+def test_a_reaped_timeout_is_retried_after_the_job_backoff(queue: Queue, valkey: Any) -> None:
+    ref = queue.enqueue("stuck", timeout=0.05, max_attempts=3, backoff=60)
+    queue.dequeue(count=1, lease=30, worker="stuck-worker")
+    wait_past(valkey, queue.shard(0).key("active"))
+    assert queue.reap() == 1
+    info = queue.get(ref.id)
+    assert info and info.state == "scheduled" and "JobTimeout" in info.last_error
+    due = valkey.zscore(queue.shard(0).key("schedule"), ref.id)
+    assert server_ms(valkey) + 55_000 < due <= server_ms(valkey) + 60_000
+
+
+def test_a_flow_job_keeps_its_timeout() -> None:
+    from jobqueue import chain
+    from tests.jobapp import jobs
+
+    chain(jobs.add.s(1, 2).using(timeout=4), jobs.mul.s(10)).enqueue()
+    [first] = Queue("default").dequeue(count=5, lease=30, worker="w")
+    assert (first.timeout, first.lease) == (4.0, 5.0)
