@@ -277,6 +277,9 @@ class Worker:
             self.abandoned = len(leftovers)
         except RedisError:
             log.warning("could not release running jobs: their leases will expire instead")
+        with contextlib.suppress(RedisError):  # (else they lapse with the leases)
+            for queue in self.served.queues:
+                queue.leases.give_back()  # a global cap's permits, to the other workers
 
     def _stop_threads(self) -> None:
         self._threads_stop.set()

@@ -31,6 +31,7 @@ from .answers import (
     Extended,
     Flowed,
     Nacked,
+    Permitted,
     Promoted,
     refused,
 )
@@ -224,6 +225,17 @@ def nack(client: Any, shard: ShardKeys, job_id: str, token: int, error: str, ret
         max_attempts, backoff_ms])
     state, _, flag = str(reply or "").partition(":")
     return Nacked(state or None, flag == "forwarded")
+
+
+@twin("permits")
+def permits(client: Any, shard: ShardKeys, holder: str, want: int, floor: int, lease_ms: int,
+            given: int) -> Permitted:
+    """Hold `want` permits of the queue's global cap from now on (`shard`: the cap's keys,
+    `keys.cap_keys`), keeping at least `floor`. The answer is the whole state, so a call whose
+    reply was lost is simply made again."""
+    held, cap, live, over = caller.run(client, "permits", shard,
+                                       [holder, want, floor, lease_ms, given])
+    return Permitted(int(held), int(cap), live, over == 1)
 
 
 @twin("extend")
