@@ -196,7 +196,7 @@ def test_celery_time_limits_map_to_the_timeout_and_the_soft_limit_raises_inside_
     hard = celery_tasks.overruns_its_time_limit.delay()
     assert get_job(hard.id).timeout == 0.5  # type: ignore[union-attr]
     for bad in ({"time_limit": 0}, {"soft_time_limit": "soon"}):
-        with pytest.raises(InvalidOption, match=r"timeout|soft_time_limit"):
+        with pytest.raises(InvalidOption, match=rf"^{next(iter(bad))} must"):
             celery_tasks.shout.apply_async(["x"], **bad)
     soft = celery_tasks.catches_its_soft_limit.delay()
     assert run_burst(valkey_server.url, "--concurrency", "4", timeout=60) == 0
