@@ -227,8 +227,9 @@ class Runners:
 
     def _run(self, lease: Lease, resolved: Resolved | Outcome | None,
              process: PoolProcess | None) -> Outcome:
-        return execute(lease, resolved) if process is None else process.run(lease,
-                                                                            self._held.start)
+        if process is None:
+            return execute(lease, resolved)
+        return process.run(lease, self._held.start)  # (the run starts once the process is up)
 
 
 def hand_over(done: Done, lease: Lease, outcome: Outcome) -> None:

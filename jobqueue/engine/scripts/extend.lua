@@ -20,8 +20,12 @@ for i = 0, n - 1 do
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'cancel', 'deadline')
   if row[1] == 'active' and row[2] == token then
-    local lease, left = string.match(ms, '^(%d+):(%d+)$')
-    local lease_until = now + tonumber(lease or ms)
+    local lease, left = tonumber(ms), nil
+    if not lease then  -- '<lease ms>:<left ms>': a started run with a time limit
+      lease, left = string.match(ms, '^(%d+):(%d+)$')
+      lease = tonumber(lease) or 0
+    end
+    local lease_until = now + lease
     local deadline = tonumber(row[4] or '')
     if left and not (deadline and deadline <= now + tonumber(left)) then
       deadline = now + tonumber(left)
