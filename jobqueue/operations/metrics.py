@@ -14,7 +14,7 @@ reports the whole fleet.
   the LANE_TOP busiest lanes of each queue only (gauge; bounded cardinality);
 - `jobqueue_worker_recycles_total{reason}` — worker processes that made way for a fresh one
   (`runworker --max-jobs`: `max_jobs`, `--max-memory`: `max_memory`) (counter);
-- `jobqueue_abandoned_runs{worker}` — runs of plain handlers past their `timeout` whose threads
+- `jobqueue_overrunning_runs{worker}` — runs of plain handlers past their `timeout` whose threads
   have not returned: recorded failed, each still holding a slot of its worker (gauge; from the
   workers' presence entries, `{emq}:workers`, which the worker's presence.py writes);
 - `jobqueue_global_concurrency{queue}` — the global cap in force, and
@@ -120,17 +120,17 @@ class ValkeyCollector:
                 global_cap.add_metric([name], cap.cap)
                 global_permits.add_metric([name], cap.held)
         yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes,
-                    global_cap, global_permits, abandoned_runs(), _recycles())
+                    global_cap, global_permits, overrunning_runs(), _recycles())
 
 
-def abandoned_runs() -> GaugeMetricFamily:
-    """Each live worker's abandoned runs, as its last presence entry says."""
-    gauge = GaugeMetricFamily("jobqueue_abandoned_runs", "Runs past their timeout whose "
+def overrunning_runs() -> GaugeMetricFamily:
+    """Each live worker's overrunning runs, as its last presence entry says."""
+    gauge = GaugeMetricFamily("jobqueue_overrunning_runs", "Runs past their timeout whose "
                               "threads have not returned (each holds a slot)", labels=["worker"])
     for raw in get_client().hvals(WORKERS_KEY):
         try:
             entry = json.loads(raw)
-            gauge.add_metric([str(entry["name"])], int(entry.get("abandoned") or 0))
+            gauge.add_metric([str(entry["name"])], int(entry.get("overrunning") or 0))
         except (ValueError, KeyError, TypeError):
             continue
     return gauge

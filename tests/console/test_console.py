@@ -558,14 +558,14 @@ def test_the_job_page_shows_the_run_limit_and_a_timed_out_attempt(admin_client: 
     assert "JobTimeout" in page[page.index('id="job-attempts"'):]
 
 
-def test_the_workers_page_and_the_metrics_show_abandoned_runs(admin_client: Client) -> None:
+def test_the_workers_page_and_the_metrics_show_overrunning_runs(admin_client: Client) -> None:
     from jobqueue.worker import Worker, WorkerConfig
 
     worker = Worker(WorkerConfig(queues=("default",), mirror=False, name="w-1"))
     worker.served.add(Queue("default"))
-    worker.held.abandon()  # (a run past its timeout whose thread has not returned)
+    worker.held.overrun()  # (a run past its timeout whose thread has not returned)
     worker.maintenance.advertise()
     page = admin_client.get("/admin/jobqueue/job/live/workers/").content.decode()
-    assert "+ 1 abandoned past their timeout" in page
+    assert "+ 1 overrunning" in page
     metrics = admin_client.get("/metrics").content.decode()
-    assert 'jobqueue_abandoned_runs{worker="w-1"} 1.0' in metrics
+    assert 'jobqueue_overrunning_runs{worker="w-1"} 1.0' in metrics

@@ -53,9 +53,11 @@ Returns: n, the n answers of the successes (as ack.lua's: 1 succeeded, 3 cancell
         job: id, token (the new `attempts`: the fencing token), payload, checkpoint ('' =
         none), lease ms (for a job with a run time limit, '<lease ms>:<timeout ms>'). No job is
         claimed when the queue is paused or nothing is ready.
-A job with a run time limit (its lease_ms field '<lease>:<timeout>') gets a `deadline` on its
-row, now + timeout on the server clock, and a lease that ends by deadline + 1 s: extend.lua
-renews it no further, so a run nobody ends is reaped past its limit (reap.lua: JobTimeout).
+A job with a run time limit (its lease_ms field '<lease>:<timeout>') gets a lease of at most
+timeout + 1 s, so a dead worker's job comes back soon. The limit counts from the run's start,
+not from this claim (a prefetched job may wait in the worker first): the worker's first renewal
+of the started run writes its `deadline` (extend.lua); a deadline an earlier attempt left is
+removed here.
         A popped row with a corrupt state, count, priority, lane or expires_at is buried (dead,
         with the field named in last_error) and not returned; payload and checkpoint are
         checked by the caller, which decodes them anyway.
@@ -167,7 +169,7 @@ local function lease_job(id, lane, slot)
   out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[9] or ''
   out[#out + 1] = row[10] or ''; out[#out + 1] = lease
   if limit > 0 then
-    redis.call('HSET', jk, 'deadline', now + limit)
+    redis.call('HDEL', jk, 'deadline')  -- (an earlier attempt's: see the header)
     out[#out] = lease .. ':' .. limit
   end
   claimed = claimed + 1

@@ -40,7 +40,8 @@ The hand-off: a lone job that is ready now, on a shard with no other ready job (
 priority or weight could come first) and not paused, goes straight to an idle worker if one
 waits here: the script leases it as claim.lua would (attempts 1, the worker's lease) and pushes
 '<id>|<lease ms>|<payload>' (for a job with a run time limit '<id>|<lease>:<timeout>|<payload>',
-its `deadline` written and its lease capped as claim.lua does) onto that worker's list base:hand:<name> (expiring ten minutes after
+its lease capped as claim.lua caps it; its `deadline` comes with the renewal of its started run:
+extend.lua) onto that worker's list base:hand:<name> (expiring ten minutes after
 the lease: a worker that died before it took the job leaves it there for the reaper, which
 hands it back uncharged), which the worker's BLPOP returns. The worker needs no claim call; no
 wake token is pushed. Each idle entry takes one job.
@@ -166,7 +167,6 @@ for i = 0, n - 1 do
       if limit > 0 then lease = math.min(lease, limit + 1000) end
       for _, v in ipairs({'attempts', 1, 'started_at', at(), 'lease_until', at() + lease,
           'worker', taker[1]}) do row[#row + 1] = v end
-      if limit > 0 then put(row, 'deadline', at() + limit, nil) end
     end
     redis.call('HSET', jk, unpack(row))
     if unique ~= '' then
