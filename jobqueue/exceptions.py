@@ -79,8 +79,8 @@ class JobFailed(JobQueueError):
 class JobTimeout(JobQueueError):
     """A run that passed its `timeout` (the job's or its queue's option): the attempt fails with
     this error and is retried as `max_attempts` and `backoff` say. The worker ends it (an async
-    run is cancelled, a process-pool run's process killed; a thread's run is abandoned, its
-    `ctx.cancelled` true and its late return discarded), or, when the worker itself is stuck,
+    run is cancelled, a process-pool run's process killed; a thread's run is left overrunning,
+    its `ctx.cancelled` true and its late return discarded), or, when the worker itself is stuck,
     another worker's reaper does once the run's lease lapses past the limit."""
 
 

@@ -107,3 +107,19 @@ class ShardKeys:
     def lane(self, lane: str) -> str:
         """The default lane ('') is `pending`; a named lane is `lane:<name>`."""
         return self.key("pending") if lane == "" else f"{self.base}:lane:{lane}"
+
+
+@dataclass(frozen=True)
+class CapKeys(ShardKeys):
+    """Key names of a queue's global cap (`global_concurrency`: permits.lua): a slot of its own,
+    `emq:{q#cap}`, apart from every shard's (a shard's tag ends in a number), so the cap's cost
+    does not grow with the shards. `index` is -1: no shard has it."""
+
+    @property
+    def tag(self) -> str:
+        return f"{self.queue}#cap"
+
+
+def cap_keys(queue: str) -> CapKeys:
+    """The keys of `queue`'s global cap."""
+    return CapKeys(queue, -1)

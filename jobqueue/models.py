@@ -133,6 +133,7 @@ class Job(models.Model):
             ("run_schedule", "Can run, pause and resume periodic jobs"),
             ("resize_queue", "Can change a queue's live shard count"),
             ("set_lane_concurrency", "Can change a lane's concurrency cap"),
+            ("set_global_concurrency", "Can change a queue's global concurrency cap"),
         ]
 
     def __str__(self) -> str:

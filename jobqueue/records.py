@@ -107,9 +107,16 @@ class Lease(NamedTuple):
     timeout: float = 0.0
     """The run's time limit in seconds (0: none): the job's or its queue's `timeout`."""
     deadline: float = 0.0
-    """When the run must end (`time.monotonic()` as the claim's reply arrived, plus `timeout`;
-    0: no limit). The server's own deadline (claim.lua) is earlier by the reply's trip; the
-    lease it renews runs a second past it, the worker's margin to record the timeout itself."""
+    """When the run must end (`time.monotonic()` as the run started, plus `timeout`: `started`;
+    0: not started yet, or no limit). The limit counts from the run's start, not from the
+    claim: a prefetched job's wait costs it nothing. The heartbeat tells the server the time
+    left (extend.lua), which writes its own deadline and ends the lease a second past it, the
+    worker's margin to record the timeout itself."""
+
+    def started(self) -> Lease:
+        """This lease as its run starts now: its deadline counted from now (none without a
+        time limit)."""
+        return self._replace(deadline=time.monotonic() + self.timeout) if self.timeout else self
 
     @classmethod
     def from_claim(cls, queue: str, shard: int, job_id: str, token: str, raw_payload: str,
@@ -125,9 +132,8 @@ class Lease(NamedTuple):
             lease = int(lease_ms) / 1000
         except ValueError:  # '<lease ms>:<timeout ms>': a run with a time limit (claim.lua)
             lease_part, _, limit = str(lease_ms).partition(":")
-            timeout = int(limit) / 1000
             return cls(job_id, int(token), payload, checkpoint, int(lease_part) / 1000, queue,
-                       shard, problem, timeout, time.monotonic() + timeout)
+                       shard, problem, int(limit) / 1000)
         return cls(job_id, int(token), payload, checkpoint, lease, queue, shard, problem)
 
 

@@ -115,6 +115,11 @@ def lane_cap(value: object, what: str = "lane_concurrency") -> int:
     return whole_number(value, what, 1, MAX_LANE_CAP)
 
 
+def global_cap(value: object, what: str = "global_concurrency") -> int:
+    """A queue's global cap: at most this many of its jobs active at once (1…1,000,000)."""
+    return whole_number(value, what, 1, MAX_LANE_CAP)
+
+
 def lane_concurrency(value: object) -> tuple[tuple[str, int], ...]:
     """The `lane_concurrency` option: an int (every named lane's cap) or a dict of lane name
     ('' is the default lane, "*" every named lane it does not name) to a cap, kept as sorted
@@ -142,7 +147,7 @@ def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
 
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
                       "priority", "durable", "lane_weights", "rate", "wait_replicas",
-                      "lane_concurrency", "lane_rate", "timeout")
+                      "lane_concurrency", "lane_rate", "timeout", "global_concurrency")
 
 
 @dataclass(frozen=True)
@@ -180,12 +185,16 @@ class QueueOptions:
     timeout: float | None = None
     """Seconds one run of a job may take (the job's own `timeout` wins): past it the run is
     stopped and fails with `JobTimeout`. Written on each job as it is enqueued."""
+    global_concurrency: int | None = None
+    """At most n of the queue's jobs active at once, across every worker and shard (permits of
+    one cap: engine/permits.py); a cap set live (`Queue.set_global_concurrency`) wins."""
 
     @property
     def claim_only(self) -> bool:
         """Whether only the claim script can enforce this queue's limits (a `concurrency` cap,
         a rate, lane caps or lane rates): then its idle workers take no hand-offs."""
-        return bool(self.concurrency or self.rate or self.lane_concurrency or self.lane_rate)
+        return bool(self.concurrency or self.rate or self.lane_concurrency or self.lane_rate
+                    or self.global_concurrency)
 
 
 @functools.cache
@@ -239,7 +248,7 @@ def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -
         raise InvalidOption(f"durable must be True or False, got {durable!r}")
     rate(options.rate)
     rate(options.lane_rate, "lane_rate")
-    concurrency = options.concurrency
+    concurrency, global_concurrency = options.concurrency, options.global_concurrency
     return replace(
         options,
         shards=whole_number(options.shards, 'shards (or "auto")', 1, 1024),
@@ -249,6 +258,7 @@ def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -
         lease=validate_lease(options.lease),
         concurrency=None if concurrency is None else whole_number(concurrency, "concurrency", 1,
                                                                   10_000),
+        global_concurrency=None if global_concurrency is None else global_cap(global_concurrency),
         backoff=validate_backoff(options.backoff),
         priority=validate_priority(options.priority),
         timeout=None if options.timeout is None else validate_timeout(options.timeout),

@@ -54,6 +54,8 @@ def console_urls(site: AdminSite) -> list[Any]:
         path("queues/<str:name>/resize/", action(posts.ResizeQueue), name="jobqueue_queue_resize"),
         path("queues/<str:name>/set_lane_concurrency/", action(posts.SetLaneConcurrency),
              name="jobqueue_queue_set_lane_concurrency"),
+        path("queues/<str:name>/set_global_concurrency/", action(posts.SetGlobalConcurrency),
+             name="jobqueue_queue_set_global_concurrency"),
         path("jobs/<str:queue>/<str:job_id>/", wrap(views.job_page), name="jobqueue_job"),
         path("flows/<str:queue>/<str:flow_id>/", wrap(views.flow_page), name="jobqueue_flow"),
         path("jobs/<str:queue>/<str:job_id>/retry/", action(posts.RetryJob),

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from django.db import connection
 
@@ -130,3 +131,17 @@ def manage(*args: str, url: str) -> subprocess.CompletedProcess[str]:
            "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin"}
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
+
+
+def serving(request: Any, settings: Any, queues: dict[str, Any]) -> str:
+    """The Valkey URL a worker test and its workers use (the standalone server, or the cluster
+    flushed, as `request.param` says), with `queues` configured for the test."""
+    from jobqueue import Queue
+
+    where = request.getfixturevalue("valkey_server").url
+    if request.param == "cluster":
+        where = request.getfixturevalue("valkey_cluster").url
+    settings.JOBQUEUE = {"URL": where, "QUEUES": {"default": {}, **queues}}
+    if request.param == "cluster":
+        Queue("default").client.flushall(target_nodes="primaries")
+    return where

@@ -93,9 +93,10 @@ class JobContext:
 
     @property
     def timed_out(self) -> bool:
-        """True once the run passed its `timeout`: the worker has recorded it failed with
-        JobTimeout, and whatever the handler returns now is discarded (stop soon: until it
-        returns, its thread holds one of the worker's slots)."""
+        """True once the run passed its `timeout` (counted from the run's start; read from the
+        clock): the attempt fails with JobTimeout (the worker records it at the deadline, or as
+        the handler returns, whichever comes first), and whatever the handler returns now is
+        discarded (stop soon: until it returns, its thread holds one of the worker's slots)."""
         deadline = self._lease.deadline
         return bool(deadline) and time.monotonic() >= deadline
 

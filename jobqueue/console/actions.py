@@ -21,7 +21,8 @@ from ..states import State
 PERMISSIONS = {"retry": "jobqueue.retry_job", "reprioritize": "jobqueue.reprioritize_job",
                "cancel": "jobqueue.cancel_job", "pause": "jobqueue.pause_queue",
                "resize": "jobqueue.resize_queue", "run_schedule": "jobqueue.run_schedule",
-               "set_lane_concurrency": "jobqueue.set_lane_concurrency"}
+               "set_lane_concurrency": "jobqueue.set_lane_concurrency",
+               "set_global_concurrency": "jobqueue.set_global_concurrency"}
 """The Django permission each action needs (each console action's view, in posts.py, and the
 admin's bulk retry ask it)."""
 WAITING_OR_RUNNING = frozenset({State.PENDING, State.SCHEDULED, State.ACTIVE})
@@ -109,6 +110,17 @@ def set_lane_concurrency(queue: Queue, lane: str, raw: str) -> str:
     if cap is None:
         return f"Queue {queue.name}: {shown} has its settings' cap again."
     return f"Queue {queue.name}: {shown} now runs at most {cap} job(s) at once."
+
+
+def set_global_concurrency(queue: Queue, raw: str) -> str:
+    """Set a queue's global cap live from what an operator typed (blank: no cap)."""
+    cap = typed_number(raw) if raw.strip() else None
+    if isinstance(cap, str) or (cap is not None and cap < 1):
+        raise InvalidOption(f"the global cap must be a whole number ≥ 1 (or blank), got {cap!r}")
+    queue.set_global_concurrency(cap)
+    if cap is None:
+        return f"Queue {queue.name}: no global cap now."
+    return f"Queue {queue.name} now runs at most {cap} job(s) at once, over every worker."
 
 
 def resize_queue(queue: Queue, count: int, by: str) -> tuple[layouts.Layout, layouts.Layout]:

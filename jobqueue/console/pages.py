@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString
 from .. import ids
 from ..api.registry import lookup
 from ..conf import get_client, get_config
-from ..engine import lanes, layouts
+from ..engine import lanes, layouts, permits
 from ..engine.store import Queue, known_queues
 from ..exceptions import InvalidJobId, JobQueueError, UnknownHandler
 from ..keys import validate_lane, validate_queue
@@ -111,6 +111,8 @@ class Console(ConsoleSite):
             can_resize=posts.ResizeQueue.permitted(request),
             lane_caps=lanes.states(queue.client, name, shards, queue.options),
             can_cap=posts.SetLaneConcurrency.permitted(request),
+            global_cap=permits.state(queue.client, name, queue.options),
+            can_global_cap=posts.SetGlobalConcurrency.permitted(request),
             can_retry=posts.RetryJob.permitted(request), can_cancel=posts.CancelJob.permitted(request),
             page=number, last_page=last, lanes=ready_lanes,
             prev_page=number - 1 if number > 1 else None,

@@ -238,6 +238,16 @@ class SetLaneConcurrency(QueueAction):
         return actions.set_lane_concurrency(target, lane, request.POST.get("cap", ""))
 
 
+class SetGlobalConcurrency(QueueAction):
+    """Set (or, with a blank cap, lift) the queue's global cap live."""
+
+    permission_required = actions.PERMISSIONS["set_global_concurrency"]
+    refused = "Global cap on {}"
+
+    def act(self, request: HttpRequest, target: Queue) -> str:
+        return actions.set_global_concurrency(target, request.POST.get("cap", ""))
+
+
 # -- one periodic job ---------------------------------------------------------------------------
 
 

@@ -113,6 +113,10 @@ class JobTask(Task):
                     **options: Any) -> JobResult:
         time_limit = options.pop("time_limit") if "time_limit" in options else self.time_limit
         soft_limit = options.pop("soft_time_limit", None)
+        if time_limit is not None:  # (named as Celery names it, not as the job's `timeout`)
+            time_limit = seconds(time_limit, "time_limit", low=0.001, high=MAX_SECONDS)
+        if soft_limit is None and self.soft_time_limit is not None:  # (read where it runs:
+            seconds(self.soft_time_limit, SOFT_LIMIT, low=0.001, high=MAX_SECONDS)  # refused now)
         unsupported = set(options) - IGNORED_OPTIONS
         unsupported |= {name for name, value in (("link", link), ("link_error", link_error)) if value}
         if unsupported:

@@ -44,13 +44,14 @@ def after_wait(shard: ShardKeys, replies: list[Any]) -> list[Lease] | bool:
     reply = replies[-1]
     if reply is None:
         return False
-    if "|" not in reply[1]:  # a wake token ('1'); a job handed over is '<id>|<lease>|<payload>'
+    if "|" not in reply[1]:  # a wake token ('1'); a job handed over: `handed`
         return True
     return [handed(shard, reply[1])]
 
 
 def handed(shard: ShardKeys, value: str) -> Lease:
-    """The lease of a job an enqueue handed over: '<id>|<lease ms>|<payload>' (attempts 1)."""
+    """The lease of a job an enqueue handed over (attempts 1): '<id>|<lease ms>|<payload>', or
+    '<id>|<lease ms>:<timeout ms>|<payload>' for a job with a run time limit (enqueue.lua)."""
     job_id, lease_ms, payload = value.split("|", 2)
     return Lease.from_claim(shard.queue, shard.index, job_id, "1", payload, "", lease_ms)
 

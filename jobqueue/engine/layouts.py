@@ -44,7 +44,7 @@ from ..conf import get_client, get_config
 from ..exceptions import InvalidOption, JobQueueError
 from ..keys import REGISTRY_KEY, ShardKeys, placement_hash
 from ..spec import Prepared
-from . import lanes
+from . import lanes, permits
 from .scripts import operator_calls
 
 LAYOUT_KEY = "{emq}:shards"
@@ -114,10 +114,12 @@ def read(client: Any, name: str, configured: int, *, fresh: bool = False) -> Lay
 
 def _widen(client: Any, name: str, configured: int) -> None:
     """The `shards` setting names more shards than the queue ever had (a deploy raised it): give
-    the new ones the lane caps set live, as a resize's `_mark` does for the shards it adds,
+    the new ones the lane caps and the global cap set live, as a resize's `_mark` does for the
+    shards it adds,
     before this process sends a job there or claims one; then record the count in the registry,
     so that this runs once, not at each read."""
     lanes.copy_caps(client, name, configured)
+    permits.copy_mark(client, name, configured)
     operator_calls.raise_widest(client, REGISTRY_KEY, name, configured)
 
 
@@ -289,8 +291,9 @@ def before_resize(client: Any, name: str, configured: int, count: int) -> Layout
 def _mark(client: Any, name: str, layout: Layout) -> None:
     """Flag the shards beyond the live count as draining (their enqueue turns jobs away) and
     clear the flag on live ones; a paused queue's new shards start paused, and with the lane
-    caps set live."""
+    caps and the global cap set live."""
     lanes.copy_caps(client, name, layout.widest)
+    permits.copy_mark(client, name, layout.widest)
     paused = client.hget(ShardKeys(name, 0).key("meta"), "paused") == "1"
     for i in range(layout.widest):
         meta = ShardKeys(name, i).key("meta")

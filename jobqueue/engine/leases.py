@@ -1,8 +1,9 @@
 """`Leases`: a queue's claimed jobs, the worker's side of it: the claim (with the successes it
 carries), ack, nack, extend, checkpoint and release, each one script call through its twin
 (`scripts.calls`). One per `Queue` (`Queue.leases`), which keeps what a claim needs between
-calls: the shard to start from next, the claim's head, the rate limit's wait, and the claims
-whose reply was lost (`LostClaims`, claims.py).
+calls: the shard to start from next, the claim's head, the rate limit's wait, the claims
+whose reply was lost (`LostClaims`, claims.py) and the permits of the queue's global cap
+(`Permits`, permits.py: a claim asks for at most as many jobs as they allow).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..records import Lease
 from ..spec import MAX_DELAY, QueueOptions, dumps, validate_lease
 from ..spec import seconds as _seconds
 from .claims import LostClaims
+from .permits import Permits
 from .scripts import calls
 from .scripts.answers import Acked, Extended, Nacked
 
@@ -69,18 +71,22 @@ class Leases:
         """After a claim: seconds until the rate limit (or, when it came back short, a lane's
         rate) admits another job (0: not limited)."""
         self.lost_claims = LostClaims()
+        self.permits = Permits(queue.name)
+        self._cap_changed = False
+        """A shard answered that the global cap changed live (claim.lua's -1)."""
 
     def head(self, lease: float | None, override: bool, worker: str) -> list[Any]:
         """A claim's arguments after its count (`calls.claim_head`), kept while the config,
         these and the queue's live shard count stay the same: a worker at concurrency 1 claims
         once per job."""
-        config, live = get_config(), self.queue.shards
-        key = (lease, override, worker, live)
+        config, live, mark = get_config(), self.queue.shards, self.permits.mark
+        key = (lease, override, worker, live, mark)
         kept = self.claim_head
         if kept is not None and kept[0] is config and kept[1] == key:
             return kept[2]
         head = calls.claim_head(self.lease_ms(lease), override, worker, dead_retention_ms(),
-                                retention_ms(), spec.claim_policy(self.queue.options, live))
+                                retention_ms(),
+                                (*spec.claim_policy(self.queue.options, live), mark))
         self.claim_head = (config, key, head)
         return head
 
@@ -97,11 +103,48 @@ class Leases:
         trip), the others go in one ack call per shard. The claim asks only shard `only` when
         given (where a wake token came from); else it starts where most successes are, or at
         the next shard in turn, and goes on until it has `count`; a later shard's reply lost
-        ends it with what the earlier ones leased (that claim is handed back: claims.py).
+        ends it with what the earlier ones leased (that claim is handed back: claims.py). Under
+        a global cap it asks for no more jobs than its permits allow (permits.py).
         Returns (the acks' answers, leases)."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
+        permits, client = self.permits, self.queue.client
+        given = self.queue.options.global_concurrency or 0
+        if acks and permits.running:
+            permits.ended(held for held, _ in acks)
+        reserved, mark = None, permits.mark
+        if permits.capped(given):
+            reserved = permits.reserve(client, count, given,
+                                       self.queue.options.lease if lease is None else lease)
+        try:
+            answers, out = self._ack_and_claim(acks, count if reserved is None else reserved,
+                                               lease, worker, override_lease, shards, only)
+        except BaseException:  # (it leased nothing this worker knows of: claims.py)
+            if reserved is not None:
+                permits.settle(reserved, (), True)
+            raise
+        if reserved is not None:
+            permits.settle(reserved, out, len(out) < count)
+            if len(out) < count and not permits.running and not permits.reserved:
+                permits.give_back(client, given)  # (idle: others may use them)
+        if self._cap_changed:
+            self._cap_changed = False
+            permits.resync(client, given, self.lease_ms(lease) / 1000)
+            if permits.mark != mark and len(out) < count:  # (claim again, as the cap says now)
+                out += self.ack_and_dequeue([], count - len(out), lease, worker,
+                                            override_lease=override_lease, shards=shards,
+                                            only=only)[1]
+        return answers, out
+
+    def _ack_and_claim(self, acks: Sequence[tuple[Lease, str]], count: int,
+                       lease: float | None, worker: str, override_lease: bool,
+                       shards: int | None, only: int | None) -> tuple[list[Acked], list[Lease]]:
+        """`ack_and_dequeue` once its count is known (0: the global cap leaves no room, the
+        successes are only recorded)."""
         queue = self.queue
+        if count == 0:
+            self.rate_wait = 0.0
+            return (self.ack_encoded(acks) if acks else []), []
         total = shards or queue.claim_shards()
         if only is not None:
             start = only % total
@@ -132,6 +175,9 @@ class Leases:
                 break  # (what earlier shards leased is this worker's; that claim is recovered)
             for i, ok in zip(carried, claimed.acked, strict=True):
                 answers[i] = ok
+            if claimed.wait_ms < 0:  # (the global cap changed live: nothing leased here)
+                self._cap_changed = True
+                break
             waits.append(claimed.wait_ms)
             out.extend(claimed.leases)
         # Rate-limited when every shard asked said so, or when the claim came back short and a
@@ -140,9 +186,17 @@ class Leases:
         self.rate_wait = min(limited) / 1000 if limited and all(limited) else 0.0
         return answers, out
 
+    def give_back(self) -> None:
+        """Give back the global cap's permits no running job holds (a worker stopping): one
+        call, only when some are held."""
+        if self.permits.held:
+            self.permits.give_back(self.queue.client, self.queue.options.global_concurrency or 0)
+
     def ack_encoded(self, items: Sequence[tuple[Lease, str]]) -> list[Acked]:
         """Record successes, results already encoded as JSON (the worker encodes them once),
         one script call per shard."""
+        if self.permits.running:
+            self.permits.ended(held for held, _ in items)
         return calls.ack(self.queue.client, self.queue.name, retention_ms(), items)
 
     def ack_many(self, items: Sequence[tuple[Lease, Any]]) -> list[bool]:
@@ -154,6 +208,8 @@ class Leases:
         """Record a failure: the job's new state (None: the lease was stale), and whether it
         forwarded its outcome to dependents on other shards (the worker relays at once)."""
         queue = self.queue
+        if self.permits.running:
+            self.permits.ended((lease,))
         retry_ms = -1 if retry_in is None else round(
             _seconds(retry_in, "retry_in", low=0, high=MAX_DELAY) * 1000)
         return calls.nack(queue.client, queue.shard(lease.shard), lease.job_id, lease.token,
@@ -162,9 +218,14 @@ class Leases:
                           round(queue.options.backoff * 1000))
 
     def extend_many(self, leases: Sequence[Lease], seconds: float) -> list[Extended]:
-        """Renew many leases for `seconds` from now (server clock), one call per shard."""
-        return calls.extend(self.queue.client, self.queue.name, leases,
-                            lease_ms=round(validate_lease(seconds) * 1000))
+        """Renew many leases for `seconds` from now (server clock), one call per shard; the
+        permits their jobs hold under a global cap are renewed with them."""
+        codes = calls.extend(self.queue.client, self.queue.name, leases,
+                             lease_ms=round(validate_lease(seconds) * 1000))
+        if self.permits.held:
+            self.permits.renewed(self.queue.client, leases, seconds,
+                                 self.queue.options.global_concurrency or 0)
+        return codes
 
     def cancel_requested(self, lease: Lease) -> bool:
         """Whether an operator asked to cancel the attempt `lease` holds (a plain read)."""
@@ -180,4 +241,6 @@ class Leases:
 
     def release_many(self, leases: Sequence[Lease]) -> list[bool]:
         """Hand claimed jobs back without charging their retry budget; tokens stay spent."""
+        if self.permits.running:
+            self.permits.ended(leases)
         return calls.release(self.queue.client, self.queue.name, retention_ms(), leases)

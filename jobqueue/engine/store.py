@@ -23,7 +23,7 @@ from ..conf import get_client, get_config
 from ..keys import ShardKeys, validate_queue
 from ..records import COUNT_FIELDS, JobInfo, Lease, ms_to_dt
 from ..spec import JobSpec, Prepared, prepare, validate_priority
-from . import lanes, layouts, sending
+from . import lanes, layouts, permits, sending
 from .claims import LostClaims
 from .layouts import known_queues
 from .leases import Leases, dead_retention_ms, retention_ms
@@ -271,6 +271,11 @@ class Queue:
         settings' cap): `lanes.set_cap`, on every shard the queue has now (read afresh: a
         count cached a second ago may miss shards just added)."""
         lanes.set_cap(self.client, self.name, self.layout(fresh=True).widest, lane, cap)
+
+    def set_global_concurrency(self, cap: int | None) -> None:
+        """Set the queue's global cap live, kept in Valkey (None lifts it, whatever the
+        settings say): `permits.set_cap`, marked on every shard the queue has now."""
+        permits.set_cap(self.client, self.name, self.layout(fresh=True).widest, cap)
 
     def resize(self, count: int, by: str = "") -> layouts.Layout:
         """Set the live shard count (see `layouts.resize`); `by` says who, in its history."""

@@ -14,9 +14,12 @@ reports the whole fleet.
   the LANE_TOP busiest lanes of each queue only (gauge; bounded cardinality);
 - `jobqueue_worker_recycles_total{reason}` — worker processes that made way for a fresh one
   (`runworker --max-jobs`: `max_jobs`, `--max-memory`: `max_memory`) (counter);
-- `jobqueue_abandoned_runs{worker}` — runs of plain handlers past their `timeout` whose threads
+- `jobqueue_overrunning_runs{worker}` — runs of plain handlers past their `timeout` whose threads
   have not returned: recorded failed, each still holding a slot of its worker (gauge; from the
-  workers' presence entries, `{emq}:workers`, which the worker's presence.py writes).
+  workers' presence entries, `{emq}:workers`, which the worker's presence.py writes);
+- `jobqueue_global_concurrency{queue}` — the global cap in force, and
+  `jobqueue_global_permits{queue}` — its permits held now (what runs or is about to, over every
+  worker), for queues with a cap only (gauges).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..conf import get_client, get_config
-from ..engine import backlog, lanes, layouts
+from ..engine import backlog, lanes, layouts, permits
 from ..engine.store import Queue, known_queues
 from ..keys import RECYCLE_REASONS, RECYCLES_KEY, WORKERS_KEY
 from ..states import State
@@ -64,6 +67,11 @@ class ValkeyCollector:
                                         "(the busiest lanes)", labels=["queue", "lane"])
         shards = GaugeMetricFamily("jobqueue_shards", "Shards of a queue by status",
                                    labels=["queue", "status"])
+        global_cap = GaugeMetricFamily("jobqueue_global_concurrency",
+                                       "The queue's global cap in force", labels=["queue"])
+        global_permits = GaugeMetricFamily("jobqueue_global_permits",
+                                           "Permits of the queue's global cap held now",
+                                           labels=["queue"])
         resizes = CounterMetricFamily("jobqueue_shard_resizes",
                                       "Live resizes (by hand or automatic)",
                                       labels=["queue", "direction"])
@@ -107,18 +115,22 @@ class ValkeyCollector:
                 tokens.add_metric([name], level)
             for lane, active in lanes.busiest(queue.client, name, queue.all_shards(), LANE_TOP):
                 lane_active.add_metric([name, lane], active)
+            cap = permits.state(queue.client, name, queue.options)
+            if cap.cap is not None:
+                global_cap.add_metric([name], cap.cap)
+                global_permits.add_metric([name], cap.held)
         yield from (jobs, oldest, finished, duration, tokens, lane_active, shards, resizes,
-                    abandoned_runs(), _recycles())
+                    global_cap, global_permits, overrunning_runs(), _recycles())
 
 
-def abandoned_runs() -> GaugeMetricFamily:
-    """Each live worker's abandoned runs, as its last presence entry says."""
-    gauge = GaugeMetricFamily("jobqueue_abandoned_runs", "Runs past their timeout whose "
+def overrunning_runs() -> GaugeMetricFamily:
+    """Each live worker's overrunning runs, as its last presence entry says."""
+    gauge = GaugeMetricFamily("jobqueue_overrunning_runs", "Runs past their timeout whose "
                               "threads have not returned (each holds a slot)", labels=["worker"])
     for raw in get_client().hvals(WORKERS_KEY):
         try:
             entry = json.loads(raw)
-            gauge.add_metric([str(entry["name"])], int(entry.get("abandoned") or 0))
+            gauge.add_metric([str(entry["name"])], int(entry.get("overrunning") or 0))
         except (ValueError, KeyError, TypeError):
             continue
     return gauge

@@ -125,7 +125,7 @@ class Claims:
         return self._drained.refill(self._served.queues, now)
 
     def _claim_locked(self, carried: Carried, woken: tuple[Queue, int] | None) -> int:
-        room, queues = self._config.capacity - self._held.taken, self._served.queues
+        room, queues = self._held.free, self._served.queues
         batch = self._config.batch
         if self.recycler is not None and not self._stop_claiming.is_set():
             capped = self.recycler.room(room, len(self._held.jobs))

@@ -77,7 +77,7 @@ class Worker:
         self.config = config
         self.abandoned = 0
         self.served = Served()
-        self.held = HeldJobs(config.capacity)
+        self.held = HeldJobs(config.capacity, config.concurrency)
         self.wake = threading.Event()
         """Wakes the main loop (a stop, an outcome to record)."""
         self.outcomes = Outcomes(self.held, self.served, config.batch, self.wake)
@@ -239,7 +239,7 @@ class Worker:
                 self._ensure_waiters()
         finally:
             claimed = self.claims.claim(successes)
-        if not self.held.jobs and self.waiters.plain_waiting:
+        if self.held.idle and self.waiters.plain_waiting:
             self.waiters.unblock()
         return claimed > 0
 
@@ -298,6 +298,9 @@ class Worker:
             self.abandoned = len(leftovers)
         except RedisError:
             log.warning("could not release running jobs: their leases will expire instead")
+        with contextlib.suppress(RedisError):  # (else they lapse with the leases)
+            for queue in self.served.queues:
+                queue.leases.give_back()  # a global cap's permits, to the other workers
 
     def _in_grace(self) -> bool:
         """Whether running jobs may still finish: until `--grace` after a stop (a recycle's
@@ -321,8 +324,8 @@ class Worker:
         if self._mirror is not None:
             self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
         if self.runners is not None:
-            # (an abandoned run's thread may never return: the process's exit ends it)
-            self.runners.stop(wait=not self.abandoned and not self.held.abandoned)
+            # (an overrunning run's thread may never return: the process's exit ends it)
+            self.runners.stop(wait=not self.abandoned and not self.held.overrunning)
         if self.served.queues:
             with contextlib.suppress(*VALKEY_DOWN):
                 if self.recycle_reason:  # (stopped meanwhile: no fresh process takes its name)

@@ -1,13 +1,14 @@
 """Run timeouts of plain handlers on runner threads: a thread cannot be stopped, so at its run's
-deadline the run is abandoned instead.
+deadline the run is left overrunning instead.
 
 One timer thread (started with the first run that has a time limit) watches the runs in
-progress. At a run's deadline, if its thread has not returned, the run's failure (JobTimeout) is
-handed over as its outcome, and the run is counted abandoned (`HeldJobs.abandon`): its thread
-keeps its slot, so the worker never runs more threads than its concurrency. The handler sees
-`ctx.cancelled` (and `ctx.timed_out`) turn true; when its thread returns at last, what it
-returned is dropped here (its attempt's token would refuse it anyway: the job may be running
-again elsewhere) and the slot comes back (`HeldJobs.returned`).
+progress (each deadline counted from its run's start: `HeldJobs.start`). At a run's deadline,
+if its thread has not returned, the run's failure (JobTimeout) is handed over as its outcome,
+and the run is counted overrunning (`HeldJobs.overrun`): its thread keeps its slot, so the
+worker never runs more threads than its concurrency, and claims no job for it meanwhile. The
+handler sees `ctx.cancelled` (and `ctx.timed_out`) turn true; when its thread returns at last,
+what it returned is dropped here (its attempt's token would refuse it anyway: the job may be
+running again elsewhere) and the slot comes back (`HeldJobs.overrun_returned`).
 
 An `async def` handler's run is cancelled by its event loop instead (`executor.execute_async`),
 and a run in a pool process (`--processes`) ends with its process (`pool.py`).
@@ -32,18 +33,19 @@ Done = Callable[[Lease, Outcome], None]
 class Run:
     """One run with a time limit, from its start on a runner thread until its thread returns."""
 
-    __slots__ = ("lease", "returned", "started", "timed_out")
+    __slots__ = ("lease", "started", "timed_out")
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease
         self.started = time.monotonic()
-        self.returned = False
         self.timed_out = False
+        """Set by the timer at the deadline (the run overruns from then)."""
 
 
 class Deadlines:
     """The runs with a time limit in progress on the runner threads (at most the worker's
-    concurrency, and the abandoned ones), and the timer that abandons each past its deadline."""
+    concurrency, the overrunning ones among them), and the timer that ends each past its
+    deadline."""
 
     def __init__(self, done: Done, held: HeldJobs) -> None:
         self._done, self._held = done, held
@@ -52,7 +54,7 @@ class Deadlines:
         self._thread: threading.Thread | None = None
 
     def start(self, lease: Lease) -> Run:
-        """A run begins on this thread: watch its deadline."""
+        """A run begins on this thread (`lease.deadline` counted from now): watch it."""
         run = Run(lease)
         with self._changed:
             self._runs.add(run)
@@ -65,38 +67,36 @@ class Deadlines:
 
     def returned(self, run: Run, outcome: Outcome) -> Outcome | None:
         """The run's thread returned with `outcome`: the outcome to hand over (its JobTimeout
-        when it returned past its deadline before the timer saw it), or None when the run was
-        abandoned at its deadline (its failure recorded then; its slot is free now)."""
+        when it returned past its deadline before the timer saw it), or None when the run
+        overran (its failure recorded at its deadline; its slot is free now)."""
         with self._changed:
-            run.returned = True
-            self._runs.discard(run)
-            abandoned, late = run.timed_out, time.monotonic() >= run.lease.deadline
-            run.timed_out = True  # (the timer leaves it be from here on)
-        if not abandoned:
+            self._runs.discard(run)  # (the timer no longer sees it)
+            overran, late = run.timed_out, time.monotonic() >= run.lease.deadline
+        if not overran:
             return timed_out(timeout_error(run.lease), outcome.duration) if late else outcome
-        self._held.returned()
-        log.warning("job=%s: the run abandoned at its timeout (%g s) returned after %.1f s; "
+        self._held.overrun_returned()
+        log.warning("job=%s: the run that overran its timeout (%g s) returned after %.1f s; "
                     "what it returned is discarded", run.lease.job_id, run.lease.timeout,
                     time.monotonic() - run.started)
         return None
 
     def _watch(self) -> None:
-        """Abandon each run past its deadline whose thread has not returned."""
+        """End each run past its deadline whose thread has not returned (it overruns)."""
         while True:
             with self._changed:
                 now = time.monotonic()
                 due = [run for run in self._runs if not run.timed_out and run.lease.deadline <= now]
                 for run in due:  # (its slot counted before its thread may return)
                     run.timed_out = True
-                    self._held.abandon()
+                    self._held.overrun()
                 if not due:
                     waiting = [run.lease.deadline for run in self._runs if not run.timed_out]
                     self._changed.wait(min(waiting, default=now + 60.0) - now)
                     continue
             for run in due:
-                self._abandon(run)
+                self._overran(run)
 
-    def _abandon(self, run: Run) -> None:
+    def _overran(self, run: Run) -> None:
         lease = run.lease
         log.warning("job=%s: its run passed its timeout (%g s) on a thread that cannot be "
                     "stopped; recorded failed, the thread keeps its slot until it returns",

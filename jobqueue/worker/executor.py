@@ -122,7 +122,9 @@ async def execute_async(lease: Lease, resolved: Resolved) -> Outcome:
     task ends up here as a failure too: the caller, which knows whether it cancelled the task,
     drops the outcome of a run it cancelled itself. A run with a time limit is cancelled at its
     deadline by a timer of the loop (`asyncio.timeout`), and fails with JobTimeout whatever it
-    did with the cancel (raised it, raised another error, or swallowed it and returned)."""
+    did with the cancel (raised it, raised another error, or swallowed it and returned), and
+    also when it ends past its deadline without the timer's cancel (a handler that held the
+    loop gives the timer no turn)."""
     started = time.monotonic()
     func, args, kwargs = _call_args(resolved, lease)
     failed: BaseException | None = None
@@ -135,7 +137,7 @@ async def execute_async(lease: Lease, resolved: Resolved) -> Outcome:
                 result = await func(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
         failed = exc
-    if limit is not None and limit.expired():
+    if limit is not None and (limit.expired() or time.monotonic() >= lease.deadline):
         failed = JobTimeout(timeout_error(lease))
     ctx = _unwritten(args)
     if ctx is not None:  # (a round trip: off the loop)

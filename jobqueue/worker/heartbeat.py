@@ -1,7 +1,9 @@
 """Lease renewal: while a handler runs, its lease is renewed at a third of its length, so a
-job may run for days on a 30 s lease and a dead worker's jobs still come back within one. A run
-with a time limit is renewed no further than a second past its deadline (extend.lua caps it on
-the server), so a worker stuck past the limit cannot keep the run from the reaper.
+job may run for days on a 30 s lease and a dead worker's jobs still come back within one. The
+renewal of a started run with a time limit carries the time left until its deadline (counted
+from the run's start: `HeldJobs.start`), which extend.lua writes as the row's deadline on the
+server's clock and renews no further than a second past, so a worker stuck past the limit cannot
+keep the run from the reaper. A job not started yet (prefetched) is renewed as any other.
 
 Reads the held jobs (`serving.HeldJobs`) and flags a lease found stale; calls only `extend_many`."""
 

@@ -190,7 +190,7 @@ class Maintenance:
             "pid": os.getpid(), "host": socket.gethostname(),
             "queues": [q.name for q in self._served.queues],
             "running": len(self._held.jobs), "concurrency": self._config.concurrency,
-            "abandoned": self._held.abandoned,
+            "overrunning": self._held.overrunning,
             "processed": processed, "failed": failed, "rate": round(rate, 1), "jobs": held})
 
     def summary(self) -> None:

@@ -9,8 +9,9 @@ process runs one known job at a time:
 - a handler that ends its process (`os._exit`, a crash, the kernel's OOM killer) fails its own
   job only, charged once ("its process exited"), and the runner starts a new process for its
   next job: no other job is charged for it, none is sent to a process known to be gone;
-- a run past its time limit (`timeout`) has its process killed at the deadline and fails with
-  JobTimeout; the runner starts a new process for its next job;
+- a run past its time limit (`timeout`, counted from when the process is up and has the job)
+  has its process killed at the deadline and fails with JobTimeout; the runner starts a new
+  process for its next job;
 - a stopping worker ends the processes that still run a job (past the grace, or at a second
   stop) before it hands their jobs back, so no job runs on beside its next run elsewhere;
 - the processes leave stop signals to the worker: Ctrl-C in a terminal, or a SIGTERM to the
@@ -35,6 +36,7 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -75,8 +77,10 @@ class PoolProcess:
         self._ending = False
         """The worker ended the process: the job it ran has no outcome."""
 
-    def run(self, lease: Lease) -> Outcome:
-        """Run a job in the process; its outcome. Abandoned when the worker ended it."""
+    def run(self, lease: Lease, start: Callable[[Lease], Lease] = Lease.started) -> Outcome:
+        """Run a job in the process; its outcome. Abandoned when the worker ended it. `start`
+        gives the lease as its run starts (`HeldJobs.start`), once the process is up: the
+        process's start (Django's setup there) is not charged to the run's time limit."""
         self._busy = True
         try:
             if self._process is None:
@@ -87,6 +91,7 @@ class PoolProcess:
             assert self._pipe is not None
             if self._ending:  # (the worker stopped while the process started)
                 raise Abandoned
+            lease = start(lease)
             self._pipe.send(lease)
             if lease.deadline and not self._pipe.poll(max(lease.deadline - time.monotonic(), 0)):
                 return self._expired(lease)

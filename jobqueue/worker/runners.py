@@ -16,10 +16,11 @@ outlives a job lets the handler keep async clients (redis.asyncio, httpx, asyncp
 jobs. A watchdog thread logs the call a handler is in when it holds the loop (a blocking call in
 an async handler stalls every async job).
 
-A run with a time limit (`timeout`) is ended at its deadline: an async task is cancelled by the
-loop (executor.py), a pool process killed (pool.py), and a plain handler's thread, which cannot
-be stopped, abandoned (deadlines.py: its failure recorded at once, its slot kept until it
-returns, its late return dropped).
+A run with a time limit (`timeout`) is ended at its deadline, counted from the run's start (as
+a runner or the loop starts it, or once its pool process is up: `HeldJobs.start`), not from its
+claim: an async task is cancelled by the loop (executor.py), a pool process killed (pool.py),
+and a plain handler's thread, which cannot be stopped, left overrunning (deadlines.py: its
+failure recorded at once, its slot kept until it returns, its late return dropped).
 
 A stopping worker that hands back jobs still running first ends what it can (`abandon`): the
 pool processes running them are killed, and their async tasks cancelled. Only that cancel ends
@@ -84,13 +85,14 @@ class Runners:
     """N threads running jobs from an inbox (each through a pool process of its own with
     `--processes`: pool.py), and an event loop for `async def` handlers, until stopped."""
 
-    def __init__(self, count: int, done: Done, *, processes: bool = False,
-                 held: HeldJobs | None = None, max_memory: int | None = None) -> None:
-        """`max_memory`: resident MB past which a pool process is replaced after its job."""
+    def __init__(self, count: int, done: Done, held: HeldJobs, *, processes: bool = False,
+                 max_memory: int | None = None) -> None:
+        """`held`: the worker's held jobs (each run's start and overrun noted there);
+        `max_memory`: resident MB past which a pool process is replaced after its job."""
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
-        self.deadlines = Deadlines(done, held) if held is not None else None
-        """Plain runs with a time limit (deadlines.py); None: a time limit is not watched (a
-        caller without held jobs to count the abandoned runs in)."""
+        self._held = held
+        self.deadlines = Deadlines(done, held)
+        """Plain runs with a time limit on the runner threads (deadlines.py)."""
         self._done = done
         self._count = count
         self._processes = processes
@@ -120,7 +122,7 @@ class Runners:
             self._start_threads(plain)
         if on_loop:
             if self._loop is None:
-                self._loop = EventLoop(self._done, self._count)
+                self._loop = EventLoop(self._done, self._count, self._held.start)
             self._loop.submit(on_loop)
 
     def _start_threads(self, jobs: int) -> None:
@@ -202,8 +204,11 @@ class Runners:
         """Run one job and hand its outcome over. A job's own errors are its outcome
         (`execute`); an error of the worker's code around it fails the job (or, past its
         outcome, is logged): either way the runner goes on to the next job."""
-        deadlines = self.deadlines if lease.deadline and process is None else None
-        run = deadlines.start(lease) if deadlines is not None else None
+        run = None
+        if process is None:  # (a pool process starts its run once it is up: pool.py)
+            lease = self._held.start(lease)
+            if lease.deadline:
+                run = self.deadlines.start(lease)
         outcome: Outcome | None
         try:
             signals.send(signals.job_started, Queue, lease=lease)
@@ -215,18 +220,19 @@ class Runners:
         except Exception as exc:  # (logged, and the job's failure)
             log.exception("job=%s: the runner failed around it", lease.job_id)
             outcome = unexpected(exc)
-        if deadlines is not None and run is not None:  # (None: abandoned at its deadline, its
-            outcome = deadlines.returned(run, outcome)  # timeout recorded then)
+        if run is not None:  # (None: it overran, its timeout recorded at its deadline)
+            outcome = self.deadlines.returned(run, outcome)
         try:
             close_old_connections()
         finally:
             if outcome is not None:
                 hand_over(self._done, lease, outcome)
 
-    @staticmethod
-    def _run(lease: Lease, resolved: Resolved | Outcome | None,
+    def _run(self, lease: Lease, resolved: Resolved | Outcome | None,
              process: PoolProcess | None) -> Outcome:
-        return execute(lease, resolved) if process is None else process.run(lease)
+        if process is None:
+            return execute(lease, resolved)
+        return process.run(lease, self._held.start)  # (the run starts once the process is up)
 
 
 def hand_over(done: Done, lease: Lease, outcome: Outcome) -> None:
@@ -243,9 +249,11 @@ class EventLoop:
     """One asyncio loop in its own thread; each job a task on it, at most `limit` at once (the
     worker's concurrency: the others wait here, prefetched, and can be taken back)."""
 
-    def __init__(self, done: Done, limit: int) -> None:
+    def __init__(self, done: Done, limit: int, start: Callable[[Lease], Lease]) -> None:
+        """`start`: a job's lease as its run starts (`HeldJobs.start`: its deadline from now)."""
         self._done = done
         self._limit = limit
+        self._start = start
         if sys.getswitchinterval() == DEFAULT_SWITCH:  # (an application's own setting stays)
             sys.setswitchinterval(SWITCH)
         self._loop = loop_factory()()
@@ -321,6 +329,7 @@ class EventLoop:
             if signals.job_started.receivers:  # (off the loop: a receiver may use the ORM)
                 await asyncio.to_thread(signals.send_from_worker, signals.job_started, Queue,
                                         lease=lease)
+            lease = self._start(lease)  # (its time limit counts from here, not its claim)
             if self._tracer is None:
                 outcome = await execute_async(lease, resolved)
             else:

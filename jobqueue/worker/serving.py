@@ -139,8 +139,8 @@ class HeldJobs:
     whose lease lapsed while it ran and the run of the same job this worker claimed again are
     two runs, each renewed, recorded and forgotten by its own token."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int, concurrency: int) -> None:
+        self.capacity, self.concurrency = capacity, concurrency
         self.jobs: dict[tuple[str, int], Held] = {}
         """By (job id, token); read freely, changed under `lock`."""
         self.per_queue: Counter[str] = Counter()
@@ -152,29 +152,50 @@ class HeldJobs:
         self.sooner = threading.Event()
         """Set when a job joins whose lease is shorter than `planned` (the heartbeat must plan
         its wait again, or that lease lapses first), and when the worker stops."""
-        self.abandoned = 0
+        self.overrunning = 0
         """Runs past their timeout whose thread still runs (`deadlines.py`): their outcome is
-        recorded and they are held no more, but each keeps its slot until its thread returns,
+        recorded and they are held no more, but each keeps its runner thread until it returns,
         so the worker never runs more threads than its concurrency."""
 
     @property
-    def taken(self) -> int:
-        """The slots in use: the jobs held and the abandoned runs' threads."""
-        return len(self.jobs) + self.abandoned
+    def free(self) -> int:
+        """How many more jobs the worker may hold: its capacity, less each overrunning thread's
+        runner and its share of prefetch (a job claimed for a thread that cannot start it would
+        only wait), less the jobs held. A queue's `concurrency` counts held jobs only: an
+        overrunning run of the queue no longer counts there."""
+        running = self.concurrency - self.overrunning
+        return self.capacity * max(running, 0) // self.concurrency - len(self.jobs)
 
-    def abandon(self) -> None:
-        """A run passed its timeout on a thread that cannot be stopped: its slot stays taken
-        (changed under `lock`) until `returned`."""
+    @property
+    def idle(self) -> bool:
+        """Whether the worker holds no job and has a thread free to start one (an idle worker
+        offers itself for hand-offs: `waiters.py`)."""
+        return not self.jobs and self.overrunning < self.concurrency
+
+    def start(self, lease: Lease) -> Lease:
+        """A held job's run starts now: its lease with its deadline counted from now
+        (`Lease.started`), held so (the heartbeat tells the server the time left)."""
+        run = lease.started()
+        if run is not lease:
+            with self.lock:
+                held = self.jobs.get((lease.job_id, lease.token))
+                if held is not None:
+                    held.lease = run
+        return run
+
+    def overrun(self) -> None:
+        """A run passed its timeout on a thread that cannot be stopped: its thread stays taken
+        (changed under `lock`) until `overrun_returned`."""
         with self.lock:
-            self.abandoned += 1
-            if self.taken >= self.capacity:
+            self.overrunning += 1
+            if self.free <= 0:
                 self.room.clear()
 
-    def returned(self) -> None:
-        """An abandoned run's thread returned: its slot is free."""
+    def overrun_returned(self) -> None:
+        """An overrunning run's thread returned: it may start jobs again."""
         with self.lock:
-            self.abandoned -= 1
-            if self.taken < self.capacity:
+            self.overrunning -= 1
+            if self.free > 0:
                 self.room.set()
 
     def add(self, leases: list[Lease]) -> bool:
@@ -189,7 +210,7 @@ class HeldJobs:
                     if lease.lease < self.planned:
                         self.planned = lease.lease
                         self.sooner.set()
-            if self.taken >= self.capacity:
+            if self.free <= 0:
                 self.room.clear()
         return fell_busy
 
@@ -207,8 +228,8 @@ class HeldJobs:
             for lease in leases:
                 if self.jobs.pop((lease.job_id, lease.token), None) is not None:
                     self.per_queue[lease.queue] -= 1
-            if not self.room.is_set() and self.taken < self.capacity:  # (set() takes its lock
-                self.room.set()  # and notifies even when set)
+            if not self.room.is_set() and self.free > 0:  # (set() takes its lock and
+                self.room.set()  # notifies even when set)
 
     def wake(self) -> None:
         """The worker stops: end the waits on these jobs' room (waiters) and leases (heartbeat)."""

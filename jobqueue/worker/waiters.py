@@ -183,7 +183,7 @@ class Waiters:
             lines.conn = lines.node.connection_pool.get_connection()
         if lines.conn_id is None:
             lines.conn_id = wire.call_on(lines.conn, [("CLIENT", "ID")])[0]
-        idle = lines.hand_off and not self._held.jobs
+        idle = lines.hand_off and self._held.idle  # (not while every thread overruns)
         lease = self._config.lease
         offer = handoff.offer(queue.lease_ms(lease), lease is not None) if idle else None
         commands = handoff.wait_commands(queue.shard(index), IDLE_WAIT, self._config.name, offer)

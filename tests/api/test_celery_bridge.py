@@ -90,3 +90,13 @@ def test_task_id_and_expires_are_honoured_and_what_cannot_be_is_refused_by_name(
         with pytest.raises(InvalidOption, match=next(iter(option))):
             celery_tasks.shout.apply_async(args=["x"], **option)
     assert Queue("default").counts()["pending"] == 2
+
+
+def test_a_bad_time_limit_or_soft_time_limit_is_refused_at_enqueue_naming_it() -> None:
+    for option, bad in (("time_limit", 0), ("time_limit", "soon"), ("soft_time_limit", -1),
+                        ("soft_time_limit", "soon")):
+        with pytest.raises(InvalidOption, match=rf"^{option} must"):
+            celery_tasks.shout.apply_async(["x"], **{option: bad})
+    with pytest.raises(InvalidOption, match=r"^soft_time_limit must"):  # (the task's own)
+        celery_tasks.has_a_bad_soft_limit.delay()
+    assert Queue("default").counts()["pending"] == 0

@@ -405,6 +405,31 @@ def test_the_queue_page_shows_lane_caps_and_sets_one_live_with_its_own_permissio
     assert 'value="Set lane cap"' not in operator.get(url).content.decode()
 
 
+def test_the_queue_page_shows_the_global_cap_and_sets_it_live_with_its_own_permission(
+        admin_client: Client, client: Client, settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"global_concurrency": 2}}}
+    conf.reset()
+    jobs.add.enqueue_many([(i, i) for i in range(5)])
+    assert len(Queue("default").dequeue(count=10)) == 2
+    url = "/admin/jobqueue/job/live/queues/default/"
+    page = admin_client.get(url).content.decode()
+    assert "At most 2 job(s) of the queue run at once" in page and "(settings); 2 permit(s)" in page
+    done = admin_client.post(url + "set_global_concurrency/", {"cap": "3"})
+    assert done.status_code == 302 and len(Queue("default").dequeue(count=10)) == 1  # raised
+    assert LogEntry.objects.filter(change_message__contains="at most 3 job(s) at once").exists()
+    assert "At most 3 job(s)" in admin_client.get(url).content.decode()
+    for bad in ("0", "lots", "-1"):
+        shown = admin_client.post(url + "set_global_concurrency/", {"cap": bad},
+                                  follow=True).content.decode()
+        assert "Global cap on default:" in shown
+    admin_client.post(url + "set_global_concurrency/", {"cap": ""})
+    page = admin_client.get(url).content.decode()
+    assert "No global cap (lifted live)" in page and 'value="Set global cap"' in page
+    operator = staff(client, "pause_queue")
+    assert operator.post(url + "set_global_concurrency/", {"cap": "9"}).status_code == 403
+    assert 'value="Set global cap"' not in operator.get(url).content.decode()
+
+
 def test_expired_jobs_are_counted_shown_and_retryable(admin_client: Client) -> None:
     from tests.servers import server_ms
 
@@ -533,14 +558,14 @@ def test_the_job_page_shows_the_run_limit_and_a_timed_out_attempt(admin_client: 
     assert "JobTimeout" in page[page.index('id="job-attempts"'):]
 
 
-def test_the_workers_page_and_the_metrics_show_abandoned_runs(admin_client: Client) -> None:
+def test_the_workers_page_and_the_metrics_show_overrunning_runs(admin_client: Client) -> None:
     from jobqueue.worker import Worker, WorkerConfig
 
     worker = Worker(WorkerConfig(queues=("default",), mirror=False, name="w-1"))
     worker.served.add(Queue("default"))
-    worker.held.abandon()  # (a run past its timeout whose thread has not returned)
+    worker.held.overrun()  # (a run past its timeout whose thread has not returned)
     worker.maintenance.advertise()
     page = admin_client.get("/admin/jobqueue/job/live/workers/").content.decode()
-    assert "+ 1 abandoned past their timeout" in page
+    assert "+ 1 overrunning" in page
     metrics = admin_client.get("/metrics").content.decode()
-    assert 'jobqueue_abandoned_runs{worker="w-1"} 1.0' in metrics
+    assert 'jobqueue_overrunning_runs{worker="w-1"} 1.0' in metrics

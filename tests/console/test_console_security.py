@@ -58,7 +58,7 @@ def test_every_console_page_and_action_wants_view_job_even_from_staff(client: Cl
     job_id = workers.dead_job({"api_key": "k-123"}, "ValueError: with the key k-123")
     flow = chain(jobs.add.s(1, 1), jobs.add.s(2)).enqueue()
     urls = every_console_url(job_id, flow.id)
-    assert len(urls) == 18 and sum(method == "POST" for method, _ in urls) == 10
+    assert len(urls) == 19 and sum(method == "POST" for method, _ in urls) == 11
     every_right = [p.codename for p in Permission.objects.filter(content_type__app_label="jobqueue")
                    if p.codename not in ("view_job", "change_job")]
     curious = user_with(client, *every_right)
@@ -70,6 +70,7 @@ def test_every_console_page_and_action_wants_view_job_even_from_staff(client: Cl
     queue = Queue("default")
     assert queue.get(job_id).state == "dead" and not queue.is_paused()  # type: ignore[union-attr]
     assert queue.layout(fresh=True).live == 1 and not LogEntry.objects.exists()
+    assert queue.client.get("emq:{default#cap}:limit") is None  # (no global cap set)
     assert not schedule.state(get_client()).get("beat", {}).get("paused")
     User.objects.all().delete()
     viewer = user_with(client, "view_job")

@@ -224,6 +224,20 @@ def test_watch_and_reads(queue: Queue) -> None:
     assert replayed(queue, "set_lane_concurrency", 0, ["a", 2]) == 0
 
 
+def test_permits_of_a_global_cap_sent_again_hold_what_the_first_call_held(queue: Queue) -> None:
+    """`want` is what the holder holds from now on, not how many more: a replay takes none
+    twice (only the holder's deadline moves, read from the replay's clock)."""
+    from jobqueue.keys import cap_keys
+
+    cap = cap_keys(queue.name)
+    for args in (["h1", 3, 0, 30_000, 5], ["h2", 4, 0, 30_000, 5], ["h1", 1, 1, 30_000, 5]):
+        first = caller.run(queue.client, "permits", cap, args)
+        held = queue.client.hgetall(cap.key("permits"))
+        assert caller.run(queue.client, "permits", cap, args) == first
+        assert queue.client.hgetall(cap.key("permits")) == held
+    assert held == {"h1": "1", "h2": "2", "": "3"}  # (h2 got the room h1 left: 5 - 3)
+
+
 def test_sweeps_do_nothing_twice(queue: Queue) -> None:
     """A sweep's answer counts what it did: its replay did nothing, and says so."""
     queue.enqueue("later", delay=0.001)
@@ -267,5 +281,6 @@ def test_every_transition_script_has_a_case() -> None:
     covered = {"enqueue", "claim", "ack", "nack", "extend", "checkpoint", "release", "reap",
                "promote", "retry", "reprioritize", "cancel", "counts", "heads",
                "set_lane_concurrency", "flow", "watch", "progress",
-               "deliver"}  # (tests/flows/test_flows_shards.py: a replayed delivery releases nothing twice)
+               "deliver",  # (tests/flows/test_flows_shards.py: a replayed delivery releases nothing twice)
+               "permits"}
     assert set(TRANSITIONS) == covered  # (a new script: add its case here)

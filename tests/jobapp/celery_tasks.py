@@ -65,3 +65,8 @@ def overruns_its_time_limit() -> None:
     import time
 
     time.sleep(3)
+
+
+@shared_task(soft_time_limit=-1)
+def has_a_bad_soft_limit() -> None:
+    """A task whose own soft_time_limit makes no sense: refused when it is enqueued."""

@@ -472,3 +472,32 @@ def leaky(ctx: JobContext, path: str, keep_mb: int = 0) -> int:
     with open(path, "a") as f:
         f.write(f"{ctx.job_id} {os.getpid()} {before}\n")
     return os.getpid()
+
+
+RUNNING = """local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n"""
+"""Counts the jobs of a tally running at once (KEYS[1]) and the most ever (KEYS[2])."""
+
+
+@job(takes_context=True, max_attempts=5, backoff=0)
+def tallied(ctx: JobContext, tally: str, seconds: float, hold_first: str = "") -> int:
+    """Runs `seconds`, counted in Valkey while it runs (`{tally}:running`, its peak in
+    `{tally}:peak`): the global cap's tests read how many ran at once across workers. With
+    `hold_first`, a first attempt holds until that file exists, counted apart (`{tally}:held`:
+    a test kills its worker meanwhile)."""
+    from jobqueue.conf import get_client
+
+    client = get_client()
+    keys = (f"{{{tally}}}:running", f"{{{tally}}}:peak")
+    if hold_first and ctx.attempt == 1:
+        client.incr(f"{{{tally}}}:held")
+        while not Path(hold_first).exists():
+            time.sleep(0.02)
+        return ctx.attempt
+    client.eval(RUNNING, 2, *keys, 1)
+    try:
+        time.sleep(seconds)
+    finally:
+        client.eval(RUNNING, 2, *keys, -1)
+    return ctx.attempt

@@ -65,6 +65,20 @@ def test_metrics_show_expired_jobs_and_the_busiest_capped_lanes_only(client: Cli
     assert not {"tenant-0", "tenant-1"} & {lane for lane, _ in reported}
 
 
+def test_metrics_show_the_global_cap_and_its_permits_held(client: Client, settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {"global_concurrency": 3}}}
+    conf.reset()
+    queue = Queue("default")
+    queue.enqueue_many([JobSpec(i) for i in range(5)])
+    assert len(queue.dequeue(count=2)) == 2
+    text = client.get("/metrics").content.decode()
+    assert sample(text, "jobqueue_global_concurrency", queue="default") == 3
+    assert sample(text, "jobqueue_global_permits", queue="default") == 2
+    queue.set_global_concurrency(None)
+    text = client.get("/metrics").content.decode()
+    assert "jobqueue_global_concurrency{" not in text  # (a queue without a cap: no series)
+
+
 def test_metrics_want_the_token_when_one_is_set(client: Client, settings: Any) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOKEN": "s3cret"}
     conf.reset()

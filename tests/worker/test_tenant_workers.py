@@ -16,8 +16,8 @@ from jobqueue import Queue
 from jobqueue.api.registry import get_job
 from jobqueue.models import Job
 from tests.jobapp import jobs
-from tests.servers import ValkeyProcess, server_ms
-from tests.workers import start_worker, wait_for
+from tests.servers import server_ms
+from tests.workers import serving, start_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -26,15 +26,9 @@ QUEUES = {"tenants": {"lane_concurrency": 2, "lease": 2}}
 
 
 @pytest.fixture(params=["standalone", "cluster"])
-def url(request: pytest.FixtureRequest, settings: Any, valkey_server: ValkeyProcess) -> str:
+def url(request: pytest.FixtureRequest, settings: Any) -> str:
     """The Valkey the test and its workers use, with the `tenants` queue configured."""
-    where = valkey_server.url
-    if request.param == "cluster":
-        where = request.getfixturevalue("valkey_cluster").url
-    settings.JOBQUEUE = {"URL": where, "QUEUES": {"default": {}, **QUEUES}}
-    if request.param == "cluster":
-        Queue("default").client.flushall(target_nodes="primaries")
-    return where
+    return serving(request, settings, QUEUES)
 
 
 def workers(url: str, n: int, *args: str) -> list[subprocess.Popen[bytes]]:

@@ -105,7 +105,7 @@ def test_a_job_joining_with_a_shorter_lease_never_puts_off_the_renewal_of_those_
     refs = [jobs.add.using(lease=seconds).enqueue(1, 1) for seconds in (3.0, 2.9, 2.8, 0.6)]
     leases = {lease.job_id: lease for lease in queue.dequeue(count=4, worker="w-1")}
     first, *joining = (leases[ref.id] for ref in refs)
-    held = HeldJobs(capacity=8)
+    held = HeldJobs(capacity=8, concurrency=4)
     heartbeat = Heartbeat(held, lambda name: queue, threading.Event(), default_lease=30.0)
     assert heartbeat.plan(now=0.0) == 10.0  # (nothing held: the worker's own lease)
     held.add([first])

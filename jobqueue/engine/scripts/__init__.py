@@ -45,6 +45,7 @@ TRANSITIONS = {
     "deliver": "deliver.lua",
     "watch": "watch.lua",
     "progress": "progress.lua",
+    "permits": "permits.lua",
 }
 _KEY_LINE = re.compile(r"^KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)
 _DEFINITION = re.compile(r"^((?:--[^\n]*\n)*)local (?:function )?(\w+)", re.MULTILINE)

@@ -101,11 +101,22 @@ class Enqueued(NamedTuple):
 
 class Claimed(NamedTuple):
     """A claim's reply: the successes' answers, the ms until the rate limit admits another job
-    (0: not limited), the leases."""
+    (0: not limited; -1: the global cap changed live, nothing was leased), the leases."""
 
     acked: list[Acked]
     wait_ms: int
     leases: list[Lease]
+
+
+class Permitted(NamedTuple):
+    """A permits call's answer: the permits the holder holds now, the global cap in force (0:
+    none) and its live setting ('' = none set live: what a claim passes as the shards' mark)."""
+
+    held: int
+    cap: int
+    live: str
+    over: bool
+    """The holders hold more than the cap (it was lowered live)."""
 
 
 class Nacked(NamedTuple):

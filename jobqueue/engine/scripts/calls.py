@@ -13,6 +13,7 @@ them (no object per job but the lease, an index for an answer).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -31,6 +32,7 @@ from .answers import (
     Extended,
     Flowed,
     Nacked,
+    Permitted,
     Promoted,
     refused,
 )
@@ -67,8 +69,7 @@ def encoded(job: Prepared, max_attempts: int, backoff_ms: int) -> tuple[Any, ...
     return (job.job_id, job.payload, job.priority, job.lane,
             "" if job.max_attempts == max_attempts else job.max_attempts,
             "" if job.backoff_ms == backoff_ms else job.backoff_ms,
-            f"{job.lease_ms}:{job.timeout_ms}" if job.timeout_ms else job.lease_ms,  # (lease_field)
-            job.delay_ms, job.unique_key,
+            lease_field(job), job.delay_ms, job.unique_key,
             "1" if job.minted else f"0:{job.spent}" if job.spent else "0",
             job.debounce_ms, job.expires_ms)
 
@@ -226,12 +227,34 @@ def nack(client: Any, shard: ShardKeys, job_id: str, token: int, error: str, ret
     return Nacked(state or None, flag == "forwarded")
 
 
+@twin("permits")
+def permits(client: Any, shard: ShardKeys, holder: str, want: int, floor: int, lease_ms: int,
+            given: int) -> Permitted:
+    """Hold `want` permits of the queue's global cap from now on (`shard`: the cap's keys,
+    `keys.cap_keys`), keeping at least `floor`. The answer is the whole state, so a call whose
+    reply was lost is simply made again."""
+    held, cap, live, over = caller.run(client, "permits", shard,
+                                       [holder, want, floor, lease_ms, given])
+    return Permitted(int(held), int(cap), live, over == 1)
+
+
 @twin("extend")
 def extend(client: Any, queue: str, jobs: Sequence[Lease], *, lease_ms: int) -> list[Extended]:
-    """Renew leases for `lease_ms` from now (each job's), one call per shard."""
+    """Renew leases for `lease_ms` from now (each job's), one call per shard. A started run
+    with a time limit also says the ms left until its deadline (extend.lua writes the row's)."""
+    now = time.monotonic()
     return [EXTENDED[code] for code in caller.run_by_shard(
-        client, "extend", queue, [], [(lease.shard, [lease.job_id, lease.token, lease_ms])
+        client, "extend", queue, [], [(lease.shard, [lease.job_id, lease.token,
+                                                     _renewal(lease, lease_ms, now)])
                                       for lease in jobs])]
+
+
+def _renewal(lease: Lease, lease_ms: int, now: float) -> int | str:
+    """extend.lua's lease field of one job: `lease_ms`, or '<lease_ms>:<ms left>' for a started
+    run with a time limit (the ms until its deadline, 0 past it)."""
+    if not lease.deadline:
+        return lease_ms
+    return f"{lease_ms}:{max(round((lease.deadline - now) * 1000), 0)}"
 
 
 @twin("checkpoint")

@@ -14,7 +14,8 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         lanes held off the ring at their cap; base:rated ZSET lanes held off
                         the ring by their rate: lane -> ms their next token is due
 KEYS[2] active  ZSET    id -> lease deadline ms (server clock)
-KEYS[3] meta    HASH    paused; caps = '1' while base:caps holds a cap set live
+KEYS[3] meta    HASH    paused; caps = '1' while base:caps holds a cap set live; gcap = the
+                        queue's global cap set live (permits.lua), absent while none is
 KEYS[4] dead    ZSET    id -> finished ms (rows too corrupt to run are buried here)
 KEYS[5] idle    HASH    idle workers (see enqueue.lua): a worker that claims a job is idle no more
 KEYS[6] caps    HASH    lane ('*': every named lane) -> a cap set live (wins over ARGV's)
@@ -28,7 +29,8 @@ ARGV[7..] policy        the shard's rate limit: jobs per period (its share of th
         no limit), the period ms, each named lane's rate limit: jobs per period (0 = none), its
         period ms, then c = number of lane caps, then 2 per cap: lane ('*': every named lane
         not listed), cap; then w = number of weighted lanes, then 2 per lane: name, weight
-        (2…100; others weigh 1)
+        (2…100; others weigh 1); then the global cap's live setting as the claimer knows it
+        ('' = none: meta's gcap; the claimer's count is bounded by the permits it holds)
 ARGV[..] claim_id       the claim's id ('' = none: written on each row it leases as `claim`, so
         that a claim whose reply was lost can be handed back, see release.lua)
 ARGV[..] successes      n successes to record, then 3 per job: id, token, result (JSON)
@@ -46,13 +48,16 @@ it ends `expired` in this call.
 Returns: n, the n answers of the successes (as ack.lua's: 1 succeeded, 3 cancelled, each plus
         1 when forwarded to another shard: relay.py; 0 stale), the ms until the rate limit
         admits another job (0: not limited now; when the claim came back short, also the ms
-        until a lane held by its rate has a token), then 5 entries per claimed job: id, token
-        (the new `attempts`: the fencing token), payload, checkpoint ('' = none), lease ms (for
-        a job with a run time limit, '<lease ms>:<timeout ms>'). No job is claimed when the
-        queue is paused or nothing is ready.
-A job with a run time limit (its lease_ms field '<lease>:<timeout>') gets a `deadline` on its
-row, now + timeout on the server clock, and a lease that ends by deadline + 1 s: extend.lua
-renews it no further, so a run nobody ends is reaped past its limit (reap.lua: JobTimeout).
+        until a lane held by its rate has a token; -1: nothing leased, the global cap's live
+        setting is not the claimer's: it asks for permits again), then 5 entries per claimed
+        job: id, token (the new `attempts`: the fencing token), payload, checkpoint ('' =
+        none), lease ms (for a job with a run time limit, '<lease ms>:<timeout ms>'). No job is
+        claimed when the queue is paused or nothing is ready.
+A job with a run time limit (its lease_ms field '<lease>:<timeout>') gets a lease of at most
+timeout + 1 s, so a dead worker's job comes back soon. The limit counts from the run's start,
+not from this claim (a prefetched job may wait in the worker first): the worker's first renewal
+of the started run writes its `deadline` (extend.lua); a deadline an earlier attempt left is
+removed here.
         A popped row with a corrupt state, count, priority, lane or expires_at is buried (dead,
         with the field named in last_error) and not returned; payload and checkpoint are
         checked by the caller, which decodes them anyway.
@@ -71,15 +76,17 @@ local at = 12 + ncaps * 2
 local weights, nweights = {}, tonumber(ARGV[at])
 for i = 0, nweights - 1 do weights[ARGV[at + 1 + i * 2]] = tonumber(ARGV[at + 2 + i * 2]) end
 local turns_key = base .. ':turns'
-local claim_id = ARGV[at + 1 + nweights * 2]
+local gcap = ARGV[at + 1 + nweights * 2]
+local claim_id = ARGV[at + 2 + nweights * 2]
 local now = now_ms()  -- (one clock reading for the acks and the claim)
-local out, back = ack_jobs(base, active, done, meta, ring, retention, ARGV, at + 2 + nweights * 2,
+local out, back = ack_jobs(base, active, done, meta, ring, retention, ARGV, at + 3 + nweights * 2,
   now)
 table.insert(out, 1, #out)
 out[#out + 1] = 0  -- ms until the rate limit admits a job: set below when it holds one back
 local waited_at = #out
-local flags = redis.call('HMGET', meta, 'paused', 'caps')
+local flags = redis.call('HMGET', meta, 'paused', 'caps', 'gcap')
 if flags[1] == '1' then return out end
+if (flags[3] or '') ~= gcap then out[waited_at] = -1; return out end
 local live_caps = flags[2] == '1'
 local lanes_limited = live_caps or ncaps > 0 or lane_rate > 0
 local slots, capped, rated = nil, nil, nil  -- (read only where lanes are limited)
@@ -162,7 +169,7 @@ local function lease_job(id, lane, slot)
   out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = row[9] or ''
   out[#out + 1] = row[10] or ''; out[#out + 1] = lease
   if limit > 0 then
-    redis.call('HSET', jk, 'deadline', now + limit)
+    redis.call('HDEL', jk, 'deadline')  -- (an earlier attempt's: see the header)
     out[#out] = lease .. ':' .. limit
   end
   claimed = claimed + 1

@@ -9,7 +9,8 @@ KEYS[4] wake      LIST    wake tokens for blocked workers
 KEYS[5] meta      HASH    'draining' set: the shard takes no new jobs (a resize shrank the queue);
                           'paused'; 'listed': the producer recorded the queue in the registry
                           (gone with the rest after Valkey lost its data: then listed again);
-                          'caps': a lane cap was set live (then no job is handed over)
+                          'caps': a lane cap was set live; 'gcap': a global cap was (unless
+                          '0': lifted); either stops hand-offs
 KEYS[6] active    ZSET    id -> lease deadline ms (a job handed to an idle worker is leased here)
 KEYS[7] idle      HASH    idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>',
                           each field expiring when its worker's wait does
@@ -39,13 +40,15 @@ The hand-off: a lone job that is ready now, on a shard with no other ready job (
 priority or weight could come first) and not paused, goes straight to an idle worker if one
 waits here: the script leases it as claim.lua would (attempts 1, the worker's lease) and pushes
 '<id>|<lease ms>|<payload>' (for a job with a run time limit '<id>|<lease>:<timeout>|<payload>',
-its `deadline` written and its lease capped as claim.lua does) onto that worker's list base:hand:<name> (expiring ten minutes after
+its lease capped as claim.lua caps it; its `deadline` comes with the renewal of its started run:
+extend.lua) onto that worker's list base:hand:<name> (expiring ten minutes after
 the lease: a worker that died before it took the job leaves it there for the reaper, which
 hands it back uncharged), which the worker's BLPOP returns. The worker needs no claim call; no
 wake token is pushed. Each idle entry takes one job.
 A job handed over is new and ready now, so it cannot have expired (expires_ms > 0); a queue with
 lane caps or lane rates has no idle entries (its workers never offer), and a cap set live stops
-hand-offs here ('caps' in meta), since only the claim counts slots.
+hand-offs here ('caps' in meta), as a global cap set live does ('gcap'), since only the
+claim counts slots and permits.
 Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries: id, status —
         'new' (also when a minted id and payload are found: this call's first send wrote them);
         'exists' (unique_key or caller's id already live: id is the existing job's);
@@ -64,7 +67,7 @@ local function at()
   now = now or now_ms()
   return now
 end
-local flags = redis.call('HMGET', meta, 'draining', 'paused', 'listed', 'caps')
+local flags = redis.call('HMGET', meta, 'draining', 'paused', 'listed', 'caps', 'gcap')
 local out, ready = {flags[3] and 1 or 0}, 0
 local filled = {}  -- lanes this call already put on the ring (or found there)
 if not prior and flags[1] then
@@ -75,6 +78,7 @@ end
 -- An idle worker to hand a lone ready job to (see above): {name, lease ms, overrides}, or nil.
 local function idle_worker()
   if n ~= 1 or prior or flags[2] == '1' or flags[4] == '1' then return nil end
+  if flags[5] and flags[5] ~= '0' then return nil end
   local pick = redis.call('HRANDFIELD', idle, 1, 'WITHVALUES')
   if not pick[1] or redis.call('LLEN', ring) > 0 then return nil end
   redis.call('HDEL', idle, pick[1])
@@ -163,7 +167,6 @@ for i = 0, n - 1 do
       if limit > 0 then lease = math.min(lease, limit + 1000) end
       for _, v in ipairs({'attempts', 1, 'started_at', at(), 'lease_until', at() + lease,
           'worker', taker[1]}) do row[#row + 1] = v end
-      if limit > 0 then put(row, 'deadline', at() + limit, nil) end
     end
     redis.call('HSET', jk, unpack(row))
     if unique ~= '' then

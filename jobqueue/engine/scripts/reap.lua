@@ -20,14 +20,15 @@ ARGV[2] retention       ms a finished row is kept
 ARGV[3] dead_retention  ms a dead row is kept
 ARGV[4] max_attempts    the queue's max_attempts (for a row that holds none)
 ARGV[5] backoff_ms      the queue's backoff ms (for a row that holds none)
-A run past its time limit (its row's `deadline`, claim.lua) is recorded failed with a
-jobqueue.exceptions.JobTimeout (its worker did not end it: stuck, stopped or dead) and retried
-after the job's backoff, as nack.lua retries a failure; any other expired lease is retried at
-once.
+A run past its time limit (its row's `deadline`, written by the renewal of the started run:
+extend.lua) is recorded failed with a jobqueue.exceptions.JobTimeout (its worker did not end it:
+stuck, stopped or dead), counted as nack.lua counts a failed run, and retried after the job's
+backoff, as nack.lua retries a failure; any other expired lease (a row without a deadline: the
+run was not started, or its worker died before its first renewal) is retried at once.
 Returns: how many expired leases were handled
 ]]
 -- uses: now_ms, job_key, free_slot, count_field, bury, finish, make_ready, record_attempt, STATES
--- uses: lane_push, wake_workers
+-- uses: lane_push, wake_workers, count_minute, observe
 local base, active, dead, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local done, ring, wake = base .. ':done', base .. ':ring', base .. ':wake'
 local limit, retention, dead_retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -53,7 +54,7 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', active, id)
   local jk = job_key(base, id)
   local row = redis.call('HMGET', jk, 'state', 'attempts', 'uncharged', 'max_attempts', 'cancel',
-    'slot', 'lane', 'worker', 'deadline', 'backoff_ms')
+    'slot', 'lane', 'worker', 'deadline', 'backoff_ms', 'started_at')
   if row[1] == 'active' then
     ready = ready + free_slot(base, ring, row[6], row[7])
     local attempts = count_field(row[2])
@@ -75,6 +76,7 @@ for _, id in ipairs(expired) do
           'not end it (reaped)'
       end
       redis.call('HSET', jk, 'last_error', err, 'lease_until', '')
+      if timed_out and row[5] ~= '1' then count_minute(base, now, 'failed') end  -- (as nack.lua)
       if row[5] == '1' then
         finish(base, done, meta, jk, id, 'cancelled', now, retention, nil, true)
       elseif attempts - (count_field(row[3]) or 0)
@@ -83,6 +85,10 @@ for _, id in ipairs(expired) do
         finish(base, done, meta, jk, id, 'dead', now, dead_retention, nil, true)
       else
         record_attempt(jk, row[2], err, now)
+        if timed_out then  -- a failed run that will be retried (finish observes the others)
+          observe(base, row[11], now)
+          redis.call('HINCRBY', meta, 'n_failed', 1)
+        end
         local used = attempts - (count_field(row[3]) or 0)
         local delay = timed_out and math.min((count_field(row[10]) or tonumber(ARGV[5]))
           * 2 ^ (used - 1), 3600000) or 0

@@ -1,0 +1,200 @@
+"""A queue's global cap (`global_concurrency`): at most n of its jobs active at once across every
+worker, process and shard.
+
+Shards live in different cluster slots, so no claim script can count them all. The cap lives
+in a slot of its own (`keys.cap_keys`: `emq:{q#cap}`) as anonymous permits, which each holder
+(one `Permits` per `Leases`: a worker's queue, or an API caller's `Queue`) takes in batches
+(permits.lua: one call takes k, answering how many it got) and maps to its jobs itself. A claim
+asks a shard for at most as many jobs as its holder has permits free; a finished job's permit is
+kept for the next claim (no call), so a cap that does not bind costs no round trip per claim.
+Permits are renewed with the leases (`Leases.extend_many`, on the heartbeat's period), given
+back when a claim finds the queue drained with nothing running, and lapse on the server clock
+when their holder stops renewing them (a killed worker's come back when its leases would end).
+
+A cap set live (`set_cap`) is kept in the cap's slot and marked on every shard's `meta` (`gcap`):
+a claim passes the mark as its holder knows it, and a shard whose mark differs leases nothing
+(claim.lua answers -1): the holder asks for permits again, learning the cap, and claims again.
+So a queue with no cap pays nothing on its claims (the mark is one more field of a read the claim
+makes anyway), a cap set live reaches every claimer at its next claim, and a lowered one takes
+back the permits its holders do not run jobs on. Jobs already running when a cap is first set
+live are not counted by it (they held no permit); they end as they would.
+
+Reads and writes the cap's keys; writes the shards' `gcap` mark (`set_cap`, `copy_mark`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..keys import ShardKeys, cap_keys
+from ..records import Lease
+from ..spec import QueueOptions, global_cap, validate_lease
+from .scripts import calls
+
+MARGIN = 0.9
+"""The part of their lease a holder counts on its permits (the rest covers the call's trip)."""
+_forks = [0]
+"""Forks this process came through: a child's holders start afresh (the permits are the
+parent's)."""
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+class Permits:
+    """One holder's permits of a queue's global cap and the jobs it runs on them."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.holder = f"{os.getpid()}:{secrets.token_hex(4)}"
+        self._born = _forks[0]
+        self.mark = ""
+        """The cap's live setting as last heard ('' = none set live; '0' = lifted live)."""
+        self.held = 0
+        self.running: dict[tuple[str, int], float] = {}
+        """(job id, token) -> when its lease ends (monotonic): the jobs holding a permit."""
+        self.reserved = 0
+        """Permits claims in flight may lease jobs on."""
+        self.drained = False
+        """The last claim came back short: the next renewal gives back what is free."""
+        self.over = False
+        """The holders hold more than a cap lowered live: every claim asks again (a finished
+        job's permit goes back rather than serve the next claim) until they do not."""
+        self._valid_until = 0.0
+        self._renew_at = 0.0
+        self._lock = threading.Lock()
+
+    def capped(self, given: int) -> bool:
+        """Whether a cap is in force as the holder knows it: set live, else in the settings."""
+        return self.mark not in ("", "0") or (self.mark == "" and given > 0)
+
+    def reserve(self, client: Any, want: int, given: int, lease: float) -> int | None:
+        """How many of `want` jobs a claim may lease (permits taken first when too few are
+        free), reserved until `settle`; None when no cap is in force (nothing is counted)."""
+        if not self.capped(given):
+            return None
+        with self._lock:
+            if self._born != _forks[0]:  # (a forked child: the parent's permits are not its own)
+                self.__init__(self.queue)  # type: ignore[misc]
+            now = time.monotonic()
+            busy = len(self.running) + self.reserved
+            if self.held - busy < want or now >= self._valid_until or self.over:
+                self._drop_lapsed(now)
+                busy = len(self.running) + self.reserved
+                self._sync(client, busy + want, busy, given, lease, now)
+                if not self.capped(given):
+                    return None
+            granted = max(min(want, self.held - busy), 0)
+            self.reserved += granted
+            return granted
+
+    def settle(self, reserved: int, leases: Iterable[Lease], short: bool) -> None:
+        """A claim that reserved `reserved` permits leased `leases`: each holds one until it
+        ends. `short`: it came back with fewer than it asked for."""
+        with self._lock:
+            self.reserved -= reserved
+            now = time.monotonic()
+            for lease in leases:
+                self.running[lease.job_id, lease.token] = now + lease.lease
+            self.drained = short
+
+    def ended(self, leases: Iterable[Lease]) -> None:
+        """Jobs whose outcome was recorded (or handed back): their permits are free again."""
+        with self._lock:
+            for lease in leases:
+                self.running.pop((lease.job_id, lease.token), None)
+
+    def renewed(self, client: Any, leases: Iterable[Lease], seconds: float, given: int) -> None:
+        """Leases were renewed for `seconds`: so are their jobs' permits; and the holder's
+        permits, once a third of their lease has passed (what is free goes back when the last
+        claim found the queue drained)."""
+        with self._lock:
+            now = time.monotonic()
+            for lease in leases:
+                key = (lease.job_id, lease.token)
+                if key in self.running:
+                    self.running[key] = now + seconds
+            if self.held and now >= self._renew_at:
+                busy = len(self.running) + self.reserved
+                self._sync(client, busy if self.drained else self.held, busy, given, seconds, now)
+
+    def give_back(self, client: Any, given: int) -> None:
+        """Give back the permits no job or claim uses (the queue is drained): one call, only
+        when some are held."""
+        with self._lock:
+            busy = len(self.running) + self.reserved
+            if self.held > busy:
+                self._sync(client, busy, busy, given, 0.0, time.monotonic())
+
+    def resync(self, client: Any, given: int, lease: float) -> None:
+        """The cap changed live (a claim said so): hear it, keeping only what runs jobs or
+        claims in flight."""
+        with self._lock:
+            busy = len(self.running) + self.reserved
+            self._sync(client, busy, busy, given, lease, time.monotonic())
+
+    def _sync(self, client: Any, want: int, floor: int, given: int, lease: float,
+              now: float) -> None:
+        """One permits call: hold `want` from now on (its lease: the longest of `lease` and
+        the running jobs' leases left, so a renewal between heartbeats never lapses)."""
+        lease = max([validate_lease(lease) if lease else 0.0, 1.0,
+                     *(end - now for end in self.running.values())])
+        answer = calls.permits(client, cap_keys(self.queue), self.holder, want, floor,
+                               round(lease * 1000), given)
+        self.held, self.mark, self.over = answer.held, answer.live, answer.over
+        self._valid_until = now + lease * MARGIN
+        self._renew_at = now + lease / 3
+
+    def _drop_lapsed(self, now: float) -> None:
+        """Forget jobs whose lease ended unrenewed (an API caller that never acked them)."""
+        lapsed = [key for key, end in self.running.items() if end < now]
+        for key in lapsed:
+            del self.running[key]
+
+
+@dataclass(frozen=True)
+class CapState:
+    """A queue's global cap as the console and the metrics show it."""
+
+    cap: int | None
+    """The cap in force (None: none)."""
+    live: bool
+    """Whether it was set live (`set_cap`), not by the settings."""
+    held: int
+    """Permits held now (lapsed holders' not counted)."""
+
+
+def set_cap(client: Any, queue: str, shards: int, cap: int | None) -> None:
+    """Set the queue's global cap live (None lifts it, whatever the settings say): the cap's
+    key first, then the mark on each of `shards`, so a claim that sees the new mark hears the
+    new cap."""
+    value = "0" if cap is None else str(global_cap(cap, "the global cap"))
+    client.set(cap_keys(queue).key("limit"), value)
+    with client.pipeline(transaction=False) as pipe:
+        for index in range(shards):
+            pipe.hset(ShardKeys(queue, index).key("meta"), "gcap", value)
+        pipe.execute()
+
+
+def copy_mark(client: Any, queue: str, shards: int) -> None:
+    """Give shards 1…shards-1 the cap's live mark (a resize, or a raised `shards` setting,
+    added shards)."""
+    value = client.get(cap_keys(queue).key("limit"))
+    if value is None:
+        return
+    for index in range(1, shards):
+        client.hset(ShardKeys(queue, index).key("meta"), "gcap", value)
+
+
+def state(client: Any, queue: str, options: QueueOptions) -> CapState:
+    """The cap in force and the permits held now (holders whose deadline passed not counted)."""
+    keys = cap_keys(queue)
+    live = client.get(keys.key("limit"))
+    cap = options.global_concurrency if live is None else int(live) or None
+    holders = client.zrangebyscore(keys.key("holders"), round(time.time() * 1000), "+inf")
+    held = sum(int(n or 0) for n in client.hmget(keys.key("permits"), holders)) if holders else 0
+    return CapState(cap, live is not None, held)
