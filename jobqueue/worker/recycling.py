@@ -160,8 +160,6 @@ class Recycler:
         worker is due (it trips then). `held`: the jobs the worker holds now."""
         if self.reason is not None:
             return 0
-        # (not before its first job: a process that starts past the limit would make way for
-        # another that does too, in a loop with no job between)
         rss = self._past_memory()
         if rss is not None:
             self._due("max_memory", f"resident memory {megabytes(rss)} is past --max-memory "
