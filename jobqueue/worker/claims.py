@@ -56,6 +56,8 @@ class Claims:
         self.recycler: Recycler | None = None
         """Bounds each claim by what `--max-jobs` leaves and trips a due recycle (`Worker`
         sets it when a limit is set; None, and so no cost, without one)."""
+        self.spent: Callable[[], object] = lambda: None
+        """Called once `--max-jobs` is spent (the waiters' `unblock`: their waits end)."""
         self.fell_busy: Callable[[], object] = lambda: None
         """Called when jobs reach a worker that held none (its idle offers go: the waiters'
         `withdraw_offers`), once the jobs are on the runners (they start without waiting for
@@ -124,11 +126,14 @@ class Claims:
 
     def _claim_locked(self, carried: Carried, woken: tuple[Queue, int] | None) -> int:
         room, queues = self._held.free, self._served.queues
+        batch = self._config.batch
         if self.recycler is not None and not self._stop_claiming.is_set():
-            room = self.recycler.room(room, len(self._held.jobs))
+            capped = self.recycler.room(room, len(self._held.jobs))
+            batch = min(batch, capped) if capped < room else batch  # (the budget's last jobs)
+            room = capped
         stopping = self._stop_claiming.is_set()
         if (stopping or not queues or room <= 0
-                or (self._held.jobs and room < self._config.batch)):
+                or (self._held.jobs and room < batch)):
             # Nothing to claim (a batch's worth must be free: one claim serves many jobs).
             self._outcomes.hold_or_ack(carried, stopping=stopping)
             return 0
@@ -173,9 +178,10 @@ class Claims:
     def _submit(self, leases: list[Lease]) -> None:
         assert self.runners is not None
         fell_busy = self._held.add(leases)
-        if self.recycler is not None:
-            self.recycler.took(len(leases))
+        spent = self.recycler is not None and self.recycler.took(len(leases))
         self.runners.submit(leases)  # (first: the jobs start without waiting for Valkey)
+        if spent:  # (its waits for tokens it could not use end: the tokens stay for others)
+            self.spent()
         if fell_busy and self._held.jobs:  # busy still: its idle offers on other shards go
             self.fell_busy()
 

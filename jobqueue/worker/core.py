@@ -41,13 +41,16 @@ from .heartbeat import Heartbeat
 from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
 from .outcomes import Outcomes
-from .recycling import Recycler
+from .recycling import RECYCLE_EXIT, Recycler
 from .runners import EventLoop, Runners
 from .serving import HeldJobs, Served, WorkerConfig, find_queues
 from .threads import Threads
 from .waiters import Waiters
 
 log = logging.getLogger("jobqueue.worker")
+ADVERTISE_WHILE_DRAINING = 1.0
+"""Seconds between the presence entries a draining worker writes (a recycle's drain may last
+as long as its longest job: the console must not show it as stale)."""
 
 
 def _wait_for_valkey(served: Served, claims: Claims, stop: threading.Event,
@@ -85,15 +88,20 @@ class Worker:
                              stop_claiming=self._stop_claiming, threads_stop=self._threads_stop,
                              wake=self.wake)
         """What it claims and hands to its runners (and hands back)."""
-        self.waiters = Waiters(config, self.held, stop_claiming=self._stop_claiming,
-                               threads_stop=self._threads_stop, take=self.claims.take,
-                               claim=self.claims.claim_woken, loop=self._loop)
-        self.claims.fell_busy = self.waiters.withdraw_offers
         self.recycler = Recycler.of(config.max_jobs, config.max_memory, self._recycle)
         """When this process makes way for a fresh one (`--max-jobs`, `--max-memory`); None
         without them."""
         self.claims.recycler = self.recycler
+        self.waiters = Waiters(config, self.held, stop_claiming=self._stop_claiming,
+                               threads_stop=self._threads_stop, take=self.claims.take,
+                               claim=self.claims.claim_woken, loop=self._loop,
+                               spent=self.recycler.spent if self.recycler else None)
+        self.claims.fell_busy = self.waiters.withdraw_offers
+        self.claims.spent = lambda: self.waiters.unblock(every=True)
         self._stop_asked = False
+        self._grace_ends: float | None = None
+        """When running jobs must have finished: `--grace` after the first stop; None before
+        one (a recycle's drain waits for its running jobs however long they take)."""
         self._abort = threading.Event()
         self._threads = Threads(stop=self._stop_claiming, wake=self.wake)
         self.runners: Runners | None = None
@@ -109,9 +117,14 @@ class Worker:
         return self.outcomes.failed
 
     @property
-    def recycled(self) -> str | None:
+    def recycle_reason(self) -> str | None:
         """Why this worker stopped to make way for a fresh process (None: it did not)."""
         return self.recycler.reason if self.recycler is not None else None
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code its process ends with: RECYCLE_EXIT when it recycled, else 0."""
+        return RECYCLE_EXIT if self.recycle_reason else 0
 
     def _loop(self) -> EventLoop | None:
         return self.runners.loop if self.runners else None
@@ -121,21 +134,24 @@ class Worker:
     def request_stop(self) -> None:
         """First call: stop claiming and let running jobs finish. Second: release them now."""
         # (a recycle stops claiming too, but a signal during its drain is still the first)
-        if self._stop_asked if self.recycled else self._stop_claiming.is_set():
+        if self._stop_asked if self.recycle_reason else self._stop_claiming.is_set():
             log.warning("second stop request: releasing running jobs now")
             self._abort.set()
         else:
             log.info("stop requested: finishing running jobs (grace %.0fs)", self.config.grace)
         self._stop_asked = True
+        if self._grace_ends is None:  # (a recycle's drain has none until a stop arrives)
+            self._grace_ends = time.monotonic() + self.config.grace
         self._stop_claiming.set()
         self.wake.set()
 
     def _recycle(self, reason: str, why: str) -> None:
         """The recycler found this worker due (under the claim lock, on any thread): stop
-        claiming and drain as a first stop would; `runworker` then exits RECYCLE_EXIT."""
+        claiming and drain, with no deadline (a job cut short would go back uncharged, and a
+        job that takes every process past `--max-memory` would never end); a stop during the
+        drain gives the jobs `--grace` from then. `runworker` then exits RECYCLE_EXIT."""
         log.info("worker %s recycled (%s): handing back prefetched jobs, finishing running "
-                 "ones (grace %.0fs); a fresh process takes its place", self.config.name, why,
-                 self.config.grace)
+                 "ones; a fresh process takes its place", self.config.name, why)
         self._stop_claiming.set()
         self.wake.set()
 
@@ -262,11 +278,16 @@ class Worker:
         # (a call that fails gives back what it did not record: the next try records it)
         with contextlib.suppress(RedisError):
             self.claims.claim()  # stopping: records the successes that waited for a claim
-        deadline = time.monotonic() + self.config.grace
-        while self.held.jobs and not self._abort.is_set() and time.monotonic() < deadline:
+        if self._grace_ends is None and not self.recycle_reason:  # (a thread died, a burst ended)
+            self._grace_ends = time.monotonic() + self.config.grace
+        advertised = time.monotonic()
+        while self.held.jobs and not self._abort.is_set() and self._in_grace():
             self.wake.clear()
             with contextlib.suppress(RedisError):
                 self.outcomes.record()
+                if time.monotonic() - advertised >= ADVERTISE_WHILE_DRAINING:
+                    advertised = time.monotonic()  # (a long drain is no silent worker)
+                    self.maintenance.advertise()
             self.wake.wait(0.1)
         if self.held.jobs and self.runners is not None:
             self.runners.abandon()  # (ended before they are handed back: none runs on)
@@ -280,6 +301,15 @@ class Worker:
         with contextlib.suppress(RedisError):  # (else they lapse with the leases)
             for queue in self.served.queues:
                 queue.leases.give_back()  # a global cap's permits, to the other workers
+
+    def _in_grace(self) -> bool:
+        """Whether running jobs may still finish: until `--grace` after a stop (a recycle's
+        drain has no deadline until one arrives, or a thread of the worker dies: without its
+        heartbeat, say, it must not wait on)."""
+        if self._grace_ends is None and self._threads.broken is not None:
+            self._grace_ends = time.monotonic() + self.config.grace
+        ends = self._grace_ends
+        return ends is None or time.monotonic() < ends
 
     def _stop_threads(self) -> None:
         self._threads_stop.set()
@@ -298,9 +328,9 @@ class Worker:
             self.runners.stop(wait=not self.abandoned and not self.held.overrunning)
         if self.served.queues:
             with contextlib.suppress(*VALKEY_DOWN):
-                if self.recycled:
+                if self.recycle_reason:  # (stopped meanwhile: no fresh process takes its name)
                     presence.recycled(self.served.queues[0].client, self.config.name,
-                                      self.recycled)
+                                      self.recycle_reason, final=self._stop_asked)
                 else:
                     presence.goodbye(self.served.queues[0].client, self.config.name)
         log.info("worker %s stopped: processed=%d failed=%d released=%d", self.config.name,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import threading
 import time
@@ -172,13 +171,14 @@ def _serve(config: WorkerConfig) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, {*stops, PASSED})  # (its thread inherits the mask)
     stop, abort = threading.Event(), threading.Event()
     mirror = MirrorThread(_served(config), config.name, stop)
+    waiting = threading.get_ident()  # (the thread that waits for the signals: PASSED is for it)
 
     def work() -> None:
         try:
             mirror.run()
             mirror.final_pass(insist=config.burst, abort=abort)
         finally:
-            os.kill(os.getpid(), PASSED)
+            signal.pthread_kill(waiting, PASSED)
 
     thread = threading.Thread(target=work, name="jobqueue-mirror", daemon=True)
     thread.start()
@@ -187,7 +187,7 @@ def _serve(config: WorkerConfig) -> int:
     while thread.is_alive():
         got = signal.sigtimedwait({*stops, PASSED}, 1.0)
         if got is not None and got.si_signo == PASSED:
-            thread.join()  # (on its way out)
+            thread.join(0.1)  # (on its way out; a hint only: the loop looks again)
         elif got is not None:
             abort.set()
     return 0

@@ -20,8 +20,10 @@ process runs one known job at a time:
   parent-death signal), so none outlives a worker killed with SIGKILL.
 
 Processes are spawned (not forked: the worker runs threads), started with a runner's first job.
-With `--max-memory`, a process whose resident memory has passed it after a job is closed, and
-the runner's next job starts a fresh one (a leaky handler's leak goes with it).
+With `--max-memory`, a process whose resident memory has passed it after a job is closed once
+the job's outcome was handed over (`settle`), and the runner's next job starts a fresh one (a
+leaky handler's leak goes with it); a process past the limit as soon as it is ready is kept
+(`recycling.PoolLimit`: a fresh one would be too).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from .._compat import connection_closer
 from ..api.handler import timeout_error
 from ..records import Lease
 from .executor import Outcome, execute, timed_out
-from .recycling import over
+from .recycling import PoolLimit, megabytes
 
 log = logging.getLogger("jobqueue.worker")
 STOPS = {signal.SIGINT, signal.SIGTERM}
@@ -61,9 +63,13 @@ class PoolProcess:
     """The process of one runner thread: started on its first job, started again after it
     died, ended by the worker when it stops (`end`) or by the runner when it exits (`close`)."""
 
-    def __init__(self, max_memory: int | None = None) -> None:
-        """`max_memory`: resident MB past which the process is replaced after its job."""
-        self._max_memory = max_memory
+    def __init__(self, limit: PoolLimit | None = None) -> None:
+        """`limit`: the `--max-memory` past which the process is replaced after its job."""
+        self._limit = limit
+        self._held_to_limit = False
+        """Whether this process is replaced when past the limit (not if it started past it)."""
+        self._past: int | None = None
+        """Its resident bytes after its last job, when past the limit: `settle` replaces it."""
         self._process: BaseProcess | None = None
         self._pipe: Connection | None = None
         self._busy = False
@@ -90,8 +96,8 @@ class PoolProcess:
             if lease.deadline and not self._pipe.poll(max(lease.deadline - time.monotonic(), 0)):
                 return self._expired(lease)
             outcome: Outcome = self._pipe.recv()
-            if self._max_memory is not None:
-                self._replace_if_over(self._max_memory)
+            if self._limit is not None and self._held_to_limit and self._process is not None:
+                self._past = self._limit.past(self._process.pid or 0)
             return outcome
         except (EOFError, OSError) as exc:
             return self._died(exc)
@@ -106,14 +112,13 @@ class PoolProcess:
         if self._busy and process is not None:
             process.kill()
 
-    def _replace_if_over(self, limit: int) -> None:
-        """Close the process when its resident memory has passed `limit` MB: the next job
-        starts a fresh one."""
-        process = self._process
-        mb = over(limit, process.pid) if process is not None and process.pid else None
-        if mb is not None:
-            log.info("a pool process holds %d MB, past --max-memory %d MB: replacing it",
-                     mb, limit)
+    def settle(self) -> None:
+        """After a job's outcome was handed over: close the process if its resident memory had
+        passed the limit (the next job starts a fresh one)."""
+        if self._past is not None and self._limit is not None:
+            log.info("a pool process holds %s, past --max-memory %d MB: replacing it",
+                     megabytes(self._past), self._limit.max_memory)
+            self._past = None
             self.close()
 
     def close(self) -> None:
@@ -152,6 +157,7 @@ class PoolProcess:
             process.join(CLOSE_WAIT)
             problem = _ended(process)
         if problem is None:
+            self._held_to_limit = self._limit is not None and self._limit.holds(process.pid or 0)
             return None
         self.close()
         if self._ending:

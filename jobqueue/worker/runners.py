@@ -53,6 +53,7 @@ from ..records import Lease
 from .deadlines import Deadlines
 from .executor import Outcome, Resolved, execute, execute_async, is_async, resolve, unexpected
 from .pool import Abandoned, PoolProcess
+from .recycling import PoolLimit
 from .serving import HeldJobs
 
 log = logging.getLogger("jobqueue.worker")
@@ -95,7 +96,7 @@ class Runners:
         self._done = done
         self._count = count
         self._processes = processes
-        self._max_memory = max_memory
+        self._pool_limit = PoolLimit(max_memory) if max_memory is not None else None
         self._pool: list[PoolProcess] = []
         """The runners' processes (`--processes`), ended by `abandon`."""
         self._loop: EventLoop | None = None
@@ -179,7 +180,7 @@ class Runners:
         # next job's first query, so one the server dropped meanwhile is replaced. After an
         # idle wait they are looked at again before the job (a kept one may have grown too old).
         close_old_connections, inbox = connection_closer(), self._inbox
-        process = PoolProcess(self._max_memory) if self._processes else None
+        process = PoolProcess(self._pool_limit) if self._processes else None
         if process is not None:
             self._pool.append(process)
         try:
@@ -192,6 +193,8 @@ class Runners:
                 if job is None:
                     return
                 self._one(*job, process, close_old_connections)
+                if process is not None:
+                    process.settle()  # (past --max-memory: replaced, its outcome handed over)
         finally:
             if process is not None:
                 process.close()

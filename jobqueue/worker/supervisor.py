@@ -4,7 +4,8 @@ The supervisor runs no job itself. It starts N worker children, each with its ow
 (the claim script makes sharing queues safe), passes stop signals on, and starts a child again
 when it dies (SIGKILL, out of memory, a handler that called `os._exit`). A child that recycled
 itself (`--max-jobs`, `--max-memory`: it exits RECYCLE_EXIT, see `recycling.py`) is started
-again at once, without the delay a dying child gets; `runworker` supervises even one worker
+again at once, without the delay a dying child gets (after a short pause when it did so
+QUICK_RECYCLES times in a row, each right after its start); `runworker` supervises even one worker
 when those are set. In a burst run a child that finished its burst (exit 0) is done; the
 supervisor exits 0 once all are.
 
@@ -45,6 +46,14 @@ from .recycling import RECYCLE_EXIT
 log = logging.getLogger("jobqueue.worker")
 QUICK_DEATH = 5.0
 """A child that dies sooner than this after its start is restarted with a growing delay."""
+QUICK_RECYCLE = 1.0
+QUICK_RECYCLES = 5
+"""Recycles in a row, each sooner than QUICK_RECYCLE seconds after its start, after which a
+child is restarted after RECYCLE_PAUSE instead of at once: a restart loop (a limit reached as
+the process starts) must not spin. (The worker prevents the loops it can see: see
+`recycling.py`; short jobs under a small `--max-jobs` recycle that fast legitimately, so the
+pause is short and the count starts again after it.)"""
+RECYCLE_PAUSE = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -167,6 +176,8 @@ class _Child:
     finished: bool = False
     """Exited 0 at the end of a burst, or after a stop: not to be started again."""
     exits: list[int] = field(default_factory=list)
+    quick_recycles: int = 0
+    """Recycles in a row that came sooner than QUICK_RECYCLE after the start."""
 
 
 class Supervisor:
@@ -229,6 +240,22 @@ class Supervisor:
         child.started = time.monotonic()
         log.info("supervisor: worker %d started (pid %d)", index, child.proc.pid)
 
+    def _recycled(self, index: int, child: _Child, pid: int, lived: float) -> None:
+        """A child recycled itself: start a fresh one at once (after RECYCLE_PAUSE when it
+        was the QUICK_RECYCLES-th quick one in a row)."""
+        child.delay = 0.5
+        child.quick_recycles = child.quick_recycles + 1 if lived < QUICK_RECYCLE else 0
+        if child.quick_recycles >= QUICK_RECYCLES:
+            child.quick_recycles = 0
+            child.restart_at = time.monotonic() + RECYCLE_PAUSE
+            log.warning("supervisor: worker %d recycled itself %d times in a row within %.0fs "
+                        "of its start; starting a fresh one in %.0fs", index, QUICK_RECYCLES,
+                        QUICK_RECYCLE, RECYCLE_PAUSE)
+            return
+        log.info("supervisor: worker %d recycled itself (pid %d); starting a fresh one",
+                 index, pid)
+        self._start(index)
+
     def _watch(self, index: int, child: _Child) -> None:
         if child.finished:
             return
@@ -244,13 +271,10 @@ class Supervisor:
         if self._stopping.is_set() or (self.burst and code == 0):
             child.finished = True
             return
-        if code == RECYCLE_EXIT:
-            child.delay = 0.5
-            log.info("supervisor: worker %d recycled itself (pid %d); starting a fresh one",
-                     index, pid)
-            self._start(index)
-            return
         lived = time.monotonic() - child.started
+        if code == RECYCLE_EXIT:
+            self._recycled(index, child, pid, lived)
+            return
         child.delay = min(child.delay * 2, 30.0) if lived < QUICK_DEATH else 0.5
         child.restart_at = time.monotonic() + child.delay
         log.warning("supervisor: worker %d exited with code %d after %.1fs; restarting in %.1fs",

@@ -102,11 +102,13 @@ class Waiters:
 
     def __init__(self, config: WorkerConfig, held: HeldJobs, *, stop_claiming: threading.Event,
                  threads_stop: threading.Event, take: Take, claim: Callable[[Queue, int], object],
-                 loop: Callable[[], EventLoop | None]) -> None:
+                 loop: Callable[[], EventLoop | None], spent: threading.Event | None = None) -> None:
         """Either stop event set ends the waits; `take` runs (or, stopping, hands back) jobs
         handed over; `claim` claims from a shard after its token; `loop` is the worker's event
-        loop, once it has one."""
+        loop, once it has one; `spent` set: the worker will claim nothing more (`--max-jobs`),
+        so its waiters wait for no token (it would be lost to the other workers)."""
         self._config, self._held = config, held
+        self._spent = spent or threading.Event()
         self._stop_claiming, self._threads_stop = stop_claiming, threads_stop
         self._take, self._claim, self._loop = take, claim, loop
         self._started: set[tuple[str, int]] = set()
@@ -138,6 +140,9 @@ class Waiters:
         try:
             while not (self._stop_claiming.is_set() or self._threads_stop.is_set()):
                 if not self._held.room.wait(0.5):
+                    continue
+                if self._spent.is_set():
+                    self._threads_stop.wait(0.5)  # (until the worker, due, stops)
                     continue
                 try:
                     woke = self.wait(lines)

@@ -6,8 +6,12 @@ the `leaky` handler notes each run (job, process, resident MB before it ran) in 
 from __future__ import annotations
 
 import json
+import logging
 import signal
+import socket
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ from jobqueue import Queue, get_job
 from jobqueue.keys import RECYCLES_KEY
 from jobqueue.models import Job
 from jobqueue.operations.metrics import ValkeyCollector
-from jobqueue.worker import presence
+from jobqueue.worker import Worker, WorkerConfig, presence
 from jobqueue.worker.recycling import Recycler, resident_bytes
 from tests.jobapp import jobs
 from tests.servers import ValkeyProcess
@@ -66,18 +70,35 @@ def test_max_jobs_bounds_each_claim_and_is_due_once_its_last_job_has_finished() 
     assert recycler.room(8, held=0) == 0 and trips == ["max_jobs"]  # once
 
 
-def test_max_memory_is_due_once_the_process_is_past_it() -> None:
+def test_max_memory_is_due_once_the_process_has_grown_past_it() -> None:
     trips: list[str] = []
     mb = (resident_bytes() or 0) >> 20
     assert mb > 0
     roomy = Recycler(None, mb + 1000, lambda reason, why: trips.append(reason))
     assert roomy.room(8, held=0) == 8 and roomy.admits(100) and not trips
+    growing = Recycler(None, mb + 50, lambda reason, why: trips.append(why))
+    assert growing.room(8, held=0) == 8 and not trips
+    kept = b"\x01" * (100 << 20)  # (written: resident)
+    assert growing.room(8, held=0) == 8 and not trips  # a process runs one job at least
+    growing.took(1)
+    assert growing.room(8, held=0) == 0 and growing.reason == "max_memory"
+    assert len(trips) == 1 and f"is past --max-memory {mb + 50} MB" in trips[0]
+    assert len(kept) and Recycler.of(None, None, lambda reason, why: None) is None
+
+
+def test_a_process_past_max_memory_at_its_first_claim_says_so_once_and_is_not_held_to_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """No restart loop: a fresh process would start past the limit too."""
+    trips: list[str] = []
+    mb = (resident_bytes() or 0) >> 20
     full = Recycler(None, mb - 1, lambda reason, why: trips.append(why))
-    assert full.room(8, held=0) == 8 and not trips  # a process runs one job at least
-    full.took(1)
-    assert full.room(8, held=0) == 0 and full.reason == "max_memory"
-    assert len(trips) == 1 and f"is past --max-memory {mb - 1} MB" in trips[0]
-    assert Recycler.of(None, None, lambda reason, why: None) is None  # no limit: no recycler
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        assert full.room(8, held=0) == 8
+        full.took(1)
+        assert full.room(8, held=0) == 8 and full.room(8, held=0) == 8
+    assert not trips and full.reason is None
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.startswith("--max-memory is below this worker's size after start: ")
 
 
 def test_100_jobs_with_max_jobs_10_take_at_least_10_processes_each_job_run_once(
@@ -154,6 +175,7 @@ def test_a_running_supervised_worker_recycles_until_stopped_and_the_console_coun
         [row] = queue.client.hvals("{emq}:workers")
         first = json.loads(row)
         assert first["pid"] != worker.pid  # supervised, with --workers 1
+        assert first["name"] == f"{socket.gethostname()}:{worker.pid}"  # its name, no "-0"
         refs = jobs.leaky.enqueue_many([(str(path),)] * 20)
         wait_for(lambda: queue.counts()["succeeded"] == 20)
         each_ran_once(path, [r.id for r in refs])
@@ -234,3 +256,145 @@ def test_a_stop_signal_during_a_recycle_still_lets_the_running_job_finish(
     info = get_job(slow.id)
     assert info is not None and info.state == "succeeded" and info.attempts == 1
     assert "second stop" not in log.read_text()
+
+
+def in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def heartbeat(name: str) -> float:
+    """The time of the worker's last presence entry (0: none)."""
+    raw = Queue("default").client.hget("{emq}:workers", name)
+    return float(json.loads(raw)["heartbeat"]) if raw else 0.0
+
+
+def recycling_mid_run(name: str = "w-recycling") -> tuple[Worker, str]:
+    """A worker (grace 0.3 s) whose first claim takes a 2 s sleep and a job that keeps
+    100 MB in this process, past the worker's --max-memory (set 60 MB above this process's
+    size): it recycles while the sleep runs. Its running thread, and the sleep's id."""
+    limit = ((resident_bytes() or 0) >> 20) + 60
+    Queue("default").pause()  # (both jobs in the worker's first claim)
+    slow = jobs.sleep.enqueue(2.0)
+    jobs.leaky.enqueue("/dev/null", 100)
+    Queue("default").resume()
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=2, mirror=False,
+                                 max_memory=limit, grace=0.3, name=name))
+    return worker, slow.id
+
+
+@pytest.fixture
+def kept_memory_freed() -> Iterator[None]:
+    yield
+    jobs.KEPT.clear()
+
+
+@pytest.mark.usefixtures("kept_memory_freed")
+def test_a_memory_recycle_never_cuts_a_running_job_short(valkey_server: ValkeyProcess) -> None:
+    """A recycle's drain has no deadline (only a real stop starts the grace): the job that
+    runs on past --grace finishes, charged once, rather than go back to be run again (a job
+    that itself takes each process past the limit would loop forever, never charged)."""
+    worker, slow = recycling_mid_run()
+    thread = in_thread(worker)
+    wait_for(lambda: worker.recycle_reason is not None)
+    seen = heartbeat(worker.config.name)
+    wait_for(lambda: heartbeat(worker.config.name) > seen, timeout=5)  # (advertised: not stale)
+    thread.join(30)
+    assert worker.recycle_reason == "max_memory" and worker.abandoned == 0
+    info = get_job(slow)
+    assert info is not None and info.state == "succeeded" and charged(slow) == 1
+
+
+@pytest.mark.usefixtures("kept_memory_freed")
+def test_a_stop_during_a_recycle_leaves_no_count_behind(valkey_server: ValkeyProcess) -> None:
+    """A stop while a recycle drains (the supervisor stops too: no fresh process follows):
+    the recycle is counted by its reason, but not under the worker's name (nothing would
+    remove it), and the grace runs from the stop."""
+    from jobqueue.keys import WORKERS_KEY
+
+    worker, _slow = recycling_mid_run("w-final")
+    thread = in_thread(worker)
+    wait_for(lambda: worker.recycle_reason is not None)
+    worker.request_stop()  # (the operator's stop, relayed by the supervisor)
+    thread.join(30)
+    client = Queue("default").client
+    assert client.hget(WORKERS_KEY, "w-final") is None
+    assert client.hget(RECYCLES_KEY, "name:w-final") is None
+    assert recycles()["max_memory"] == 1
+    assert worker.abandoned == 1  # (the grace of 0.3 s from the stop: the sleep went back)
+
+
+def test_pool_processes_that_start_past_max_memory_are_kept_with_one_warning(
+        valkey_server: ValkeyProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A pool process (Django and the handlers set up: about 65 MB) past --max-memory 64 once
+    it is ready would be replaced after every job by one as big: it is kept, with one WARNING.
+    (In this process, past 64 MB itself: `runworker` refuses a limit its own process passes.)"""
+    path = tmp_path / "runs"
+    jobs.leaky.enqueue_many([(str(path),)] * 6)
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=1, mirror=False,
+                                 processes=True, max_memory=64, burst=True))
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        in_thread(worker).join(60)
+    assert len(runs(path)) == 6
+    assert len(processes(path)) == 1, "a spawned pool process (Django set up again) per job"
+    said = [r for r in caplog.records if "pool process holds" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "once started" in said[0].getMessage()
+
+
+def test_a_worker_past_its_share_leaves_wake_tokens_to_the_others(
+        valkey_server: ValkeyProcess) -> None:
+    """--max-jobs used up while its last job runs: its waiters stop taking the shard's wake
+    tokens (it could claim nothing with them): an enqueue's token stays for another worker."""
+    queue = Queue("default")
+    jobs.sleep.enqueue(3.0)
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=2, mirror=False, max_jobs=1,
+                                 maintenance_every=3600))
+    thread = in_thread(worker)
+    try:
+        wait_for(lambda: worker.held.jobs and worker.recycler.taken == 1)  # type: ignore[union-attr]
+        jobs.add.enqueue(1, 2)
+        wake = queue.shard(0).key("wake")
+        wait_for(lambda: queue.client.llen(wake) == 1, timeout=5)
+        with pytest.raises(AssertionError):  # (and it stays there)
+            wait_for(lambda: queue.client.llen(wake) == 0, timeout=1.5)
+    finally:
+        worker.request_stop()
+        thread.join(20)
+
+
+def test_a_worker_that_starts_past_max_memory_says_so_once_and_does_not_recycle(
+        valkey_server: ValkeyProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """No restart loop: a process already past --max-memory at its first claim logs one ERROR
+    and keeps running (its memory is not held to the limit)."""
+    refs = jobs.add.enqueue_many([(1, 2)] * 3)
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=1, mirror=False,
+                                 max_memory=64, burst=True))
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        in_thread(worker).join(30)
+    assert worker.recycle_reason is None and all(get_job(r.id).state == "succeeded" for r in refs)  # type: ignore[union-attr]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "--max-memory is below this worker's size after start" in errors[0]
+
+
+def test_the_last_jobs_of_the_budget_are_claimed_while_the_others_run(
+        valkey_server: ValkeyProcess) -> None:
+    """--max-jobs leaves less than a batch's worth: those are claimed as soon as there is room
+    for them, not once the worker is empty."""
+    queue = Queue("default")
+    queue.pause()
+    jobs.add.enqueue(1, 2)
+    jobs.sleep.enqueue_many([(2.0,)] * 3)
+    queue.resume()
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=4, mirror=False, max_jobs=5))
+    thread = in_thread(worker)
+    try:
+        wait_for(lambda: worker.recycler.taken == 4 and len(worker.held.jobs) == 3)  # type: ignore[union-attr]
+        last = jobs.add.enqueue(2, 3)
+        wait_for(lambda: worker.recycler.taken == 5, timeout=1.5)  # type: ignore[union-attr]
+        assert len(worker.held.jobs) >= 3  # (the sleeps still run)
+    finally:
+        thread.join(30)
+    info = get_job(last.id)
+    assert worker.recycle_reason == "max_jobs" and info is not None and info.state == "succeeded"

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,21 @@ def test_where_the_kernel_sends_no_parent_death_signal_a_thread_watches_the_pare
     finally:
         if child and alive(child):
             os.kill(child, signal.SIGKILL)  # a failed test leaves nothing behind
+
+
+def test_a_child_that_keeps_recycling_at_once_is_restarted_with_a_delay() -> None:
+    """A recycle is restarted at once, but not a child whose every process recycles as soon
+    as it starts (a limit it reaches at start-up): after a few such in a row it pauses."""
+    from jobqueue.worker.supervisor import QUICK_RECYCLES, Supervisor
+
+    supervisor = Supervisor([[sys.executable, "-c", "raise SystemExit(75)"]], burst=False)
+    child = supervisor.children[0]
+    supervisor._start(0)
+    for _ in range(QUICK_RECYCLES - 1):
+        proc = child.proc
+        wait_for(lambda proc=proc: proc is not None and proc.poll() is not None)
+        supervisor._watch(0, child)
+        assert child.proc is not None and child.proc is not proc  # started again at once
+    wait_for(lambda: child.proc is not None and child.proc.poll() is not None)
+    supervisor._watch(0, child)
+    assert child.proc is None and child.restart_at > time.monotonic()

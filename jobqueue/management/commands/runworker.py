@@ -21,7 +21,7 @@ from jobqueue.exceptions import JobQueueError
 from jobqueue.keys import queue_list
 from jobqueue.worker import Worker, WorkerConfig
 from jobqueue.worker.mirror_thread import MirrorProcess
-from jobqueue.worker.recycling import MEMORY_FLOOR_MB, RECYCLE_EXIT, check_start
+from jobqueue.worker.recycling import MEMORY_FLOOR_MB, check_start
 from jobqueue.worker.supervisor import Supervisor, default_workers
 
 
@@ -80,10 +80,17 @@ def _relay_signals(worker: Worker, mirror: MirrorProcess | None = None) -> threa
     return aborted
 
 
-def _child_argv(options: dict[str, Any], name: str, index: int) -> list[str]:
-    """The command line of one supervised worker: these options, one process, its own name (a
-    child started as a new process rather than forked: see `supervisor.py`)."""
-    argv = [sys.executable, "-m", "django", "runworker", "--workers", "1", "--name", f"{name}-{index}",
+def _child_name(name: str, index: int, workers: int) -> str:
+    """A supervised worker's name: `name-index`, or `name` itself when it is the only one
+    (`--workers 1` with a limit: one worker, as the operator named it)."""
+    return name if workers == 1 else f"{name}-{index}"
+
+
+def _child_argv(options: dict[str, Any], name: str, index: int, workers: int = 2) -> list[str]:
+    """The command line of one supervised worker (of `workers`): these options, one process,
+    its own name (a child started as a new process rather than forked: see `supervisor.py`)."""
+    argv = [sys.executable, "-m", "django", "runworker", "--workers", "1",
+            "--name", _child_name(name, index, workers),
             "--concurrency", str(options["concurrency"]), "--grace", str(options["grace"]),
             "--log-level", options["log_level"]]
     for option in ("queues", "prefetch", "lease", "max_jobs", "max_memory"):
@@ -171,12 +178,12 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
             connections.close_all()  # (a child must not share a connection with another)
             collector.settle()  # (before forking: the children share start-up's objects)
-            supervisor = Supervisor([_child_argv(options, config.name, i) for i in range(workers)],
-                                    burst=config.burst,
-                                    run_child=lambda i: self._child(config, i))
+            supervisor = Supervisor([_child_argv(options, config.name, i, workers)
+                                     for i in range(workers)], burst=config.burst,
+                                    run_child=lambda i: self._child(config, i, workers))
             sys.exit(supervisor.run())
         worker = self.serve(config)
-        code = RECYCLE_EXIT if worker.recycled else 0
+        code = worker.exit_code
         if worker.abandoned:
             # Handlers still running were released to other workers; do not wait for them.
             sys.stdout.flush()
@@ -201,14 +208,16 @@ class Command(BaseCommand):
                 mirror.finish(abort=aborted.is_set())
         return worker
 
-    def _child(self, config: WorkerConfig, index: int) -> int:
-        """Supervised worker `index`, in a process forked from the supervisor: its exit code."""
+    def _child(self, config: WorkerConfig, index: int, workers: int) -> int:
+        """Supervised worker `index` (of `workers`), in a process forked from the supervisor:
+        its exit code."""
         try:
-            worker = self.serve(dataclasses.replace(config, name=f"{config.name}-{index}"))
+            worker = self.serve(dataclasses.replace(
+                config, name=_child_name(config.name, index, workers)))
         except CommandError as exc:
             self.stderr.write(f"CommandError: {exc}")
             return 1
-        return RECYCLE_EXIT if worker.recycled else 0
+        return worker.exit_code
 
     def _configure_logging(self, level: str) -> None:
         logger = logging.getLogger("jobqueue")
