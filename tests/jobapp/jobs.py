@@ -9,6 +9,10 @@ from typing import Any
 
 from jobqueue import JobContext, RetryLater, job
 
+BALLAST = b"x" * (int(os.environ.get("JOBQUEUE_TEST_BALLAST_MB", "0")) << 20)
+"""Memory a process that imports the handlers holds from its start (a test's pool processes:
+their size past a --max-memory limit whatever this machine's start size)."""
+
 
 @job
 def add(x: int, y: int) -> int:
