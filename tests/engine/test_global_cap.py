@@ -246,3 +246,26 @@ def test_a_set_cap_interrupted_before_its_marks_does_not_stall_the_queue(make: M
     assert queue.dequeue(count=3) == []  # (the cap of 3 holds)
     queue.client.delete(cap_keys("g").key("limit"))  # (a lost key: the marks say 3)
     assert len(claimer(queue).dequeue(count=3)) == 1
+
+
+def test_a_permits_error_after_a_claim_keeps_what_the_claim_leased(
+        make: Make, monkeypatch: Any) -> None:
+    """The permits call that covers a job's own longer lease (made after the claim) fails: the
+    claim still returns what it leased, and the holder asks for its permits again next time."""
+    from jobqueue.engine.scripts import calls
+    queue = make(global_concurrency=2, lease=1)
+    queue.enqueue_many([JobSpec([i], lease=60) for i in range(3)])
+    real, sent = calls.permits, []
+
+    def failing_after_the_first(*args: Any) -> Any:
+        sent.append(args)
+        if len(sent) > 1:
+            raise redis.exceptions.ConnectionError("down")
+        return real(*args)
+    monkeypatch.setattr(calls, "permits", failing_after_the_first)
+    leased = queue.dequeue(count=1)
+    assert len(leased) == 1 and len(sent) == 2  # (the claim's reserve, then settle's renewal)
+    assert queue.leases.permits.held == 1  # (only what runs: the call's answer never came)
+    monkeypatch.setattr(calls, "permits", real)
+    assert len(queue.dequeue(count=1)) == 1  # (it asks again, then claims)
+    assert claimer(queue).dequeue(count=1) == []
