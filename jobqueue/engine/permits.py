@@ -129,12 +129,14 @@ class Permits:
             for lease in leases:
                 self.running.pop((lease.job_id, lease.token), None)
 
-    def overran(self, lease: Lease) -> None:
-        """A run past its time limit is recorded while its thread still runs: its permit stays
-        in use (`returned` frees it)."""
+    def overran(self, lease: Lease) -> bool:
+        """A run past its time limit is about to be recorded while its thread still runs: its
+        permit stays in use (`returned` frees it). Whether it held one."""
         with self._lock:
-            if self.running.pop((lease.job_id, lease.token), None) is not None:
-                self.overrunning += 1
+            if self.running.pop((lease.job_id, lease.token), None) is None:
+                return False
+            self.overrunning += 1
+            return True
 
     def returned(self) -> None:
         """An overrunning thread returned: its permit is free again."""

@@ -105,3 +105,25 @@ def test_a_cap_lowered_live_to_one_holds(url: str) -> None:
     finally:
         stop(procs)
     assert count(queue, "t3", "peak") == 1
+
+
+def test_a_run_overrunning_its_timeout_keeps_its_permit_until_its_thread_returns(
+        url: str, tmp_path: Path) -> None:
+    """Three runs pass their timeout on threads that cannot be stopped (recorded failed, retried
+    at once): the cap of 3 still counts their threads, so no retry starts until they return."""
+    from jobqueue import get_job
+    lates = [tmp_path / f"late{i}" for i in range(3)]
+    refs = [jobs.overruns_first_attempt.using(queue="capped", timeout=0.5, max_attempts=2)
+            .enqueue(str(late), 3) for late in lates]
+    procs = workers(url, 1)
+    try:
+        wait_for(lambda: all(late.exists() for late in lates)
+                 and all(getattr(get_job(ref.id), "state", "") == "succeeded" for ref in refs),
+                 timeout=60)
+    finally:
+        stop(procs)
+    returned = min(late.stat().st_mtime for late in lates)
+    for ref in refs:
+        info = get_job(ref.id)
+        assert info is not None and info.attempts == 2 and info.started_at is not None
+        assert info.started_at.timestamp() >= returned - 0.05, "a retry ran beside the overrun"
