@@ -137,7 +137,7 @@ class Leases:
             raise
         try:  # (what was leased is returned whatever a permits call answers)
             if reserved is not None:
-                permits.settle(client, given, reserved, out, len(out) < count, claim_lease)
+                permits.settle(client, given, reserved, out, len(out) < reserved, claim_lease)
                 if len(out) < count and not permits.busy():
                     permits.give_back(client, given)  # (idle: others may use them)
             if turned:

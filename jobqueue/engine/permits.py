@@ -71,7 +71,8 @@ class Permits:
         """Runs past their time limit whose threads still run: their jobs were recorded (the
         permit's lease gone with them) but each keeps its permit until its thread returns."""
         self.drained = False
-        """The last claim came back short: the next renewal gives back what is free."""
+        """The last claim leased fewer jobs than its permits allowed (the queue had no more for
+        it, not the cap): the next renewal gives back what is free."""
         self.over = False
         """The holders hold more than a cap lowered live: every claim asks again (a finished
         job's permit goes back rather than serve the next claim) until they do not."""
@@ -111,7 +112,7 @@ class Permits:
     def settle(self, client: Any, given: int, reserved: int, leases: Sequence[Lease],
                short: bool, lease: float) -> None:
         """A claim that reserved `reserved` permits leased `leases`: each holds one until it
-        ends. `short`: it came back with fewer than it asked for. A lease that ends after the
+        ends. `short`: it leased fewer than `reserved` (the queue had no more). A lease that ends after the
         held permits would lapse (a job's own longer lease, a claim's slow trip) renews them
         first: one call, for as long as the longest lease left."""
         with self._lock:
@@ -224,6 +225,12 @@ def set_cap(client: Any, queue: str, shards: int, cap: int | None) -> None:
     mark_shards(client, queue, shards, value)
 
 
+def clear_cap(client: Any, queue: str, shards: int) -> None:
+    """Drop the cap set live (the settings' cap holds again): its key, then each shard's mark."""
+    client.delete(cap_keys(queue).key("limit"))
+    mark_shards(client, queue, shards, "")
+
+
 def mark_shards(client: Any, queue: str, shards: int, value: str) -> None:
     """Mark `shards` with the cap's live setting `value` ('': none, the mark goes): `set_cap`'s,
     and a claimer's repair of marks that differ from the cap's key (a `set_cap` cut short
@@ -249,10 +256,15 @@ def copy_mark(client: Any, queue: str, shards: int) -> None:
 
 
 def state(client: Any, queue: str, options: QueueOptions) -> CapState:
-    """The cap in force and the permits held now (holders whose deadline passed not counted)."""
+    """The cap in force and the permits held now (holders whose deadline passed on the server's
+    clock not counted); one read when no cap is in force."""
     keys = cap_keys(queue)
     live = client.get(keys.key("limit"))
     cap = options.global_concurrency if live is None else int(live) or None
-    holders = client.zrangebyscore(keys.key("holders"), round(time.time() * 1000), "+inf")
+    if cap is None:
+        return CapState(None, live is not None, 0)
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    holders = client.zrangebyscore(keys.key("holders"), now_ms, "+inf")
     held = sum(int(n or 0) for n in client.hmget(keys.key("permits"), holders)) if holders else 0
     return CapState(cap, live is not None, held)

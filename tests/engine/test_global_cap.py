@@ -269,3 +269,25 @@ def test_a_permits_error_after_a_claim_keeps_what_the_claim_leased(
     monkeypatch.setattr(calls, "permits", real)
     assert len(queue.dequeue(count=1)) == 1  # (it asks again, then claims)
     assert claimer(queue).dequeue(count=1) == []
+
+
+def test_a_cap_reset_live_is_the_settings_cap_again(make: Make) -> None:
+    queue = make(shards=2, global_concurrency=2)
+    fill(queue, 6)
+    queue.set_global_concurrency(None)
+    worker = claimer(queue)
+    assert len(claim(worker, 3)) == 3
+    queue.reset_global_concurrency()
+    assert len(claim(worker)) == 2  # (the settings' 2: jobs leased with no cap hold no permit)
+    assert claim(claimer(queue)) == []
+    assert permits.state(queue.client, "g", queue.options) == permits.CapState(2, False, 2)
+
+
+def test_the_state_of_a_queue_without_a_cap_is_one_read(make: Make) -> None:
+    queue = make(shards=1)
+    if not isinstance(queue.client, redis.Redis):
+        pytest.skip("one server's command counts (a cluster's are per node)")
+    queue.client.config_resetstat()
+    assert permits.state(queue.client, "g", queue.options) == permits.CapState(None, False, 0)
+    stats = queue.client.info("commandstats")
+    assert stats["cmdstat_get"]["calls"] == 1 and "cmdstat_zrangebyscore" not in stats
