@@ -236,10 +236,10 @@ def permits(client: Any, shard: ShardKeys, holder: str, want: int, floor: int, l
     after a timeout or a broken connection it is sent again (`PERMITS_SENDS` in all) so that the
     holder learns what it holds; when no reply comes at all, the holder counts on none it does
     not use (`Permits._sync`)."""
-    held, cap, live, over = caller.run_answered(client, "permits", shard,
+    held, _, live, over = caller.run_answered(client, "permits", shard,
                                                 [holder, want, floor, lease_ms, given],
                                                 PERMITS_SENDS)
-    return Permitted(int(held), int(cap), live, over == 1)
+    return Permitted(int(held), live, over == 1)
 
 
 PERMITS_SENDS = 2
