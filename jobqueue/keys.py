@@ -112,8 +112,9 @@ class ShardKeys:
 @dataclass(frozen=True)
 class CapKeys(ShardKeys):
     """Key names of a queue's global cap (`global_concurrency`: permits.lua): a slot of its own,
-    `emq:{q#cap}`, apart from every shard's (a shard's tag ends in a number), so the cap's cost
-    does not grow with the shards. `index` is -1: no shard has it."""
+    `emq:{q#cap}`, apart from every shard's (shard 0's tag is the bare queue name, another's
+    `q#<n>`; no queue name holds '#', so no queue's tag is another's), so the cap's cost does
+    not grow with the shards. `index` is -1: no shard has it."""
 
     @property
     def tag(self) -> str:

@@ -112,15 +112,22 @@ def set_lane_concurrency(queue: Queue, lane: str, raw: str) -> str:
     return f"Queue {queue.name}: {shown} now runs at most {cap} job(s) at once."
 
 
-def set_global_concurrency(queue: Queue, raw: str) -> str:
-    """Set a queue's global cap live from what an operator typed (blank: no cap)."""
-    cap = typed_number(raw) if raw.strip() else None
-    if isinstance(cap, str) or (cap is not None and cap < 1):
-        raise InvalidOption(f"the global cap must be a whole number ≥ 1 (or blank), got {cap!r}")
-    queue.set_global_concurrency(cap)
-    if cap is None:
+def set_global_concurrency(queue: Queue, raw: str, how: str = "") -> str:
+    """Set a queue's global cap live from what an operator typed; `how`: "lift" (no cap,
+    whatever the settings say) or "settings" (the settings' cap again) instead."""
+    if how == "lift":
+        queue.set_global_concurrency(None)
         return f"Queue {queue.name}: no global cap now."
-    return f"Queue {queue.name} now runs at most {cap} job(s) at once, over every worker."
+    if how == "settings":
+        queue.reset_global_concurrency()
+        given = queue.options.global_concurrency
+        return (f"Queue {queue.name}: the settings' global cap again "
+                f"({f'at most {given} job(s) at once' if given else 'none'}).")
+    typed = typed_number(raw)
+    if isinstance(typed, str) or typed < 1:
+        raise InvalidOption(f"the global cap must be a whole number ≥ 1, got {typed!r}")
+    queue.set_global_concurrency(typed)
+    return f"Queue {queue.name} now runs at most {typed} job(s) at once, over every worker."
 
 
 def resize_queue(queue: Queue, count: int, by: str) -> tuple[layouts.Layout, layouts.Layout]:

@@ -239,13 +239,15 @@ class SetLaneConcurrency(QueueAction):
 
 
 class SetGlobalConcurrency(QueueAction):
-    """Set (or, with a blank cap, lift) the queue's global cap live."""
+    """Set the queue's global cap live, lift it ("lift"), or go back to the settings' cap
+    ("settings")."""
 
     permission_required = actions.PERMISSIONS["set_global_concurrency"]
     refused = "Global cap on {}"
 
     def act(self, request: HttpRequest, target: Queue) -> str:
-        return actions.set_global_concurrency(target, request.POST.get("cap", ""))
+        how = "lift" if "lift" in request.POST else "settings" if "settings" in request.POST else ""
+        return actions.set_global_concurrency(target, request.POST.get("cap", ""), how)
 
 
 # -- one periodic job ---------------------------------------------------------------------------

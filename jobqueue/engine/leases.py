@@ -8,9 +8,12 @@ whose reply was lost (`LostClaims`, claims.py) and the permits of the queue's gl
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
+
+from redis.exceptions import RedisError
 
 from .. import spec
 from ..conf import get_config
@@ -20,9 +23,11 @@ from ..records import Lease
 from ..spec import MAX_DELAY, QueueOptions, dumps, validate_lease
 from ..spec import seconds as _seconds
 from .claims import LostClaims
-from .permits import Permits
+from .permits import Permits, mark_shards
 from .scripts import calls
 from .scripts.answers import Acked, Extended, Nacked
+
+log = logging.getLogger("jobqueue")
 
 
 class Holder(Protocol):
@@ -72,8 +77,6 @@ class Leases:
         rate) admits another job (0: not limited)."""
         self.lost_claims = LostClaims()
         self.permits = Permits(queue.name)
-        self._cap_changed = False
-        """A shard answered that the global cap changed live (claim.lua's -1)."""
 
     def head(self, lease: float | None, override: bool, worker: str) -> list[Any]:
         """A claim's arguments after its count (`calls.claim_head`), kept while the config,
@@ -108,43 +111,58 @@ class Leases:
         Returns (the acks' answers, leases)."""
         if not isinstance(count, int) or count < 1:
             raise InvalidOption(f"count must be a positive integer, got {count!r}")
+        return self._dequeue(acks, count, lease, worker, override_lease, shards, only, True)
+
+    def _dequeue(self, acks: Sequence[tuple[Lease, str]], count: int, lease: float | None,
+                 worker: str, override_lease: bool, shards: int | None, only: int | None,
+                 again: bool) -> tuple[list[Acked], list[Lease]]:
+        """`ack_and_dequeue`; `again`: a claim a shard turned away (its global cap's mark
+        differs) may claim once more, as the cap says now."""
         permits, client = self.permits, self.queue.client
         given = self.queue.options.global_concurrency or 0
         if acks and permits.running:
             permits.ended(held for held, _ in acks)
-        reserved, mark = None, permits.mark
+        reserved = None
+        claim_lease = self.queue.options.lease if lease is None else lease
         if permits.capped(given):
-            reserved = permits.reserve(client, count, given,
-                                       self.queue.options.lease if lease is None else lease)
+            reserved = permits.reserve(client, count, given, claim_lease)
+        mark = permits.mark  # (what the claim passes)
         try:
-            answers, out = self._ack_and_claim(acks, count if reserved is None else reserved,
-                                               lease, worker, override_lease, shards, only)
+            answers, out, turned = self._ack_and_claim(
+                acks, count if reserved is None else reserved, lease, worker, override_lease,
+                shards, only)
         except BaseException:  # (it leased nothing this worker knows of: claims.py)
             if reserved is not None:
-                permits.settle(reserved, (), True)
+                permits.settle(client, given, reserved, (), True, claim_lease)
             raise
-        if reserved is not None:
-            permits.settle(reserved, out, len(out) < count)
-            if len(out) < count and not permits.running and not permits.reserved:
-                permits.give_back(client, given)  # (idle: others may use them)
-        if self._cap_changed:
-            self._cap_changed = False
-            permits.resync(client, given, self.lease_ms(lease) / 1000)
-            if permits.mark != mark and len(out) < count:  # (claim again, as the cap says now)
-                out += self.ack_and_dequeue([], count - len(out), lease, worker,
-                                            override_lease=override_lease, shards=shards,
-                                            only=only)[1]
+        try:  # (what was leased is returned whatever a permits call answers)
+            if reserved is not None:
+                permits.settle(client, given, reserved, out, len(out) < reserved, claim_lease)
+                if len(out) < count and not permits.busy():
+                    permits.give_back(client, given)  # (idle: others may use them)
+            if turned:
+                permits.resync(client, given, claim_lease)
+                if permits.mark == mark:  # (the cap's key says what the holder knew: a stale mark)
+                    mark_shards(client, self.queue.name, self.queue.claim_shards(), permits.mark)
+                if again and len(out) < count:  # (claim again, as the cap says now)
+                    out += self._dequeue([], count - len(out), lease, worker, override_lease,
+                                         shards, only, False)[1]
+        except RedisError as exc:  # (the permits' call left them to be asked for again)
+            log.warning("queue=%s: no answer from the global cap's permits (%s); the next "
+                        "claim asks again", self.queue.name, exc)
         return answers, out
 
     def _ack_and_claim(self, acks: Sequence[tuple[Lease, str]], count: int,
                        lease: float | None, worker: str, override_lease: bool,
-                       shards: int | None, only: int | None) -> tuple[list[Acked], list[Lease]]:
+                       shards: int | None, only: int | None
+                       ) -> tuple[list[Acked], list[Lease], bool]:
         """`ack_and_dequeue` once its count is known (0: the global cap leaves no room, the
-        successes are only recorded)."""
+        successes are only recorded); and whether a shard turned the claim away (its global
+        cap's mark differs from the holder's: claim.lua's -1)."""
         queue = self.queue
         if count == 0:
             self.rate_wait = 0.0
-            return (self.ack_encoded(acks) if acks else []), []
+            return (self.ack_encoded(acks) if acks else []), [], False
         total = shards or queue.claim_shards()
         if only is not None:
             start = only % total
@@ -159,6 +177,7 @@ class Leases:
             for i, ok in zip(others, self.ack_encoded([acks[i] for i in others]), strict=True):
                 answers[i] = ok
         out: list[Lease] = []
+        turned = False
         waits, head = [], self.head(lease, override_lease, worker)
         for step in range(1 if only is not None else total):
             if len(out) >= count:
@@ -176,7 +195,7 @@ class Leases:
             for i, ok in zip(carried, claimed.acked, strict=True):
                 answers[i] = ok
             if claimed.wait_ms < 0:  # (the global cap changed live: nothing leased here)
-                self._cap_changed = True
+                turned = True
                 break
             waits.append(claimed.wait_ms)
             out.extend(claimed.leases)
@@ -184,7 +203,7 @@ class Leases:
         # shard's limits hold work back (a lane's rate too): then the soonest refill is the wait.
         limited = [w for w in waits if w] if len(out) < count else waits
         self.rate_wait = min(limited) / 1000 if limited and all(limited) else 0.0
-        return answers, out
+        return answers, out, turned
 
     def give_back(self) -> None:
         """Give back the global cap's permits no running job holds (a worker stopping): one

@@ -9,7 +9,8 @@ asks a shard for at most as many jobs as its holder has permits free; a finished
 kept for the next claim (no call), so a cap that does not bind costs no round trip per claim.
 Permits are renewed with the leases (`Leases.extend_many`, on the heartbeat's period), given
 back when a claim finds the queue drained with nothing running, and lapse on the server clock
-when their holder stops renewing them (a killed worker's come back when its leases would end).
+when their holder stops renewing them (a killed worker's come back within about half a lease
+after its jobs' leases end: a call holds them for 1.5 leases, or the longest job lease left).
 
 A cap set live (`set_cap`) is kept in the cap's slot and marked on every shard's `meta` (`gcap`):
 a claim passes the mark as its holder knows it, and a shard whose mark differs leases nothing
@@ -28,7 +29,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,10 @@ from ..records import Lease
 from ..spec import QueueOptions, global_cap, validate_lease
 from .scripts import calls
 
-MARGIN = 0.9
-"""The part of their lease a holder counts on its permits (the rest covers the call's trip)."""
+LEASE_MARGIN = 1.5
+"""A permits call holds them for this many of the claims' lease: the holder calls again only
+once a claim's whole lease would outlast them (a claim then rarely needs a call of its own to
+cover the jobs it leased), and a dead holder's come back within half a lease after its jobs'."""
 _forks = [0]
 """Forks this process came through: a child's holders start afresh (the permits are the
 parent's)."""
@@ -50,6 +53,11 @@ class Permits:
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
+        self._lock = threading.Lock()
+        self._start()
+
+    def _start(self) -> None:
+        """A holder that holds nothing yet (a new one, or a forked child's)."""
         self.holder = f"{os.getpid()}:{secrets.token_hex(4)}"
         self._born = _forks[0]
         self.mark = ""
@@ -59,32 +67,41 @@ class Permits:
         """(job id, token) -> when its lease ends (monotonic): the jobs holding a permit."""
         self.reserved = 0
         """Permits claims in flight may lease jobs on."""
+        self.overrunning = 0
+        """Runs past their time limit whose threads still run: their jobs were recorded (the
+        permit's lease gone with them) but each keeps its permit until its thread returns."""
         self.drained = False
-        """The last claim came back short: the next renewal gives back what is free."""
+        """The last claim leased fewer jobs than its permits allowed (the queue had no more for
+        it, not the cap): the next renewal gives back what is free."""
         self.over = False
         """The holders hold more than a cap lowered live: every claim asks again (a finished
         job's permit goes back rather than serve the next claim) until they do not."""
-        self._valid_until = 0.0
-        self._renew_at = 0.0
-        self._lock = threading.Lock()
+        self._deadline = 0.0
+        """When the server lets the held permits lapse (monotonic, counted from before the call
+        that set it: never later than the server's); 0 after a call whose reply did not come."""
 
     def capped(self, given: int) -> bool:
         """Whether a cap is in force as the holder knows it: set live, else in the settings."""
         return self.mark not in ("", "0") or (self.mark == "" and given > 0)
 
+    def busy(self) -> int:
+        """Permits in use: by running jobs, claims in flight and overrunning threads."""
+        return len(self.running) + self.reserved + self.overrunning
+
     def reserve(self, client: Any, want: int, given: int, lease: float) -> int | None:
         """How many of `want` jobs a claim may lease (permits taken first when too few are
-        free), reserved until `settle`; None when no cap is in force (nothing is counted)."""
+        free, or when a claim's whole `lease` would outlast them), reserved until `settle`;
+        None when no cap is in force (nothing is counted)."""
         if not self.capped(given):
             return None
         with self._lock:
-            if self._born != _forks[0]:  # (a forked child: the parent's permits are not its own)
-                self.__init__(self.queue)  # type: ignore[misc]
+            self._adopt()
             now = time.monotonic()
-            busy = len(self.running) + self.reserved
-            if self.held - busy < want or now >= self._valid_until or self.over:
+            busy = self.busy()
+            if (self.held - busy < want or now + validate_lease(lease) > self._deadline
+                    or self.over):
                 self._drop_lapsed(now)
-                busy = len(self.running) + self.reserved
+                busy = self.busy()
                 self._sync(client, busy + want, busy, given, lease, now)
                 if not self.capped(given):
                     return None
@@ -92,15 +109,20 @@ class Permits:
             self.reserved += granted
             return granted
 
-    def settle(self, reserved: int, leases: Iterable[Lease], short: bool) -> None:
+    def settle(self, client: Any, given: int, reserved: int, leases: Sequence[Lease],
+               short: bool, lease: float) -> None:
         """A claim that reserved `reserved` permits leased `leases`: each holds one until it
-        ends. `short`: it came back with fewer than it asked for."""
+        ends. `short`: it leased fewer than `reserved` (the queue had no more). A lease that ends after the
+        held permits would lapse (a job's own longer lease, a claim's slow trip) renews them
+        first: one call, for as long as the longest lease left."""
         with self._lock:
             self.reserved -= reserved
             now = time.monotonic()
-            for lease in leases:
-                self.running[lease.job_id, lease.token] = now + lease.lease
+            for held in leases:
+                self.running[held.job_id, held.token] = now + held.lease
             self.drained = short
+            if any(self.running[held.job_id, held.token] > self._deadline for held in leases):
+                self._sync(client, max(self.held, self.busy()), self.busy(), given, lease, now)
 
     def ended(self, leases: Iterable[Lease]) -> None:
         """Jobs whose outcome was recorded (or handed back): their permits are free again."""
@@ -108,25 +130,41 @@ class Permits:
             for lease in leases:
                 self.running.pop((lease.job_id, lease.token), None)
 
+    def overran(self, lease: Lease) -> bool:
+        """A run past its time limit is about to be recorded while its thread still runs: its
+        permit stays in use (`returned` frees it). Whether it held one."""
+        with self._lock:
+            if self.running.pop((lease.job_id, lease.token), None) is None:
+                return False
+            self.overrunning += 1
+            return True
+
+    def returned(self) -> None:
+        """An overrunning thread returned: its permit is free again."""
+        with self._lock:
+            self.overrunning = max(self.overrunning - 1, 0)
+
     def renewed(self, client: Any, leases: Iterable[Lease], seconds: float, given: int) -> None:
         """Leases were renewed for `seconds`: so are their jobs' permits; and the holder's
-        permits, once a third of their lease has passed (what is free goes back when the last
-        claim found the queue drained)."""
+        permits, once they would lapse before a lease of `seconds` from now ends (what is free
+        goes back when the last claim found the queue drained)."""
         with self._lock:
+            self._adopt()
             now = time.monotonic()
             for lease in leases:
                 key = (lease.job_id, lease.token)
                 if key in self.running:
                     self.running[key] = now + seconds
-            if self.held and now >= self._renew_at:
-                busy = len(self.running) + self.reserved
+            if self.held and now + validate_lease(seconds) > self._deadline:
+                busy = self.busy()
                 self._sync(client, busy if self.drained else self.held, busy, given, seconds, now)
 
     def give_back(self, client: Any, given: int) -> None:
         """Give back the permits no job or claim uses (the queue is drained): one call, only
         when some are held."""
         with self._lock:
-            busy = len(self.running) + self.reserved
+            self._adopt()
+            busy = self.busy()
             if self.held > busy:
                 self._sync(client, busy, busy, given, 0.0, time.monotonic())
 
@@ -134,20 +172,30 @@ class Permits:
         """The cap changed live (a claim said so): hear it, keeping only what runs jobs or
         claims in flight."""
         with self._lock:
-            busy = len(self.running) + self.reserved
+            self._adopt()
+            busy = self.busy()
             self._sync(client, busy, busy, given, lease, time.monotonic())
 
     def _sync(self, client: Any, want: int, floor: int, given: int, lease: float,
               now: float) -> None:
-        """One permits call: hold `want` from now on (its lease: the longest of `lease` and
-        the running jobs' leases left, so a renewal between heartbeats never lapses)."""
-        lease = max([validate_lease(lease) if lease else 0.0, 1.0,
-                     *(end - now for end in self.running.values())])
+        """One permits call: hold `want` from now on, for `LEASE_MARGIN` times `lease` or the
+        longest of the running jobs' leases left, whichever is longer. Until its answer comes
+        the holder counts on no more than `floor` (what is in use) and on no deadline: a call
+        whose reply is lost (it may have given permits back) leaves the next claim to call
+        again."""
+        hold = max([LEASE_MARGIN * validate_lease(lease) if lease else 0.0, 1.0,
+                    *(end - now for end in self.running.values())])
+        self._deadline = 0.0
+        self.held = min(self.held, floor)
         answer = calls.permits(client, cap_keys(self.queue), self.holder, want, floor,
-                               round(lease * 1000), given)
+                               round(hold * 1000), given)
         self.held, self.mark, self.over = answer.held, answer.live, answer.over
-        self._valid_until = now + lease * MARGIN
-        self._renew_at = now + lease / 3
+        self._deadline = now + hold
+
+    def _adopt(self) -> None:
+        """In a forked child, start afresh: the parent's permits are not the child's."""
+        if self._born != _forks[0]:
+            self._start()
 
     def _drop_lapsed(self, now: float) -> None:
         """Forget jobs whose lease ended unrenewed (an API caller that never acked them)."""
@@ -174,9 +222,26 @@ def set_cap(client: Any, queue: str, shards: int, cap: int | None) -> None:
     new cap."""
     value = "0" if cap is None else str(global_cap(cap, "the global cap"))
     client.set(cap_keys(queue).key("limit"), value)
+    mark_shards(client, queue, shards, value)
+
+
+def clear_cap(client: Any, queue: str, shards: int) -> None:
+    """Drop the cap set live (the settings' cap holds again): its key, then each shard's mark."""
+    client.delete(cap_keys(queue).key("limit"))
+    mark_shards(client, queue, shards, "")
+
+
+def mark_shards(client: Any, queue: str, shards: int, value: str) -> None:
+    """Mark `shards` with the cap's live setting `value` ('': none, the mark goes): `set_cap`'s,
+    and a claimer's repair of marks that differ from the cap's key (a `set_cap` cut short
+    between its writes, a key lost) once the key has told it the setting."""
     with client.pipeline(transaction=False) as pipe:
         for index in range(shards):
-            pipe.hset(ShardKeys(queue, index).key("meta"), "gcap", value)
+            meta = ShardKeys(queue, index).key("meta")
+            if value:
+                pipe.hset(meta, "gcap", value)
+            else:
+                pipe.hdel(meta, "gcap")
         pipe.execute()
 
 
@@ -191,10 +256,15 @@ def copy_mark(client: Any, queue: str, shards: int) -> None:
 
 
 def state(client: Any, queue: str, options: QueueOptions) -> CapState:
-    """The cap in force and the permits held now (holders whose deadline passed not counted)."""
+    """The cap in force and the permits held now (holders whose deadline passed on the server's
+    clock not counted); one read when no cap is in force."""
     keys = cap_keys(queue)
     live = client.get(keys.key("limit"))
     cap = options.global_concurrency if live is None else int(live) or None
-    holders = client.zrangebyscore(keys.key("holders"), round(time.time() * 1000), "+inf")
+    if cap is None:
+        return CapState(None, live is not None, 0)
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    holders = client.zrangebyscore(keys.key("holders"), now_ms, "+inf")
     held = sum(int(n or 0) for n in client.hmget(keys.key("permits"), holders)) if holders else 0
     return CapState(cap, live is not None, held)

@@ -277,6 +277,11 @@ class Queue:
         settings say): `permits.set_cap`, marked on every shard the queue has now."""
         permits.set_cap(self.client, self.name, self.layout(fresh=True).widest, cap)
 
+    def reset_global_concurrency(self) -> None:
+        """Drop the global cap set live: the settings' `global_concurrency` holds again
+        (`permits.clear_cap`)."""
+        permits.clear_cap(self.client, self.name, self.layout(fresh=True).widest)
+
     def resize(self, count: int, by: str = "") -> layouts.Layout:
         """Set the live shard count (see `layouts.resize`); `by` says who, in its history."""
         return layouts.resize(self.client, self.name, self.configured, count, by)

@@ -220,7 +220,8 @@ class Worker:
         `turn()` itself calls it). At concurrency 1 a runner claims the next job itself."""
         done = self.claims.finished_one if self.config.concurrency == 1 else self.outcomes.finished
         self.runners = Runners(self.config.concurrency, done, processes=self.config.processes,
-                               held=self.held, max_memory=self.config.max_memory)
+                               held=self.held, max_memory=self.config.max_memory,
+                               queue=self.served.queue)
         self.claims.runners = self.runners
 
     def _ensure_waiters(self) -> None:

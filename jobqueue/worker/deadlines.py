@@ -5,10 +5,11 @@ One timer thread (started with the first run that has a time limit) watches the 
 progress (each deadline counted from its run's start: `HeldJobs.start`). At a run's deadline,
 if its thread has not returned, the run's failure (JobTimeout) is handed over as its outcome,
 and the run is counted overrunning (`HeldJobs.overrun`): its thread keeps its slot, so the
-worker never runs more threads than its concurrency, and claims no job for it meanwhile. The
+worker never runs more threads than its concurrency, and claims no job for it meanwhile; under a
+global cap it keeps its permit too (`Permits.overran`), so the cap counts the thread. The
 handler sees `ctx.cancelled` (and `ctx.timed_out`) turn true; when its thread returns at last,
 what it returned is dropped here (its attempt's token would refuse it anyway: the job may be
-running again elsewhere) and the slot comes back (`HeldJobs.overrun_returned`).
+running again elsewhere) and the slot comes back (`HeldJobs.overrun_returned`), and the permit.
 
 An `async def` handler's run is cancelled by its event loop instead (`executor.execute_async`),
 and a run in a pool process (`--processes`) ends with its process (`pool.py`).
@@ -20,11 +21,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..api.handler import timeout_error
 from ..records import Lease
 from .executor import Outcome, timed_out
 from .serving import HeldJobs
+
+if TYPE_CHECKING:
+    from ..engine.store import Queue
 
 log = logging.getLogger("jobqueue.worker")
 Done = Callable[[Lease, Outcome], None]
@@ -33,13 +38,15 @@ Done = Callable[[Lease, Outcome], None]
 class Run:
     """One run with a time limit, from its start on a runner thread until its thread returns."""
 
-    __slots__ = ("lease", "started", "timed_out")
+    __slots__ = ("kept_permit", "lease", "started", "timed_out")
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease
         self.started = time.monotonic()
         self.timed_out = False
         """Set by the timer at the deadline (the run overruns from then)."""
+        self.kept_permit = False
+        """It overran holding a permit of its queue's global cap, kept until it returns."""
 
 
 class Deadlines:
@@ -47,8 +54,11 @@ class Deadlines:
     concurrency, the overrunning ones among them), and the timer that ends each past its
     deadline."""
 
-    def __init__(self, done: Done, held: HeldJobs) -> None:
-        self._done, self._held = done, held
+    def __init__(self, done: Done, held: HeldJobs,
+                 queue: Callable[[str], Queue] | None = None) -> None:
+        """`queue`: the worker's queue of a name (whose global cap's permits an overrunning
+        run keeps)."""
+        self._done, self._held, self._queue = done, held, queue
         self._runs: set[Run] = set()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -75,6 +85,8 @@ class Deadlines:
         if not overran:
             return timed_out(timeout_error(run.lease), outcome.duration) if late else outcome
         self._held.overrun_returned()
+        if run.kept_permit and self._queue is not None:
+            self._queue(run.lease.queue).leases.permits.returned()
         log.warning("job=%s: the run that overran its timeout (%g s) returned after %.1f s; "
                     "what it returned is discarded", run.lease.job_id, run.lease.timeout,
                     time.monotonic() - run.started)
@@ -103,6 +115,8 @@ class Deadlines:
                     lease.job_id, lease.timeout)
         outcome = timed_out(timeout_error(lease), time.monotonic() - run.started)
         try:
+            if self._queue is not None:  # (before its failure is recorded, which frees it)
+                run.kept_permit = self._queue(lease.queue).leases.permits.overran(lease)
             self._done(lease, outcome)
         except Exception:  # (a bug in the bookkeeping: said, and the timer goes on)
             log.exception("job=%s: its timeout could not be handed over", lease.job_id)

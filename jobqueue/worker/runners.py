@@ -86,12 +86,14 @@ class Runners:
     `--processes`: pool.py), and an event loop for `async def` handlers, until stopped."""
 
     def __init__(self, count: int, done: Done, held: HeldJobs, *, processes: bool = False,
-                 max_memory: int | None = None) -> None:
+                 max_memory: int | None = None,
+                 queue: Callable[[str], Queue] | None = None) -> None:
         """`held`: the worker's held jobs (each run's start and overrun noted there);
+        `queue`: the worker's queue of a name (an overrunning run keeps its cap's permit);
         `max_memory`: resident MB past which a pool process is replaced after its job."""
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
         self._held = held
-        self.deadlines = Deadlines(done, held)
+        self.deadlines = Deadlines(done, held, queue)
         """Plain runs with a time limit on the runner threads (deadlines.py)."""
         self._done = done
         self._count = count

@@ -418,13 +418,20 @@ def test_the_queue_page_shows_the_global_cap_and_sets_it_live_with_its_own_permi
     assert done.status_code == 302 and len(Queue("default").dequeue(count=10)) == 1  # raised
     assert LogEntry.objects.filter(change_message__contains="at most 3 job(s) at once").exists()
     assert "At most 3 job(s)" in admin_client.get(url).content.decode()
-    for bad in ("0", "lots", "-1"):
+    for bad in ("0", "lots", "-1", ""):  # (a blank field is no cap: lifting is a button)
         shown = admin_client.post(url + "set_global_concurrency/", {"cap": bad},
                                   follow=True).content.decode()
         assert "Global cap on default:" in shown
-    admin_client.post(url + "set_global_concurrency/", {"cap": ""})
+    assert "At most 3 job(s)" in admin_client.get(url).content.decode()
+    admin_client.post(url + "set_global_concurrency/", {"cap": "", "lift": "1"})
     page = admin_client.get(url).content.decode()
     assert "No global cap (lifted live)" in page and 'value="Set global cap"' in page
+    admin_client.post(url + "set_global_concurrency/", {"cap": "", "settings": "1"})
+    page = admin_client.get(url).content.decode()
+    assert "At most 2 job(s) of the queue run at once" in page and "(settings);" in page
+    client_ = Queue("default").client
+    assert client_.get("emq:{default#cap}:limit") is None
+    assert client_.hget(Queue("default").shard(0).key("meta"), "gcap") is None
     operator = staff(client, "pause_queue")
     assert operator.post(url + "set_global_concurrency/", {"cap": "9"}).status_code == 403
     assert 'value="Set global cap"' not in operator.get(url).content.decode()

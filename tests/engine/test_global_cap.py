@@ -1,10 +1,11 @@
 """The global cap (`global_concurrency`), through `Queue` on Valkey and Valkey Cluster: permits of
 one cap, held by each claimer (a `Queue`'s `Leases`), bound what its claims lease on any shard;
-a dead holder's come back when its lease ends; a cap set live reaches every claimer at its next
+a dead holder's come back within 1.5 leases; a cap set live reaches every claimer at its next
 claim. The runs with real workers are in tests/worker/test_global_cap_workers.py."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -178,3 +179,115 @@ def test_a_claim_without_a_cap_makes_one_call_and_reads_no_key_of_a_cap(make: Ma
     stats = queue.client.info("commandstats")
     assert stats["cmdstat_evalsha"]["calls"] == 1 and "cmdstat_get" not in stats
     assert not queue.client.keys("emq:{g#cap}*") and queue.leases.permits.held == 0
+
+
+def test_permits_cover_a_jobs_own_longer_lease(make: Make) -> None:
+    """A job enqueued with its own lease (60 s) longer than the queue's (1 s): its holder's
+    permit does not lapse while the job's lease is live."""
+    queue = make(global_concurrency=1, lease=1)
+    queue.enqueue_many([JobSpec([i], lease=60) for i in range(2)])
+    first = queue.dequeue(count=1)
+    assert len(first) == 1 and first[0].lease == 60
+    other = claimer(queue)
+    assert other.dequeue(count=1) == []
+    lapse = queue.client.zscore(cap_keys("g").key("holders"), queue.leases.permits.holder)
+    assert lapse is not None and lapse / 1000 > time.time() + 50  # (server clock ~ ours)
+    assert other.dequeue(count=1) == [], "cap 1 exceeded: two leased jobs at once"
+
+
+def test_a_job_leased_late_on_kept_permits_is_covered_by_them(make: Make) -> None:
+    """Permits kept across claims: a claim made a while after the holder's last permits call
+    leases a job for a whole lease; the holder's permits last at least as long as that lease."""
+    queue = make(global_concurrency=1, lease=2)
+    fill(queue, 3)
+    first = queue.dequeue(count=1)
+    assert len(first) == 1 and queue.ack(first[0])
+    start = time.monotonic()
+    wait_for(lambda: time.monotonic() >= start + 1.0)
+    second = queue.dequeue(count=1)
+    assert len(second) == 1
+    lapse = queue.client.zscore(cap_keys("g").key("holders"), queue.leases.permits.holder)
+    assert lapse / 1000 >= time.time() + 1.9  # (the job's whole lease; one machine's clock)
+    assert claimer(queue).dequeue(count=1) == [], "cap 1 exceeded"
+
+
+def test_a_lost_reply_of_a_give_back_leaves_no_permit_believed_held(
+        make: Make, monkeypatch: Any) -> None:
+    """permits.lua ran (the holder's permits went back) but its reply was lost: the holder does
+    not go on leasing on the permits it still believes it holds."""
+    from jobqueue.engine.scripts import calls
+    queue = make(global_concurrency=3)
+    fill(queue, 3)
+    first = queue.dequeue(count=3)
+    assert len(first) == 3 and all(queue.ack_many([(lease, None) for lease in first]))
+    real = calls.permits
+
+    def lost_when_giving_back(client: Any, shard: Any, holder: str, want: int,
+                              *rest: Any) -> Any:
+        answer = real(client, shard, holder, want, *rest)
+        if want == 0:
+            raise redis.exceptions.ConnectionError("reply lost")
+        return answer
+    monkeypatch.setattr(calls, "permits", lost_when_giving_back)
+    assert queue.dequeue(count=3) == []  # drained: it gives its 3 permits back; no reply
+    monkeypatch.setattr(calls, "permits", real)
+    fill(queue, 6)
+    assert len(claimer(queue).dequeue(count=3)) == 3
+    assert queue.dequeue(count=3) == [], "cap 3 exceeded: 6 leased jobs at once"
+
+
+def test_a_set_cap_interrupted_before_its_marks_does_not_stall_the_queue(make: Make) -> None:
+    """`set_cap` writes the cap's key, then each shard's mark: a process killed in between (or a
+    node that lost its data) leaves marks that differ from the key. Claims still lease."""
+    queue = make(shards=2, global_concurrency=5)
+    fill(queue, 4)
+    queue.client.set(cap_keys("g").key("limit"), "3")  # set_cap's first write; no mark came
+    assert len(queue.dequeue(count=3)) == 3, "claims lease nothing: the queue is stalled"
+    assert queue.dequeue(count=3) == []  # (the cap of 3 holds)
+    queue.client.delete(cap_keys("g").key("limit"))  # (a lost key: the marks say 3)
+    assert len(claimer(queue).dequeue(count=3)) == 1
+
+
+def test_a_permits_error_after_a_claim_keeps_what_the_claim_leased(
+        make: Make, monkeypatch: Any) -> None:
+    """The permits call that covers a job's own longer lease (made after the claim) fails: the
+    claim still returns what it leased, and the holder asks for its permits again next time."""
+    from jobqueue.engine.scripts import calls
+    queue = make(global_concurrency=2, lease=1)
+    queue.enqueue_many([JobSpec([i], lease=60) for i in range(3)])
+    real, sent = calls.permits, []
+
+    def failing_after_the_first(*args: Any) -> Any:
+        sent.append(args)
+        if len(sent) > 1:
+            raise redis.exceptions.ConnectionError("down")
+        return real(*args)
+    monkeypatch.setattr(calls, "permits", failing_after_the_first)
+    leased = queue.dequeue(count=1)
+    assert len(leased) == 1 and len(sent) == 2  # (the claim's reserve, then settle's renewal)
+    assert queue.leases.permits.held == 1  # (only what runs: the call's answer never came)
+    monkeypatch.setattr(calls, "permits", real)
+    assert len(queue.dequeue(count=1)) == 1  # (it asks again, then claims)
+    assert claimer(queue).dequeue(count=1) == []
+
+
+def test_a_cap_reset_live_is_the_settings_cap_again(make: Make) -> None:
+    queue = make(shards=2, global_concurrency=2)
+    fill(queue, 6)
+    queue.set_global_concurrency(None)
+    worker = claimer(queue)
+    assert len(claim(worker, 3)) == 3
+    queue.reset_global_concurrency()
+    assert len(claim(worker)) == 2  # (the settings' 2: jobs leased with no cap hold no permit)
+    assert claim(claimer(queue)) == []
+    assert permits.state(queue.client, "g", queue.options) == permits.CapState(2, False, 2)
+
+
+def test_the_state_of_a_queue_without_a_cap_is_one_read(make: Make) -> None:
+    queue = make(shards=1)
+    if not isinstance(queue.client, redis.Redis):
+        pytest.skip("one server's command counts (a cluster's are per node)")
+    queue.client.config_resetstat()
+    assert permits.state(queue.client, "g", queue.options) == permits.CapState(None, False, 0)
+    stats = queue.client.info("commandstats")
+    assert stats["cmdstat_get"]["calls"] == 1 and "cmdstat_zrangebyscore" not in stats

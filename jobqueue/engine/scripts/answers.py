@@ -109,11 +109,10 @@ class Claimed(NamedTuple):
 
 
 class Permitted(NamedTuple):
-    """A permits call's answer: the permits the holder holds now, the global cap in force (0:
-    none) and its live setting ('' = none set live: what a claim passes as the shards' mark)."""
+    """A permits call's answer: the permits the holder holds now and the cap's live setting
+    ('' = none set live: what a claim passes as the shards' mark)."""
 
     held: int
-    cap: int
     live: str
     over: bool
     """The holders hold more than the cap (it was lowered live)."""

@@ -231,11 +231,19 @@ def nack(client: Any, shard: ShardKeys, job_id: str, token: int, error: str, ret
 def permits(client: Any, shard: ShardKeys, holder: str, want: int, floor: int, lease_ms: int,
             given: int) -> Permitted:
     """Hold `want` permits of the queue's global cap from now on (`shard`: the cap's keys,
-    `keys.cap_keys`), keeping at least `floor`. The answer is the whole state, so a call whose
-    reply was lost is simply made again."""
-    held, cap, live, over = caller.run(client, "permits", shard,
-                                       [holder, want, floor, lease_ms, given])
-    return Permitted(int(held), int(cap), live, over == 1)
+    `keys.cap_keys`), keeping at least `floor`. `want` is what the holder holds from now on, not
+    how many more, so a call sent again holds what it would have held (only its deadline moves):
+    after a timeout or a broken connection it is sent again (`PERMITS_SENDS` in all) so that the
+    holder learns what it holds; when no reply comes at all, the holder counts on none it does
+    not use (`Permits._sync`)."""
+    held, _, live, over = caller.run_answered(client, "permits", shard,
+                                                [holder, want, floor, lease_ms, given],
+                                                PERMITS_SENDS)
+    return Permitted(int(held), live, over == 1)
+
+
+PERMITS_SENDS = 2
+"""How many times a permits call is sent before its error is raised."""
 
 
 @twin("extend")

@@ -6,7 +6,8 @@ when the cap was lowered, but never fewer than the `floor` it runs jobs on (a lo
 stop a running job: those end, and their permits go then). Permits are anonymous: the holder
 maps them to its jobs itself, and claims on any shard at most as many jobs as it holds free.
 A holder's permits lapse together at its deadline (server clock, `lease_ms` from this call), so
-a dead worker's come back when its leases would end: each call first takes back the lapsed.
+a dead worker's come back soon after its leases would end (the holder asks for 1.5 leases, or
+its jobs' longest lease left): each call first takes back the lapsed.
 KEYS[1] base    prefix  emq:{q#cap} (`keys.cap_keys`: the cap's slot); derives base:permits HASH
                         holder -> permits held, '' -> their total; base:holders ZSET holder ->
                         deadline ms (server clock); base:limit STRING the cap set live
