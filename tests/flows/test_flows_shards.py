@@ -15,29 +15,10 @@ from jobqueue import Queue, chain, chord, conf, flows, group
 from jobqueue.engine.scripts import caller
 from jobqueue.flows import relay
 from jobqueue.keys import placement_hash
+from tests.flows.conftest import FOUR, forward_entries, lane_on
 from tests.flows.test_flows import run_all
 from tests.jobapp import jobs
 from tests.workers import run_burst
-
-FOUR = "four"
-
-
-@pytest.fixture
-def four(valkey_url: str, settings: Any) -> Queue:
-    """A queue of 4 shards next to the `valkey_url` fixture's queues."""
-    settings.JOBQUEUE = {**settings.JOBQUEUE,
-                         "QUEUES": {**settings.JOBQUEUE["QUEUES"], FOUR: {"shards": 4}}}
-    conf.reset()
-    return Queue(FOUR)
-
-
-def lane_on(index: int) -> str:
-    """A lane whose jobs go to shard `index` of a 4-shard queue."""
-    return next(f"l{n}" for n in itertools.count() if placement_hash(f"l{n}") % 4 == index)
-
-
-def forward_entries(queue: Queue) -> int:
-    return sum(queue.client.xlen(queue.shard(i).key("forward")) for i in range(4))
 
 
 def test_a_chord_spread_over_four_shards_calls_back_once_with_its_results_in_order(

@@ -3,33 +3,14 @@ does not stop it, nor make it read on from a wrong id."""
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
 
 from jobqueue import Queue, conf
 from jobqueue.flows import relay
-from jobqueue.keys import placement_hash
+from tests.flows.conftest import FOUR, forward_entries, lane_on
 from tests.jobapp import jobs
-
-FOUR = "four"
-
-
-@pytest.fixture
-def four(valkey_url: str, settings: Any) -> Queue:
-    settings.JOBQUEUE = {**settings.JOBQUEUE,
-                         "QUEUES": {**settings.JOBQUEUE["QUEUES"], FOUR: {"shards": 4}}}
-    conf.reset()
-    return Queue(FOUR)
-
-
-def lane_on(index: int) -> str:
-    return next(f"l{n}" for n in itertools.count() if placement_hash(f"l{n}") % 4 == index)
-
-
-def forward_entries(queue: Queue) -> int:
-    return sum(queue.client.xlen(queue.shard(i).key("forward")) for i in range(4))
 
 
 def test_a_full_batch_of_kept_entries_for_one_shard_does_not_break_the_relay(four: Queue) -> None:
