@@ -102,7 +102,8 @@ class JobContext:
 
     def raise_if_cancelled(self) -> None:
         """Stop here if an operator cancelled the job (it is recorded as cancelled), or if the
-        run passed its timeout (JobTimeout: the worker recorded that already)."""
+        run passed its timeout (JobTimeout: the attempt fails so, whichever of the worker's timer
+        and this raise comes first)."""
         if self.timed_out:
             raise JobTimeout(timeout_error(self._lease))
         if self.cancelled:

@@ -12,7 +12,7 @@ left (`Claims.recycler`; None, and so no cost, without the flags):
   job). No restart loop: a process already past the limit at its first claim (a fresh one
   would be too) says so in one ERROR and is not held to the limit.
 
-A worker that is due trips its recycle (`Worker.recycle`): it stops claiming as a stop signal
+A worker that is due trips its recycle (`Worker._recycle`): it stops claiming as a stop signal
 would, hands back its prefetched jobs uncharged, finishes what runs (however long it takes:
 only a stop during the drain starts the `--grace` clock), counts the recycle
 (`presence.recycled`: the metrics and the console read it) and exits RECYCLE_EXIT; the

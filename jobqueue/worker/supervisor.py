@@ -108,7 +108,7 @@ class Process(Protocol):
 
 
 class Forked:
-    """A child forked from the supervisor, seen through `Popen`'s `poll` and `send_signal`."""
+    """A child forked from the supervisor, seen through `Popen`'s `poll`, `wait` and `send_signal`."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid

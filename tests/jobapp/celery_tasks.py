@@ -61,7 +61,7 @@ def catches_its_soft_limit(self) -> str:  # type: ignore[no-untyped-def]
 
 @shared_task(time_limit=0.5, max_retries=1, default_retry_delay=0)
 def overruns_its_time_limit() -> None:
-    """Works past its hard limit (a thread: abandoned there, its late return dropped)."""
+    """Works past its hard limit (a thread: left overrunning, its late return dropped)."""
     import time
 
     time.sleep(3)

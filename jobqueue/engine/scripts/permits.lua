@@ -13,7 +13,7 @@ KEYS[1] base    prefix  emq:{q#cap} (`keys.cap_keys`: the cap's slot); derives b
                         deadline ms (server clock); base:limit STRING the cap set live
                         (Queue.set_global_concurrency): n, or '0' = lifted live; absent = the
                         settings' cap holds
-ARGV[1] holder          who holds (a worker's name and a per-process tag)
+ARGV[1] holder          who holds ('<pid>:<random tag>': one per permits.Permits)
 ARGV[2] want            permits to hold from now on (0 = give every one back)
 ARGV[3] floor           permits it runs jobs on now: kept even above a lowered cap
 ARGV[4] lease_ms        ms until the holder's permits lapse unless renewed
