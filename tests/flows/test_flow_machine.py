@@ -82,10 +82,12 @@ class Job:
 @st.composite
 def signatures(draw: Any, count: int) -> list[dict[str, Any]]:
     """Options for `count` signatures: a policy of their own, a lane (none: placed by id, or with
-    what they wait for), an expiry (which a rule lets pass)."""
+    what they wait for), an expiry (which a rule lets pass), a run time limit (its deadline
+    written when a started run is renewed)."""
     return [{"on_failure": draw(st.sampled_from(POLICIES)),
              "lane": draw(st.sampled_from([None, None, "a", "b", "c"])),
-             "expires": draw(st.sampled_from([None, None, 3600]))} for _ in range(count)]
+             "expires": draw(st.sampled_from([None, None, 3600])),
+             "timeout": draw(st.sampled_from([None, None, 600]))} for _ in range(count)]
 
 
 def machine_for(client: Any) -> type[RuleBasedStateMachine]:
@@ -259,6 +261,15 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
         @rule(pick=st.integers(0, 1000))
         def ack(self, pick: int) -> None:
             self.record(pick, ok=True)
+
+        @rule(pick=st.integers(0, 1000))
+        def renew(self, pick: int) -> None:
+            """A heartbeat renews a held run that started (a run with a time limit then gets
+            its row's `deadline`: extend.lua), as a worker's does."""
+            if self.leases:
+                index = pick % len(self.leases)
+                self.leases[index] = lease = self.leases[index].started()
+                self.queue.leases.extend_many([lease], 30)
 
         @rule(pick=st.integers(0, 1000))
         def fail(self, pick: int) -> None:

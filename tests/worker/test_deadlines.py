@@ -29,8 +29,9 @@ def _watched(capacity: int, concurrency: int = 1) -> tuple[HeldJobs, Deadlines, 
 
 def test_a_run_that_returns_past_its_deadline_is_its_timeout_whoever_sees_it_first() -> None:
     held, deadlines, handed = _watched(2)
-    run = deadlines.start(_lease(0.001))
-    time.sleep(0.01)  # (past the deadline; the timer may or may not have seen it yet)
+    lease = _lease(0.001)
+    run = deadlines.start(lease)
+    wait_for(lambda: time.monotonic() > lease.deadline)  # (the timer may not have seen it yet)
     outcome = deadlines.returned(run, Outcome(True, result='"late"'))
     recorded = [outcome] if outcome is not None else handed
     assert len(recorded) == 1 and not recorded[0].ok
