@@ -4,6 +4,7 @@ cancels, bad input; exactly once under a replayed ack and a lost lease."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -431,15 +432,18 @@ def dags(draw: Any) -> list[tuple[list[int], bool, str, str]]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(graph=dags(), order=st.randoms(use_true_random=False),
+@given(graph=dags(), seed=st.integers(0, 2**32 - 1),
        relays=st.sampled_from(["now", "idle"]))
 def test_random_dags_run_as_their_policies_say(valkey_server: Any, settings: Any, graph: Any,
-                                               order: Any, relays: str) -> None:
+                                               seed: int, relays: str) -> None:
     """Against a model: a job runs iff its policy says so (fail: every dependency succeeded;
     ignore, continue: always, once they end, or at the first failure for continue), at most
     once, and never before its dependencies (continue: before the others, once one failed).
     The queue has 4 shards and jobs random lanes: the DAGs span shards, their "member done"
-    relayed by the finisher or only later, as by a maintenance turn (relay.py)."""
+    relayed by the finisher or only later, as by a maintenance turn (relay.py). The claims'
+    order comes from a seed, not from draws of Hypothesis' own (how many claims there are
+    depends on Valkey: Hypothesis would see its data drawn differently on a replay)."""
+    order = random.Random(seed)
     import redis as redis_py
 
     from jobqueue import conf
