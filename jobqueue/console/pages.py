@@ -28,7 +28,7 @@ from ..models import Job
 from ..operations import schedule
 from ..states import State
 from ..worker import presence
-from . import access, posts, readmodels
+from . import access, flowgraph, posts, readmodels
 from .site import ConsoleSite, console_reverse
 
 
@@ -217,7 +217,13 @@ class Console(ConsoleSite):
             raise Http404(str(exc)) from None
         if not found.total:
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
+        graph = flowgraph.read(Queue(queue), flow_id) if found.number == 1 else None
+        drawn = graph and graph.drawn and flowgraph.svg(
+            graph, console_reverse(request, "jobqueue_job", queue, "JOBID"),
+            console_reverse(request, "jobqueue_flow", queue, flow_id))
         return self.render(request, "flow.html", f"Flow {flow_id}", queue=queue, flow=found,
+                            graph=drawn, too_large=graph is not None and not drawn,
+                            max_drawn=flowgraph.MAX_DRAWN,
                             prev_page=found.number - 1 if found.number > 1 else None,
                             next_page=found.number + 1 if found.number < found.last else None)
 
