@@ -3,6 +3,8 @@ queue not granted to them, anywhere in the console or the history, and acts only
 
 from __future__ import annotations
 
+import json
+import signal
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from jobqueue import Queue, chain, conf
 from jobqueue.console import grants
 from jobqueue.exceptions import ConfigurationError
 from jobqueue.history.mirror import upsert
+from tests import workers
 from tests.jobapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -154,6 +157,33 @@ def test_every_queue_grant_and_no_grants_at_all(client: Client, settings: Any) -
     settings.JOBQUEUE = {**settings.JOBQUEUE, "CONSOLE": {"ACCESS": {"*": {"view": ["other"]}}}}
     conf.reset()
     assert 'data-queue="secret"' not in ops.get(f"{LIVE}/").content.decode()
+
+
+def test_the_workers_and_periodic_jobs_pages_show_only_the_granted_queues(
+        client: Client, settings: Any, valkey_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": valkey_server.url, "CONSOLE": {"ACCESS": ACCESS},
+                         "SCHEDULE": {"beat": {"job": "tests.jobapp.jobs.noop", "every": 60,
+                                               "queue": "secret"},
+                                      "bill": {"job": "tests.jobapp.jobs.noop", "every": 60,
+                                               "queue": "billing"}}}
+    conf.reset()
+    monkeypatch.setenv("JOBQUEUE_TEST_QUEUES", json.dumps({"secret": {}, "billing": {}}))
+    worker = workers.start_worker(valkey_server.url, "--queues", "secret,billing")
+    sam = member(client, "sam", "support")
+    try:
+        workers.wait_for(lambda: "data-worker=" in sam.get(f"{LIVE}/workers/").content.decode(),
+                         timeout=60)
+        shown = sam.get(f"{LIVE}/workers/").content.decode()
+        row = shown[shown.index("data-worker="):]
+        assert "billing" in row[:row.index("</tr>")] and "secret" not in shown
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+    periodic = sam.get(f"{LIVE}/schedules/").content.decode()
+    assert 'data-schedule="bill"' in periodic and 'data-schedule="beat"' not in periodic
+    assert 'value="Run now"' not in periodic
+    assert sam.post(f"{LIVE}/schedules/beat/run/", {"confirm": "yes"}).status_code == 404
+    assert sam.post(f"{LIVE}/schedules/bill/run/", {"confirm": "yes"}).status_code == 403
 
 
 @pytest.mark.parametrize(("raw", "says"), [

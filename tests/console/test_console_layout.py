@@ -11,7 +11,8 @@ from django.contrib.auth.models import Group, Permission, User
 
 from jobqueue import Queue, conf
 from jobqueue.history.mirror import upsert
-from tests.console.test_browser import SHOTS, browser, login, page  # noqa: F401 (fixtures)
+from tests.console.test_browser import browser, login, page  # noqa: F401 (fixtures)
+from tests.console.test_browser import shot
 from tests.jobapp import jobs
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -34,8 +35,7 @@ def test_no_dashboard_card_cuts_its_count_table_off(page: Any, width: int) -> No
     assert page.locator("section.jq-card").count() == 4
     assert page.evaluate(OVERFLOWING) == []
     if width == 1400:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / "dashboard-1400.png"))
+        shot(page, "console-dashboard-1400.png", clip={"x": 300, "y": 0, "width": 1100, "height": 600})
 
 
 def test_a_queue_page_opens_on_its_deepest_lane_and_else_on_what_is_there(page: Any) -> None:  # noqa: F811
@@ -45,6 +45,7 @@ def test_a_queue_page_opens_on_its_deepest_lane_and_else_on_what_is_there(page: 
     login(page, "admin", "admin")
     page.goto(f"{LIVE}/queues/default/")
     assert "84 pending on shard 0 in lane tenant-9" in page.inner_text("p.jq-pages")
+    shot(page, "console-queue-opening.png", selector="h2:text-is('Jobs')", height=330)
     page.click("a[href*='lane=tenant-2']")
     assert "3 pending on shard 0 in lane tenant-2" in page.inner_text("p.jq-pages")
     queue = Queue("emails")
@@ -73,6 +74,7 @@ def test_a_user_of_another_group_sees_and_does_only_what_is_granted(page: Any, s
     login(page, "sam", "pw")
     page.wait_for_selector("section.jq-card[data-queue=billing]")
     assert page.locator("section.jq-card").count() == 1
+    shot(page, "console-access-dashboard.png", clip={"x": 0, "y": 0, "width": 1100, "height": 560})
     assert page.locator("section.jq-card input[value=Pause]").count() == 0
     page.fill("input[name=id]", "acme")
     page.click("input[value=Find]")

@@ -11,7 +11,8 @@ from django.test import Client
 
 from jobqueue import Queue, chain, chord, group
 from jobqueue.console.errors import last_line
-from tests.console.test_browser import SHOTS, browser, login, page  # noqa: F401 (fixtures)
+from tests.console.test_browser import browser, login, page  # noqa: F401 (fixtures)
+from tests.console.test_browser import shot
 from tests.jobapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,14 +58,14 @@ def test_an_operator_reads_a_flow_as_a_graph_and_clicks_through_to_a_job(page: A
     assert page.locator("svg.jq-flow line.jq-edge").count() == 6  # 1→3 members, 3→callback
     assert "ValueError: bad input" in page.inner_text("#flow-jobs")
     assert "Traceback" not in page.inner_text("#flow-jobs")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "flow-graph.png"), clip=_clip(page, "div.jq-graph"))
+    shot(page, "console-flow-graph.png", clip=_clip(page, "div.jq-graph"))
     page.click(f"svg.jq-flow g[data-job='{failed}']")
     page.wait_for_url(re.compile(f"/jobs/default/{failed}/$"))
     assert page.inner_text("#job-error-line") == "ValueError: bad input"
     assert not page.is_visible("#job-error")  # the whole traceback: folded, one click away
     page.click("#job-traceback summary")
     assert "Traceback (most recent call last)" in page.inner_text("#job-error")
+    shot(page, "console-job-error.png", selector="#job-traceback", above=80)
 
 
 def _clip(page: Any, selector: str) -> dict[str, float]:
