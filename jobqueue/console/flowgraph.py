@@ -8,7 +8,7 @@ member's row lists its `dependents`). A node's layer is its depth: the longest p
 that waits for nothing. Siblings (same layer, same members waited for, same jobs waiting for
 them) more than COLLAPSE_OVER are drawn as one node, "1,000 jobs: 990 succeeded, 10 dead",
 linking to the flow's paged list, so a chord of thousands draws as three boxes. A flow of more
-than MAX_DRAWN jobs is not drawn (its list pages it).
+than MAX_DRAWN jobs (or MAX_EDGES edges) is not drawn (its list pages it).
 
 Reads Valkey through `readmodels.rows_of` and the flow's `:flow:<id>` / `:deps:<id>` keys only.
 """
@@ -28,13 +28,16 @@ from ..states import State
 from .errors import last_line
 from .readmodels import FLOW_PAGE
 
-MAX_DRAWN = 5_000
+MAX_DRAWN = 2_000
 """The largest flow drawn: its rows' states and edges are read in one pipeline."""
+MAX_EDGES = 50_000
+"""The most edges read before a flow is deemed too large to draw (a group waiting for a group
+has as many as the product of their sizes)."""
 COLLAPSE_OVER = 8
 """Siblings beyond this many are drawn as one node."""
-COLORS = {State.PENDING: "#79aec8", State.SCHEDULED: "#c7b8e6", State.ACTIVE: "#f2c46d",
-          State.WAITING: "#e4e4e4", State.SUCCEEDED: "#93cf93", State.DEAD: "#e68a8a",
-          State.CANCELLED: "#c4c4c4", State.EXPIRED: "#dba3a3"}
+COLORS: dict[str, str] = {State.PENDING: "#79aec8", State.SCHEDULED: "#c7b8e6", State.ACTIVE: "#f2c46d",
+                         State.WAITING: "#e4e4e4", State.SUCCEEDED: "#93cf93", State.DEAD: "#e68a8a",
+                         State.CANCELLED: "#c4c4c4", State.EXPIRED: "#dba3a3"}
 WIDTH, HEIGHT, GAP_X, GAP_Y, PAD = 190, 40, 56, 12, 8
 
 
@@ -100,6 +103,8 @@ def read(queue: Queue, flow_id: str) -> Graph:
         shard_of[job_id] = index
         for edge in (dependents or "").split():
             edges.add((job_id, edge.split(":", 1)[0]))
+        if len(edges) > MAX_EDGES:
+            return Graph([], set(), total)
     edges = {(a, b) for a, b in edges if b in nodes}
     return Graph(_collapse(nodes, edges, queue, shard_of), _edges_between(nodes, edges), total)
 

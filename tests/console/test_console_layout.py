@@ -11,8 +11,7 @@ from django.contrib.auth.models import Group, Permission, User
 
 from jobqueue import Queue, conf
 from jobqueue.history.mirror import upsert
-from tests.console.test_browser import browser, login, page  # noqa: F401 (fixtures)
-from tests.console.test_browser import shot
+from tests.console.test_browser import browser, login, page, shot  # noqa: F401 (fixtures)
 from tests.jobapp import jobs
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

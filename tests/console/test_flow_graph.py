@@ -11,8 +11,7 @@ from django.test import Client
 
 from jobqueue import Queue, chain, chord, group
 from jobqueue.console.errors import last_line
-from tests.console.test_browser import browser, login, page  # noqa: F401 (fixtures)
-from tests.console.test_browser import shot
+from tests.console.test_browser import browser, login, page, shot  # noqa: F401 (fixtures)
 from tests.jobapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,8 +67,8 @@ def test_an_operator_reads_a_flow_as_a_graph_and_clicks_through_to_a_job(page: A
     shot(page, "console-job-error.png", selector="#job-traceback", above=80)
 
 
-def _clip(page: Any, selector: str) -> dict[str, float]:
-    box = page.locator(selector).bounding_box()
+def _clip(shown: Any, selector: str) -> dict[str, float]:
+    box = shown.locator(selector).bounding_box()
     return {"x": box["x"], "y": box["y"], "width": min(box["width"], 900),
             "height": min(box["height"], 400)}
 
