@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = [
     "tests/console/test_flow_graph.py::test_an_operator_reads_a_flow_as_a_graph_and_clicks_through_to_a_job",
+    "tests/console/test_flow_graph.py::test_a_chords_thousand_members_are_one_box_linking_to_their_list",
     "tests/console/test_console_layout.py",
 ]
 

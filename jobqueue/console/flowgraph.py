@@ -7,7 +7,7 @@ waits for, linking to its page; an edge runs from a member to the job waiting fo
 member's row lists its `dependents`). A node's layer is its depth: the longest path from a job
 that waits for nothing. Siblings (same layer, same members waited for, same jobs waiting for
 them) more than COLLAPSE_OVER are drawn as one node, "1,000 jobs: 990 succeeded, 10 dead",
-linking to the flow's paged list, so a chord of thousands draws as three boxes. A flow of more
+linking to the flow's paged list, so a chord of thousands draws as two boxes. A flow of more
 than MAX_DRAWN jobs (or MAX_EDGES edges) is not drawn (its list pages it).
 
 Reads Valkey through `readmodels.rows_of` and the flow's `:flow:<id>` / `:deps:<id>` keys only.

@@ -67,6 +67,23 @@ def test_an_operator_reads_a_flow_as_a_graph_and_clicks_through_to_a_job(page: A
     shot(page, "console-job-error.png", selector="#job-traceback", above=80)
 
 
+@pytest.mark.browser
+def test_a_chords_thousand_members_are_one_box_linking_to_their_list(page: Any) -> None:  # noqa: F811
+    User.objects.create_superuser("admin", "admin@example.com", "admin")
+    flow = chord([jobs.add.s(i, 1) for i in range(1000)], jobs.total.s()).enqueue()
+    for _ in range(10):
+        run_one()
+    login(page, "admin", "admin")
+    page.goto(f"{LIVE}/flows/default/{flow.id}/")
+    group_box = page.locator("svg.jq-flow g.jq-group")
+    assert group_box.get_attribute("data-members") == "1000"
+    assert "990 pending, 10 succeeded" in group_box.locator("title").text_content()
+    shot(page, "console-flow-chord.png", clip=_clip(page, "div.jq-graph"))
+    group_box.click()
+    page.wait_for_url(re.compile(r"\?page=1#flow-jobs$"))
+    assert page.locator("#flow-jobs tr").count() == 51
+
+
 def _clip(shown: Any, selector: str) -> dict[str, float]:
     box = shown.locator(selector).bounding_box()
     return {"x": box["x"], "y": box["y"], "width": min(box["width"], 900),
