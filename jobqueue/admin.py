@@ -68,6 +68,12 @@ class JobAdmin(admin.ModelAdmin):
 
         return [path("live/", include(console_urls(self.admin_site))), *super().get_urls()]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        """Only the rows of the queues the user may see (console/access.py)."""
+        from .console import access
+
+        return access.history(request, super().get_queryset(request))
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -85,8 +91,14 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(permissions=["retry"], description="Retry selected jobs")
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         """Confirm first (showing how many), then retry each job through the Queue API."""
-        from .console import actions
+        from .console import access, actions
 
+        acted_on = [q for q in queryset.values_list("queue", flat=True).distinct()
+                    if not access.may_act(request, q)]
+        if acted_on:  # (the changelist lists only what the user sees: these are view-only)
+            self.message_user(request, f"You may not act on queue(s) {', '.join(sorted(acted_on))}: "
+                              f"nothing was retried.", messages.ERROR)
+            return None
         if request.POST.get("post") != "yes":
             return TemplateResponse(request, "admin/jobqueue/confirm_bulk_retry.html", {
                 **self.admin_site.each_context(request), "title": "Retry jobs?",
@@ -114,6 +126,11 @@ class JobAdmin(admin.ModelAdmin):
 class ShardAdmin(admin.ModelAdmin):
     list_display = ("queue", "index", "status", "pending", "scheduled", "active", "dead", "updated_at")
     list_filter = ("queue", "status")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Shard]:
+        from .console import access
+
+        return access.history(request, super().get_queryset(request))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .console import grants
 from .cron import Entry
 from .cron import parse as parse_schedule
 from .exceptions import ConfigurationError, JobQueueError
@@ -71,6 +72,8 @@ class Config:
     """OpenTelemetry spans (tracing.py): True traces when a tracer provider is configured, False
     never; a string is the dotted path of the tracer provider to use (or of a function that
     returns one) instead of the global one."""
+    console: grants.Grants = field(default_factory=grants.Grants)
+    """`CONSOLE`: who may view or act on which queue in the console (console/grants.py)."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
@@ -111,7 +114,7 @@ def parse(raw: Any) -> Config:
             raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
     known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD",
-             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP", "TRACING"}
+             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP", "TRACING", "CONSOLE"}
     if set(raw) - known:
         unknown = set(raw) - known
         raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, unknown))}"
@@ -141,6 +144,7 @@ def parse(raw: Any) -> Config:
         auto_shards=_auto_shards(raw.get("AUTO_SHARDS", {})),
         event_loop=event_loop,
         tracing=_tracing(raw.get("TRACING", True)),
+        console=grants.parse(raw.get("CONSOLE", {})),
     )
 
 

@@ -69,6 +69,8 @@ JOBQUEUE = {
         "emails": {"shards": 2, "max_attempts": 5, "lease": 30, "concurrency": 4},
         "cm": {},  # codemojex, the demo's game: a lane per player
     },
+    # codemojex's board, kept every few seconds: a periodic job at work in the console
+    "SCHEDULE": {"scoreboard": {"job": "project.demo.codemojex.scoreboard", "every": 5}},
 }
 TASKS = {"default": {"BACKEND": "jobqueue.tasks.ValkeyBackend"}}
 

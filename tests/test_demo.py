@@ -3,6 +3,7 @@ others are served, and the page shows it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import Client
 
-from jobqueue import Queue
+from jobqueue import Queue, get_job
 from jobqueue.embedded import free_port
 from project.demo import codemojex
 
 from .servers import ValkeyProcess
-from .workers import ROOT, run_burst, wait_for
+from .workers import ROOT, run_burst, start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,6 +45,37 @@ def test_a_flooding_player_waits_in_their_lane_and_the_page_shows_it(
     assert run_burst(valkey_server.url, "--queues", "cm", "--lease", "5") == 0
     rows = {row["player"]: row for row in codemojex.board()}
     assert rows["ada"]["solved"] and rows["masher"]["waiting"] == 0
+
+
+def test_a_round_closes_with_a_chord_the_console_draws(client: Client, settings: Any,
+                                                       valkey_server: ValkeyProcess) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"cm": {}}}
+    User.objects.create_superuser("admin", "admin@example.com", "admin")
+    client.login(username="admin", password="admin")
+    codemojex.guess.using(lane="ada").enqueue("ada", "fence")
+    flow_id = codemojex.new_round()
+    assert run_burst(valkey_server.url, "--queues", "cm") == 0
+    assert codemojex.rounds()["rounds"] == "1" and codemojex.rounds()["round_flow"] == flow_id
+    assert get_job(flow_id).state == "succeeded"  # type: ignore[union-attr]
+    page = client.get(f"/admin/jobqueue/job/live/flows/cm/{flow_id}/").content.decode()
+    assert page.count('class="jq-node') == 6 and page.count('data-state="succeeded"') == 6
+    assert f"/flows/cm/{flow_id}/" in client.get("/codemojex/").content.decode()
+
+
+def test_the_scoreboard_is_a_periodic_job_a_worker_fires(valkey_server: ValkeyProcess,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from project import settings as demo
+
+    beat = {name: {**entry, "every": 1} for name, entry in demo.JOBQUEUE["SCHEDULE"].items()}
+    assert beat["scoreboard"]["job"] == "project.demo.codemojex.scoreboard"
+    monkeypatch.setenv("JOBQUEUE_TEST_SCHEDULE", json.dumps(beat))
+    monkeypatch.setenv("JOBQUEUE_TEST_QUEUES", json.dumps({"cm": {}}))
+    worker = start_worker(valkey_server.url, "--queues", "cm")
+    try:
+        wait_for(lambda: int(codemojex.rounds()["snapshots"] or 0) >= 2, timeout=60)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
 
 
 def _session_pids(sid: int) -> set[int]:

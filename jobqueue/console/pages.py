@@ -19,17 +19,16 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import ids
-from ..api.registry import lookup
 from ..conf import get_client, get_config
 from ..engine import lanes, layouts, permits
-from ..engine.store import Queue, known_queues
-from ..exceptions import InvalidJobId, JobQueueError, UnknownHandler
+from ..engine.store import Queue
+from ..exceptions import InvalidJobId, JobQueueError
 from ..keys import validate_lane, validate_queue
 from ..models import Job
 from ..operations import schedule
 from ..states import State
 from ..worker import presence
-from . import posts, readmodels
+from . import access, flowgraph, posts, readmodels
 from .site import ConsoleSite, console_reverse
 
 
@@ -67,28 +66,32 @@ class Console(ConsoleSite):
 
     def dashboard(self, request: HttpRequest) -> HttpResponse:
         cards = []
-        for name in known_queues():
+        for name in access.visible_queues(request):
             view = readmodels.overview(Queue(name))
             cards.append({
-                "o": view,
+                "o": view, "can_act": access.may_act(request, name),
                 "throughput": bar_chart(view.succeeded, f"{name}: succeeded per minute", "#417690"),
                 "backlog": bar_chart(view.backlog, f"{name}: waiting jobs, per minute", "#8a6d00"),
                 "lag": bar_chart(view.oldest, f"{name}: oldest wait (s), per minute", "#6b4f9e"),
                 "failures": bar_chart(view.failed, f"{name}: failed runs per minute", "#ba2121"),
             })
         return self.render(request, "dashboard.html", "Job queues", cards=cards,
-                            workers=presence.workers(Queue("default").client),
+                            workers=access.workers(request, presence.workers(get_client())),
                             can_pause=posts.PauseQueue.permitted(request))
 
     def queue_page(self, request: HttpRequest, name: str) -> HttpResponse:
         queue = self.queue(name)
-        state = request.GET.get("state", State.PENDING)
+        access.require_view(request, name)
+        act = access.may_act(request, name)
+        shards = queue.all_shards()
+        opens = ((State.PENDING, 0, "") if {"state", "shard", "lane"} & set(request.GET)
+                 else readmodels.opening(queue))  # (opened bare: on what is there)
+        state = request.GET.get("state", opens[0])
         if state not in readmodels.PAGE_STATES:
             state = State.PENDING
-        shards = queue.all_shards()
-        shard = _int(request.GET.get("shard"), 0, 0, shards - 1)
+        shard = _int(request.GET.get("shard"), opens[1], 0, shards - 1)
         number = _int(request.GET.get("page"), 1, 1, 10**9)
-        lane = request.GET.get("lane", readmodels.DEFAULT_LANE)
+        lane = request.GET.get("lane", opens[2] or readmodels.DEFAULT_LANE)
         try:
             lane = "" if lane == readmodels.DEFAULT_LANE else validate_lane(lane)
         except JobQueueError:
@@ -108,12 +111,13 @@ class Console(ConsoleSite):
             shard_range=range(shards), shard_rows=shard_rows, layout=layout,
             resizes=[{**e, "at": datetime.fromtimestamp(e["at"], UTC)}
                      for e in layouts.history(queue.client, name, 10)],
-            can_resize=posts.ResizeQueue.permitted(request),
+            can_resize=act and posts.ResizeQueue.permitted(request),
             lane_caps=lanes.states(queue.client, name, shards, queue.options),
-            can_cap=posts.SetLaneConcurrency.permitted(request),
+            can_cap=act and posts.SetLaneConcurrency.permitted(request),
             global_cap=permits.state(queue.client, name, queue.options),
-            can_global_cap=posts.SetGlobalConcurrency.permitted(request),
-            can_retry=posts.RetryJob.permitted(request), can_cancel=posts.CancelJob.permitted(request),
+            can_global_cap=act and posts.SetGlobalConcurrency.permitted(request),
+            can_retry=act and posts.RetryJob.permitted(request),
+            can_cancel=act and posts.CancelJob.permitted(request),
             page=number, last_page=last, lanes=ready_lanes,
             prev_page=number - 1 if number > 1 else None,
             next_page=number + 1 if number < last else None,
@@ -121,7 +125,7 @@ class Console(ConsoleSite):
 
     def workers(self, request: HttpRequest) -> HttpResponse:
         return self.render(request, "workers.html", "Workers",
-                            workers=presence.workers(get_client()))
+                            workers=access.workers(request, presence.workers(get_client())))
 
     def schedules(self, request: HttpRequest) -> HttpResponse:
         entries = get_config().schedule
@@ -129,11 +133,14 @@ class Console(ConsoleSite):
         now = datetime.now(UTC)
         rows = []
         for name, entry in entries.items():
+            queue = posts.schedule_queue(entry)
+            if not access.may_view(request, queue):
+                continue
             seen = state.get(name, {})
             last = seen.get("last")
             rows.append({
                 "entry": entry, "paused": bool(seen.get("paused")), "job": seen.get("job"),
-                "queue": entry.queue or _job_queue(entry.job),
+                "queue": queue, "can_run": access.may_act(request, queue),
                 "last": datetime.fromtimestamp(last / 1000, UTC) if isinstance(last, int) else None,
                 "next": entry.next_tick(now),
             })
@@ -144,7 +151,7 @@ class Console(ConsoleSite):
         pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)
         running_over = _int(request.GET.get("running_over"), 600, 1, 10**7)
         sections = []
-        for name in known_queues():
+        for name in access.visible_queues(request):
             found = readmodels.stuck(Queue(name), pending_over, running_over)
             sections.append((name, found))
         return self.render(request, "stuck.html", "Stuck jobs", sections=sections,
@@ -160,24 +167,27 @@ class Console(ConsoleSite):
         try:
             job_id = ids.validate_job_id(raw)
         except InvalidJobId:
-            found = readmodels.search(raw)
+            found = readmodels.search(raw, visible=access.visible_queues(request),
+                                      history=lambda rows: access.history(request, rows))
             if not found:
                 messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
             return self.render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
                                 jobs=found, searched=True)
-        for name in known_queues():
+        for name in access.visible_queues(request):
             if Queue(name).locate(job_id) is not None:
                 return HttpResponseRedirect(console_reverse(request, "jobqueue_job", name, job_id))
-        row = Job.objects.filter(pk=job_id).first()
+        row = access.history(request, Job.objects.filter(pk=job_id)).first()
         if row is not None:
             return HttpResponseRedirect(console_reverse(request, "jobqueue_job", row.queue, job_id))
         messages.warning(request, f"No job {job_id} in Valkey or in the mirror.")
         return self.render(request, "find.html", "Find a job", query=raw)
 
     def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
+        access.require_view(request, queue)
         info = self.job(queue, job_id)
         allowed = {action.verb for action in posts.JOB_ACTIONS
-                   if info.state in action.states and action.permitted(request)}
+                   if info.state in action.states and action.permitted(request)
+                   and access.may_act(request, queue)}
         if info.source == "mirror":
             allowed &= {"retry"}
         timeline = sorted(
@@ -200,13 +210,20 @@ class Console(ConsoleSite):
         """A flow's jobs in order, a page at a time: each one's state, what it still waits
         for, its progress; the whole flow's counts by state."""
         number = _int(request.GET.get("page"), 1, 1, 10**9)
+        access.require_view(request, queue)
         try:
             found = readmodels.flow_page(Queue(validate_queue(queue)), flow_id, number)
         except JobQueueError as exc:
             raise Http404(str(exc)) from None
         if not found.total:
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
+        graph = flowgraph.read(Queue(queue), flow_id) if found.number == 1 else None
+        drawn = graph and graph.drawn and flowgraph.svg(
+            graph, console_reverse(request, "jobqueue_job", queue, "JOBID"),
+            console_reverse(request, "jobqueue_flow", queue, flow_id))
         return self.render(request, "flow.html", f"Flow {flow_id}", queue=queue, flow=found,
+                            graph=drawn, too_large=graph is not None and not drawn,
+                            max_drawn=flowgraph.MAX_DRAWN,
                             prev_page=found.number - 1 if found.number > 1 else None,
                             next_page=found.number + 1 if found.number < found.last else None)
 
@@ -223,10 +240,3 @@ def _int(raw: str | None, default: int, low: int, high: int) -> int:
     except ValueError:
         return default
 
-
-def _job_queue(path: str) -> str:
-    """The queue a handler's jobs go to (its @job's queue), for the schedules page."""
-    try:
-        return lookup(path).options.queue
-    except UnknownHandler:
-        return "default"

@@ -20,13 +20,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.views import View
 
+from ..api.registry import lookup
 from ..conf import get_config
 from ..cron import Entry
 from ..engine import layouts
 from ..engine.store import JobInfo, Queue
-from ..exceptions import InvalidName, JobQueueError
+from ..exceptions import InvalidName, JobQueueError, UnknownHandler
 from ..models import Job, Shard
-from . import actions, readmodels
+from . import access, actions, readmodels
 from .site import ConsoleSite, console_reverse
 
 
@@ -60,6 +61,7 @@ class ConsoleAction[Target](PermissionRequiredMixin, View):
         if self.site is None:
             raise ImproperlyConfigured(f"mount {type(self).__name__} with as_view(site=…)")
         target = self.target(self.site, **names)
+        access.require_act(request, self.queue_of(target))
         try:
             if self.confirm and request.POST.get("confirm") != "yes":
                 title, context = self.asking(request, target)
@@ -74,6 +76,10 @@ class ConsoleAction[Target](PermissionRequiredMixin, View):
 
     def target(self, site: ConsoleSite, **names: str) -> Target:
         """What the URL names (Http404 or PermissionDenied when there is no such thing)."""
+        raise NotImplementedError
+
+    def queue_of(self, target: Target) -> str:
+        """The queue `target` belongs to: the user needs `act` on it (`access.require_act`)."""
         raise NotImplementedError
 
     def refusal(self, target: Target) -> str:
@@ -111,6 +117,9 @@ class JobAction(ConsoleAction[JobInfo]):
 
     def target(self, site: ConsoleSite, **names: str) -> JobInfo:
         return site.job(names["queue"], names["job_id"])
+
+    def queue_of(self, target: JobInfo) -> str:
+        return target.queue
 
     def refusal(self, target: JobInfo) -> str:
         return f"{self.verb} {target.id}"
@@ -171,6 +180,9 @@ class QueueAction(ConsoleAction[Queue]):
 
     def target(self, site: ConsoleSite, **names: str) -> Queue:
         return site.queue(names["name"])
+
+    def queue_of(self, target: Queue) -> str:
+        return target.name
 
     def refusal(self, target: Queue) -> str:
         return self.refused.format(target.name)
@@ -265,6 +277,9 @@ class ScheduleAction(ConsoleAction[Entry]):
             raise Http404(f"No periodic job {names['name']!r} in JOBQUEUE['SCHEDULE'].")
         return entry
 
+    def queue_of(self, target: Entry) -> str:
+        return schedule_queue(target)
+
     def refusal(self, target: Entry) -> str:
         return self.refused.format(target.name)
 
@@ -300,3 +315,13 @@ class ResumeSchedule(PauseSchedule):
     """Let a paused periodic job's ticks fire again."""
 
     refused, paused = "Resume {}", False
+
+
+def schedule_queue(entry: Entry) -> str:
+    """The queue a periodic job's jobs go to: its own, else its handler's (its @job's)."""
+    if entry.queue:
+        return entry.queue
+    try:
+        return lookup(entry.job).options.queue
+    except UnknownHandler:
+        return "default"

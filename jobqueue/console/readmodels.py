@@ -7,8 +7,10 @@ fast at a million jobs. Writes go through `Queue`'s transitions, never through t
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from .. import ids
 from ..engine import backlog
@@ -92,7 +94,28 @@ def overview(queue: Queue, minutes: int = 30, lanes: int = 5) -> Overview:
 def deepest_lanes(queue: Queue, limit: int = 20) -> list[tuple[str, int]]:
     """The lanes with the most ready jobs (among the first MAX_LANES of each shard's ring, and
     as many held back by their cap or rate)."""
-    depths: list[tuple[str, int]] = []
+    return [(lane or DEFAULT_LANE, depth) for lane, depth, _ in lane_depths(queue)[:limit]]
+
+
+def opening(queue: Queue) -> tuple[str, int, str]:
+    """Where a queue's page opens when its URL does not say: (state, shard, lane) of what is
+    there, the deepest lane's pending jobs, else the first state (scheduled, active, dead)
+    with jobs on some shard, else the default lane of shard 0."""
+    deepest = lane_depths(queue)[:1]
+    if deepest and deepest[0][1]:
+        return State.PENDING, deepest[0][2], deepest[0][0]
+    for index in range(queue.all_shards()):
+        counts = queue.shard_counts(index)
+        for state in PAGE_STATES:
+            if state != State.PENDING and counts.get(state):
+                return state, index, ""
+    return State.PENDING, 0, ""
+
+
+def lane_depths(queue: Queue) -> list[tuple[str, int, int]]:
+    """(lane, ready jobs, shard) of the lanes with ready jobs, deepest first (see
+    `deepest_lanes`); the default lane is ""."""
+    depths: list[tuple[str, int, int]] = []
     for index in range(queue.all_shards()):
         shard = queue.shard(index)
         names = queue.client.lrange(shard.key("ring"), 0, MAX_LANES - 1)
@@ -101,9 +124,9 @@ def deepest_lanes(queue: Queue, limit: int = 20) -> list[tuple[str, int]]:
         pipe = queue.client.pipeline(transaction=False)
         for lane in names:
             pipe.zcard(shard.lane(lane))
-        depths += zip(names, (int(n) for n in pipe.execute()), strict=True)
+        depths += ((lane, int(n), index) for lane, n in zip(names, pipe.execute(), strict=True))
     depths.sort(key=lambda item: -item[1])
-    return [(lane or DEFAULT_LANE, depth) for lane, depth in depths[:limit]]
+    return depths
 
 
 def lanes_in_flight(queue: Queue, index: int) -> Counter[str]:
@@ -222,9 +245,11 @@ def stuck(queue: Queue, pending_over: float, running_over: float, limit: int = 5
     return found
 
 
-def search(text: str, limit: int = 50) -> list[JobInfo]:
+def search(text: str, limit: int = 50, visible: list[str] | None = None,
+           history: Callable[[Any], Any] | None = None) -> list[JobInfo]:
     """Jobs whose lane, unique key or handler is `text`: live ones (lanes and unique keys of
-    every queue, newest state from Valkey) first, then finished ones from the mirror."""
+    every queue, or of the `visible` ones, newest state from Valkey) first, then finished ones
+    from the mirror (its rows narrowed by `history`: see `access.history`)."""
     from ..engine.store import known_queues
     from ..keys import validate_lane
     from ..models import HANDLER_LENGTH, Job
@@ -234,7 +259,7 @@ def search(text: str, limit: int = 50) -> list[JobInfo]:
         lane = validate_lane(text)
     except JobQueueError:
         lane = None
-    for name in known_queues():
+    for name in known_queues() if visible is None else visible:
         queue = Queue(name)
         for index in range(queue.all_shards()):
             shard = queue.shard(index)
@@ -246,12 +271,18 @@ def search(text: str, limit: int = 50) -> list[JobInfo]:
     if len(text) <= HANDLER_LENGTH:  # (no lane, unique key or handler kept is longer)
         # One query per column, each served by its index on (column, finished_at): an OR of
         # the three, or a handler read out of the payload, scans the table when nothing matches.
+        narrowed = history or _all
         rows = [row for column in ("lane", "unique_key", "handler")
-                for row in Job.objects.filter(**{column: text}).order_by("-finished_at")[:limit]]
+                for row in narrowed(Job.objects.filter(**{column: text}))
+                .order_by("-finished_at")[:limit]]
         rows.sort(key=lambda row: row.finished_at or EPOCH, reverse=True)
         for row in rows:
             found.setdefault(row.id, row.info())
     return list(found.values())[:limit]
+
+
+def _all(rows: Any) -> Any:
+    return rows
 
 
 FLOW_PAGE = 50

@@ -19,6 +19,9 @@ def check_settings(**_: Any) -> list[checks.CheckMessage]:
         if str(exc).startswith("JOBQUEUE['SCHEDULE']"):
             return [checks.Error(f"JOBQUEUE['SCHEDULE'] is invalid: {exc}", hint=SCHEDULE_HINT,
                                  id="jobqueue.E002")]
+        if str(exc).startswith("JOBQUEUE['CONSOLE']"):
+            return [checks.Error(f"JOBQUEUE['CONSOLE'] is invalid: {exc}", hint=CONSOLE_HINT,
+                                 id="jobqueue.E007")]
         return [checks.Error(
             f"JOBQUEUE is invalid: {exc}",
             hint="See the docs' settings reference (docs/reference/settings.md; docs/howto/resize.md "
@@ -34,6 +37,10 @@ def check_settings(**_: Any) -> list[checks.CheckMessage]:
 SCHEDULE_HINT = ("See the docs' periodic jobs guide (docs/howto/periodic-jobs.md): each entry has "
                  "'job' (the dotted path of an @job in an app's jobs.py) and 'cron' (five fields) "
                  "or 'every' (seconds).")
+
+CONSOLE_HINT = ("See the console reference (docs/reference/console.md, \"Access per queue\"): "
+                "ACCESS maps queue names (or '*') to {'view': [groups], 'act': [groups]}; "
+                "OPEN_BY_DEFAULT is True or False.")
 
 
 def _is_job(path: str) -> bool:

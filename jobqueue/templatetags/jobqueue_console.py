@@ -1,5 +1,6 @@
 """`{% console_url 'jobqueue_job' queue id %}`: a console link that stays in the mount that
-served the page (the admin's, through `JobAdmin.get_urls()`, or a project's `console_urls`)."""
+served the page (the admin's, through `JobAdmin.get_urls()`, or a project's `console_urls`);
+`{{ error|last_line }}`: a traceback's exception and message."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from django import template
 
+from ..console import errors
 from ..console.site import console_reverse
 
 register = template.Library()
@@ -15,3 +17,9 @@ register = template.Library()
 @register.simple_tag(takes_context=True)
 def console_url(context: Any, name: str, *args: Any) -> str:
     return console_reverse(context["request"], name, *args)
+
+
+@register.filter
+def last_line(text: str | None) -> str:
+    """`{{ job.last_error|last_line }}`: a traceback's exception and message (console/errors.py)."""
+    return errors.last_line(text)

@@ -10,4 +10,5 @@ from . import codemojex
 
 def game(request: HttpRequest) -> HttpResponse:
     return render(request, "codemojex.html", {"rows": codemojex.board(), "words": codemojex.WORDS,
-                                              "flooder": codemojex.FLOODER})
+                                              "flooder": codemojex.FLOODER,
+                                              "rounds": codemojex.rounds()})

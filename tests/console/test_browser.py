@@ -23,6 +23,22 @@ SHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 XSS = "<script>window.__pwned = 1</script>"
 
 
+def shot(page: Any, name: str, clip: dict[str, float] | None = None, selector: str = "",
+         above: float = 0, height: float = 0) -> None:
+    """A screenshot into JOBQUEUE_SHOTS (bench/screenshots.py sets it to docs/img) or SHOTS:
+    the page's `clip`, or the band from `above` pixels over `selector` down to its end (or
+    `height` pixels)."""
+    where = Path(os.environ.get("JOBQUEUE_SHOTS") or SHOTS)
+    where.mkdir(parents=True, exist_ok=True)
+    if selector:
+        page.locator(selector).scroll_into_view_if_needed()
+        box = page.locator(selector).bounding_box()
+        top = max(box["y"] - above, 0)
+        clip = {"x": 0, "y": top, "width": page.viewport_size["width"],
+                "height": height or box["y"] + box["height"] + 8 - top}
+    page.screenshot(path=str(where / name), clip=clip)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():

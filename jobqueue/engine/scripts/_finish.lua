@@ -11,14 +11,15 @@ _counters.lua, _keys.lua (a unique key let go) and, for a job others depend on, 
 ]]
 
 -- An attempt that failed and will run again joins the row's `history` (the last ten): the job
--- page's timeline shows every attempt, the row's own fields holding the latest.
+-- page's timeline shows every attempt, the row's own fields holding the latest. An attempt's
+-- error keeps its last 500 bytes: a traceback ends with the exception and its message.
 -- uses: count_field
 local function record_attempt(jk, attempt, err, now)
   local row = redis.call('HMGET', jk, 'worker', 'started_at', 'history')
   local ok, history = pcall(cjson.decode, row[3] or '[]')
   if not ok or type(history) ~= 'table' then history = {} end
   history[#history + 1] = {attempt = tonumber(attempt), worker = row[1] or '',
-    started = count_field(row[2]) or 0, ended = now, error = string.sub(err or '', 1, 500)}
+    started = count_field(row[2]) or 0, ended = now, error = string.sub(err or '', -500)}
   while #history > 10 do table.remove(history, 1) end
   redis.call('HSET', jk, 'history', cjson.encode(history))
 end

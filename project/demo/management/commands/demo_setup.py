@@ -26,4 +26,5 @@ class Command(BaseCommand):
         jobs.import_rows.enqueue(200)
         jobs.send_welcome_email.using(delay=60).enqueue(999)
         get_client().delete(codemojex.STATS)  # a new game
-        self.stdout.write("enqueued sample jobs on queues 'default' and 'emails'")
+        codemojex.new_round()  # (a flow at once: the players' loop closes one every 10 s)
+        self.stdout.write("enqueued sample jobs on queues 'default', 'emails' and 'cm'")
