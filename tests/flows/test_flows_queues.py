@@ -13,21 +13,28 @@ from django.db import transaction
 from django.test import Client
 
 from jobqueue import Queue, chain, chord, conf, flows, group
+from jobqueue.engine import layouts
 from jobqueue.exceptions import InvalidFlow, JobFailed
+from jobqueue.flows import relay
+from jobqueue.keys import placement_hash
 from jobqueue.models import Job
-from tests.flows.test_flows import run_all
+from tests.flows.test_flows import run_all, server_ms
 from tests.jobapp import jobs
+from tests.workers import wait_for
 
 A, B = "wide", "default"
 
 
 def run_queues(*names: str) -> int:
-    """Run every job of these queues that becomes ready, a queue at a time, until none is; how
-    many ran."""
+    """Run every job of these queues that becomes ready, a queue at a time, and relay what is
+    left in their streams (as a maintenance turn does: a claim that found a job expired), until
+    nothing is left; how many ran."""
     ran = 0
-    while done := sum(len(run_all(Queue(name))) for name in names):
+    while True:
+        done = sum(len(run_all(Queue(name))) for name in names)
         ran += done
-    return ran
+        if not done and not sum(relay.relay_queue(Queue(name)) for name in names):
+            return ran
 
 
 def on(name: str, handler: Any) -> Any:
@@ -118,6 +125,39 @@ def test_an_operator_cancels_a_flow_across_queues_and_retries_a_failed_member(
     run_queues(A, B)
     [span, two] = ref.result(timeout=5)["args"][0]
     assert span.startswith("0x") and two == 2
+
+
+def test_a_member_that_expires_on_one_queue_cancels_its_dependent_on_the_other(
+        valkey_url: str) -> None:
+    ref = chain(on(A, jobs.add).using(expires=0.05).s(1, 2), jobs.mul.s(2)).enqueue()
+    first = flows.members(ref.id, B)[0]
+    end = first.expires_at
+    assert first.queue == A and end is not None
+    wait_for(lambda: server_ms(Queue(A)) > end.timestamp() * 1000)
+    run_queues(A, B)
+    assert Queue(A).get(first.id).state == "expired"  # type: ignore[union-attr]
+    with pytest.raises(JobFailed) as failed:
+        ref.result(timeout=5)
+    assert failed.value.state == "cancelled" and "expired" in failed.value.error
+
+
+def test_either_queue_resized_while_a_flow_across_them_runs(valkey_url: str) -> None:
+    """The members' queue shrunk while they wait on its retired shards; the callback's queue
+    shrunk while the callback waits on a retired shard: it is released and claimed there, and
+    the resize settles only once it has run."""
+    wide = Queue(A)
+    lane = next(f"l{n}" for n in range(1000) if placement_hash(f"l{n}") % 3 == 2)
+    ref = chord([jobs.mul.s(i, 1) for i in range(5)],
+                on(A, jobs.echo).using(lane=lane).s()).enqueue()
+    assert wide.locate(ref.id) == 2
+    spread = chord([on(A, jobs.mul).s(i, 1) for i in range(12)], jobs.total.s()).enqueue()
+    assert len({info.shard for info in flows.members(spread.id, B)[:-1]}) == 3
+    wide.resize(1)
+    assert layouts.settle(wide.client, A, 3) is None  # (jobs wait on its retiring shards)
+    run_queues(A, B)
+    assert ref.result(timeout=5) == {"args": [list(range(5))], "kwargs": {}}
+    assert spread.result(timeout=5) == sum(range(12))
+    assert layouts.settle(wide.client, A, 3) is not None
 
 
 @pytest.mark.django_db(transaction=True)  # (the flow is written at once, not at a commit)
