@@ -96,14 +96,14 @@ class Place(NamedTuple):
     """Where a job is: a shard of a queue."""
 
     queue: str
-    index: int
+    shard: int
 
     def seen_from(self, other: Place) -> str:
         """How the flow script on shard `other` names this one: '' itself, its index on the
         same queue, '<queue>#<index>' on another (no queue name holds '#')."""
         if self == other:
             return ""
-        return str(self.index) if self.queue == other.queue else f"{self.queue}#{self.index}"
+        return str(self.shard) if self.queue == other.queue else f"{self.queue}#{self.shard}"
 
 
 Outcome = tuple[str, str]
@@ -244,7 +244,7 @@ class Writing:
         pipe = client.pipeline(transaction=False)
         for job_id in ids:
             for place in spots[self.home[job_id]]:
-                pipe.exists(self.queues[place.queue].shard(place.index).job(job_id))
+                pipe.exists(self.queues[place.queue].shard(place.shard).job(job_id))
         found = iter(pipe.execute())
         held: dict[str, Place] = {}
         for job_id in ids:
@@ -283,13 +283,13 @@ class Writing:
                               [(member, slot, pol, "" if (away := where.get(member)) is None
                                 else away.seen_from(place)) for member, slot, pol in node.members])
                 for node, job in batch]
-        reply = calls.flow(queue.client, queue.shard(place.index), self.flow,
+        reply = calls.flow(queue.client, queue.shard(place.shard), self.flow,
                            round(get_config().retention * 1000), "again" if self.again else "new",
                            jobs, self.outcomes, links, options=queue.options)
         if reply.moved:
             return False
         if not reply.listed:
-            layouts.list_queue(queue.client, queue.name, place.index, queue.layout().live)
+            layouts.list_queue(queue.client, queue.name, place.shard, queue.layout().live)
         self.written += reply.written
         self.placed.update((str(job.job_id), place) for _, job in batch)
         self.todo = [item for item in self.todo if where[item[1].job_id] != place]
@@ -297,7 +297,7 @@ class Writing:
         self.linked.update((member, str(job.job_id)) for node, job in batch  # (written here)
                            for member, _, _ in node.members if where.get(member) in (None, place))
         if reply.forwarded:  # (a link to a member that had finished: its outcome, delivered now)
-            relay.relay_shard(queue, place.index)
+            relay.relay_shard(queue, place.shard)
         return True
 
     def links_due(self, place: Place, where: Mapping[str, Place | None]) -> list[list[Any]]:
@@ -346,8 +346,8 @@ def placement(todo: Sequence[tuple[Node, Prepared]], lives: Mapping[str, int],
             for member, _, _ in node.members:
                 found = where[member] if member in where else locate(member)
                 where[member] = found
-                if found is not None and found.queue == name and found.index < live:
-                    shards[found.index] += 1  # (not one draining: it takes no job)
+                if found is not None and found.queue == name and found.shard < live:
+                    shards[found.shard] += 1  # (not one draining: it takes no job)
             where[job.job_id] = Place(name, shards.most_common(1)[0][0] if shards
                                       else layouts.place(job.job_id, "", "", live))
         else:

@@ -120,7 +120,7 @@ def write_flow(queue: Queue, nodes: Sequence[graph.Node], prepared: Sequence[Pre
     written, placed = [], {}
     for position, (node, job) in enumerate(zip(nodes, prepared, strict=True), 1):
         at = where[job.job_id]
-        placed[job.job_id] = index = 0 if at is None else at.index
+        placed[job.job_id] = index = 0 if at is None else at.shard
         row = _columns(queue, job, index, now)
         if node.members:
             row["state"] = State.WAITING

@@ -41,8 +41,7 @@ def on(name: str, handler: Any) -> Any:
     return handler.using(queue=name)
 
 
-def test_a_chord_with_members_on_one_queue_calls_back_on_the_other_once_in_order(
-        valkey_url: str) -> None:
+def test_a_chord_with_members_on_one_queue_calls_back_on_the_other_once_in_order(valkey_url: str) -> None:
     ref = chord([on(A, jobs.mul).s(i, 1) for i in range(30)], jobs.echo.s()).enqueue()
     assert ref.queue == B and Queue(B).get(ref.id).state == "waiting"  # type: ignore[union-attr]
     assert Queue(A).counts()["pending"] == 30 and Queue(B).counts()["pending"] == 0
@@ -66,8 +65,9 @@ def test_a_group_across_queues_lists_its_results_in_order(valkey_url: str) -> No
     assert [r.queue for r in ref.refs] == [B, A, B]
     run_queues(A, B)
     assert ref.result(timeout=5) == [2, 4, 6]
-    nested = chain(on(A, jobs.add).s(1, 1), group([jobs.mul.s(2), on(A, jobs.mul).s(3)]),
-                   jobs.total.s()).enqueue()
+    nested = chain(
+        on(A, jobs.add).s(1, 1), group([jobs.mul.s(2), on(A, jobs.mul).s(3)]), jobs.total.s()
+    ).enqueue()
     run_queues(A, B)
     assert nested.result(timeout=5) == 10
 
@@ -84,12 +84,15 @@ def test_depends_on_a_job_of_another_queue(valkey_url: str) -> None:
         gone(1, 1)
 
 
-@pytest.mark.parametrize(("policy", "expected"), [("fail", "cancelled"), ("ignore", "ran"),
-                                                  ("continue", "ran")])
+@pytest.mark.parametrize(
+    ("policy", "expected"), [("fail", "cancelled"), ("ignore", "ran"), ("continue", "ran")]
+)
 def test_a_members_failure_on_one_queue_rules_its_callback_on_the_other(
-        valkey_url: str, policy: str, expected: str) -> None:
-    ref = chord([on(A, jobs.fails_with).s("bad"), on(A, jobs.add).s(1, 1)], jobs.total.s(),
-                on_failure=policy).enqueue()
+    valkey_url: str, policy: str, expected: str
+) -> None:
+    ref = chord(
+        [on(A, jobs.fails_with).s("bad"), on(A, jobs.add).s(1, 1)], jobs.total.s(), on_failure=policy
+    ).enqueue()
     run_queues(A, B)
     info = Queue(B).get(ref.id)
     assert info is not None
@@ -104,8 +107,7 @@ def test_a_members_failure_on_one_queue_rules_its_callback_on_the_other(
         assert two == 2 or (policy == "continue" and two is None)
 
 
-def test_an_operator_cancels_a_flow_across_queues_and_retries_a_failed_member(
-        valkey_url: str) -> None:
+def test_an_operator_cancels_a_flow_across_queues_and_retries_a_failed_member(valkey_url: str) -> None:
     ref = chord([on(A, jobs.add).s(i, i) for i in range(4)], jobs.total.s()).enqueue()
     found = flows.members(ref.id, B)
     assert [info.queue for info in found] == [A] * 4 + [B]
@@ -127,8 +129,7 @@ def test_an_operator_cancels_a_flow_across_queues_and_retries_a_failed_member(
     assert span.startswith("0x") and two == 2
 
 
-def test_a_member_that_expires_on_one_queue_cancels_its_dependent_on_the_other(
-        valkey_url: str) -> None:
+def test_a_member_that_expires_on_one_queue_cancels_its_dependent_on_the_other(valkey_url: str) -> None:
     ref = chain(on(A, jobs.add).using(expires=0.05).s(1, 2), jobs.mul.s(2)).enqueue()
     first = flows.members(ref.id, B)[0]
     end = first.expires_at
@@ -147,8 +148,7 @@ def test_either_queue_resized_while_a_flow_across_them_runs(valkey_url: str) -> 
     the resize settles only once it has run."""
     wide = Queue(A)
     lane = next(f"l{n}" for n in range(1000) if placement_hash(f"l{n}") % 3 == 2)
-    ref = chord([jobs.mul.s(i, 1) for i in range(5)],
-                on(A, jobs.echo).using(lane=lane).s()).enqueue()
+    ref = chord([jobs.mul.s(i, 1) for i in range(5)], on(A, jobs.echo).using(lane=lane).s()).enqueue()
     assert wide.locate(ref.id) == 2
     spread = chord([on(A, jobs.mul).s(i, 1) for i in range(12)], jobs.total.s()).enqueue()
     assert len({info.shard for info in flows.members(spread.id, B)[:-1]}) == 3
@@ -162,7 +162,8 @@ def test_either_queue_resized_while_a_flow_across_them_runs(valkey_url: str) -> 
 
 @pytest.mark.django_db(transaction=True)  # (the flow is written at once, not at a commit)
 def test_the_flow_page_lists_the_jobs_of_both_queues_with_their_queue(
-        valkey_url: str, admin_client: Client) -> None:
+    valkey_url: str, admin_client: Client
+) -> None:
     ref = chord([on(A, jobs.add).s(i, 1) for i in range(3)], jobs.total.s()).enqueue()
     base = "/admin/jobqueue/job/live"
     for name in (A, B):
@@ -184,8 +185,7 @@ def test_a_flow_naming_an_unknown_queue_is_refused_and_stores_nothing(valkey_url
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_flow_across_queues_with_a_durable_one_is_refused_and_stores_nothing(
-        settings: Any) -> None:
+def test_a_flow_across_queues_with_a_durable_one_is_refused_and_stores_nothing(settings: Any) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {"default": {}, "durable": {"durable": True}}}
     conf.reset()
     with pytest.raises(InvalidFlow, match="durable queue 'durable'"):

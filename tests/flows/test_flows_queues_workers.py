@@ -36,21 +36,32 @@ def two_queues(valkey_url: str, settings: Any) -> str:
 
 
 def worker(url: str, queue: str, log: Path) -> Any:
-    return start_worker(url, "--queues", queue, "--concurrency", "4", log=log,
-                        env={"JOBQUEUE_TEST_QUEUES": json.dumps(QUEUES)})
+    return start_worker(
+        url,
+        "--queues",
+        queue,
+        "--concurrency",
+        "4",
+        log=log,
+        env={"JOBQUEUE_TEST_QUEUES": json.dumps(QUEUES)},
+    )
 
 
-def test_each_job_of_a_chain_across_queues_runs_on_its_queues_worker(two_queues: str,
-                                                                     tmp_path: Path) -> None:
-    ref = chain(jobs.add.using(queue="work").s(2, 3), jobs.mul.using(queue="report").s(4),
-                jobs.mul.using(queue="work").s(10)).enqueue()
+def test_each_job_of_a_chain_across_queues_runs_on_its_queues_worker(two_queues: str, tmp_path: Path) -> None:
+    ref = chain(
+        jobs.add.using(queue="work").s(2, 3),
+        jobs.mul.using(queue="report").s(4),
+        jobs.mul.using(queue="work").s(10),
+    ).enqueue()
     log = tmp_path / "workers.log"
     procs = [worker(two_queues, "work", log), worker(two_queues, "report", log)]
     try:
         assert ref.result(timeout=60) == 200
-        assert [(info.queue, info.worker.split(":")[0] != "") for info in
-                flows.members(ref.id, "work")] == [("work", True), ("report", True),
-                                                   ("work", True)]
+        assert [(info.queue, info.worker.split(":")[0] != "") for info in flows.members(ref.id, "work")] == [
+            ("work", True),
+            ("report", True),
+            ("work", True),
+        ]
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGKILL)
@@ -58,14 +69,17 @@ def test_each_job_of_a_chain_across_queues_runs_on_its_queues_worker(two_queues:
 
 
 def test_a_chord_across_queues_calls_back_once_in_order_though_workers_are_killed(
-        two_queues: str, tmp_path: Path) -> None:
+    two_queues: str, tmp_path: Path
+) -> None:
     url, effects = two_queues, _client(two_queues)
     header = [jobs.square_slowly.using(queue="work", lease=1).s(i, 0.01) for i in range(MEMBERS)]
     ref = chord(header, jobs.record_chord.using(queue="report", lease=1).s(url)).enqueue()
     assert ref.queue == "report"
     work, log = Queue("work"), tmp_path / "workers.log"
-    procs = {"work": [worker(url, "work", log), worker(url, "work", log)],
-             "report": [worker(url, "report", log)]}
+    procs = {
+        "work": [worker(url, "work", log), worker(url, "work", log)],
+        "report": [worker(url, "report", log)],
+    }
     try:
         for share, name in ((MEMBERS // 3, "work"), (2 * MEMBERS // 3, "report")):
             wait_for(lambda share=share: work.counts()["succeeded"] >= share, timeout=120)
