@@ -356,14 +356,24 @@ def _by_position(queue: Queue, keys: list[str], held: list[int], low: int, high:
 def waits_of(queue: Queue, jobs: list[JobInfo], where: Mapping[str, str] | None = None
              ) -> dict[str, Waits]:
     """What each of these waiting jobs still waits for (how many, and up to WAITS_SHOWN ids,
-    each on its queue: `where`'s, else the waiting job's), read in one pipeline."""
+    each with its queue: `where`'s, else the waiting job's when one of its shards holds it,
+    else '': a job of another queue, linked through the find page), in two pipelines."""
     pipe = queue.client.pipeline(transaction=False)
     for job in jobs:
         key = ShardKeys(job.queue, job.shard).key(f"deps:{job.id}")
         pipe.scard(key).srandmember(key, WAITS_SHOWN)
     replies = pipe.execute()
-    found = {}
-    for job, count, shown in zip(jobs, replies[0::2], replies[1::2], strict=True):
-        ids = tuple(sorted(shown))
-        found[job.id] = Waits(int(count), ids, tuple((where or {}).get(i, job.queue) for i in ids))
-    return found
+    shown = {job.id: tuple(sorted(ids)) for job, ids in zip(jobs, replies[1::2], strict=True)}
+    where = where or {}
+    widths = {name: Queue(name, client=queue.client).all_shards() for name in {j.queue for j in jobs}}
+    asked = [(job.queue, index, member) for job in jobs for member in shown[job.id]
+             if member not in where for index in range(widths[job.queue])]
+    pipe = queue.client.pipeline(transaction=False)
+    for name, index, member in asked:
+        pipe.exists(ShardKeys(name, index).job(member))
+    held = {(name, member) for (name, _, member), there in zip(asked, pipe.execute(), strict=True)
+            if there}
+    return {job.id: Waits(int(count), shown[job.id],
+                          tuple(where.get(i, job.queue if (job.queue, i) in held else "")
+                                for i in shown[job.id]))
+            for job, count in zip(jobs, replies[0::2], strict=True)}
