@@ -5,7 +5,9 @@ result backend) as references when they are installed.
 For each system and round: the fan-out's rate (N over the time from the enqueue to the
 callback's start) and the gap from the last member's finish to the callback's start (members
 return when they finished; the callback compares with its own start). For jobqueue also:
-`result()`'s wake-up latency after its job's finish (the row's finished_at, on the same clock).
+`result()`'s wake-up latency after its job's finish (the row's finished_at, on the same clock),
+and the same chord with its callback on another queue (`report`, served by a worker of its own:
+a flow across queues, each member's "done" relayed to the callback's queue).
 
     .venv/bin/python bench/flows.py [--members 1000] [--rounds 5] [--concurrency 16] [--no-peers]
 """
@@ -52,27 +54,45 @@ def started(argv: list[str], environ: dict[str, str]) -> Iterator[None]:
             proc.wait()
 
 
-def jobqueue_rounds(url: str, members: int, rounds: int, concurrency: int) -> tuple[list[Round], list[float]]:
-    """The chord's rounds, then result()'s wake-up latencies (ms)."""
+def worker_of(queue: str, concurrency: int) -> list[str]:
+    return [sys.executable, "manage.py", "runworker", "--workers", "1", "--queues", queue,
+            "--concurrency", str(concurrency)]
+
+
+def chord_rounds(members: int, rounds: int, callback_queue: str) -> list[Round]:
+    """The chord's rounds, its callback on `callback_queue` (its members on `default`)."""
+    from benchapp import jobs
+
+    from jobqueue import chord
+
+    out: list[Round] = []
+    callback = jobs.flow_callback.using(queue=callback_queue)
+    for _ in range(rounds):
+        t0 = time.time()
+        ref = chord([jobs.flow_member.s(i) for i in range(members)], callback.s()).enqueue()
+        got = ref.result(timeout=600)
+        out.append((members / (got["started"] - t0), got["gap_ms"]))
+    return out
+
+
+def jobqueue_rounds(url: str, members: int, rounds: int, concurrency: int
+                    ) -> tuple[list[Round], list[Round], list[float]]:
+    """The chord's rounds, those of the chord whose callback is on another queue, then
+    result()'s wake-up latencies (ms)."""
     os.environ.update(env(url))
     import django
 
     django.setup()
     from benchapp import jobs
 
-    from jobqueue import chord, get_job
+    from jobqueue import get_job
 
-    out: list[Round] = []
-    worker = [sys.executable, "manage.py", "runworker", "--workers", "1", "--queues", "default",
-              "--concurrency", str(concurrency)]
-    with started(worker, env(url)):
+    with started(worker_of("default", concurrency), env(url)):
         jobs.noop.enqueue().result(timeout=60)  # the worker is up
-        for _ in range(rounds):
-            t0 = time.time()
-            ref = chord([jobs.flow_member.s(i) for i in range(members)],
-                        jobs.flow_callback.s()).enqueue()
-            got = ref.result(timeout=600)
-            out.append((members / (got["started"] - t0), got["gap_ms"]))
+        out = chord_rounds(members, rounds, "default")
+        with started(worker_of("report", concurrency), env(url)):
+            jobs.noop.using(queue="report").enqueue().result(timeout=60)  # (and known)
+            across = chord_rounds(members, rounds, "report")
         wakes = []
         for _ in range(200):
             ref = jobs.noop.enqueue()
@@ -81,7 +101,7 @@ def jobqueue_rounds(url: str, members: int, rounds: int, concurrency: int) -> tu
             info = get_job(ref.id)
             if info is not None and info.finished_at is not None:
                 wakes.append((woke - info.finished_at.timestamp()) * 1000)
-    return out, wakes
+    return out, across, wakes
 
 
 def bullmq_rounds(url: str, members: int, rounds: int, concurrency: int) -> list[Round]:
@@ -135,8 +155,9 @@ def main() -> None:
     print(f"\nA chord of {args.members} members, {args.rounds} rounds, concurrency "
           f"{args.concurrency} (median over rounds)")
     with valkey() as url:
-        rows, wakes = jobqueue_rounds(url, args.members, args.rounds, args.concurrency)
+        rows, across, wakes = jobqueue_rounds(url, args.members, args.rounds, args.concurrency)
         show("jobqueue chord", rows)
+        show("jobqueue chord, 2 queues", across)
     for name, run in peers:
         with valkey() as url:
             show(name, run(url, args.members, args.rounds, args.concurrency))

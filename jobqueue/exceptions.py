@@ -86,5 +86,5 @@ class JobTimeout(JobQueueError):
 
 class InvalidFlow(JobQueueError, ValueError):
     """A flow or a dependency that cannot be built: a cycle, an unknown or finished-and-gone
-    member, an empty group, a step that cannot take the previous result, jobs of several
-    queues."""
+    member, an empty group, a step that cannot take the previous result, a flow across queues
+    that names a durable queue or an unknown one."""

@@ -8,7 +8,10 @@
 
 A composite, however nested, compiles (`_Build`) to one list of `graph.Node`s, each waiting only
 for nodes before it, placed on its queue's shards as `jobqueue.flows.graph` says (a group's
-members spread over them, a chain keeps to one) and written one script call per shard. What a
+members spread over them, a chain keeps to one) and written one script call per shard. Each
+signature's job goes to its own handler's queue (`chord([work.s(i) ...], report.s())` with
+`work` on one queue and `report` on another): a flow may span queues, each job run by its
+queue's workers (graph.py; a durable or unknown queue in such a flow is refused). What a
 part hands on to the jobs that wait for it: a signature its result; a chain its last step's; a
 chord its callback's; a group the list of its members' (a nested group's spliced in, as Celery
 unrolls them), so the step after a group gets a list, as Celery's `group | task` chord does.
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,13 +42,6 @@ from ..exceptions import InvalidFlow
 from ..flows.graph import Node, policy
 from .dispatch import submit_flow
 from .registry import Signature
-
-
-def _queue(steps: Sequence[Signature]) -> Queue:
-    names = {sig.handler.options.queue for sig in steps}
-    if len(names) != 1:
-        raise InvalidFlow(f"a flow's jobs must share one queue; these name {sorted(names)}")
-    return Queue(names.pop())
 
 
 def _parts(items: Iterable[Part], what: str) -> list[Part]:
@@ -138,8 +134,10 @@ class _Build:
         """Compile `part` and write it as one flow: the JobRef of the job whose result is the
         flow's (its id is the flow's), or, when that is a list, a GroupRef (a new flow id)."""
         out = self.add(part, None, "")
-        queue = _queue(self.signatures)
         flow = ids.new_id() if out.many else out.jobs[0][0]
+        # (the flow's queue: its result job's, a group's first one's; each node names its own)
+        first = next(node for node in self.nodes if str(node.spec.job_id) == out.jobs[0][0])
+        queue = Queue(first.queue)
         refs = submit_flow(queue, self.nodes, flow,
                            any(sig.handler.options.immediate for sig in self.signatures))
         by_id = {ref.id: ref for ref in refs}

@@ -86,12 +86,14 @@ def _submit(queue: Queue, specs: list[JobSpec], immediate: bool) -> list[JobRef]
 def submit_flow(queue: Queue, nodes: list[graph.Node], flow: str = "",
                 immediate: bool = False) -> list[JobRef]:
     """Enqueue a flow (graph.py) now, or — inside a transaction — once it commits, as `submit`
-    does; its refs either way (ids are minted now). A durable queue's flow is first written to
-    the database (in the transaction, if any) and reaches Valkey after the commit: outbox.py
+    does; its refs either way (ids are minted now). `queue`: the flow's; each node may name
+    another (a flow across queues: never a durable one, `graph.checked`). A durable queue's
+    flow is first written to the database (in the transaction, if any) and reaches Valkey
+    after the commit: outbox.py
     (inside a transaction on another alias than the rows' own, both after the commit, as
     `submit` does; a dependency on a job the database lacks is then logged, not raised)."""
     prepared = graph.checked(queue, nodes)
-    refs = [JobRef(job.job_id, queue.name) for job in prepared]
+    refs = graph.refs(queue, nodes, prepared)
     if queue.options.durable and outbox.elsewhere():
         def write_and_push() -> None:
             shards = _written(lambda: outbox.write_flow(queue, nodes, prepared, flow), refs)

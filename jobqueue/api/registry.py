@@ -46,6 +46,8 @@ class JobOptions:
     spec: Mapping[str, Any] = field(default_factory=dict)
     after: tuple[str, ...] = ()
     """Ids of the jobs it waits for (`depends_on`): it runs once they are done."""
+    after_queues: tuple[tuple[str, str], ...] = ()
+    """(id, queue) of those `depends_on` named by a ref of another queue than `queue`."""
     on_failure: str | None = None
     """What a failed dependency does to it (`graph.POLICIES`); None: "fail"."""
 
@@ -73,16 +75,19 @@ class JobFunction:
               depends_on: Iterable[JobRef | str] | None = None, on_failure: str | None = None,
               **spec: Any) -> JobFunction:
         """A copy with per-call options (lane, priority, delay, run_after, max_attempts,
-        unique_key, debounce, expires, …); `depends_on` (refs or ids of jobs of the same queue)
-        makes its jobs wait for those, `on_failure` says what a failed one does to them
-        ("fail", "ignore", "continue")."""
+        unique_key, debounce, expires, …); `depends_on` (refs, of any queue, or ids of jobs of
+        its own queue) makes its jobs wait for those, `on_failure` says what a failed one does
+        to them ("fail", "ignore", "continue")."""
         _check_spec_options(spec)
+        after = None if depends_on is None else _refs(depends_on)
         options = replace(
             self.options,
             queue=self.options.queue if queue is None else validate_queue(queue),
             immediate=self.options.immediate if immediate is None else immediate,
             spec={**self.options.spec, **spec},
-            after=self.options.after if depends_on is None else _ids(depends_on),
+            after=self.options.after if after is None else tuple(job_id for job_id, _ in after),
+            after_queues=self.options.after_queues if after is None
+            else tuple((job_id, name) for job_id, name in after if name),
             on_failure=self.options.on_failure if on_failure is None else graph.policy(on_failure),
         )
         return JobFunction(self.func, self.name, options)
@@ -106,8 +111,8 @@ class JobFunction:
         policy = self.options.on_failure or "f"
         members = tuple((member, slot, policy) for slot, member in enumerate(self.options.after))
         nodes = [graph.Node(JobSpec(payload, **self.options.spec)._replace(
-            job_id=self.options.spec.get("job_id") or ids.new_id()), members)
-            for payload in payloads]
+            job_id=self.options.spec.get("job_id") or ids.new_id()), members,
+            queue=self.options.queue, away=self.options.after_queues) for payload in payloads]
         return submit_flow(Queue(self.options.queue), nodes, "", self.options.immediate)
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[JobRef]:
@@ -183,7 +188,8 @@ class Signature:
         after = tuple((member, slot + len(members), own)
                       for slot, member in enumerate(handler.options.after))
         return graph.Node(spec._replace(job_id=spec.job_id or ids.new_id()), (*members, *after),
-                        takes, len(members) if takes == "list" else int(bool(takes)))
+                          takes, len(members) if takes == "list" else int(bool(takes)),
+                          queue=handler.options.queue, away=handler.options.after_queues)
 
 
 def _check_takes(handler: JobFunction, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -196,11 +202,13 @@ def _check_takes(handler: JobFunction, args: Sequence[Any], kwargs: Mapping[str,
                           f"argument: {exc}") from None
 
 
-def _ids(refs: Iterable[JobRef | str]) -> tuple[str, ...]:
-    """The job ids `depends_on` names (refs or ids), checked."""
+def _refs(refs: Iterable[JobRef | str]) -> list[tuple[str, str]]:
+    """The jobs `depends_on` names (refs or ids), checked: (id, its queue; '' for an id
+    alone, a job of the dependent's own queue)."""
     if isinstance(refs, (str, JobRef)):
         refs = [refs]
-    return tuple(ids.validate_job_id(ref.id if isinstance(ref, JobRef) else ref) for ref in refs)
+    return [(ids.validate_job_id(ref.id), ref.queue) if isinstance(ref, JobRef)
+            else (ids.validate_job_id(ref), "") for ref in refs]
 
 
 def _split(call: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:

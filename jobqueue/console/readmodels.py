@@ -7,7 +7,7 @@ fast at a million jobs. Writes go through `Queue`'s transitions, never through t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +16,7 @@ from .. import ids
 from ..engine import backlog
 from ..engine.store import JobInfo, Queue
 from ..exceptions import JobQueueError
+from ..flows.members import spots as flow_spots
 from ..keys import ShardKeys
 from ..spec import rate as spec_rate
 from ..states import State
@@ -147,15 +148,21 @@ def rows_of(queue: Queue, placed: list[tuple[int, str]], fields: tuple[str, ...]
             ) -> list[JobInfo]:
     """The `fields` of the jobs at (shard, id), read in one pipeline, in that order; jobs whose
     row is gone are left out."""
+    return rows_at(queue, [(queue, index, job_id) for index, job_id in placed], fields)
+
+
+def rows_at(queue: Queue, placed: list[tuple[Queue, int, str]],
+            fields: tuple[str, ...] = LIST_FIELDS) -> list[JobInfo]:
+    """`rows_of` for jobs of any queue, at (queue, shard, id), read in one pipeline on
+    `queue`'s client."""
     pipe = queue.client.pipeline(transaction=False)
-    for index, job_id in placed:
-        pipe.hmget(queue.shard(index).job(job_id), fields)
+    for q, index, job_id in placed:
+        pipe.hmget(q.shard(index).job(job_id), fields)
     rows = []
-    for (index, job_id), values in zip(placed, pipe.execute(), strict=True):
+    for (q, index, job_id), values in zip(placed, pipe.execute(), strict=True):
         row = {k: v for k, v in zip(fields, values, strict=True) if v is not None}
         if row:
-            rows.append(JobInfo.from_row(job_id, queue.name, row, index,
-                                         queue.options.max_attempts))
+            rows.append(JobInfo.from_row(job_id, q.name, row, index, q.options.max_attempts))
     return rows
 
 
@@ -300,6 +307,13 @@ class Waits:
 
     count: int = 0
     ids: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+    """The queue of each of `ids` (a flow may span queues)."""
+
+    @property
+    def shown(self) -> list[tuple[str, str]]:
+        """(id, queue) of the jobs shown."""
+        return list(zip(self.ids, self.queues, strict=True))
 
     @property
     def more(self) -> int:
@@ -324,53 +338,72 @@ class FlowPage:
 
 def flow_page(queue: Queue, flow_id: str, number: int, per_page: int = FLOW_PAGE) -> FlowPage:
     """Page `number` of a flow, its jobs in the flow's order (positions 1…n, over every shard
-    that holds some), read in a handful of pipelines whatever the flow's size. A page of the
-    flow's jobs shows each one's handler, so it reads their payloads (a page's worth only)."""
+    that holds some, of `queue` and of every other queue a flow may span: `flows.members.spots`),
+    read in a handful of pipelines whatever the flow's size. A page of the flow's jobs shows
+    each one's handler, so it reads their payloads (a page's worth only)."""
     ids.validate_job_id(flow_id)
-    keys = [queue.shard(index).key(f"flow:{flow_id}") for index in range(queue.all_shards())]
+    spots = flow_spots(queue)
+    keys = [q.shard(index).key(f"flow:{flow_id}") for q, index in spots]
     pipe = queue.client.pipeline(transaction=False)
     for key in keys:
         pipe.zcard(key).zrevrange(key, 0, 0, withscores=True).zscore(key, flow_id)
     replies = pipe.execute()
     sizes, tops, callback_at = replies[0::3], replies[1::3], replies[2::3]
-    shards = [index for index, size in enumerate(sizes) if size]
+    held = [n for n, size in enumerate(sizes) if size]
     highest = max((int(top[0][1]) for top in tops if top), default=0)
     last = max((highest + per_page - 1) // per_page, 1)
     number = min(max(number, 1), last)
-    placed = _by_position(queue, keys, shards, (number - 1) * per_page + 1, number * per_page)
+    placed = _by_position(queue, keys, held, (number - 1) * per_page + 1, number * per_page)
     where = {job_id: position for position, _, job_id in placed}
-    rows = rows_of(queue, [(index, job_id) for _, index, job_id in placed],
+    rows = rows_at(queue, [(*spots[n], job_id) for _, n, job_id in placed],
                    (*LIST_FIELDS, "payload"))
-    waits = waits_of(queue, [row for row in rows if row.state == State.WAITING])
-    counted = _by_position(queue, keys, shards, 1, MAX_FLOW_COUNTED)
+    counted = _by_position(queue, keys, held, 1, MAX_FLOW_COUNTED)
+    waits = waits_of(queue, [row for row in rows if row.state == State.WAITING],
+                     {job_id: spots[n][0].name for _, n, job_id in counted})
     pipe = queue.client.pipeline(transaction=False)
-    for _, index, job_id in counted:
-        pipe.hget(queue.shard(index).job(job_id), "state")
+    for _, n, job_id in counted:
+        q, index = spots[n]
+        pipe.hget(q.shard(index).job(job_id), "state")
     by_state = Counter(state for state in pipe.execute() if state)
-    callback = [(index, flow_id) for index in shards if callback_at[index] is not None]
+    callback = [(*spots[n], flow_id) for n in held if callback_at[n] is not None]
     return FlowPage([(where[row.id], row, waits.get(row.id, Waits())) for row in rows],
                     sum(sizes), dict(by_state), len(counted),
-                    next(iter(rows_of(queue, callback[:1])), None), number, last)
+                    next(iter(rows_at(queue, callback[:1])), None), number, last)
 
 
-def _by_position(queue: Queue, keys: list[str], shards: list[int], low: int, high: int
+def _by_position(queue: Queue, keys: list[str], held: list[int], low: int, high: int
                  ) -> list[tuple[int, int, str]]:
-    """(position, shard, id) of a flow's jobs at positions low…high, in order."""
+    """(position, spot, id) of a flow's jobs at positions low…high, in order (`held`: the
+    spots, indexes into `keys`, that hold some)."""
     pipe = queue.client.pipeline(transaction=False)
-    for index in shards:
-        pipe.zrangebyscore(keys[index], low, high, withscores=True)
-    return sorted((int(position), index, job_id) for index, found in zip(shards, pipe.execute(),
-                                                                          strict=True)
+    for n in held:
+        pipe.zrangebyscore(keys[n], low, high, withscores=True)
+    return sorted((int(position), n, job_id) for n, found in zip(held, pipe.execute(),
+                                                                 strict=True)
                   for job_id, position in found)
 
 
-def waits_of(queue: Queue, jobs: list[JobInfo]) -> dict[str, Waits]:
-    """What each of these waiting jobs still waits for (how many, and up to WAITS_SHOWN ids),
-    read in one pipeline."""
+def waits_of(queue: Queue, jobs: list[JobInfo], where: Mapping[str, str] | None = None
+             ) -> dict[str, Waits]:
+    """What each of these waiting jobs still waits for (how many, and up to WAITS_SHOWN ids,
+    each with its queue: `where`'s, else the waiting job's when one of its shards holds it,
+    else '': a job of another queue, linked through the find page), in two pipelines."""
     pipe = queue.client.pipeline(transaction=False)
     for job in jobs:
-        key = queue.shard(job.shard).key(f"deps:{job.id}")
+        key = ShardKeys(job.queue, job.shard).key(f"deps:{job.id}")
         pipe.scard(key).srandmember(key, WAITS_SHOWN)
     replies = pipe.execute()
-    return {job.id: Waits(int(count), tuple(sorted(shown)))
-            for job, count, shown in zip(jobs, replies[0::2], replies[1::2], strict=True)}
+    shown = {job.id: tuple(sorted(ids)) for job, ids in zip(jobs, replies[1::2], strict=True)}
+    where = where or {}
+    widths = {name: Queue(name, client=queue.client).all_shards() for name in {j.queue for j in jobs}}
+    asked = [(job.queue, index, member) for job in jobs for member in shown[job.id]
+             if member not in where for index in range(widths[job.queue])]
+    pipe = queue.client.pipeline(transaction=False)
+    for name, index, member in asked:
+        pipe.exists(ShardKeys(name, index).job(member))
+    held = {(name, member) for (name, _, member), there in zip(asked, pipe.execute(), strict=True)
+            if there}
+    return {job.id: Waits(int(count), shown[job.id],
+                          tuple(where.get(i, job.queue if (job.queue, i) in held else "")
+                                for i in shown[job.id]))
+            for job, count in zip(jobs, replies[0::2], strict=True)}

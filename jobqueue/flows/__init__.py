@@ -1,6 +1,6 @@
-"""A flow once composed: its graph written on its queue's shards (graph.py), its members'
-outcomes relayed across shards (relay.py: the `:forward` streams and the deliver script), its
-jobs listed or cancelled (members.py). Composing flows (chain, group, chord) is the api's.
+"""A flow once composed: its graph written on its queues' shards (graph.py), its members'
+outcomes relayed across shards and queues (relay.py: the `:forward` streams and the deliver
+script), its jobs listed or cancelled (members.py). Composing flows (chain, group, chord) is the api's.
 
 May import: the engine, models, the leaves. The one room `__init__` that imports: the docs call
 `jobqueue.flows.members` and `jobqueue.flows.cancel` (after `from jobqueue import flows`).

@@ -1,8 +1,12 @@
 """Delivers "member done" across shards: a flow's member that finished on one shard of a queue
-while a job waiting for it lives on another (graph.py) left, in the same script call that recorded
-its outcome, an entry in its shard's `:forward` STREAM (`forward` in `_flows.lua`). `relay_shard`
-applies each entry on the dependent's shard (`deliver.lua`) and only then deletes it; a
-delivery that ends jobs there (a cascade of cancels) may forward in turn, and is relayed on.
+while a job waiting for it lives on another, of its queue or of another queue (graph.py), left,
+in the same script call that recorded its outcome, an entry in its shard's `:forward` STREAM
+(`forward` in `_flows.lua`; its `shard` the other shard's index, or '<queue>#<index>' for a
+shard of another queue). `relay_shard` applies each entry on the dependent's shard
+(`deliver.lua`) and only then deletes it; a delivery that ends jobs there (a cascade of
+cancels) may forward in turn, from that shard, and is relayed on. A queue's workers relay its
+streams, whichever queue the entries go to: the dependent's queue's workers claim it once
+released, as any job.
 
 Who relays: the worker that recorded the outcome, right after (its ack's or terminal nack's
 answer flags a job that forwarded: `after`); the writer of a flow whose link found a member
@@ -20,7 +24,7 @@ A delivery that brings back a job a member's failure had cancelled (its member, 
 operator, succeeded) makes the workers claim from its shard again (`layouts.reopen`), should a
 resize have retired that shard meanwhile, as an operator's retry of a job there does.
 
-Touches `:forward` (read, delete) and, through `deliver`, the dependents' shards.
+Touches `:forward` (read, delete) and, through `deliver`, the dependents' shards (of any queue).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ..engine import layouts
 from ..engine.scripts import calls
 from ..engine.scripts.answers import Applied, Delivered
 from ..engine.store import Queue
+from ..keys import QUEUE_NAME, ShardKeys
 from ..records import Lease
 
 log = logging.getLogger("jobqueue.relay")
@@ -49,66 +54,84 @@ AOF_WAIT_MS = 2000
 
 
 def relay_shard(queue: Queue, index: int) -> int:
-    """Deliver the entries of shard `index`'s stream (and of the shards their deliveries
-    forwarded to); how many it took off (delivered, or dropped: see `_relay_batch`)."""
-    delivered, todo = 0, [(index, "-")]
+    """Deliver the entries of shard `index`'s stream (and of the shards, of any queue, their
+    deliveries forwarded to); how many it took off (delivered, or dropped: see
+    `_relay_batch`)."""
+    queues = {queue.name: queue}
+    delivered, todo = 0, [(queue.name, index, "-")]
     while todo:
-        shard, start = todo.pop()
-        count, onward, last = _relay_batch(queue, shard, start)
+        name, shard, start = todo.pop()
+        count, onward, last = _relay_batch(queues[name], shard, start, queues)
         delivered += count
-        todo.extend((i, "-") for i in onward if all(i != s for s, _ in todo))
+        todo.extend((q, i, "-") for q, i in onward
+                    if all((q, i) != (tq, ts) for tq, ts, _ in todo))
         if last is not None:  # (a full batch: read on after it)
-            todo.append((shard, "(" + last))
+            todo.append((name, shard, "(" + last))
     return delivered
 
 
-def _relay_batch(queue: Queue, index: int, start: str) -> tuple[int, set[int], str | None]:
+def target(queue: Queue, raw: str) -> tuple[str, int] | None:
+    """The shard an entry's `shard` field names: (queue, index); None when malformed."""
+    if raw.isdigit():
+        return queue.name, int(raw)
+    name, mark, index = raw.rpartition("#")
+    if mark and index.isdigit() and QUEUE_NAME.fullmatch(name):
+        return name, int(index)
+    return None
+
+
+def _relay_batch(queue: Queue, index: int, start: str, queues: dict[str, Queue]
+                 ) -> tuple[int, set[tuple[str, int]], str | None]:
     """One batch of a stream from `start`: (delivered, shards that forwarded in turn, the last
-    entry's id when the batch was full)."""
+    entry's id when the batch was full). `queues`: the queues met so far, by name (one more
+    is added for a delivery to another queue)."""
     client, key = queue.client, queue.shard(index).key("forward")
     entries = client.xrange(key, min=start, count=BATCH)
     if not entries:
         return 0, set(), None
-    by_shard: dict[int, list[tuple[str, dict[str, str]]]] = defaultdict(list)
+    by_shard: dict[tuple[str, int], list[tuple[str, dict[str, str]]]] = defaultdict(list)
     gone, onward = [], set()
     for entry_id, fields in entries:
-        if str(fields.get("shard", "")).isdigit() and all(name in fields for name in FIELDS):
-            by_shard[int(fields["shard"])].append((entry_id, fields))
+        aim = target(queue, str(fields.get("shard", "")))
+        if aim is not None and all(name in fields for name in FIELDS):
+            by_shard[aim].append((entry_id, fields))
         else:  # (hand-written or corrupt: it could never be delivered)
             log.warning("queue=%s shard %d: dropped a malformed entry %s", queue.name, index,
                         entry_id)
             gone.append(entry_id)
     retention = round(get_config().retention * 1000)
-    for target, batch in by_shard.items():
+    for (name, shard), batch in by_shard.items():
+        there = queues.get(name) or queues.setdefault(name, Queue(name, client=client))
         # (an entry written before tokens has none: applied as is)
-        items = [(*(fields[name] for name in FIELDS), fields.get("token", ""))
+        items = [(*(fields[field] for field in FIELDS), fields.get("token", ""))
                  for _, fields in batch]
-        reply, kept = _deliver(queue, index, target, retention, items)
+        reply, kept = _deliver(queue.shard(index), there, shard, retention, items)
         if reply.forwarded:
-            onward.add(target)
+            onward.add((name, shard))
         if Applied.WAITS_AGAIN in reply.applied:  # (claimed from there, retired or not)
-            layouts.reopen(queue.client, queue.name, queue.configured, target)
+            layouts.reopen(client, name, there.configured, shard)
         for (entry_id, fields), applied in zip(batch, reply.applied, strict=True):
             if (applied and kept) or _stale(entry_id, retention):
                 gone.append(entry_id)
                 if not applied:
-                    log.warning("queue=%s: job %s never reached shard %d; dropped its member "
-                                "%s's outcome", queue.name, fields["dep"], target, fields["member"])
+                    log.warning("queue=%s: job %s never reached shard %d of queue %s; dropped "
+                                "its member %s's outcome", queue.name, fields["dep"], shard,
+                                name, fields["member"])
     if gone:
         client.xdel(key, *gone)
     return len(gone), onward, entries[-1][0] if len(entries) == BATCH else None
 
 
-def _deliver(queue: Queue, source: int, target: int, retention: int,
+def _deliver(source: ShardKeys, queue: Queue, target: int, retention: int,
              entries: list[tuple[str, ...]]) -> tuple[Delivered, bool]:
-    """The deliver call on shard `target`: (its reply, whether its writes are safe to delete
-    the entries for). On a cluster whose node of `target` is not `source`'s, that node's AOF
-    must hold the delivery first (WAITAOF): were it to restart from an everysec AOF without
-    it while `source`'s node kept the delete, the dependent would wait forever. (One server
-    writes its AOF in order: a lost delivery loses the later delete too.) Not confirmed in
-    time: the entries stay, delivered again (idempotent) at the next relay."""
+    """The deliver call on shard `target` of `queue`: (its reply, whether its writes are safe
+    to delete the entries for). On a cluster whose node of `target` is not `source`'s, that
+    node's AOF must hold the delivery first (WAITAOF): were it to restart from an everysec AOF
+    without it while `source`'s node kept the delete, the dependent would wait forever. (One
+    server writes its AOF in order: a lost delivery loses the later delete too.) Not confirmed
+    in time: the entries stay, delivered again (idempotent) at the next relay."""
     reply, kept = calls.deliver(queue.client, queue.shard(target), retention, entries,
-                                source=queue.shard(source), aof_wait_ms=AOF_WAIT_MS)
+                                source=source, aof_wait_ms=AOF_WAIT_MS)
     if not kept:
         log.warning("queue=%s shard %d: its node's AOF did not confirm a delivery within %d "
                     "ms; the entries stay for the next relay", queue.name, target, AOF_WAIT_MS)

@@ -113,11 +113,14 @@ def write_flow(queue: Queue, nodes: Sequence[graph.Node], prepared: Sequence[Pre
     if missing:
         raise InvalidFlow(f"no job {missing[0]} in durable queue {queue.name!r} to depend on")
     shards = last_read(queue.client, queue.name, queue.configured)
-    where = graph.placement(list(zip(nodes, prepared, strict=True)), shards, {}, rows.get)
+    where = graph.placement(list(zip(nodes, prepared, strict=True)), {queue.name: shards}, {},
+                            lambda m: graph.Place(queue.name, rows[m]) if m in rows else None,
+                            home=queue.name)
     now = datetime.now(UTC)
     written, placed = [], {}
     for position, (node, job) in enumerate(zip(nodes, prepared, strict=True), 1):
-        placed[job.job_id] = index = where[job.job_id] or 0
+        at = where[job.job_id]
+        placed[job.job_id] = index = 0 if at is None else at.shard
         row = _columns(queue, job, index, now)
         if node.members:
             row["state"] = State.WAITING
@@ -159,7 +162,7 @@ def _send(queue: Queue, nodes: Sequence[graph.Node], prepared: list[Prepared], f
 
     where, written = graph.write(queue, nodes, prepared, flow,
                                outcomes=_outcomes(graph.outside(nodes)), again=again, prefer=shards)
-    for job_id, index in where.items():
+    for job_id, (_, index) in where.items():
         if shards.get(job_id) != index:  # (the layout changed since the row was written)
             Job.objects.filter(pk=job_id).update(shard=index)
     return written

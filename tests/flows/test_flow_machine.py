@@ -1,6 +1,7 @@
 """Flows meeting operator actions and expiry, against a model (hypothesis, stateful), on a real
 Valkey and a real cluster: random flows (chain, group, chord, `depends_on`; failure policies,
-lanes, expiry) on a queue of several shards, claimed, acked and failed through `Queue` as a
+lanes, expiry) on a queue of several shards, some of their jobs on a second queue (a flow across
+queues), claimed, acked and failed through `Queue` as a
 worker would (relaying what an outcome forwarded), mixed with an operator's cancel, retry,
 reprioritize, `flows.cancel` and resize, with the maintenance that settles a resize, and with
 time passing a job's expiry. After every step:
@@ -36,7 +37,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobqueue import Queue, chain, chord, conf, flows, group
+from jobqueue import JobRef, Queue, chain, chord, conf, flows, group
 from jobqueue.engine import layouts
 from jobqueue.exceptions import InvalidFlow, InvalidOption, InvalidTransition
 from jobqueue.flows import relay
@@ -46,6 +47,8 @@ from tests.servers import flush_all
 
 NAME = "flowq"
 SHARDS = 2
+OTHER = "flowr"
+"""A second queue (of one shard): some jobs of a flow go there (a flow across queues)."""
 MOST = 12
 """Jobs an example enqueues at most: later steps work, fail and operate on them."""
 FAILED = {"dead", "cancelled", "expired"}
@@ -72,6 +75,7 @@ class Job:
     """Claims per generation."""
     cancelled_with_flow: int | None = None
     """Its generation when an operator cancelled its flow."""
+    queue: str = NAME
     shard: int | None = None
     state: str = "pending"
     succeeded: bool = False
@@ -87,7 +91,8 @@ def signatures(draw: Any, count: int) -> list[dict[str, Any]]:
     return [{"on_failure": draw(st.sampled_from(POLICIES)),
              "lane": draw(st.sampled_from([None, None, "a", "b", "c"])),
              "expires": draw(st.sampled_from([None, None, 3600])),
-             "timeout": draw(st.sampled_from([None, None, 600]))} for _ in range(count)]
+             "timeout": draw(st.sampled_from([None, None, 600])),
+             "queue": draw(st.sampled_from([NAME, NAME, OTHER]))} for _ in range(count)]
 
 
 def machine_for(client: Any) -> type[RuleBasedStateMachine]:
@@ -96,7 +101,9 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
             super().__init__()
             flush_all(client)
             layouts.forget(NAME)
+            layouts.forget(OTHER)
             self.queue = Queue(NAME)
+            self.queues = {NAME: self.queue, OTHER: Queue(OTHER)}
             self.jobs: dict[str, Job] = {}
             self.flows: list[str] = []
             self.leases: list[Lease] = []
@@ -105,12 +112,13 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
 
         def sig(self, options: dict[str, Any], *args: Any) -> Any:
             opts = {k: v for k, v in options.items() if v is not None}
-            return jobs.echo.using(queue=NAME, **opts).s(*args)
+            return jobs.echo.using(**{"queue": NAME, **opts}).s(*args)
 
         def add(self, job_id: str, options: dict[str, Any], args: list[Any], flow: str | None,
                 edges: list[tuple[str, int, str]] | None = None, takes: str = "") -> None:
             self.jobs[job_id] = Job(job_id, edges or [], takes, args, flow,
-                                    options["expires"] is not None)
+                                    options["expires"] is not None,
+                                    queue=options.get("queue") or NAME)
 
         def flow_ids(self, flow_id: str) -> list[str]:
             return [info.id for info in flows.members(flow_id, NAME)]
@@ -122,12 +130,12 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
         def after_step(self) -> int:
             """As the workers would: what outcomes forwarded is delivered (relay.py), then the
             model reads every job's state. How many entries were delivered."""
-            relayed = relay.relay_queue(self.queue)
+            relayed = sum(relay.relay_queue(queue) for queue in self.queues.values())
             pipe = client.pipeline(transaction=False)
             for job in self.jobs.values():
                 if job.shard is None:
-                    job.shard = self.queue.locate(job.id)
-                pipe.hget(self.queue.shard(job.shard or 0).job(job.id), "state")
+                    job.shard = self.queues[job.queue].locate(job.id)
+                pipe.hget(self.queues[job.queue].shard(job.shard or 0).job(job.id), "state")
             for job, state in zip(self.jobs.values(), pipe.execute(), strict=True):
                 job.state = state
                 job.succeeded = job.succeeded or state == "succeeded"
@@ -210,8 +218,9 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
             known = list(self.jobs)
             members = list(dict.fromkeys(known[p % len(known)] for p in picks))
             o = options[0]
-            handler = jobs.echo.using(queue=NAME, depends_on=members,
-                                      **{k: v for k, v in o.items() if v is not None})
+            refs = [JobRef(m, self.jobs[m].queue) for m in members]  # (of either queue)
+            handler = jobs.echo.using(**{"queue": NAME, **{k: v for k, v in o.items()
+                                                           if v is not None}}, depends_on=refs)
             try:
                 ref = handler.enqueue("d")
             except InvalidFlow:  # (a member's row gone: not in this model's time span)
@@ -228,7 +237,8 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
         def claimed(self, count: int) -> int:
             """Claim up to `count` jobs, checked; how many, and how many entries were relayed
             after (a claim may end jobs itself, expired ones, and release others)."""
-            leases = self.queue.dequeue(count=count, worker="w")
+            leases = [lease for queue in self.queues.values()
+                      for lease in queue.dequeue(count=count, worker="w")]
             relayed = self.after_step()
             for lease in leases:
                 self.check_claim(lease)
@@ -250,13 +260,14 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
             if not self.leases:
                 return
             lease = self.leases.pop(pick % len(self.leases))
+            queue = self.queues[lease.queue]
             if ok:
-                [answer] = self.queue.ack_encoded([(lease, f'"{lease.job_id}"')])
+                [answer] = queue.ack_encoded([(lease, f'"{lease.job_id}"')])
                 assert answer, lease
                 if answer.forwarded:
-                    relay.relay_shard(self.queue, lease.shard)
+                    relay.relay_shard(queue, lease.shard)
             else:
-                assert self.queue.nack(lease, "it broke", fatal=True) in ("dead", "cancelled")
+                assert queue.nack(lease, "it broke", fatal=True) in ("dead", "cancelled")
 
         @rule(pick=st.integers(0, 1000))
         def ack(self, pick: int) -> None:
@@ -269,7 +280,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
             if self.leases:
                 index = pick % len(self.leases)
                 self.leases[index] = lease = self.leases[index].started()
-                self.queue.leases.extend_many([lease], 30)
+                self.queues[lease.queue].leases.extend_many([lease], 30)
 
         @rule(pick=st.integers(0, 1000))
         def fail(self, pick: int) -> None:
@@ -281,11 +292,13 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
         def expiry_passes(self, pick: int) -> None:
             job = self.pick(pick, {"pending", "waiting"})
             if job is not None and job.expires:
-                client.hset(self.queue.shard(job.shard or 0).job(job.id), "expires_at", 1)
+                client.hset(self.queues[job.queue].shard(job.shard or 0).job(job.id),
+                            "expires_at", 1)
 
         @rule()
         def maintenance(self) -> None:
-            self.queue.promote()
+            for queue in self.queues.values():
+                queue.promote()
             layouts.settle(client, NAME, SHARDS)
 
         # -- operators ----------------------------------------------------------------------
@@ -295,7 +308,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
             # (mostly a job it can cancel, or one a member's failure cancelled; else any job)
             if (job := self.pick(pick, {*LIVE, "cancelled"} if live else None)) is not None:
                 try:
-                    self.queue.cancel(job.id)
+                    self.queues[job.queue].cancel(job.id)
                 except InvalidTransition:
                     assert job.state not in LIVE, job
 
@@ -303,7 +316,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
         def retry(self, pick: int, failed: bool) -> None:
             if (job := self.pick(pick, FAILED if failed else None)) is not None:
                 try:
-                    self.queue.retry(job.id)
+                    self.queues[job.queue].retry(job.id)
                 except InvalidTransition:
                     assert job.state not in FAILED, job
                     return
@@ -313,7 +326,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
         def reprioritize(self, pick: int, priority: int) -> None:
             if (job := self.pick(pick)) is not None:
                 try:
-                    self.queue.reprioritize(job.id, priority)
+                    self.queues[job.queue].reprioritize(job.id, priority)
                 except InvalidTransition:
                     assert job.state not in LIVE, job
 
@@ -322,7 +335,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
             if not self.flows:
                 return
             flow = self.flows[pick % len(self.flows)]
-            flows.cancel(flow, NAME)
+            flows.cancel(flow, self.jobs[flow].queue if flow in self.jobs else NAME)
             for job in self.jobs.values():
                 if job.flow == flow:
                     job.cancelled_with_flow = job.generation
@@ -354,7 +367,8 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
                        for m in self.deps(job))
 
         def deps(self, job: Job) -> set[str]:
-            return set(client.smembers(self.queue.shard(job.shard or 0).key(f"deps:{job.id}")))
+            return set(client.smembers(self.queues[job.queue].shard(job.shard or 0)
+                                       .key(f"deps:{job.id}")))
 
         @invariant()
         def waiting_jobs_wait_for_something(self) -> None:
@@ -364,7 +378,7 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
                 deps = self.deps(job)
                 assert deps, f"{job.id} waits for nothing"
                 assert not any(self.jobs[m].state == "succeeded" for m in deps), (job, deps)
-            assert self.queue.counts()["waiting"] == len(waiting)
+            assert sum(q.counts()["waiting"] for q in self.queues.values()) == len(waiting)
 
     return FlowMachine
 
@@ -373,7 +387,8 @@ def machine_for(client: Any) -> type[RuleBasedStateMachine]:
 def flow_queue(valkey_url: str, settings: Any) -> Any:
     """The client of the `valkey_url` fixture's server, with a queue of SHARDS shards."""
     settings.JOBQUEUE = {**settings.JOBQUEUE,
-                         "QUEUES": {**settings.JOBQUEUE["QUEUES"], NAME: {"shards": SHARDS}}}
+                         "QUEUES": {**settings.JOBQUEUE["QUEUES"], NAME: {"shards": SHARDS},
+                                    OTHER: {}}}
     conf.reset()
     return conf.get_client()
 
@@ -389,7 +404,8 @@ def test_the_model_reads_the_queue_it_drives(flow_queue: Any) -> None:
     """(The machine's own parts, on one known flow: a chord whose callback ran once with its
     members' results, its flow cancelled after; nothing runs then.)"""
     machine = machine_for(flow_queue)()
-    machine.enqueue_chord([{"on_failure": None, "lane": None, "expires": None}] * 4, 2, None)
+    machine.enqueue_chord([{"on_failure": None, "lane": None, "expires": None, "queue": OTHER}]
+                          * 3 + [{"on_failure": None, "lane": None, "expires": None}], 2, None)
     for _ in range(3):
         machine.claim(3)
         machine.ack(0)

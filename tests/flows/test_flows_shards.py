@@ -241,7 +241,7 @@ def test_a_spread_durable_chord_whose_writer_died_between_its_calls_is_sent_agai
     with transaction.atomic():
         shards = outbox.write_flow(queue, nodes, prepared, flow)
     writing = graph.Writing(queue, list(zip(nodes, prepared, strict=True)), flow, {}, True)
-    where = graph.placement(writing.todo, 4, shards, writing.locate)
+    where = graph.placement(writing.todo, {queue.name: 4}, shards, writing.locate, home=queue.name)
     assert writing.call(graph.order(writing.todo, where)[0], where)  # ... and the writer died
     assert 0 < writing.written < 13 and queue.get(flow).state == "waiting"  # type: ignore[union-attr]
     env = {"JOBQUEUE_TEST_QUEUES": json.dumps(DURABLE)}
@@ -294,10 +294,11 @@ def test_a_member_placed_on_its_dependents_shard_after_a_resize_turned_it_away_i
 
     nodes, prepared = _chain_nodes(four, lane_on(2))
     m, d = (str(node.spec.job_id) for node in nodes)
+    two, three = graph.Place(FOUR, 2), graph.Place(FOUR, 3)
     writing = graph.Writing(four, list(zip(nodes, prepared, strict=True)), "", {}, False)
-    assert writing.call(2, {m: 3, d: 2})  # the dependent first, its member then on shard 3 ...
-    assert writing.call(2, {m: 2, d: 2})  # ... placed again on shard 2 at the next turn
-    writing.links_left({m: 2, d: 2})
+    assert writing.call(two, {m: three, d: two})  # the dependent first, its member then on 3 ...
+    assert writing.call(two, {m: two, d: two})  # ... placed again on shard 2 at the next turn
+    writing.links_left({m: two, d: two})
     [lease] = four.dequeue(count=5)
     assert lease.job_id == m and four.ack_encoded([(lease, "5")]) == [1]  # released in its ack
     assert four.get(d).state == "pending"  # type: ignore[union-attr]

@@ -34,7 +34,7 @@ local function ack_jobs(base, active, done, meta, ring, retention, acks, at, now
       -- this very ack, sent again after its reply was lost: answered as it was (plus 1 when it
       -- forwarded to a dependent on another shard)
       local dependents = redis.call('HGET', jk, 'dependents')
-      local sent = (dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and 1 or 0
+      local sent = (dependents and string.find(dependents, '%w+:%d+:%a:%S')) and 1 or 0
       out[#out + 1] = ((row[1] == 'cancelled') and 3 or 1) + sent
     else
       out[#out + 1] = 0

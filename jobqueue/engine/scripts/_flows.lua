@@ -6,8 +6,11 @@ retry (retry.lua).
   base:results:<id> HASH  a waiting job's members' outcomes by slot (JSON: a result, or an
                           error object for a member that failed under 'ignore' / 'continue')
   base:forward      STREAM "member done" entries for dependents on other shards of the queue
-                          (dep, shard, slot, policy, member, state, value), until a relay
-                          delivers them (deliver.lua, relay.py)
+                          or on another queue's shards (dep, shard, slot, policy, member,
+                          state, value, token), until a relay delivers them (deliver.lua,
+                          relay.py); `shard` is the index of the queue's other shard, or
+                          '<queue>#<index>' for a shard of another queue (no queue name holds
+                          '#', so neither is taken for the other)
 A released job goes on its lane and base:ring, and wakes a worker through base:wake
 (_lanes.lua); a job that comes back waiting writes its event in base:done (STREAM) and keeps
 its flow's index base:flow:<id> (ZSET a flow's jobs on this shard -> their position in it: the
@@ -89,7 +92,8 @@ local function outcome_slot(base, id, state, result, err)
 end
 
 
--- A member finished and a job waiting on it lives on another shard (`shard`) of the queue: the
+-- A member finished and a job waiting on it lives on another shard (`shard`) of the queue, or on
+-- a shard of another queue (`shard` '<queue>#<index>'): the
 -- outcome waits in this shard's base:forward STREAM (written in the member's own script call, so
 -- it is as durable as the outcome) until a relay delivers it there (deliver.lua) and deletes it.
 -- `token`: the member's attempts when it ended (see fenced).
@@ -190,7 +194,8 @@ local function edge_done(base, id, state, slot, dep, index, policy, now, retenti
 end
 
 -- A member of a flow finished: each job waiting on it (`dependents`: '<id>:<slot>:<policy>' for
--- one on this shard, '<id>:<slot>:<policy>:<shard>' for one on another shard of the queue) has
+-- one on this shard, '<id>:<slot>:<policy>:<shard>' for one on another shard of the queue, or
+-- of another queue: '<shard>' is then '<queue>#<index>', as in base:forward) has
 -- the outcome applied here, in the member's own script call (edge_done), or forwarded to its
 -- shard (forward). Returns the jobs of this shard to cancel, and how many outcomes it forwarded
 -- (an ack's answer flags them, so the worker relays at once: relay.py). `err`: a failed
@@ -201,7 +206,8 @@ end
 local function member_done(base, id, state, result, dependents, now, retention_ms, err, token)
   local doomed, sent = {}, 0
   local slot = outcome_slot(base, id, state, result, err)
-  for dep, index, policy, shard in string.gmatch(dependents, '(%w+):(%d+):(%a):?(%d*)') do
+  local edge = '(%w+):(%d+):(%a):?([%w%._%-#]*)'
+  for dep, index, policy, shard in string.gmatch(dependents, edge) do
     if shard ~= '' then
       forward(base, dep, shard, index, policy, id, state, slot, token)
       sent = sent + 1

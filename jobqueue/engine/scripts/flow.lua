@@ -7,7 +7,8 @@ here, or come with its outcome (a durable queue's member that finished and that 
 holds: its database row's); one that already finished is applied at once. A member on another
 shard is only named in the dependent's set here: its edge is written by a link in the call on
 its own shard (graph.py sends that call once the dependent is written). A link adds the edge
-'<dep>:<slot>:<policy>:<shard>' to a member of this shard (written in this call, or held here,
+'<dep>:<slot>:<policy>:<shard>' (`shard`: another shard's index, or '<queue>#<index>' for a
+shard of another queue: a flow across queues) to a member of this shard (written in this call, or held here,
 finished or not: a retry of it may succeed; once only), and for a member that finished already
 (or has a given outcome) forwards that outcome at once (base:forward, relay.py). A link whose
 dependent's shard is '' names a dependent of this shard written by an earlier call (the member
@@ -32,15 +33,16 @@ ARGV[4..] jobs     n, then per job: id, payload (JSON), priority, lane, max_atte
         backoff_ms ('' = the queue's), lease_ms, delay_ms, takes ('' | 'first' | 'list': what
         its members' outcomes become, see release_job), slots (how many), position (in the
         flow's index), d = number of members, then 4 per member: id, slot, policy ('f' fail |
-        'i' ignore | 'c' continue), its shard ('' this one, else the index of the other shard
-        it is on), then its expires_ms (0 = never; else the row's expires_at = now + it, which
+        'i' ignore | 'c' continue), its shard ('' this one, else the other shard it is on: its
+        index, or '<queue>#<index>' on another queue), then its expires_ms (0 = never; else the row's expires_at = now + it, which
         the claim checks), then spent (0, or the tokens a durable job's runs may have used
         before Valkey lost its data: its attempts go on past them, uncharged)
 ARGV[..] outcomes  k = number of outcomes, then 3 per outcome: member id, state ('succeeded' |
         'dead' | 'cancelled' | 'expired'), value (its result as JSON when it succeeded, else its
         last error): used only for a member Valkey does not hold
 ARGV[..] links     l = number of links, then 5 per link: member id (of this shard), dependent id,
-        slot, policy, the dependent's shard ('' this one)
+        slot, policy, the dependent's shard ('' this one, its index on this queue, or
+        '<queue>#<index>' on another queue)
 Returns: {1 when the shard's meta says 'listed' else 0, 'ok', jobs written, entries forwarded},
         or {0, 'moved'} (the shard is draining and jobs were to be written: re-read the
         layout), {0, 'exists', id} (mode 'new': a job id already taken), {0, 'missing', id} (a

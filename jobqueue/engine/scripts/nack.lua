@@ -38,7 +38,7 @@ if row[1] ~= 'active' or row[2] ~= token then
   if row[1] == 'pending' or row[1] == 'scheduled' then return row[1] end
   if row[1] ~= 'dead' and row[1] ~= 'cancelled' then return '' end
   local dependents = redis.call('HGET', jk, 'dependents')
-  return row[1] .. ((dependents and string.find(dependents, '%w+:%d+:%a:%d+')) and ':forwarded'
+  return row[1] .. ((dependents and string.find(dependents, '%w+:%d+:%a:%S')) and ':forwarded'
     or '')
 end
 local now = now_ms()
