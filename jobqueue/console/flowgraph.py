@@ -10,7 +10,8 @@ them) more than COLLAPSE_OVER are drawn as one node, "1,000 jobs: 990 succeeded,
 linking to the flow's paged list, so a chord of thousands draws as two boxes. A flow of more
 than MAX_DRAWN jobs (or MAX_EDGES edges) is not drawn (its list pages it).
 
-Reads Valkey through `readmodels.rows_of` and the flow's `:flow:<id>` / `:deps:<id>` keys only.
+Reads Valkey through the flow's `:flow:<id>` / `:deps:<id>` keys and rows only, on every queue
+the flow spans (`flows.members.spots`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .. import ids
 from ..engine.store import Queue
 from ..states import State
 from .errors import last_line
+from ..flows.members import spots as flow_spots
 from .readmodels import FLOW_PAGE
 
 MAX_DRAWN = 2_000
@@ -49,6 +51,8 @@ class Node:
     """The job's id, or the first member's id for a collapsed group."""
     position: int
     state: str = ""
+    queue: str = ""
+    """The queue the job is on (a flow may span several)."""
     handler: str = ""
     waits: int = 0
     error: str = ""
@@ -72,9 +76,11 @@ class Graph:
 
 
 def read(queue: Queue, flow_id: str) -> Graph:
-    """The flow's jobs and edges, in a few pipelines (nothing drawn past MAX_DRAWN jobs)."""
+    """The flow's jobs and edges, from every queue it spans, in a few pipelines (nothing drawn
+    past MAX_DRAWN jobs)."""
     ids.validate_job_id(flow_id)
-    keys = [queue.shard(index).key(f"flow:{flow_id}") for index in range(queue.all_shards())]
+    spots = flow_spots(queue)
+    keys = [q.shard(index).key(f"flow:{flow_id}") for q, index in spots]
     pipe = queue.client.pipeline(transaction=False)
     for key in keys:
         pipe.zcard(key)
@@ -83,34 +89,35 @@ def read(queue: Queue, flow_id: str) -> Graph:
     if not total or total > MAX_DRAWN:
         return Graph([], set(), total)
     pipe = queue.client.pipeline(transaction=False)
-    shards = [index for index, size in enumerate(sizes) if size]
-    for index in shards:
-        pipe.zrange(keys[index], 0, -1, withscores=True)
-    placed = sorted((int(position), index, job_id) for index, found in zip(shards, pipe.execute(),
-                                                                            strict=True)
+    held = [at for at, size in enumerate(sizes) if size]
+    for at in held:
+        pipe.zrange(keys[at], 0, -1, withscores=True)
+    placed = sorted((int(position), at, job_id) for at, found in zip(held, pipe.execute(),
+                                                                     strict=True)
                     for job_id, position in found)
     pipe = queue.client.pipeline(transaction=False)
-    for _, index, job_id in placed:
-        pipe.hmget(queue.shard(index).job(job_id), "state", "dependents")
+    for _, at, job_id in placed:
+        q, index = spots[at]
+        pipe.hmget(q.shard(index).job(job_id), "state", "dependents")
     rows = pipe.execute()
     nodes: dict[str, Node] = {}
     edges: set[tuple[str, str]] = set()
-    shard_of = {}
-    for (position, index, job_id), (state, dependents) in zip(placed, rows, strict=True):
+    spot_of: dict[str, tuple[Queue, int]] = {}
+    for (position, at, job_id), (state, dependents) in zip(placed, rows, strict=True):
         if state is None:
             continue  # (its row expired)
-        nodes[job_id] = Node(job_id, position, state)
-        shard_of[job_id] = index
+        nodes[job_id] = Node(job_id, position, state, queue=spots[at][0].name)
+        spot_of[job_id] = spots[at]
         for edge in (dependents or "").split():
             edges.add((job_id, edge.split(":", 1)[0]))
         if len(edges) > MAX_EDGES:
             return Graph([], set(), total)
     edges = {(a, b) for a, b in edges if b in nodes}
-    return Graph(_collapse(nodes, edges, queue, shard_of), _edges_between(nodes, edges), total)
+    return Graph(_collapse(nodes, edges, queue, spot_of), _edges_between(nodes, edges), total)
 
 
 def _collapse(nodes: dict[str, Node], edges: set[tuple[str, str]], queue: Queue,
-              shard_of: dict[str, int]) -> list[Node]:
+              spot_of: dict[str, tuple[Queue, int]]) -> list[Node]:
     """Layer the jobs, fold large sibling sets into one node each, and read what the boxes
     drawn one per job show (handler, what a waiting job waits for, last error)."""
     before, after = defaultdict(set), defaultdict(set)
@@ -132,7 +139,7 @@ def _collapse(nodes: dict[str, Node], edges: set[tuple[str, str]], queue: Queue,
             shown.append(group)
         else:
             shown.extend(found)
-    _details(queue, [n for n in shown if n.members == 1], shard_of)
+    _details(queue, [n for n in shown if n.members == 1], spot_of)
     return sorted(shown, key=lambda n: (n.layer, n.position))
 
 
@@ -156,10 +163,11 @@ def _edges_between(nodes: dict[str, Node], edges: set[tuple[str, str]]) -> set[t
     return {(nodes[a].key, nodes[b].key) for a, b in edges}
 
 
-def _details(queue: Queue, shown: list[Node], shard_of: dict[str, int]) -> None:
+def _details(queue: Queue, shown: list[Node], spot_of: dict[str, tuple[Queue, int]]) -> None:
     pipe = queue.client.pipeline(transaction=False)
     for node in shown:
-        shard = queue.shard(shard_of[node.key])
+        q, index = spot_of[node.key]
+        shard = q.shard(index)
         pipe.hmget(shard.job(node.key), "payload", "last_error").scard(shard.key(f"deps:{node.key}"))
     replies = pipe.execute()
     for node, (payload, error), waits in zip(shown, replies[0::2], replies[1::2], strict=True):
@@ -185,8 +193,8 @@ def layout(graph: Graph) -> tuple[int, int]:
 
 
 def svg(graph: Graph, job_url: str, list_url: str) -> SafeString:
-    """The graph as an inline SVG: `job_url` with "JOBID" in place of a job's id, `list_url` the
-    flow's paged list."""
+    """The graph as an inline SVG: `job_url` with "QUEUE" and "JOBID" in place of a job's queue
+    and id, `list_url` the flow's paged list."""
     width, height = layout(graph)
     at = {n.key: n for n in graph.nodes}
     lines = format_html_join("", '<line class="jq-edge" x1="{}" y1="{}" x2="{}" y2="{}" '
@@ -223,7 +231,7 @@ def _box(node: Node, job_url: str, list_url: str) -> SafeString:
         '<a href="{}"><g class="jq-node" data-job="{}" data-state="{}"><title>{}</title>'
         '<rect x="{}" y="{}" width="{}" height="{}" rx="5" fill="{}" stroke="#555"/>'
         '<text x="{}" y="{}" font-weight="bold">{}</text><text x="{}" y="{}">{}</text></g></a>',
-        job_url.replace("JOBID", node.key), node.key, node.state,
+        job_url.replace("QUEUE", node.queue, 1).replace("JOBID", node.key), node.key, node.state,
         f"{node.key} · {node.handler} · {doing}" + (f" · {error}" if error else ""),
         node.x, node.y, WIDTH, HEIGHT, COLORS.get(node.state, "#eee"),
         node.x + 6, node.y + 15, _cut(node.handler.rsplit(".", 1)[-1] or node.key, 28),

@@ -219,7 +219,7 @@ class Console(ConsoleSite):
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
         graph = flowgraph.read(Queue(queue), flow_id) if found.number == 1 else None
         drawn = graph and graph.drawn and flowgraph.svg(
-            graph, console_reverse(request, "jobqueue_job", queue, "JOBID"),
+            graph, console_reverse(request, "jobqueue_job", "QUEUE", "JOBID"),
             console_reverse(request, "jobqueue_flow", queue, flow_id))
         return self.render(request, "flow.html", f"Flow {flow_id}", queue=queue, flow=found,
                             graph=drawn, too_large=graph is not None and not drawn,

@@ -167,7 +167,14 @@ def test_the_flow_page_lists_the_jobs_of_both_queues_with_their_queue(
     ref = chord([on(A, jobs.add).s(i, 1) for i in range(3)], jobs.total.s()).enqueue()
     base = "/admin/jobqueue/job/live"
     for name in (A, B):
-        page = admin_client.get(f"{base}/flows/{name}/{ref.id}/").content.decode()
+        whole = admin_client.get(f"{base}/flows/{name}/{ref.id}/").content.decode()
+        before, graph = whole.split('<svg class="jq-flow"', 1)
+        graph, after = graph.split("</svg>", 1)
+        page = before + after
+        # The graph draws the jobs of both queues, each box linking to its job on its queue.
+        assert graph.count('class="jq-node"') == 4
+        assert graph.count(f'href="{base}/jobs/{A}/JOB') == 3
+        assert graph.count(f'href="{base}/jobs/{B}/{ref.id}/"') == 1
         assert "4 jobs" in page and "pending: <b>3</b>" in page and "waiting: <b>1</b>" in page
         # each member's row and the callback's "waits for" link to it; the callback's row and
         # its line above the table:
