@@ -60,6 +60,16 @@ class TaskSignature(Signature):
     def node(
         self, members: tuple[tuple[str, int, str], ...] = (), takes: str = "", policy: str | None = None
     ) -> Node:
+        timed = [
+            name
+            for name, key in (("countdown", "delay"), ("eta", "run_after"))
+            if self.handler.options.spec.get(key) is not None
+        ]
+        if members and timed:
+            raise InvalidOption(
+                f"{self.handler.name}: {' and '.join(timed)} on a task that waits "
+                "for others in a canvas is refused: it starts when they are done"
+            )
         return super().node(members, "" if self.immutable else takes, policy)
 
 
