@@ -13,11 +13,15 @@ Celery's routing names (`queue=`, the task's own `queue`, `task_routes`; else jo
 - a task's `time_limit` (or `apply_async(time_limit=…)`) is the job's `timeout`: past it the run
   is stopped and fails with JobTimeout (retried within the job's budget); `soft_time_limit`
   raises Celery's `SoftTimeLimitExceeded` inside the task, which it may catch to clean up;
-- what jobqueue cannot honour (a retry with other arguments or `throw=False`, `link`, a task id
-  that is not a jobqueue id, …) is refused by name with InvalidOption, never dropped.
+- `link` and `link_error`, and Celery's canvas (`chain`, `group`, `chord`) of such tasks, run as
+  one jobqueue flow (celery_canvas.py); an errback job calls its task, as Celery calls an
+  errback, only when the task it watches failed (`Errback`);
+- what jobqueue cannot honour (a retry with other arguments or `throw=False`, `chunks`, a task
+  id that is not a jobqueue id, …) is refused by name with InvalidOption, never dropped.
 
 Nothing goes through a Celery broker or result backend: what `.delay()` returns is a `JobResult`,
-whose `.get(timeout=…)` waits for the job's result through jobqueue (`JobRef.result`).
+whose `.get(timeout=…)` waits for the job's result through jobqueue (`JobRef.result`). How a
+call's options map to a job's, and the results: celery_calls.py.
 docs/howto/from-celery.md lists what is mapped, refused and changed.
 """
 

@@ -176,7 +176,10 @@ class Canvas:
             )
         kwargs = {**(sig.kwargs.get("kwargs") or {}), **kwargs}
         on_header = (
-            tuple(celery.maybe_signature(errback, app=self.app).clone(immutable=True) for errback in errbacks)
+            tuple(
+                celery.maybe_signature(errback, app=self.app).clone().set(immutable=True)
+                for errback in errbacks
+            )
             if self.app.conf.task_allow_error_cb_on_chord_header
             else ()
         )

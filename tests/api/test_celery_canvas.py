@@ -34,8 +34,11 @@ def worker(valkey_server: ValkeyProcess, tmp_path: Path) -> Iterator[Path]:
 
 def by_task(flow: str, task: Any) -> list[Any]:
     """The flow's jobs of one Celery task, in the flow's order, once each has ended."""
-    wait_for(lambda: all(info.state not in ("pending", "waiting", "active", "scheduled")
-                         for info in flows.members(flow)))
+    wait_for(
+        lambda: all(
+            info.state not in ("pending", "waiting", "active", "scheduled") for info in flows.members(flow)
+        )
+    )
     return [info for info in flows.members(flow) if info.payload["handler"] == f"celery:{task.name}"]
 
 
@@ -73,7 +76,9 @@ def test_partial_arguments_and_immutable_signatures_keep_celerys_meaning(worker:
     assert group(echo.s("a"), echo.si("b"))("x").get(timeout=60) == [["x", "a"], ["b"]]
     # a chord's callback gets the header's list first; partial args go to the header
     assert chord([echo.s(1), echo.s(2)], echo.s("end")).apply_async(("p",)).get(timeout=60) == [
-        [["p", 1], ["p", 2]], "end"]
+        [["p", 1], ["p", 2]],
+        "end",
+    ]
     assert chord([add.s(1, 1)], echo.si("done"))().get(timeout=60) == ["done"]
 
 
@@ -123,14 +128,16 @@ def test_link_calls_back_with_the_result_and_link_error_runs_when_the_task_fails
     assert "ValueError: header" in chord_error["traceback"]
 
 
-def test_expires_as_seconds_timedelta_or_datetime_is_the_jobs_expiry(
-        valkey_server: ValkeyProcess) -> None:
+def test_expires_as_seconds_timedelta_or_datetime_is_the_jobs_expiry(valkey_server: ValkeyProcess) -> None:
     soon = datetime.now(UTC) + timedelta(seconds=1)
     as_seconds = chain(shout.s("a"), shout.s()).apply_async(expires=1)
     as_delta = group(shout.s("b"), shout.s("c")).apply_async(expires=timedelta(seconds=1))
     as_date = shout.s("d").set(expires=soon, link=shout.s()).delay()
-    firsts = [get_job(flows.members(as_seconds.id)[0].id), *(get_job(r.id) for r in as_delta.results),
-              get_job(as_date.id)]
+    firsts = [
+        get_job(flows.members(as_seconds.id)[0].id),
+        *(get_job(r.id) for r in as_delta.results),
+        get_job(as_date.id),
+    ]
     for info in firsts:  # (a canvas's expires goes to the jobs that start it, as Celery sends it)
         assert info is not None and info.expires_at is not None
         assert abs(info.expires_at - soon).total_seconds() < 0.5
@@ -147,6 +154,15 @@ def test_expires_as_seconds_timedelta_or_datetime_is_the_jobs_expiry(
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_a_canvas_queue_and_priority_go_to_each_task_that_sets_none() -> None:
+    routed = chain(shout.s("a"), shout.s().set(priority=3)).apply_async(queue="reports", priority=7)
+    jobs = flows.members(routed.id, queue="reports")
+    assert [info.priority for info in jobs] == [7, 3] and routed.job_queue == "reports"
+    assert jobs[0].payload == {"handler": f"celery:{shout.name}", "args": ["a"]}
+    fanned = group(shout.s("b"), shout.s("c")).set(queue="reports", soft_time_limit=5).delay()
+    assert [get_job(r.id, "reports").payload["soft_time_limit"] for r in fanned.results] == [5, 5]
 
 
 @pytest.fixture
@@ -168,12 +184,13 @@ def test_what_cannot_be_mapped_is_refused_by_name_and_nothing_is_stored(plain_ap
         (lambda: add.starmap([(1, 1)]).apply_async(), "xstarmap"),
         (lambda: add.map([1]).apply_async(), "xmap"),
         (lambda: group(add.s(1, 1), add.s(2, 2)).apply_async(link=add.s(1)), "link on a group"),
-        (lambda: chain(add.s(1, 1), group(add.s(1), add.s(2))).set(link=add.s(1)).delay(),
-         "link on a group"),
+        (lambda: chain(add.s(1, 1), group(add.s(1), add.s(2))).set(link=add.s(1)).delay(), "link on a group"),
         (lambda: chain(add.s(1, 1), add.s(1)).apply_async(task_id="JOB01234567890"), "task_id"),
         (lambda: chain(add.s(1, 1), double.s()).delay(), "plain.double"),
-        (lambda: chain(add.s(1, 1), add.s(1).set(link_error=group(shout.s("x")))).delay(),
-         "link_error takes a task"),
+        (
+            lambda: chain(add.s(1, 1), add.s(1).set(link_error=group(shout.s("x")))).delay(),
+            "link_error takes a task",
+        ),
         (lambda: chord([add.s(1, 1)]).apply_async(), "needs a callback"),
         (lambda: chain(add.s(1, 1), add.s(1).set(queue="x", colour="red")).delay(), "colour"),
         (lambda: chain(add.s(1, 1), add.s(1).set(link=fails.s().set(chord=1))).delay(), "chord"),
@@ -199,4 +216,3 @@ def test_a_chord_over_two_queues_runs_once_flows_may_span_queues(valkey_server: 
     finally:
         proc.terminate()
         proc.wait(60)
-
