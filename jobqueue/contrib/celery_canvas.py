@@ -31,7 +31,7 @@ from ..api.registry import JobFunction, JobOptions, Signature
 from ..engine.refs import JobRef
 from ..exceptions import InvalidOption
 from ..flows.graph import Node
-from .celery_calls import PREFIX, BridgedTask, JobGroupResult, JobResult
+from .celery_calls import PREFIX, BridgedTask, JobCall, JobGroupResult, JobResult
 
 START_OPTIONS = ("countdown", "eta", "expires")
 """A canvas's options for the jobs that start it (a chain's first step, a group's members, a
@@ -50,6 +50,27 @@ class TaskSignature(Signature):
 
     immutable: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        task: BridgedTask,
+        call: JobCall,
+        run: Callable[..., Any],
+        immutable: bool = False,
+        watch: Mapping[str, Any] | None = None,
+    ) -> TaskSignature:
+        """The signature of `call` (a job of `task`), whose handler checks what it is handed
+        (`run`: the task's own body, or what an errback job takes); `watch`: an errback's."""
+        payload = call.payload
+        own = {key: value for key, value in payload.items() if key not in ("handler", "args", "kwargs")}
+        return cls(
+            JobFunction(run, PREFIX + task.name, JobOptions(queue=call.queue, spec=call.spec)),
+            tuple(payload["args"]),
+            payload["kwargs"],
+            immutable=immutable,
+            extra={**own, ERRBACK: watch} if watch else own,
+        )
 
     def registered(self) -> bool:
         return True  # (the bridge checked its task; the worker finds it in Celery's registry)
@@ -97,11 +118,36 @@ class Linked(Chain):
         return out
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What a part of a canvas takes from around it: `every`, options for each of its tasks that
+    does not set its own; `start`, options for the tasks that start it; `errbacks`, the
+    link_error signatures its tasks inherit; `header`, the chord header jobs (id, queue) whose
+    failure the errbacks of a chord callback's first tasks report."""
+
+    every: Mapping[str, Any] = field(default_factory=dict)
+    start: Mapping[str, Any] = field(default_factory=dict)
+    errbacks: tuple[Any, ...] = ()
+    header: tuple[tuple[str, str], ...] = ()
+
+    def within(self, own: Mapping[str, Any], errbacks: list[Any]) -> Scope:
+        """This scope with a composite's own options and errbacks added (its own first)."""
+        every = {k: v for k, v in own.items() if k not in START_OPTIONS}
+        start = {k: v for k, v in own.items() if k in START_OPTIONS}
+        return Scope(
+            {**self.every, **every}, {**self.start, **start}, (*self.errbacks, *errbacks), self.header
+        )
+
+    def later(
+        self, errbacks: tuple[Any, ...] | None = None, header: tuple[tuple[str, str], ...] = ()
+    ) -> Scope:
+        """The scope of a part that does not start the composite (a chain's later step, a
+        chord's callback, a link callback)."""
+        return Scope(self.every, {}, self.errbacks if errbacks is None else errbacks, header)
+
+
 class Canvas:
-    """A Celery canvas being compiled into jobqueue's composition. `every`: options for each
-    task that does not set its own; `start`: options for the tasks that start the part;
-    `errbacks`: the link_error signatures its tasks inherit; `header`: the chord header jobs a
-    chord callback's errbacks report (id, queue)."""
+    """A Celery canvas being compiled into jobqueue's composition."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -113,96 +159,66 @@ class Canvas:
         sig: Any,
         args: tuple[Any, ...] = (),
         kwargs: Mapping[str, Any] | None = None,
-        every: Mapping[str, Any] | None = None,
-        start: Mapping[str, Any] | None = None,
-        errbacks: tuple[Any, ...] = (),
-        header: tuple[tuple[str, str], ...] = (),
+        scope: Scope | None = None,
     ) -> Part:
-        sig = celery.maybe_signature(sig, app=self.app)
-        kwargs, every, start = kwargs or {}, every or {}, start or {}
+        """`sig` as a part of a flow, `args` and `kwargs` prepended to (merged into) those of
+        the tasks that start it."""
+        sig, kwargs, scope = celery.maybe_signature(sig, app=self.app), kwargs or {}, scope or Scope()
         if isinstance(sig, (celery.chunks, celery._basemap)):
             raise InvalidOption(
                 f"Celery's {type(sig).__name__} is not mapped to jobqueue: "
                 "write a group of the task's signatures instead"
             )
-        if isinstance(sig, (celery._chain, celery.group, celery._chord)):
-            own = dict(sig.options)
-            links, own_errbacks = _listed(own.pop("link", None)), _listed(own.pop("link_error", None))
-            if own.pop("task_id", None) is not None:
-                raise InvalidOption(
-                    f"a {_kind(sig)}'s task_id is refused: set task_id on the "
-                    "signature of the task whose result you want"
-                )
-            every = {**every, **{k: v for k, v in own.items() if k not in START_OPTIONS}}
-            start = {**start, **{k: v for k, v in own.items() if k in START_OPTIONS}}
-            if not sig.immutable:
-                args = (*args, *sig.args)
-            else:
-                args, kwargs = tuple(sig.args), {}
-            errbacks = (*errbacks, *own_errbacks)
-            built = self._composite(sig, args, kwargs, every, start, errbacks, header)
-            return (
-                Linked((built,), links=tuple(self.part(link, every=every) for link in links))
-                if links
-                else built
+        if not isinstance(sig, (celery._chain, celery.group, celery._chord)):
+            return self._task(sig, args, kwargs, scope)
+        own = dict(sig.options)
+        links, errbacks = _listed(own.pop("link", None)), _listed(own.pop("link_error", None))
+        if own.pop("task_id", None) is not None:
+            raise InvalidOption(
+                f"a {_kind(sig)}'s task_id is refused: set task_id on the "
+                "signature of the task whose result you want"
             )
-        return self._task(sig, args, kwargs, {**every, **start}, errbacks, header)
+        if sig.immutable:
+            args, kwargs = tuple(sig.args), {}
+        else:
+            args = (*args, *sig.args)
+        scope = scope.within(own, errbacks)
+        built = self._composite(sig, args, kwargs, scope)
+        if not links:
+            return built
+        return Linked((built,), links=tuple(self.part(link, scope=scope.later(())) for link in links))
 
-    def _composite(
-        self,
-        sig: Any,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        every: Mapping[str, Any],
-        start: Mapping[str, Any],
-        errbacks: tuple[Any, ...],
-        header: tuple[tuple[str, str], ...],
-    ) -> Part:
+    def _composite(self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Scope) -> Part:
         if isinstance(sig, celery._chain):
             steps = _members(sig.tasks, "chain")
-            first = self.part(steps[0], args, kwargs, every, start, errbacks, header)
-            return chain(first, *(self.part(step, every=every, errbacks=errbacks) for step in steps[1:]))
+            first = self.part(steps[0], args, kwargs, scope)
+            return chain(first, *(self.part(step, scope=scope.later()) for step in steps[1:]))
         if isinstance(sig, celery.group):
-            return group(
-                [
-                    self.part(member, args, kwargs, every, start, errbacks, header)
-                    for member in _members(sig.tasks, "group")
-                ]
-            )
+            return group([self.part(member, args, kwargs, scope) for member in _members(sig.tasks, "group")])
         tasks = sig.tasks.tasks if isinstance(sig.tasks, celery.group) else sig.tasks
         if sig.body is None:
             raise InvalidOption(
                 "a chord needs a callback: chord(header)(callback) or chord(header, callback)"
             )
         kwargs = {**(sig.kwargs.get("kwargs") or {}), **kwargs}
-        on_header = (
-            tuple(
+        on_header = ()  # (Celery's default: a chord's errbacks go to its callback only)
+        if self.app.conf.task_allow_error_cb_on_chord_header:
+            on_header = tuple(
                 celery.maybe_signature(errback, app=self.app).clone().set(immutable=True)
-                for errback in errbacks
+                for errback in scope.errbacks
             )
-            if self.app.conf.task_allow_error_cb_on_chord_header
-            else ()
-        )
         before = len(self.tasks)
         members = [
-            self.part(member, args, kwargs, every, start, on_header)
+            self.part(member, args, kwargs, Scope(scope.every, scope.start, on_header))
             for member in _members(tasks, "chord's header")
         ]
-        body = self.part(sig.body, every=every, errbacks=errbacks, header=tuple(self.tasks[before:]))
+        body = self.part(sig.body, scope=scope.later(header=tuple(self.tasks[before:])))
         return chord(members, body)
 
-    def _task(
-        self,
-        sig: Any,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        options: Mapping[str, Any],
-        errbacks: tuple[Any, ...],
-        header: tuple[tuple[str, str], ...],
-    ) -> Part:
+    def _task(self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Scope) -> Part:
         task = self._bridged(sig)
-        own = {**options, **sig.options}
-        links, own_errbacks = _listed(own.pop("link", None)), _listed(own.pop("link_error", None))
+        own = {**scope.every, **scope.start, **sig.options}
+        links, errbacks = _listed(own.pop("link", None)), _listed(own.pop("link_error", None))
         if sig.immutable:
             args, kwargs = tuple(sig.args), dict(sig.kwargs)
         else:
@@ -210,53 +226,31 @@ class Canvas:
         call = task.job_call(args, kwargs, own)
         job = (call.spec.setdefault("job_id", ids.new_id()), call.queue)
         self.tasks.append(job)
-        extra = {
-            key: value for key, value in call.payload.items() if key not in ("handler", "args", "kwargs")
-        }
-        built = TaskSignature(
-            JobFunction(task.run, PREFIX + task.name, JobOptions(queue=call.queue, spec=call.spec)),
-            tuple(args),
-            kwargs,
-            immutable=bool(sig.immutable),
-            extra=extra,
-        )
-        every = {k: v for k, v in options.items() if k not in START_OPTIONS}
-        watching = [self._errback(errback, job, header, every) for errback in (*errbacks, *own_errbacks)]
+        built = TaskSignature.of(task, call, task.run, immutable=bool(sig.immutable))
+        watching = [self._errback(errback, job, scope) for errback in (*scope.errbacks, *errbacks)]
         if not links and not watching:
             return built
         return Linked(
-            (built,), links=tuple(self.part(link, every=every) for link in links), errbacks=tuple(watching)
+            (built,),
+            links=tuple(self.part(link, scope=scope.later(())) for link in links),
+            errbacks=tuple(watching),
         )
 
-    def _errback(
-        self,
-        sig: Any,
-        watched: tuple[str, str],
-        header: tuple[tuple[str, str], ...],
-        every: Mapping[str, Any],
-    ) -> TaskSignature:
+    def _errback(self, sig: Any, watched: tuple[str, str], scope: Scope) -> TaskSignature:
         """An errback job of `watched`: it waits for the task's end and is handed its outcome
         first; the bridge's worker calls the errback only if the task failed (celery.py)."""
         sig = celery.maybe_signature(sig, app=self.app)
         if not isinstance(sig, celery.Signature) or sig.subtask_type:
             raise InvalidOption(f"link_error takes a task's signature, got a {_kind(sig)}")
         task = self._bridged(sig)
-        call = task.job_call(sig.args, sig.kwargs, {**every, **sig.options})
+        call = task.job_call(sig.args, sig.kwargs, {**scope.every, **sig.options})
         call.spec.setdefault("job_id", ids.new_id())
         watch = {
             "of": list(watched),
-            "header": [list(job) for job in header],
+            "header": [list(job) for job in scope.header],
             "immutable": bool(sig.immutable),
         }
-        extra = {
-            key: value for key, value in call.payload.items() if key not in ("handler", "args", "kwargs")
-        }
-        return TaskSignature(
-            JobFunction(_takes_anything, PREFIX + task.name, JobOptions(queue=call.queue, spec=call.spec)),
-            tuple(sig.args),
-            dict(sig.kwargs),
-            extra={**extra, ERRBACK: watch},
-        )
+        return TaskSignature.of(task, call, _takes_anything, watch=watch)
 
     def _bridged(self, sig: Any) -> BridgedTask:
         """The signature's task, when it runs on jobqueue (InvalidOption otherwise)."""
