@@ -163,7 +163,7 @@ class Canvas:
     ) -> Part:
         """`sig` as a part of a flow, `args` and `kwargs` prepended to (merged into) those of
         the tasks that start it."""
-        sig, kwargs, scope = celery.maybe_signature(sig, app=self.app), kwargs or {}, scope or Scope()
+        sig, kwargs, scope = self._signature(sig), kwargs or {}, scope or Scope()
         if isinstance(sig, (celery.chunks, celery._basemap)):
             raise InvalidOption(
                 f"Celery's {type(sig).__name__} is not mapped to jobqueue: "
@@ -175,8 +175,8 @@ class Canvas:
         links, errbacks = _listed(own.pop("link", None)), _listed(own.pop("link_error", None))
         if own.pop("task_id", None) is not None:
             raise InvalidOption(
-                f"a {_kind(sig)}'s task_id is refused: set task_id on the "
-                "signature of the task whose result you want"
+                f"a {_kind(sig)}'s task_id (given, or set by .freeze()) is refused: jobqueue "
+                "mints a flow's ids; set task_id (a jobqueue id) on a task's signature"
             )
         if sig.immutable:
             args, kwargs = tuple(sig.args), {}
@@ -204,8 +204,7 @@ class Canvas:
         on_header = ()  # (Celery's default: a chord's errbacks go to its callback only)
         if self.app.conf.task_allow_error_cb_on_chord_header:
             on_header = tuple(
-                celery.maybe_signature(errback, app=self.app).clone().set(immutable=True)
-                for errback in scope.errbacks
+                self._signature(errback).clone().set(immutable=True) for errback in scope.errbacks
             )
         before = len(self.tasks)
         members = [
@@ -239,7 +238,7 @@ class Canvas:
     def _errback(self, sig: Any, watched: tuple[str, str], scope: Scope) -> TaskSignature:
         """An errback job of `watched`: it waits for the task's end and is handed its outcome
         first; the bridge's worker calls the errback only if the task failed (celery.py)."""
-        sig = celery.maybe_signature(sig, app=self.app)
+        sig = self._signature(sig)
         if not isinstance(sig, celery.Signature) or sig.subtask_type:
             raise InvalidOption(f"link_error takes a task's signature, got a {_kind(sig)}")
         task = self._bridged(sig)
@@ -251,6 +250,12 @@ class Canvas:
             "immutable": bool(sig.immutable),
         }
         return TaskSignature.of(task, call, _takes_anything, watch=watch)
+
+    def _signature(self, sig: Any) -> Any:
+        """A Celery signature (or a dict of one) of this app; InvalidOption for anything else."""
+        if not isinstance(sig, dict):  # (a Signature is a dict)
+            raise InvalidOption(f"a canvas takes Celery signatures (task.s(...)), got {sig!r:.200}")
+        return celery.maybe_signature(sig, app=self.app)
 
     def _bridged(self, sig: Any) -> BridgedTask:
         """The signature's task, when it runs on jobqueue (InvalidOption otherwise)."""

@@ -89,6 +89,10 @@ def test_link_calls_back_with_the_result_and_link_error_runs_when_the_task_fails
     [callback] = by_task(linked.id, add)[1:]
     assert callback.result == 14
 
+    called_back = chord([add.s(1, 1), add.s(2, 2)], tsum.s()).apply_async(link=add.s(100))
+    assert called_back.get(timeout=60) == 6  # (a chord's link: on its callback)
+    assert [info.result for info in by_task(called_back.id, add)][-1] == 106
+
     failed = fails.apply_async(("boom",), link=add.s(1), link_error=sees_its_error.s())
     with pytest.raises(JobFailed, match="boom"):
         failed.get(timeout=60)
@@ -174,6 +178,11 @@ def plain_app() -> Iterator[Celery]:
     app.close()
 
 
+def frozen(canvas: Any) -> Any:
+    canvas.freeze()  # (its tasks get Celery's UUIDs as ids)
+    return canvas
+
+
 def test_what_cannot_be_mapped_is_refused_by_name_and_nothing_is_stored(plain_app: Celery) -> None:
     @plain_app.task(name="plain.double")
     def double(x: int) -> int:
@@ -185,13 +194,15 @@ def test_what_cannot_be_mapped_is_refused_by_name_and_nothing_is_stored(plain_ap
         (lambda: add.map([1]).apply_async(), "xmap"),
         (lambda: group(add.s(1, 1), add.s(2, 2)).apply_async(link=add.s(1)), "link on a group"),
         (lambda: chain(add.s(1, 1), group(add.s(1), add.s(2))).set(link=add.s(1)).delay(), "link on a group"),
-        (lambda: chain(add.s(1, 1), add.s(1)).apply_async(task_id="JOB01234567890"), "task_id"),
+        (lambda: chain(add.s(1, 1), add.s(1)).apply_async(task_id="JOB01234567890"), "chain's task_id"),
         (lambda: chain(add.s(1, 1), double.s()).delay(), "plain.double"),
         (
             lambda: chain(add.s(1, 1), add.s(1).set(link_error=group(shout.s("x")))).delay(),
             "link_error takes a task",
         ),
         (lambda: chord([add.s(1, 1)]).apply_async(), "needs a callback"),
+        (lambda: chord([add.s(1, 1)], tsum.s())("not a signature"), "takes Celery signatures"),
+        (lambda: frozen(chain(add.s(1, 1), add.s(1))).delay(), r"chain's task_id \(given, or set by"),
         (lambda: chain(add.s(1, 1), add.s(1).set(queue="x", colour="red")).delay(), "colour"),
         (lambda: chain(add.s(1, 1), add.s(1).set(link=fails.s().set(chord=1))).delay(), "chord"),
     ]
