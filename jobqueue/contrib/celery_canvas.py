@@ -186,7 +186,7 @@ class Canvas:
         built = self._composite(sig, args, kwargs, scope)
         if not links:
             return built
-        return Linked((built,), links=tuple(self.part(link, scope=scope.later(())) for link in links))
+        return Linked((built,), links=self._links(links, scope))
 
     def _composite(self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Scope) -> Part:
         if isinstance(sig, celery._chain):
@@ -231,9 +231,17 @@ class Canvas:
             return built
         return Linked(
             (built,),
-            links=tuple(self.part(link, scope=scope.later(())) for link in links),
+            links=self._links(links, scope),
             errbacks=tuple(watching),
         )
+
+    def _links(self, links: list[Any], scope: Scope) -> tuple[Part, ...]:
+        """Link callbacks as parts (with no errbacks of the canvas's), not counted among the
+        canvas's tasks (a chord callback's errback reports its header's tasks, not theirs)."""
+        before = len(self.tasks)
+        parts = tuple(self.part(link, scope=scope.later(())) for link in links)
+        del self.tasks[before:]
+        return parts
 
     def _errback(self, sig: Any, watched: tuple[str, str], scope: Scope) -> TaskSignature:
         """An errback job of `watched`: it waits for the task's end and is handed its outcome
@@ -289,19 +297,13 @@ def apply(
 ) -> JobResult | JobGroupResult:
     """Enqueue a canvas of bridged tasks as one flow (`options`: apply_async's, over the
     canvas's own); InvalidOption, with nothing written, for what cannot be mapped."""
-    kwargs, options = dict(kwargs or {}), dict(options or {})
-    if isinstance(sig, celery._chord) and "body" in kwargs:  # (chord(header)(callback))
-        sig = sig.clone()
-        sig.body = kwargs.pop("body")
-    compiler = Canvas(sig.app)
-    for name in ("link", "link_error"):  # (over the canvas's own, as Celery's apply_async)
-        if options.get(name):
-            sig = sig.clone()
-            sig.options[name] = options.pop(name)
-    if options:
-        sig = sig.clone()
-        sig.options.update({k: v for k, v in options.items() if v is not None})
-    part = compiler.part(sig, tuple(args), kwargs)
+    kwargs = dict(kwargs or {})
+    canvas = sig.clone()  # (the options of this call, over the canvas's own, on a copy)
+    if isinstance(canvas, celery._chord) and "body" in kwargs:  # (chord(header)(callback))
+        canvas.body = kwargs.pop("body")
+    canvas.options.update({k: v for k, v in (options or {}).items() if v is not None})
+    compiler = Canvas(canvas.app)
+    part = compiler.part(canvas, tuple(args), kwargs)
     return compiler.result((chain(part) if isinstance(part, Signature) else part).enqueue())
 
 
