@@ -220,7 +220,10 @@ def test_what_cannot_be_mapped_is_refused_by_name_and_nothing_is_stored(plain_ap
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=False, reason="flows across queues")
-def test_a_chord_over_two_queues_runs_once_flows_may_span_queues(valkey_server: ValkeyProcess) -> None:
+def test_a_chord_over_two_queues_runs_once_flows_may_span_queues(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
+    settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, "isolated": {}}}
     proc = start_worker(valkey_server.url, "--queues", "default,isolated", "--concurrency", "2")
     try:
         across = chord([add.s(1, 1).set(queue="isolated"), add.s(2, 2)], tsum.s())()
