@@ -228,6 +228,12 @@ def test_a_chord_over_two_queues_runs_once_flows_may_span_queues(
     try:
         across = chord([add.s(1, 1).set(queue="isolated"), add.s(2, 2)], tsum.s())()
         assert across.get(timeout=60) == 6
+        failed = fails.apply_async(("there",), queue="isolated", link_error=sees_its_error.s())
+        with pytest.raises(JobFailed):
+            failed.get(timeout=60)
+        [errback] = [info for info in flows.members(failed.id, "isolated") if info.queue == "default"]
+        wait_for(lambda: get_job(errback.id).state == "succeeded")
+        assert get_job(errback.id).result["args"] == ["there"]  # (it read the job on its queue)
     finally:
         proc.terminate()
         proc.wait(60)
