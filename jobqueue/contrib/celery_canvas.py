@@ -119,7 +119,7 @@ class Linked(Chain):
 
 
 @dataclass(frozen=True)
-class Scope:
+class Inherited:
     """What a part of a canvas takes from around it: `every`, options for each of its tasks that
     does not set its own; `start`, options for the tasks that start it; `errbacks`, the
     link_error signatures its tasks inherit; `header`, the chord header jobs (id, queue) whose
@@ -130,20 +130,20 @@ class Scope:
     errbacks: tuple[Any, ...] = ()
     header: tuple[tuple[str, str], ...] = ()
 
-    def within(self, own: Mapping[str, Any], errbacks: list[Any]) -> Scope:
+    def within(self, own: Mapping[str, Any], errbacks: list[Any]) -> Inherited:
         """This scope with a composite's own options and errbacks added (its own first)."""
         every = {k: v for k, v in own.items() if k not in START_OPTIONS}
         start = {k: v for k, v in own.items() if k in START_OPTIONS}
-        return Scope(
+        return Inherited(
             {**self.every, **every}, {**self.start, **start}, (*self.errbacks, *errbacks), self.header
         )
 
     def later(
         self, errbacks: tuple[Any, ...] | None = None, header: tuple[tuple[str, str], ...] = ()
-    ) -> Scope:
+    ) -> Inherited:
         """The scope of a part that does not start the composite (a chain's later step, a
         chord's callback, a link callback)."""
-        return Scope(self.every, {}, self.errbacks if errbacks is None else errbacks, header)
+        return Inherited(self.every, {}, self.errbacks if errbacks is None else errbacks, header)
 
 
 class Canvas:
@@ -159,11 +159,11 @@ class Canvas:
         sig: Any,
         args: tuple[Any, ...] = (),
         kwargs: Mapping[str, Any] | None = None,
-        scope: Scope | None = None,
+        scope: Inherited | None = None,
     ) -> Part:
         """`sig` as a part of a flow, `args` and `kwargs` prepended to (merged into) those of
         the tasks that start it."""
-        sig, kwargs, scope = self._signature(sig), kwargs or {}, scope or Scope()
+        sig, kwargs, scope = self._signature(sig), kwargs or {}, scope or Inherited()
         if isinstance(sig, (celery.chunks, celery._basemap)):
             raise InvalidOption(
                 f"Celery's {type(sig).__name__} is not mapped to jobqueue: "
@@ -188,7 +188,9 @@ class Canvas:
             return built
         return Linked((built,), links=self._links(links, scope))
 
-    def _composite(self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Scope) -> Part:
+    def _composite(
+        self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Inherited
+    ) -> Part:
         if isinstance(sig, celery._chain):
             steps = _members(sig.tasks, "chain")
             first = self.part(steps[0], args, kwargs, scope)
@@ -208,13 +210,13 @@ class Canvas:
             )
         before = len(self.tasks)
         members = [
-            self.part(member, args, kwargs, Scope(scope.every, scope.start, on_header))
+            self.part(member, args, kwargs, Inherited(scope.every, scope.start, on_header))
             for member in _members(tasks, "chord's header")
         ]
         body = self.part(sig.body, scope=scope.later(header=tuple(self.tasks[before:])))
         return chord(members, body)
 
-    def _task(self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Scope) -> Part:
+    def _task(self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Inherited) -> Part:
         task = self._bridged(sig)
         own = {**scope.every, **scope.start, **sig.options}
         links, errbacks = _listed(own.pop("link", None)), _listed(own.pop("link_error", None))
@@ -235,7 +237,7 @@ class Canvas:
             errbacks=tuple(watching),
         )
 
-    def _links(self, links: list[Any], scope: Scope) -> tuple[Part, ...]:
+    def _links(self, links: list[Any], scope: Inherited) -> tuple[Part, ...]:
         """Link callbacks as parts (with no errbacks of the canvas's), not counted among the
         canvas's tasks (a chord callback's errback reports its header's tasks, not theirs)."""
         before = len(self.tasks)
@@ -243,7 +245,7 @@ class Canvas:
         del self.tasks[before:]
         return parts
 
-    def _errback(self, sig: Any, watched: tuple[str, str], scope: Scope) -> TaskSignature:
+    def _errback(self, sig: Any, watched: tuple[str, str], scope: Inherited) -> TaskSignature:
         """An errback job of `watched`: it waits for the task's end and is handed its outcome
         first; the bridge's worker calls the errback only if the task failed (celery.py)."""
         sig = self._signature(sig)
