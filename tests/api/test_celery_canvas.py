@@ -5,6 +5,7 @@ refused by name, with nothing stored."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from celery import Celery, chain, chord, group
 from celery.result import AsyncResult, GroupResult
+from django.db import transaction
 
 from jobqueue import Queue, flows, get_job
 from jobqueue.exceptions import InvalidOption, JobFailed
@@ -168,6 +170,17 @@ def test_a_canvas_queue_and_priority_go_to_each_task_that_sets_none() -> None:
     assert jobs[0].payload == {"handler": f"celery:{shout.name}", "args": ["a"]}
     fanned = group(shout.s("b"), shout.s("c")).set(queue="reports", soft_time_limit=5).delay()
     assert [get_job(r.id, "reports").payload["soft_time_limit"] for r in fanned.results] == [5, 5]
+
+
+def test_a_canvas_in_a_transaction_is_written_at_its_commit_and_not_on_rollback() -> None:
+    with transaction.atomic():
+        committed = chain(shout.s("a"), shout.s()).delay()
+        assert get_job(committed.id) is None
+    assert [info.state for info in flows.members(committed.id)] == ["pending", "waiting"]
+    with contextlib.suppress(RuntimeError), transaction.atomic():
+        rolled_back = group(shout.s("b"), shout.s("c")).delay()
+        raise RuntimeError("roll back")
+    assert flows.members(rolled_back.id) == [] and Queue("default").counts()["pending"] == 1
 
 
 @pytest.fixture
