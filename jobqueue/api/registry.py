@@ -170,6 +170,11 @@ class Signature:
         """The job's payload (the handler's name and arguments)."""
         return _payload(self.handler.name, self.args, self.kwargs)
 
+    def registered(self) -> bool:
+        """Whether its handler runs on a worker: an `@job` of this name (a bridged task's
+        signature answers for its bridge)."""
+        return _registry.get(self.handler.name) is not None
+
     def node(self, members: tuple[tuple[str, int, str], ...] = (), takes: str = "",
              policy: str | None = None) -> graph.Node:
         """This call as a job of a flow (a fresh id unless it names one), waiting for
@@ -177,7 +182,7 @@ class Signature:
         open. Refused when no `@job` is registered under its name, or it cannot take what its
         members' outcomes become (`takes`)."""
         handler = self.handler
-        if _registry.get(handler.name) is None:
+        if not self.registered():
             raise UnknownHandler(f"no @job handler registered as {handler.name!r}")
         if takes:
             _check_takes(handler, self.args, self.kwargs)

@@ -13,94 +13,55 @@ Celery's routing names (`queue=`, the task's own `queue`, `task_routes`; else jo
 - a task's `time_limit` (or `apply_async(time_limit=…)`) is the job's `timeout`: past it the run
   is stopped and fails with JobTimeout (retried within the job's budget); `soft_time_limit`
   raises Celery's `SoftTimeLimitExceeded` inside the task, which it may catch to clean up;
-- what jobqueue cannot honour (a retry with other arguments or `throw=False`, `link`, a task id
-  that is not a jobqueue id, …) is refused by name with InvalidOption, never dropped.
+- `link` and `link_error`, and Celery's canvas (`chain`, `group`, `chord`) of such tasks, run as
+  one jobqueue flow (celery_canvas.py); an errback job calls its task, as Celery calls an
+  errback, only when the task it watches failed (`Errback`);
+- what jobqueue cannot honour (a retry with other arguments or `throw=False`, `chunks`, a task
+  id that is not a jobqueue id, …) is refused by name with InvalidOption, never dropped.
 
 Nothing goes through a Celery broker or result backend: what `.delay()` returns is a `JobResult`,
-whose `.get(timeout=…)` waits for the job's result through jobqueue (`JobRef.result`).
+whose `.get(timeout=…)` waits for the job's result through jobqueue (`JobRef.result`). How a
+call's options map to a job's, and the results: celery_calls.py.
 docs/howto/from-celery.md lists what is mapped, refused and changed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import inspect
 import threading
-from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery import Task, current_app, states
-from celery.exceptions import SoftTimeLimitExceeded
-from celery.exceptions import TimeoutError as CeleryTimeoutError
-from celery.result import AsyncResult
+from celery import current_app
+from celery.app.task import Context
+from celery.exceptions import ChordError, SoftTimeLimitExceeded
 
-from .. import ids
 from ..api.dispatch import submit
 from ..api.handler import RetryLater, Unretryable
 from ..api.registry import JobFunction, JobOptions, get_job
-from ..engine.refs import JobRef
 from ..engine.store import JobSpec, Lease, Queue
-from ..exceptions import InvalidJobId, InvalidOption, JobFailed, UnknownHandler
+from ..exceptions import InvalidOption, JobFailed, UnknownHandler
 from ..records import int_field
-from ..spec import MAX_ATTEMPTS, MAX_SECONDS, seconds
 from ..states import State
+from . import celery_canvas
+from .celery_calls import (
+    CELERY_STATES,
+    IGNORED_OPTIONS,
+    PREFIX,
+    SOFT_LIMIT,
+    BridgedTask,
+    JobGroupResult,
+    JobResult,
+)
 
-PREFIX = "celery:"
-SOFT_LIMIT = "soft_time_limit"
-"""The payload's key for `apply_async(soft_time_limit=…)` (a task's own is read as it runs)."""
-# Transport details with no meaning here; anything else (link, time_limit, chord, …) would be
-# silently lost, so it is refused instead.
-IGNORED_OPTIONS = {"serializer", "compression", "headers", "shadow", "ignore_result", "exchange",
-                   "routing_key", "retry", "retry_policy"}
+__all__ = ["CELERY_STATES", "IGNORED_OPTIONS", "PREFIX", "SOFT_LIMIT", "JobGroupResult",
+           "JobResult", "JobTask", "SoftLimit", "handler_for"]
 
-
-CELERY_STATES: dict[str, str] = {State.PENDING: states.PENDING, State.SCHEDULED: states.PENDING,
-                                 State.WAITING: states.PENDING, State.ACTIVE: states.STARTED,
-                                 State.SUCCEEDED: states.SUCCESS, State.DEAD: states.FAILURE,
-                                 State.CANCELLED: states.REVOKED, State.EXPIRED: states.REVOKED}
-
-
-class JobResult(AsyncResult):
-    """Celery's AsyncResult for a job: `get`, `state`, `ready` and `result` ask jobqueue."""
-
-    def __init__(self, id: str, queue: str = "default", app: Any = None) -> None:
-        super().__init__(id, app=app)
-        self.job_queue = queue
-
-    def get(self, timeout: float | None = None, propagate: bool = True,
-            **options: Any) -> Any:
-        """The job's result, waiting up to `timeout` seconds (no polling); a dead or cancelled
-        job raises JobFailed (returned instead with `propagate=False`), and a timeout Celery's
-        TimeoutError."""
-        try:
-            return JobRef(self.id, self.job_queue).result(timeout)
-        except TimeoutError as exc:
-            raise CeleryTimeoutError(str(exc)) from None
-        except JobFailed as exc:
-            if propagate:
-                raise
-            return exc
-
-    @property
-    def state(self) -> str:
-        info = get_job(self.id, self.job_queue)
-        return states.PENDING if info is None else CELERY_STATES.get(info.state, states.PENDING)
-
-    status = state
-
-    @property
-    def result(self) -> Any:
-        info = get_job(self.id, self.job_queue)
-        return None if info is None else (info.result if info.state == State.SUCCEEDED
-                                          else info.last_error or None)
-
-    info = result
-
-    def ready(self) -> bool:
-        return self.state in states.READY_STATES
+celery_canvas.install()
 
 
-class JobTask(Task):
+class JobTask(BridgedTask):
     """A Celery task class whose calls enqueue jobqueue jobs."""
 
     abstract = True
@@ -111,51 +72,19 @@ class JobTask(Task):
                     priority: int | None = None, queue: Any = None,
                     expires: float | timedelta | datetime | None = None,
                     **options: Any) -> JobResult:
-        time_limit = options.pop("time_limit") if "time_limit" in options else self.time_limit
-        soft_limit = options.pop("soft_time_limit", None)
-        if time_limit is not None:  # (named as Celery names it, not as the job's `timeout`)
-            time_limit = seconds(time_limit, "time_limit", low=0.001, high=MAX_SECONDS)
-        if soft_limit is None and self.soft_time_limit is not None:  # (read where it runs:
-            seconds(self.soft_time_limit, SOFT_LIMIT, low=0.001, high=MAX_SECONDS)  # refused now)
-        unsupported = set(options) - IGNORED_OPTIONS
-        unsupported |= {name for name, value in (("link", link), ("link_error", link_error)) if value}
-        if unsupported:
-            raise InvalidOption(f"{self.name}: apply_async option(s) {sorted(unsupported)} are not "
-                                "supported by jobqueue (args, kwargs, countdown, eta, priority, "
-                                "queue, expires, task_id are)")
-        args, kwargs = list(args or ()), dict(kwargs or {})
-        payload: dict[str, Any] = {"handler": PREFIX + self.name, "args": args, "kwargs": kwargs}
-        if soft_limit is not None:  # (a task's own soft_time_limit is read where it runs)
-            payload[SOFT_LIMIT] = seconds(soft_limit, SOFT_LIMIT, low=0.001, high=MAX_SECONDS)
-        spec = JobSpec(payload, job_id=self._job_id(task_id), delay=countdown, run_after=eta,
-                       timeout=time_limit,
-                       priority=self.priority if priority is None else priority,
-                       max_attempts=_budget(self.max_retries),
-                       backoff=float(self.default_retry_delay or 0),
-                       expires=self.expires if expires is None else expires)
-        [ref] = submit(Queue(self._queue_for(queue, args, kwargs)), [spec], immediate=False)
+        given = {"task_id": task_id, "countdown": countdown, "eta": eta, "priority": priority,
+                 "queue": queue, "expires": expires}
+        options.update({name: value for name, value in given.items() if value is not None})
+        if link or link_error:  # (a flow: the task, then its callbacks)
+            callbacks = {name: value for name, value in (("link", link),
+                                                         ("link_error", link_error)) if value}
+            result = celery_canvas.apply(self.signature(args, kwargs, options={**options,
+                                                                               **callbacks}))
+            assert isinstance(result, JobResult)  # (a task's result is one job's)
+            return result
+        call = self.job_call(args, kwargs, options)
+        [ref] = submit(Queue(call.queue), [JobSpec(call.payload, **call.spec)], immediate=False)
         return JobResult(ref.id, ref.queue, app=self._get_app())
-
-    def _job_id(self, task_id: str | None) -> str | None:
-        """`task_id` as the job's id: it must be a jobqueue id (`jobqueue.ids.new_id()`)."""
-        if task_id is None:
-            return None
-        try:
-            return ids.validate_job_id(task_id)
-        except InvalidJobId as exc:
-            raise InvalidOption(f"{self.name}: apply_async(task_id={task_id!r}) is refused: a "
-                                f"task id is the job's id, a jobqueue id ({exc})") from None
-
-    def _queue_for(self, queue: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        """The queue Celery's routing picks: `apply_async(queue=…)`, then the task's own `queue`,
-        then `task_routes`; one that none of them names is jobqueue's `default` (not Celery's
-        `task_default_queue`)."""
-        named = queue or getattr(self, "queue", None)
-        if not named:
-            router = self._get_app().amqp.router
-            route = router.lookup_route(self.name, args, kwargs, {}, self) if router.routes else None
-            named = route.get("queue") if isinstance(route, Mapping) else route
-        return str(getattr(named, "name", named) or "default")  # (a name, or kombu's Queue)
 
     def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
               throw: bool = True, eta: datetime | None = None, countdown: float | None = None,
@@ -219,10 +148,56 @@ class SoftLimit:
                     ctypes.c_ulong(self._thread), ctypes.py_object(SoftTimeLimitExceeded))
 
 
-def _budget(max_retries: int | None) -> int:
-    """The job's runs for a task's `max_retries` (None, Celery's "for ever": the most a job
-    may have)."""
-    return MAX_ATTEMPTS if max_retries is None else min(max_retries + 1, MAX_ATTEMPTS)
+class Errback:
+    """An errback job's watch (a canvas's `link_error`: celery_canvas.py): whether the task it
+    watches failed, and the arguments Celery calls an errback with then."""
+
+    def __init__(self, watch: dict[str, Any]) -> None:
+        self.job_id, self.queue = [*(watch.get("of") or ()), "", "default"][:2]
+        self.header = [tuple(job) for job in watch.get("header") or ()]
+        self.immutable = bool(watch.get("immutable"))
+
+    def arguments(self, task: JobTask, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The errback's arguments, its own after `(request, exc, traceback)` when it can take
+        them, else after the failed task's id (Celery's rule), none more when immutable; None
+        when the task did not fail. `args[0]` is the task's outcome (its result, or its error
+        object when it did not succeed)."""
+        outcome, own = (args[0] if args else None), tuple(args[1:])
+        failure = self._failure(outcome)
+        if failure is None:
+            return None
+        if self.immutable:
+            return own
+        try:
+            inspect.signature(task.run).bind(None, None, None, *own, **kwargs)
+        except TypeError:
+            return (self.job_id, *own)
+        exc, error = failure
+        return (self._request(), exc, error, *own)
+
+    def _failure(self, outcome: Any) -> tuple[BaseException, str] | None:
+        """The task's failure (JobFailed, its error text) when its run failed (dead), or, for a
+        chord's callback cancelled by a header task's failure, that one's (ChordError)."""
+        if not (isinstance(outcome, dict) and outcome.get("job") == self.job_id):
+            return None  # (it succeeded: its result is no error object of its own)
+        error = str(outcome.get("error") or "")
+        if outcome.get("state") == State.DEAD:
+            return JobFailed(self.job_id, State.DEAD, error), error
+        for member, queue in self.header if outcome.get("state") == State.CANCELLED else ():
+            info = get_job(member, queue)
+            if info is not None and info.state == State.DEAD:
+                failed = JobFailed(member, info.state, info.last_error)
+                return ChordError(f"Dependency {member} raised {failed}"), info.last_error
+        return None
+
+    def _request(self) -> Context:
+        """The failed task's request, as its run had it (id, task, args, kwargs, queue)."""
+        info = get_job(self.job_id, self.queue)
+        payload = info.payload if info is not None and isinstance(info.payload, dict) else {}
+        return Context(id=self.job_id, task=str(payload.get("handler", ""))[len(PREFIX):],
+                       args=payload.get("args", []), kwargs=payload.get("kwargs", {}),
+                       delivery_info={"routing_key": self.queue}, jobqueue=True)
 
 
 def _charged_runs(lease: Lease) -> int:
@@ -256,8 +231,15 @@ def handler_for(name: str, lease: Lease) -> JobFunction:
 
     payload = lease.payload if isinstance(lease.payload, dict) else {}
     soft_limit = payload.get(SOFT_LIMIT) or task.soft_time_limit
+    watch = payload.get(celery_canvas.ERRBACK)
+    errback = Errback(watch) if isinstance(watch, dict) else None
 
     def run(*args: Any, **kwargs: Any) -> Any:
+        if errback is not None:
+            reshaped = errback.arguments(task, args, kwargs)
+            if reshaped is None:  # (its task did not fail: the errback is not called)
+                return None
+            args = reshaped
         retries = 0 if lease.token <= 1 else _charged_runs(lease)
         task.push_request(id=lease.job_id, retries=retries, args=args, kwargs=kwargs,
                           called_directly=False, jobqueue=True,

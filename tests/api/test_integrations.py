@@ -259,8 +259,8 @@ def test_workers_silent_for_ten_minutes_are_forgotten(valkey_server: ValkeyProce
 def test_celery_options_jobqueue_cannot_honour_are_refused() -> None:
     with pytest.raises(InvalidOption, match="chord"):
         celery_tasks.shout.apply_async(args=["x"], chord=celery_tasks.shout.s("z"))
-    with pytest.raises(InvalidOption, match="link"):
-        celery_tasks.shout.apply_async(args=["x"], link=celery_tasks.shout.s("y"))
+    with pytest.raises(InvalidOption, match="xstarmap"):
+        celery_tasks.shout.starmap([("y",)]).delay()
     assert Queue("default").counts()["pending"] == 0
     assert celery_tasks.shout.apply_async(args=["x"], serializer="json").id.startswith("JOB")
 

@@ -70,3 +70,39 @@ def overruns_its_time_limit() -> None:
 @shared_task(soft_time_limit=-1)
 def has_a_bad_soft_limit() -> None:
     """A task whose own soft_time_limit makes no sense: refused when it is enqueued."""
+
+
+# The canvas tests' tasks (chain, group, chord, link and link_error of them).
+
+
+@shared_task
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+@shared_task
+def tsum(numbers: list[int]) -> int:
+    return sum(numbers)
+
+
+@shared_task
+def fails(why: str) -> None:
+    raise ValueError(why)
+
+
+@shared_task
+def sees_its_error(request, exc, traceback) -> dict:  # type: ignore[no-untyped-def]
+    """An errback as modern Celery calls one: the failed task's request, exception, traceback."""
+    return {"id": request.id, "task": request.task, "args": list(request.args),
+            "exc": type(exc).__name__, "message": str(exc), "traceback": traceback}
+
+
+@shared_task
+def sees_the_task_id(task_id: str) -> str:
+    """An errback of one argument: Celery calls it with the failed task's id."""
+    return task_id
+
+
+@shared_task
+def echo(*args: object) -> list[object]:
+    return list(args)
