@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .console import grants
+from . import grants
 from .cron import Entry
 from .cron import parse as parse_schedule
 from .exceptions import ConfigurationError, JobQueueError
@@ -73,7 +73,7 @@ class Config:
     never; a string is the dotted path of the tracer provider to use (or of a function that
     returns one) instead of the global one."""
     console: grants.Grants = field(default_factory=grants.Grants)
-    """`CONSOLE`: who may view or act on which queue in the console (console/grants.py)."""
+    """`CONSOLE`: who may view or act on which queue in the console (grants.py)."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)

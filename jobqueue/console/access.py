@@ -16,7 +16,7 @@ else; a new page or action must too:
   (the history changelist, its bulk actions, a search of the history);
 - `workers(request, found)`: the workers page's entries with other queues' work left out.
 
-The rule (settings in `JOBQUEUE["CONSOLE"]`, parsed by grants.py): a superuser sees and acts
+The rule (settings in `JOBQUEUE["CONSOLE"]`, parsed by jobqueue/grants.py): a superuser sees and acts
 everywhere. Otherwise a queue that `ACCESS` names is seen by the groups granted `view` or `act`
 on it (or on "*") and acted on by those granted `act`; a queue it does not name is open to every
 console user while `OPEN_BY_DEFAULT` is True (its default while `ACCESS` is empty: no grant
@@ -35,7 +35,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
 from ..conf import get_config
-from .grants import ACT, VIEW, Grants
+from ..grants import ACT, VIEW, Grants
 
 CACHE = "_jobqueue_access"
 """The request attribute holding the user's `Scope` for the rest of the request."""

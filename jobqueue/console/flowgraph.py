@@ -25,9 +25,9 @@ from django.utils.safestring import SafeString
 
 from .. import ids
 from ..engine.store import Queue
+from ..flows.members import spots as flow_spots
 from ..states import State
 from .errors import last_line
-from ..flows.members import spots as flow_spots
 from .readmodels import FLOW_PAGE
 
 MAX_DRAWN = 2_000
@@ -44,7 +44,7 @@ WIDTH, HEIGHT, GAP_X, GAP_Y, PAD = 190, 40, 56, 12, 8
 
 
 @dataclass
-class Node:
+class Box:
     """One box: a job, or `members` siblings drawn as one."""
 
     key: str
@@ -65,7 +65,7 @@ class Node:
 
 @dataclass
 class Graph:
-    nodes: list[Node]
+    nodes: list[Box]
     edges: set[tuple[str, str]]
     total: int
     """How many jobs the flow has (drawn or not)."""
@@ -100,13 +100,13 @@ def read(queue: Queue, flow_id: str) -> Graph:
         q, index = spots[at]
         pipe.hmget(q.shard(index).job(job_id), "state", "dependents")
     rows = pipe.execute()
-    nodes: dict[str, Node] = {}
+    nodes: dict[str, Box] = {}
     edges: set[tuple[str, str]] = set()
     spot_of: dict[str, tuple[Queue, int]] = {}
     for (position, at, job_id), (state, dependents) in zip(placed, rows, strict=True):
         if state is None:
             continue  # (its row expired)
-        nodes[job_id] = Node(job_id, position, state, queue=spots[at][0].name)
+        nodes[job_id] = Box(job_id, position, state, queue=spots[at][0].name)
         spot_of[job_id] = spots[at]
         for edge in (dependents or "").split():
             edges.add((job_id, edge.split(":", 1)[0]))
@@ -116,8 +116,8 @@ def read(queue: Queue, flow_id: str) -> Graph:
     return Graph(_collapse(nodes, edges, queue, spot_of), _edges_between(nodes, edges), total)
 
 
-def _collapse(nodes: dict[str, Node], edges: set[tuple[str, str]], queue: Queue,
-              spot_of: dict[str, tuple[Queue, int]]) -> list[Node]:
+def _collapse(nodes: dict[str, Box], edges: set[tuple[str, str]], queue: Queue,
+              spot_of: dict[str, tuple[Queue, int]]) -> list[Box]:
     """Layer the jobs, fold large sibling sets into one node each, and read what the boxes
     drawn one per job show (handler, what a waiting job waits for, last error)."""
     before, after = defaultdict(set), defaultdict(set)
@@ -125,14 +125,14 @@ def _collapse(nodes: dict[str, Node], edges: set[tuple[str, str]], queue: Queue,
         before[b].add(a)
         after[a].add(b)
     _layers(nodes, before, after)
-    siblings: dict[tuple[int, frozenset[str], frozenset[str]], list[Node]] = defaultdict(list)
+    siblings: dict[tuple[int, frozenset[str], frozenset[str]], list[Box]] = defaultdict(list)
     for node in nodes.values():
         siblings[(node.layer, frozenset(before[node.key]), frozenset(after[node.key]))].append(node)
-    shown: list[Node] = []
+    shown: list[Box] = []
     for found in siblings.values():
         if len(found) > COLLAPSE_OVER:
             first = min(found, key=lambda n: n.position)
-            group = Node(first.key, first.position, members=len(found),
+            group = Box(first.key, first.position, members=len(found),
                          states=Counter(n.state for n in found), layer=first.layer)
             for node in found:
                 node.key = group.key  # (its edges now end at the group)
@@ -143,7 +143,7 @@ def _collapse(nodes: dict[str, Node], edges: set[tuple[str, str]], queue: Queue,
     return sorted(shown, key=lambda n: (n.layer, n.position))
 
 
-def _layers(nodes: dict[str, Node], before: dict[str, set[str]], after: dict[str, set[str]]
+def _layers(nodes: dict[str, Box], before: dict[str, set[str]], after: dict[str, set[str]]
             ) -> None:
     """Each node's layer: the longest path to it from a job waiting for nothing (in
     topological order, so a chain of thousands costs one pass)."""
@@ -158,12 +158,12 @@ def _layers(nodes: dict[str, Node], before: dict[str, set[str]], after: dict[str
                 ready.append(dependent)
 
 
-def _edges_between(nodes: dict[str, Node], edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
+def _edges_between(nodes: dict[str, Box], edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
     """The edges between the boxes drawn (a group's members' edges end at the group)."""
     return {(nodes[a].key, nodes[b].key) for a, b in edges}
 
 
-def _details(queue: Queue, shown: list[Node], spot_of: dict[str, tuple[Queue, int]]) -> None:
+def _details(queue: Queue, shown: list[Box], spot_of: dict[str, tuple[Queue, int]]) -> None:
     pipe = queue.client.pipeline(transaction=False)
     for node in shown:
         q, index = spot_of[node.key]
@@ -212,7 +212,7 @@ def svg(graph: Graph, job_url: str, list_url: str) -> SafeString:
         width, height, width, height, lines, boxes)
 
 
-def _box(node: Node, job_url: str, list_url: str) -> SafeString:
+def _box(node: Box, job_url: str, list_url: str) -> SafeString:
     if node.members > 1:
         counts = ", ".join(f"{n:,} {state}" for state, n in node.states.most_common())
         state = node.states.most_common(1)[0][0]

@@ -15,8 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import Client
 
-from jobqueue import Queue, chain, conf
-from jobqueue.console import grants
+from jobqueue import Queue, chain, conf, grants
 from jobqueue.exceptions import ConfigurationError
 from jobqueue.history.mirror import upsert
 from tests import workers
