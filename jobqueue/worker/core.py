@@ -34,8 +34,10 @@ from redis.exceptions import RedisError
 
 from .. import collector
 from ..api.handler import PROGRESS
+from ..api.registry import largest_batch
 from ..exceptions import VALKEY_DOWN, JobQueueError
 from . import presence
+from .batches import grown
 from .claims import Claims
 from .heartbeat import Heartbeat
 from .maintenance import Maintenance
@@ -107,6 +109,8 @@ class Worker:
         self.runners: Runners | None = None
         """The runner threads (and event loop) that run the claimed jobs, once started."""
         self._mirror: MirrorThread | None = None
+        self._batches = False
+        """Whether it serves batch handlers (`_fit_batches`)."""
 
     @property
     def processed(self) -> int:
@@ -199,6 +203,7 @@ class Worker:
             return False
         for queue, shards in found:
             self.served.add(queue, shards)
+        self._fit_batches()
         self.start_runners()
         self.held.room.set()
         heartbeat = Heartbeat(self.held, self.served.queue, self._threads_stop,
@@ -215,13 +220,26 @@ class Worker:
                  self.config.concurrency, " (burst)" if self.config.burst else "")
         return True
 
+    def _fit_batches(self) -> None:
+        """Room for the batches of the batch handlers it serves, if any (batches.py); a worker
+        without one stays as configured."""
+        most = largest_batch(queue.name for queue in self.served.queues)
+        if not most:
+            return
+        self._batches = True
+        self.config = grown(self.config, most)
+        self.held.capacity = self.config.capacity
+        self.claims.resize(self.config)
+        self.outcomes.resize(self.config.batch)
+
     def start_runners(self) -> None:
         """Start the runners (`run` does, once it found its queues; a test that drives
         `turn()` itself calls it). At concurrency 1 a runner claims the next job itself."""
         done = self.claims.finished_one if self.config.concurrency == 1 else self.outcomes.finished
         self.runners = Runners(self.config.concurrency, done, processes=self.config.processes,
                                held=self.held, max_memory=self.config.max_memory,
-                               queue=self.served.queue)
+                               queue=self.served.queue,
+                               batches=self.outcomes.finished_many if self._batches else None)
         self.claims.runners = self.runners
 
     def _ensure_waiters(self) -> None:

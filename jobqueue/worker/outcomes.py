@@ -81,6 +81,19 @@ class Outcomes:
         if (not outcome.ok or waiting <= 1 or waiting >= self._batch) and not self._wake.is_set():
             self._wake.set()  # (set already: the loop has yet to clear it, and will look then)
 
+    def finished_many(self, items: list[Finished]) -> None:
+        """Called by a runner thread with a batch's outcomes (batches.py): queued together,
+        the main loop woken once, so its successes ride one claim."""
+        for item in items:
+            self._finished.put(item)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def resize(self, batch: int) -> None:
+        """The successes that make an ack call of their own, once the worker grew
+        (`WorkerConfig.batch`)."""
+        self._batch = batch
+
     def empty(self) -> bool:
         """Whether nothing waits to be taken by `record`."""
         return self._finished.empty()

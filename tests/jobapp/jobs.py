@@ -505,3 +505,5 @@ def tallied(ctx: JobContext, tally: str, seconds: float, hold_first: str = "") -
     finally:
         client.eval(RUNNING, 2, *keys, -1)
     return ctx.attempt
+
+from . import batch_jobs  # noqa: E402, F401  (batch handlers, on their own queue)
