@@ -7,8 +7,8 @@ recorded, each outcome fenced by its own token), so a worker that dies mid-batch
 back when its lease ends, as it would a job run alone.
 
 - Claiming: a worker that serves a queue with batch handlers holds room for two batches of the
-  largest `batch` more than its usual capacity (`grown`): its claims then bring up to a batch's
-  worth in one script call (lanes, weights, caps, the global cap and rates apply as to any
+  largest `batch`, if its usual capacity is less (`grown`): its claims then bring up to a
+  batch's worth in one script call (lanes, weights, caps, the global cap and rates apply as to any
   claim). A worker with no batch handler is configured exactly as before.
 - Gathering (`Gathering`): `Runners.submit` gives it the claimed jobs of batch handlers (the
   others run as usual); each handler has a buffer, handed on as one `Batch` when it holds
@@ -54,15 +54,17 @@ DoneMany = Callable[[list[tuple[Lease, Outcome]]], None]
 
 
 GROWTH = 2
-"""Batches of the largest `batch` a worker that serves batch handlers holds room for, on top of
-its usual capacity: one running while the next gathers."""
+"""Batches of the largest `batch` a worker that serves batch handlers holds room for (when
+that is more than its usual capacity): one running while the next gathers."""
 
 
 def grown(config: WorkerConfig, most: int) -> WorkerConfig:
-    """`config` for a worker whose handlers take batches of up to `most` jobs: its prefetch
-    grown by GROWTH batches, so one claim brings a batch's worth."""
-    prefetch = config.concurrency if config.prefetch is None else config.prefetch
-    return replace(config, prefetch=prefetch + GROWTH * most)
+    """`config` for a worker whose handlers take batches of up to `most` jobs: room for GROWTH
+    such batches (its prefetch grown), so a claim brings a whole batch, and its claims come
+    in whole batches (a claim waits for a quarter of the room: `WorkerConfig.batch`)."""
+    if config.capacity >= GROWTH * most:
+        return config
+    return replace(config, prefetch=GROWTH * most - config.concurrency)
 
 
 class Batch(NamedTuple):

@@ -153,12 +153,16 @@ def test_a_batch_under_processes_runs_in_a_pool_process(url: str) -> None:
 
 def test_a_thousand_jobs_in_batches_of_a_hundred_cost_few_script_calls(
         valkey_server: ValkeyProcess, settings: Any) -> None:
-    """At batch=100, the claims, acks and batch notes of 1,000 jobs take at most 30 script
-    calls (0.03 per job), counted by the server (its slow log, every command logged)."""
+    """At batch=100, the claims and acks of 1,000 jobs take at most 30 script calls (0.03 per
+    job), and the batch notes one per batch, counted by the server (its slow log, every
+    command logged)."""
     settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **QUEUES}}
     conf.reset()
     refs = batch_jobs.count.enqueue_many([(i,) for i in range(1000)])
     client = Queue(batch_jobs.QUEUE).client
+    names = {source(name).sha: name for name in ("claim", "ack", "nack", "batch")}
+    for name in names.values():  # (a first call refused with NOSCRIPT would be logged too)
+        client.script_load(source(name).text)
     client.config_set("slowlog-max-len", 100_000)
     client.config_set("slowlog-log-slower-than", 0)
     client.slowlog_reset()
@@ -168,17 +172,16 @@ def test_a_thousand_jobs_in_batches_of_a_hundred_cost_few_script_calls(
         entries = client.slowlog_get(100_000)
     finally:
         client.config_set("slowlog-log-slower-than", 10_000)
-    names = {source(name).sha: name for name in ("claim", "ack", "nack", "batch")}
     counted: dict[str, int] = {}
     for entry in entries:
-        command = [part.decode() if isinstance(part, bytes) else str(part)
-                   for part in entry["command"].split()[:2]] if isinstance(
-                       entry["command"], (bytes, str)) else []
+        raw = entry["command"]
+        command = (raw.decode() if isinstance(raw, bytes) else str(raw)).split()[:2]
         if len(command) == 2 and command[0].upper() == "EVALSHA" and command[1] in names:
             counted[names[command[1]]] = counted.get(names[command[1]], 0) + 1
     assert sum(ref.result(timeout=10) for ref in refs) == sum(range(1000))
-    assert counted.get("batch", 0) >= 10, counted
-    assert sum(counted.values()) <= 30, counted
+    print("script calls", counted)
+    assert 10 <= counted.get("batch", 0) <= 12, counted  # (one note per batch: batch.lua)
+    assert sum(counted.values()) <= 30, counted  # claims, acks and notes: 0.03 a job
 
 
 @pytest.mark.parametrize(("options", "says"), [
