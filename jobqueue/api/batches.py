@@ -47,8 +47,11 @@ def check_options(name: str, batch: object, batch_wait: object) -> tuple[int | N
             raise InvalidOption(f"{name}: batch_wait= needs batch= (the most jobs per call)")
         return None, DEFAULT_BATCH_WAIT
     count = whole_number(batch, f"{name}: batch", 1, MAX_BATCH)
-    wait = DEFAULT_BATCH_WAIT if batch_wait is None else seconds(
-        batch_wait, f"{name}: batch_wait", low=0, high=MAX_BATCH_WAIT)
+    wait = (
+        DEFAULT_BATCH_WAIT
+        if batch_wait is None
+        else seconds(batch_wait, f"{name}: batch_wait", low=0, high=MAX_BATCH_WAIT)
+    )
     return count, wait
 
 
@@ -109,8 +112,10 @@ class BatchContext:
             raise JobCancelled(f"every job of the batch ({len(self.job_ids)}) was cancelled")
 
     def save_checkpoint(self, data: Any) -> bool:
-        raise InvalidOption("a batch has no checkpoint: a checkpoint belongs to one job (run "
-                            "a handler that checkpoints without batch=)")
+        raise InvalidOption(
+            "a batch has no checkpoint: a checkpoint belongs to one job (run "
+            "a handler that checkpoints without batch=)"
+        )
 
     def unwritten(self) -> list[JobContext]:
         """The jobs' contexts whose progress waits to be written (before their outcomes are)."""

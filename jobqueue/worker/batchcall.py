@@ -21,8 +21,7 @@ from .executor import Outcome, _failed, _succeeded, _write_progress, resolve, ti
 
 def time_limit(leases: list[Lease]) -> Lease | None:
     """The started lease whose deadline is the batch's (the smallest time limit), if any."""
-    return min((lease for lease in leases if lease.deadline), key=lambda lease: lease.deadline,
-               default=None)
+    return min((lease for lease in leases if lease.deadline), key=lambda lease: lease.deadline, default=None)
 
 
 class Call(NamedTuple):
@@ -58,8 +57,7 @@ def prepared(leases: list[Lease], lanes: list[str], limit: Lease | None) -> Call
     return Call(handler.func, [ctx, items], positions, outcomes, ctx)
 
 
-def answered(call: Call, result: Any, failed: BaseException | None,
-             started: float) -> list[Outcome]:
+def answered(call: Call, result: Any, failed: BaseException | None, started: float) -> list[Outcome]:
     """Each job's outcome from what the handler's one call came to."""
     if call.ctx is not None:
         for ctx in call.ctx.unwritten():  # (before the outcomes are recorded)
@@ -67,13 +65,17 @@ def answered(call: Call, result: Any, failed: BaseException | None,
     count = len(call.positions)
     if failed is None and (not isinstance(result, list) or len(result) != count):
         got = f"{len(result)}" if isinstance(result, list) else f"a {type(result).__name__}"
-        failed = TypeError(f"a batch handler must return a list of one result per item, in "
-                           f"order: expected {count} results, got {got}")
+        failed = TypeError(
+            f"a batch handler must return a list of one result per item, in "
+            f"order: expected {count} results, got {got}"
+        )
     if failed is not None:
         each = [_failed(failed, started)] * count
     else:
-        each = [_failed(value, started) if isinstance(value, BaseException)
-                else _succeeded(value, started) for value in result]
+        each = [
+            _failed(value, started) if isinstance(value, BaseException) else _succeeded(value, started)
+            for value in result
+        ]
     outcomes = list(call.outcomes)
     for position, outcome in zip(call.positions, each, strict=True):
         outcomes[position] = outcome

@@ -84,8 +84,9 @@ class BatchRunner:
     """The runners' side of batch handlers: gathers their claimed jobs (`gather`), and runs a
     batch on a runner thread (`run`), its outcomes handed over together (`done_many`)."""
 
-    def __init__(self, ready: Callable[[Batch], None], done_many: DoneMany,
-                 start: Callable[[Lease], Lease]) -> None:
+    def __init__(
+        self, ready: Callable[[Batch], None], done_many: DoneMany, start: Callable[[Lease], Lease]
+    ) -> None:
         """`ready`: gets each batch once due (the runners queue it as a job); `start`: a
         job's lease as its run starts (`HeldJobs.start`)."""
         self.gathering = Gathering(ready)
@@ -105,8 +106,9 @@ class BatchRunner:
             self.gathering.add(batched)
         return others
 
-    def run(self, batch: Batch, process: PoolProcess | None,
-            close_old_connections: Callable[[], None]) -> None:
+    def run(
+        self, batch: Batch, process: PoolProcess | None, close_old_connections: Callable[[], None]
+    ) -> None:
         """Run a batch with one call of its handler, on this runner thread (or in its pool
         process), and hand its outcomes over together; an error of the worker's code around
         it fails every job of it."""
@@ -117,13 +119,15 @@ class BatchRunner:
             for lease in leases:
                 signals.send(signals.job_started, Queue, lease=lease)
             lanes = noted(leases)
-            outcomes = (run_batch(leases, lanes) if process is None
-                        else process.run_batch(leases, lanes, self._start))
+            outcomes = (
+                run_batch(leases, lanes) if process is None else process.run_batch(leases, lanes, self._start)
+            )
         except Abandoned:  # (ended by the stopping worker, which hands the jobs back)
             return
         except Exception as exc:  # (logged, and the failure of each job of it)
-            log.exception("a batch of %d jobs of %s: the runner failed around it",
-                          len(leases), batch.handler.name)
+            log.exception(
+                "a batch of %d jobs of %s: the runner failed around it", len(leases), batch.handler.name
+            )
             outcomes = [unexpected(exc)] * len(leases)
         try:
             close_old_connections()
@@ -131,8 +135,11 @@ class BatchRunner:
             try:
                 self.done_many(list(zip(leases, outcomes, strict=True)))
             except Exception:  # (a bug in the bookkeeping: said, and the runner goes on)
-                log.exception("the outcomes of a batch of %d jobs could not be handed over "
-                              "(the worker holds them until it stops)", len(leases))
+                log.exception(
+                    "the outcomes of a batch of %d jobs could not be handed over "
+                    "(the worker holds them until it stops)",
+                    len(leases),
+                )
 
 
 def batch_handler(lease: Lease) -> JobFunction | None:
@@ -166,8 +173,7 @@ class Gathering:
             due = self._due(now)
             if self._buffers:
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._watch, daemon=True,
-                                                    name="jobqueue-batches")
+                    self._thread = threading.Thread(target=self._watch, daemon=True, name="jobqueue-batches")
                     self._thread.start()
                 self._changed.notify()
         for batch in due:
@@ -203,8 +209,9 @@ class Gathering:
                 now = time.monotonic()
                 due = self._due(now)
                 if not due:
-                    waits = [since + handler.options.batch_wait
-                             for handler, _, since in self._buffers.values()]
+                    waits = [
+                        since + handler.options.batch_wait for handler, _, since in self._buffers.values()
+                    ]
                     self._changed.wait(min(waits, default=now + 60.0) - now)
                     continue
             for batch in due:

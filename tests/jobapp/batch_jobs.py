@@ -24,9 +24,12 @@ def _client() -> Any:
 def double(items: list[BatchItem]) -> list[Any]:
     """Twice each item's number; an item "fail" fails alone (an exception in the list)."""
     _client().rpush(CALLS, len(items))
-    return [ValueError(f"item {item.id} refused") if item.args[0] == "fail"
-            else {"double": item.args[0] * 2, "lane": item.lane, "attempt": item.attempt}
-            for item in items]
+    return [
+        ValueError(f"item {item.id} refused")
+        if item.args[0] == "fail"
+        else {"double": item.args[0] * 2, "lane": item.lane, "attempt": item.attempt}
+        for item in items
+    ]
 
 
 @job(queue=QUEUE, batch=100, batch_wait=0.05)

@@ -43,20 +43,17 @@ def state(ref: Any) -> str | None:
 
 
 def worker(url: str, *args: str, log: Path | None = None) -> Any:
-    return start_worker(url, "--queues", batch_jobs.QUEUE, "--no-mirror", *args, log=log,
-                        env=ENV)
+    return start_worker(url, "--queues", batch_jobs.QUEUE, "--no-mirror", *args, log=log, env=ENV)
 
 
 def test_jobs_enqueued_one_by_one_run_in_batches_each_with_its_own_result(url: str) -> None:
-    refs = [batch_jobs.double.using(lane="tenant-7" if i % 2 else None).enqueue(i)
-            for i in range(94)]
+    refs = [batch_jobs.double.using(lane="tenant-7" if i % 2 else None).enqueue(i) for i in range(94)]
     failing = batch_jobs.double.enqueue("fail")
     assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
     sizes = calls_made()
     assert sum(sizes) == 95 and max(sizes) <= 10 and len(sizes) >= 10
     for i, ref in enumerate(refs):
-        assert ref.result(timeout=10) == {"double": i * 2, "attempt": 1,
-                                           "lane": "tenant-7" if i % 2 else ""}
+        assert ref.result(timeout=10) == {"double": i * 2, "attempt": 1, "lane": "tenant-7" if i % 2 else ""}
     with pytest.raises(JobFailed, match="refused"):
         failing.result(timeout=10)
     info = Queue(batch_jobs.QUEUE).get(failing.id)
@@ -79,7 +76,8 @@ def test_a_short_batch_waits_no_longer_than_its_batch_wait(url: str) -> None:
 
 
 def test_a_worker_killed_mid_batch_gives_every_job_back_and_each_runs_once_more(
-        url: str, tmp_path: Path) -> None:
+    url: str, tmp_path: Path
+) -> None:
     marker = tmp_path / "go"
     refs = [batch_jobs.held_until.enqueue(str(marker)) for _ in range(10)]
     proc = worker(url, "--concurrency", "2")
@@ -115,8 +113,13 @@ def test_a_raise_or_a_wrong_answer_fails_every_job_of_the_batch(url: str) -> Non
         with pytest.raises(JobFailed) as failed:
             ref.result(timeout=10)
         assert re.search(r"expected (\d) results, got (\d)", str(failed.value))
-        n, m = map(int, re.search(r"expected (\d) results, got (\d)",  # type: ignore[union-attr]
-                                  str(failed.value)).groups())
+        n, m = map(
+            int,
+            re.search(
+                r"expected (\d) results, got (\d)",  # type: ignore[union-attr]
+                str(failed.value),
+            ).groups(),
+        )
         assert m == n - 1
 
 
@@ -131,8 +134,7 @@ def test_the_context_reports_progress_and_a_cancel_of_one_job_of_the_batch(url: 
     queue = Queue(batch_jobs.QUEUE)
     proc = worker(url, "--concurrency", "2")
     try:
-        wait_for(lambda: all((queue.get(ref.id) or Any).progress == {"of": 3} for ref in refs),
-                 timeout=60)
+        wait_for(lambda: all((queue.get(ref.id) or Any).progress == {"of": 3} for ref in refs), timeout=60)
         queue.cancel(refs[1].id)
         assert refs[0].result(timeout=30) == 0 and refs[2].result(timeout=30) == 2
         wait_for(lambda: state(refs[1]) == "cancelled")
@@ -145,14 +147,19 @@ def test_the_context_reports_progress_and_a_cancel_of_one_job_of_the_batch(url: 
 
 def test_a_batch_under_processes_runs_in_a_pool_process(url: str) -> None:
     refs = [batch_jobs.double.enqueue(i) for i in range(12)]
-    assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", "--processes",
-                     "--concurrency", "1", env=ENV) == 0
+    assert (
+        run_burst(
+            url, "--queues", batch_jobs.QUEUE, "--no-mirror", "--processes", "--concurrency", "1", env=ENV
+        )
+        == 0
+    )
     assert [ref.result(timeout=10)["double"] for ref in refs] == [i * 2 for i in range(12)]
     assert max(calls_made()) <= 10
 
 
 def test_a_thousand_jobs_in_batches_of_a_hundred_cost_few_script_calls(
-        valkey_server: ValkeyProcess, settings: Any) -> None:
+    valkey_server: ValkeyProcess, settings: Any
+) -> None:
     """At batch=100, the claims and acks of 1,000 jobs take at most 30 script calls (0.03 per
     job), and the batch notes one per batch, counted by the server (its slow log, every
     command logged)."""
@@ -167,8 +174,12 @@ def test_a_thousand_jobs_in_batches_of_a_hundred_cost_few_script_calls(
     client.config_set("slowlog-log-slower-than", 0)
     client.slowlog_reset()
     try:
-        assert run_burst(valkey_server.url, "--queues", batch_jobs.QUEUE, "--no-mirror",
-                         "--concurrency", "4", env=ENV) == 0
+        assert (
+            run_burst(
+                valkey_server.url, "--queues", batch_jobs.QUEUE, "--no-mirror", "--concurrency", "4", env=ENV
+            )
+            == 0
+        )
         entries = client.slowlog_get(100_000)
     finally:
         client.config_set("slowlog-log-slower-than", 10_000)
@@ -184,21 +195,24 @@ def test_a_thousand_jobs_in_batches_of_a_hundred_cost_few_script_calls(
     assert sum(counted.values()) <= 30, counted  # claims, acks and notes: 0.03 a job
 
 
-@pytest.mark.parametrize(("options", "says"), [
-    ({"batch": 0}, "batch must be an integer in 1…1000"),
-    ({"batch": 1001}, "batch must be an integer in 1…1000"),
-    ({"batch": 2.5}, "batch must be an integer"),
-    ({"batch": True}, "batch must be an integer"),
-    ({"batch": "10"}, "batch must be an integer"),
-    ({"batch": 10, "batch_wait": -1}, "batch_wait must be within 0…3600"),
-    ({"batch": 10, "batch_wait": 3601}, "batch_wait must be within 0…3600"),
-    ({"batch": 10, "batch_wait": "soon"}, "batch_wait must be a number"),
-    ({"batch": 10, "batch_wait": True}, "batch_wait must be a number"),
-    ({"batch_wait": 1.0}, "batch_wait= needs batch="),
-])
-def test_bad_batch_options_are_refused_at_the_decorator(options: dict[str, Any],
-                                                         says: str) -> None:
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"batch": 0}, "batch must be an integer in 1…1000"),
+        ({"batch": 1001}, "batch must be an integer in 1…1000"),
+        ({"batch": 2.5}, "batch must be an integer"),
+        ({"batch": True}, "batch must be an integer"),
+        ({"batch": "10"}, "batch must be an integer"),
+        ({"batch": 10, "batch_wait": -1}, "batch_wait must be within 0…3600"),
+        ({"batch": 10, "batch_wait": 3601}, "batch_wait must be within 0…3600"),
+        ({"batch": 10, "batch_wait": "soon"}, "batch_wait must be a number"),
+        ({"batch": 10, "batch_wait": True}, "batch_wait must be a number"),
+        ({"batch_wait": 1.0}, "batch_wait= needs batch="),
+    ],
+)
+def test_bad_batch_options_are_refused_at_the_decorator(options: dict[str, Any], says: str) -> None:
     with pytest.raises(InvalidOption, match=re.escape(says)):
+
         @job(name="tests.bad_batch", **options)
         def bad(items: list[BatchItem]) -> list[Any]:
             return []
