@@ -44,7 +44,8 @@ from ..api.registry import JobFunction, registered_batch
 from ..engine.scripts import calls
 from ..engine.store import Queue
 from ..records import Lease
-from .batchcall import run_batch
+from .batchcall import run_batch, time_limit
+from .deadlines import Deadlines
 from .executor import Outcome, unexpected
 from .pool import Abandoned, PoolProcess
 from .serving import WorkerConfig
@@ -84,14 +85,15 @@ class BatchRunner:
     """The runners' side of batch handlers: gathers their claimed jobs (`gather`), and runs a
     batch on a runner thread (`run`), its outcomes handed over together (`done_many`)."""
 
-    def __init__(
-        self, ready: Callable[[Batch], None], done_many: DoneMany, start: Callable[[Lease], Lease]
-    ) -> None:
+    def __init__(self, ready: Callable[[Batch], None], done_many: DoneMany,
+                 start: Callable[[Lease], Lease], deadlines: Deadlines) -> None:
         """`ready`: gets each batch once due (the runners queue it as a job); `start`: a
-        job's lease as its run starts (`HeldJobs.start`)."""
+        job's lease as its run starts (`HeldJobs.start`); `deadlines`: the runners' timer of
+        runs with a time limit."""
         self.gathering = Gathering(ready)
         self.done_many = done_many
         self._start = start
+        self._deadlines = deadlines
 
     def gather(self, leases: list[Lease]) -> list[Lease]:
         """Buffer the jobs of batch handlers; the others, to run as usual."""
@@ -106,40 +108,43 @@ class BatchRunner:
             self.gathering.add(batched)
         return others
 
-    def run(
-        self, batch: Batch, process: PoolProcess | None, close_old_connections: Callable[[], None]
-    ) -> None:
+    def run(self, batch: Batch, process: PoolProcess | None,
+            close_old_connections: Callable[[], None]) -> None:
         """Run a batch with one call of its handler, on this runner thread (or in its pool
         process), and hand its outcomes over together; an error of the worker's code around
-        it fails every job of it."""
-        leases = batch.leases
+        it fails every job of it. On a thread, a batch past its time limit overruns as a
+        single run does (deadlines.py): each job's JobTimeout recorded at the deadline."""
+        leases, run = batch.leases, None
         try:
             if process is None:  # (a pool process starts the runs once it is up: pool.py)
                 leases = [self._start(lease) for lease in leases]
+                limit = time_limit(leases)
+                run = self._deadlines.start(limit, tuple(leases)) if limit else None
             for lease in leases:
                 signals.send(signals.job_started, Queue, lease=lease)
             lanes = noted(leases)
-            outcomes = (
-                run_batch(leases, lanes) if process is None else process.run_batch(leases, lanes, self._start)
-            )
+            outcomes = (run_batch(leases, lanes) if process is None
+                        else process.run_batch(leases, lanes, self._start))
         except Abandoned:  # (ended by the stopping worker, which hands the jobs back)
             return
         except Exception as exc:  # (logged, and the failure of each job of it)
-            log.exception(
-                "a batch of %d jobs of %s: the runner failed around it", len(leases), batch.handler.name
-            )
+            log.exception("a batch of %d jobs of %s: the runner failed around it",
+                          len(leases), batch.handler.name)
             outcomes = [unexpected(exc)] * len(leases)
+        if run is not None:  # (the timer's: its JobTimeout at the deadline, or when late)
+            returned = self._deadlines.returned(run, outcomes[0])
+            if returned is None:  # (it overran: its failures were recorded at the deadline)
+                return
+            if returned is not outcomes[0]:
+                outcomes = [returned] * len(leases)
         try:
             close_old_connections()
         finally:
             try:
                 self.done_many(list(zip(leases, outcomes, strict=True)))
             except Exception:  # (a bug in the bookkeeping: said, and the runner goes on)
-                log.exception(
-                    "the outcomes of a batch of %d jobs could not be handed over "
-                    "(the worker holds them until it stops)",
-                    len(leases),
-                )
+                log.exception("the outcomes of a batch of %d jobs could not be handed over "
+                              "(the worker holds them until it stops)", len(leases))
 
 
 def batch_handler(lease: Lease) -> JobFunction | None:

@@ -95,12 +95,12 @@ class Runners:
         `max_memory`: resident MB past which a pool process is replaced after its job;
         `batches`: where a batch's outcomes go, when batch handlers are served (None: no job
         is gathered into batches: batches.py)."""
-        self._batches = (BatchRunner(self._batch_ready, batches, held.start)
-                         if batches is not None else None)
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
         self._held = held
         self.deadlines = Deadlines(done, held, queue)
         """Plain runs with a time limit on the runner threads (deadlines.py)."""
+        self._batches = (BatchRunner(self._batch_ready, batches, held.start, self.deadlines)
+                         if batches is not None else None)
         self._done = done
         self._count = count
         self._processes = processes

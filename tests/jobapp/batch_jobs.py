@@ -80,3 +80,10 @@ async def adouble(items: list[BatchItem]) -> list[int]:
 
     await asyncio.sleep(0)
     return [item.args[0] * 2 for item in items]
+
+
+@job(queue=QUEUE, batch=3, batch_wait=0.1, timeout=0.5, max_attempts=1)
+def overruns(items: list[BatchItem]) -> list[Any]:
+    """Takes longer than its run time limit."""
+    time.sleep(float(items[0].args[0]))
+    return [None] * len(items)

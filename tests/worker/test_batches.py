@@ -216,3 +216,20 @@ def test_bad_batch_options_are_refused_at_the_decorator(options: dict[str, Any],
         @job(name="tests.bad_batch", **options)
         def bad(items: list[BatchItem]) -> list[Any]:
             return []
+
+
+@pytest.mark.parametrize("mode", [(), ("--processes",)], ids=["threads", "processes"])
+def test_a_batch_past_its_timeout_fails_each_of_its_jobs_with_job_timeout(
+        url: str, mode: tuple[str, ...]) -> None:
+    refs = batch_jobs.overruns.enqueue_many([(4,), (4,), (4,)])
+    proc = worker(url, "--concurrency", "1", *mode)
+    try:
+        for ref in refs:  # (recorded at the deadline: before the handler's 4 s are up)
+            with pytest.raises(JobFailed, match="passed its timeout of 0.5 s"):
+                ref.result(timeout=30)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    for ref in refs:
+        info = Queue(batch_jobs.QUEUE).get(ref.id)
+        assert info is not None and info.state == "dead" and info.attempts == 1
