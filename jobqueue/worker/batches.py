@@ -6,10 +6,12 @@ its own (an (id, token) entry in `HeldJobs`, renewed by the heartbeat until its 
 recorded, each outcome fenced by its own token), so a worker that dies mid-batch gives every job
 back when its lease ends, as it would a job run alone.
 
-- Claiming: a worker that serves a queue with batch handlers holds room for two batches of the
-  largest `batch`, if its usual capacity is less (`grown`): its claims then bring up to a
-  batch's worth in one script call (lanes, weights, caps, the global cap and rates apply as to any
-  claim). A worker with no batch handler is configured exactly as before.
+- Claiming: a worker that serves a queue with batch handlers holds room for a few batches of
+  the largest `batch` (one per runner, up to three, and one gathering), if its usual capacity
+  is less (`grown`): its claims then bring whole batches in one script call (lanes, weights,
+  caps, the global cap and rates apply as to any claim). A worker with no batch handler is
+  configured exactly as before, and its claims, runners and acks take the same path (a job
+  claimed is looked at for batching only when the worker serves a batch handler).
 - Gathering (`Gathering`): `Runners.submit` gives it the claimed jobs of batch handlers (the
   others run as usual); each handler has a buffer, handed on as one `Batch` when it holds
   `batch` jobs or its oldest has waited `batch_wait` seconds (a timer thread, started with the
@@ -54,18 +56,20 @@ log = logging.getLogger("jobqueue.worker")
 DoneMany = Callable[[list[tuple[Lease, Outcome]]], None]
 
 
-GROWTH = 2
-"""Batches of the largest `batch` a worker that serves batch handlers holds room for (when
-that is more than its usual capacity): one running while the next gathers."""
+RUNNING = 3
+"""Batches of the largest `batch` that a worker that serves batch handlers holds room to run
+at once (fewer when its concurrency is less), plus one gathering."""
 
 
 def grown(config: WorkerConfig, most: int) -> WorkerConfig:
-    """`config` for a worker whose handlers take batches of up to `most` jobs: room for GROWTH
-    such batches (its prefetch grown), so a claim brings a whole batch, and its claims come
-    in whole batches (a claim waits for a quarter of the room: `WorkerConfig.batch`)."""
-    if config.capacity >= GROWTH * most:
+    """`config` for a worker whose handlers take batches of up to `most` jobs: room (its
+    prefetch grown, when its capacity is less) for a batch on each of up to RUNNING runners
+    and one more gathering, so a claim brings whole batches and its runners do not wait for
+    the next claim's round trip."""
+    room = (min(config.concurrency, RUNNING) + 1) * most
+    if config.capacity >= room:
         return config
-    return replace(config, prefetch=GROWTH * most - config.concurrency)
+    return replace(config, prefetch=room - config.concurrency)
 
 
 class Batch(NamedTuple):
@@ -85,8 +89,13 @@ class BatchRunner:
     """The runners' side of batch handlers: gathers their claimed jobs (`gather`), and runs a
     batch on a runner thread (`run`), its outcomes handed over together (`done_many`)."""
 
-    def __init__(self, ready: Callable[[Batch], None], done_many: DoneMany,
-                 start: Callable[[Lease], Lease], deadlines: Deadlines) -> None:
+    def __init__(
+        self,
+        ready: Callable[[Batch], None],
+        done_many: DoneMany,
+        start: Callable[[Lease], Lease],
+        deadlines: Deadlines,
+    ) -> None:
         """`ready`: gets each batch once due (the runners queue it as a job); `start`: a
         job's lease as its run starts (`HeldJobs.start`); `deadlines`: the runners' timer of
         runs with a time limit."""
@@ -108,8 +117,9 @@ class BatchRunner:
             self.gathering.add(batched)
         return others
 
-    def run(self, batch: Batch, process: PoolProcess | None,
-            close_old_connections: Callable[[], None]) -> None:
+    def run(
+        self, batch: Batch, process: PoolProcess | None, close_old_connections: Callable[[], None]
+    ) -> None:
         """Run a batch with one call of its handler, on this runner thread (or in its pool
         process), and hand its outcomes over together; an error of the worker's code around
         it fails every job of it. On a thread, a batch past its time limit overruns as a
@@ -123,13 +133,15 @@ class BatchRunner:
             for lease in leases:
                 signals.send(signals.job_started, Queue, lease=lease)
             lanes = noted(leases)
-            outcomes = (run_batch(leases, lanes) if process is None
-                        else process.run_batch(leases, lanes, self._start))
+            outcomes = (
+                run_batch(leases, lanes) if process is None else process.run_batch(leases, lanes, self._start)
+            )
         except Abandoned:  # (ended by the stopping worker, which hands the jobs back)
             return
         except Exception as exc:  # (logged, and the failure of each job of it)
-            log.exception("a batch of %d jobs of %s: the runner failed around it",
-                          len(leases), batch.handler.name)
+            log.exception(
+                "a batch of %d jobs of %s: the runner failed around it", len(leases), batch.handler.name
+            )
             outcomes = [unexpected(exc)] * len(leases)
         if run is not None:  # (the timer's: its JobTimeout at the deadline, or when late)
             returned = self._deadlines.returned(run, outcomes[0])
@@ -143,8 +155,11 @@ class BatchRunner:
             try:
                 self.done_many(list(zip(leases, outcomes, strict=True)))
             except Exception:  # (a bug in the bookkeeping: said, and the runner goes on)
-                log.exception("the outcomes of a batch of %d jobs could not be handed over "
-                              "(the worker holds them until it stops)", len(leases))
+                log.exception(
+                    "the outcomes of a batch of %d jobs could not be handed over "
+                    "(the worker holds them until it stops)",
+                    len(leases),
+                )
 
 
 def batch_handler(lease: Lease) -> JobFunction | None:

@@ -220,12 +220,13 @@ def test_bad_batch_options_are_refused_at_the_decorator(options: dict[str, Any],
 
 @pytest.mark.parametrize("mode", [(), ("--processes",)], ids=["threads", "processes"])
 def test_a_batch_past_its_timeout_fails_each_of_its_jobs_with_job_timeout(
-        url: str, mode: tuple[str, ...]) -> None:
+    url: str, mode: tuple[str, ...]
+) -> None:
     refs = batch_jobs.overruns.enqueue_many([(4,), (4,), (4,)])
     proc = worker(url, "--concurrency", "1", *mode)
     try:
         for ref in refs:  # (recorded at the deadline: before the handler's 4 s are up)
-            with pytest.raises(JobFailed, match="passed its timeout of 0.5 s"):
+            with pytest.raises(JobFailed, match=re.escape("passed its timeout of 0.5 s")):
                 ref.result(timeout=30)
     finally:
         proc.terminate()
