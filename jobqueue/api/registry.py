@@ -192,7 +192,10 @@ class Signature:
 
 
 def _check_takes(handler: JobFunction, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """A flow's step gets what came before as its first argument: its handler must take one."""
+    """A flow's step gets what came before as its first argument: its handler must take one
+    (a batch handler takes its items, whatever their arguments)."""
+    if handler.options.batch:
+        return
     context = (None,) if handler.options.takes_context else ()
     try:
         inspect.signature(handler.func).bind(*context, None, *args, **kwargs)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobqueue import BatchItem, JobContext, Queue, job
+from jobqueue import BatchContext, BatchItem, Queue, job
 
 QUEUE = "batches"
 CALLS = "test:batch:calls"
@@ -62,7 +62,7 @@ def held_until(items: list[BatchItem]) -> list[str]:
 
 
 @job(queue=QUEUE, batch=10, batch_wait=0.2, takes_context=True)
-def reports(ctx: JobContext, items: list[BatchItem]) -> list[Any]:
+def reports(ctx: BatchContext, items: list[BatchItem]) -> list[Any]:
     """Reports progress on its batch and answers a cancelled job with JobCancelled."""
     from jobqueue import JobCancelled
 
@@ -70,7 +70,7 @@ def reports(ctx: JobContext, items: list[BatchItem]) -> list[Any]:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not ctx.cancelled:
         time.sleep(0.05)
-    cancelled = ctx.cancelled_ids()  # type: ignore[attr-defined]
+    cancelled = ctx.cancelled_ids()
     return [JobCancelled("cancelled") if item.id in cancelled else item.args[0] for item in items]
 
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from jobqueue import BatchItem, Queue, conf, job
+from jobqueue import BatchItem, Queue, chain, chord, conf, enqueue, job
 from jobqueue.engine.scripts import source
 from jobqueue.exceptions import InvalidOption, JobFailed
+from jobqueue.worker.batches import noted
 from tests.jobapp import batch_jobs
 from tests.servers import ValkeyProcess
 from tests.workers import run_burst, serving, start_worker, wait_for
@@ -234,3 +235,34 @@ def test_a_batch_past_its_timeout_fails_each_of_its_jobs_with_job_timeout(
     for ref in refs:
         info = Queue(batch_jobs.QUEUE).get(ref.id)
         assert info is not None and info.state == "dead" and info.attempts == 1
+
+
+def test_batch_jobs_come_from_flows_and_from_an_enqueue_by_name(url: str) -> None:
+    """Each job of a chord's header, of a chain and of an enqueue by dotted name is a job of its
+    own that the worker runs in batches; a flow's step gets what came before as its item's
+    first argument."""
+    flow = chord([batch_jobs.count.s(i) for i in range(12)], batch_jobs.count.s()).enqueue()
+    steps = chain(batch_jobs.count.s(5), batch_jobs.double.s()).enqueue()
+    named = enqueue("tests.jobapp.batch_jobs.double", args=[21])
+    assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+    assert flow.result(timeout=10) == list(range(12))
+    assert steps.result(timeout=10)["double"] == 10
+    assert named.result(timeout=10)["double"] == 42
+
+
+def test_the_job_page_says_which_jobs_ran_together(admin_client: Any, settings: Any,
+                                                   valkey_server: ValkeyProcess) -> None:
+    """The note batch.lua leaves on each job's row: the job page names the batch's first job
+    (a link to it) and its size; the first job's own page says it was the first."""
+    settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **QUEUES}}
+    conf.reset()
+    refs = batch_jobs.double.enqueue_many([(1,), (2,), (3,)])
+    leases = Queue(batch_jobs.QUEUE).dequeue(count=3)
+    assert noted(leases) == ["", "", ""]
+    first, second = leases[0].job_id, leases[1].job_id
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/batches/{second}/").content.decode()
+    assert "ran in a batch of 3 with" in page
+    assert f'/admin/jobqueue/job/live/jobs/batches/{first}/">{first}</a>' in page
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/batches/{first}/").content.decode()
+    assert "ran in a batch of 3, first of it" in page
+    assert {ref.id for ref in refs} == {lease.job_id for lease in leases}
