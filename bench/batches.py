@@ -28,7 +28,7 @@ def run(handler: object, jobs: int, concurrency: int) -> tuple[float, float]:
     """(jobs/s, script calls per job) of `jobs` jobs of `handler`, each enqueued as a job of its
     own, run by one `runworker --burst`: from the first job's start to the last one's end (as
     their rows say: the worker's own start is left out)."""
-    from benchapp.models import BatchRow
+    from batchapp.models import BatchRow
 
     from jobqueue import Queue
 
@@ -75,7 +75,7 @@ def main() -> None:
         os.environ.update(
             VALKEY_URL=url,
             DATABASE_URL=args.database,
-            DJANGO_SETTINGS_MODULE="bench_settings",
+            DJANGO_SETTINGS_MODULE="bench_batch_settings",
             PYTHONPATH=f"{HERE}:{ROOT}",
         )
         sys.path.insert(0, str(HERE))
@@ -83,8 +83,8 @@ def main() -> None:
         import django
 
         django.setup()
-        from benchapp import jobs as handlers
-        from benchapp.models import BatchRow
+        from batchapp import jobs as handlers
+        from batchapp.models import BatchRow
         from django.db import connection
 
         with connection.schema_editor() as editor:

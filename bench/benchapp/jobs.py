@@ -69,21 +69,3 @@ def flow_callback(finished: list[float]) -> dict[str, float]:
     """For bench/flows.py: a chord's callback; how long after the last member it started."""
     started = time.time()
     return {"started": started, "gap_ms": (started - max(finished)) * 1000}
-
-
-@job(queue="rows")
-def row_each(value: int) -> int:
-    """bench/batches.py, one job per call: one INSERT per job."""
-    from benchapp.models import BatchRow
-
-    BatchRow.objects.create(job="single", value=value)
-    return value
-
-
-@job(queue="rows", batch=100, batch_wait=0.05)
-def row_batch(items):  # type: ignore[no-untyped-def]
-    """bench/batches.py, batch=100: one bulk INSERT per call."""
-    from benchapp.models import BatchRow
-
-    BatchRow.objects.bulk_create([BatchRow(job="batch", value=item.args[0]) for item in items])
-    return [item.args[0] for item in items]

@@ -276,12 +276,12 @@ def registered_batch(name: str) -> JobFunction | None:
     return found if found is not None and found.options.batch else None
 
 
-def largest_batch(queues: Iterable[str]) -> int:
-    """The largest `batch` of the handlers registered on these queues; 0 when none is a batch
-    handler."""
-    names = set(queues)
+def largest_batch(queues: Iterable[str] | None = None) -> int:
+    """The largest `batch` of the handlers registered on these queues (None: on any queue); 0
+    when none is a batch handler."""
+    names = None if queues is None else set(queues)
     return max((found.options.batch or 0 for found in _registry.values()
-                if found.options.queue in names), default=0)
+                if names is None or found.options.queue in names), default=0)
 
 
 def lookup(name: str) -> JobFunction:

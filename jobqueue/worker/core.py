@@ -221,12 +221,14 @@ class Worker:
         return True
 
     def _fit_batches(self) -> None:
-        """Room for the batches of the batch handlers it serves, if any (batches.py); a worker
-        without one stays as configured."""
+        """Gather the jobs of batch handlers if the project has any (a job may be enqueued on
+        another queue than its handler's), and hold room for the batches of those registered
+        on the queues it serves (batches.py); a worker of a project without one stays as
+        configured, its runners as they are."""
+        self._batches = largest_batch() > 0
         most = largest_batch(queue.name for queue in self.served.queues)
         if not most:
             return
-        self._batches = True
         self.config = grown(self.config, most)
         self.held.capacity = self.config.capacity
         self.claims.resize(self.config)

@@ -24,7 +24,7 @@ from tests.workers import run_burst, serving, start_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 QUEUES = {batch_jobs.QUEUE: {}}
-ENV = {"JOBQUEUE_TEST_QUEUES": json.dumps(QUEUES)}
+ENV = {"JOBQUEUE_TEST_QUEUES": json.dumps(QUEUES), "JOBQUEUE_TEST_BATCHES": "1"}
 
 
 @pytest.fixture(params=["standalone", "cluster"])
@@ -266,3 +266,12 @@ def test_the_job_page_says_which_jobs_ran_together(admin_client: Any, settings: 
     page = admin_client.get(f"/admin/jobqueue/job/live/jobs/batches/{first}/").content.decode()
     assert "ran in a batch of 3, first of it" in page
     assert {ref.id for ref in refs} == {lease.job_id for lease in leases}
+
+
+def test_a_batch_handlers_job_on_a_queue_of_plain_handlers_still_gets_a_list(url: str) -> None:
+    """The worker serves only `default`, whose handlers take no batches: a batch handler's job
+    enqueued there is still handed over as a list of items (a batch as large as a claim
+    brings)."""
+    refs = [batch_jobs.double.using(queue="default").enqueue(i) for i in range(3)]
+    assert run_burst(url, "--queues", "default", "--no-mirror", env=ENV) == 0
+    assert [ref.result(timeout=10)["double"] for ref in refs] == [0, 2, 4]

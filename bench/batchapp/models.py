@@ -9,4 +9,4 @@ class BatchRow(models.Model):
     value = models.IntegerField()
 
     class Meta:
-        app_label = "benchapp"
+        app_label = "batchapp"
