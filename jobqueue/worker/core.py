@@ -8,7 +8,9 @@ Threads, each with one job:
   and the summary when due (`maintenance.py`);
 - `concurrency` runner threads run the claimed jobs (with `--processes`, each through a process
   of its own: `pool.py`), and `async def` ones run on one event loop, at most `concurrency` at
-  once (`runners.py`), each handing its outcome to `outcomes.py`;
+  once (`runners.py`), each handing its outcome to `outcomes.py`; the jobs of batch handlers
+  are gathered and each batch run by one runner with one call of its handler (`batches.py`:
+  a worker that serves such handlers holds room for their batches);
 - a heartbeat renews the lease of every held job at a third of its length (`heartbeat.py`);
 - a progress writer writes what handlers gave `ctx.progress`, a few times a second
   (`handler.ProgressBoard`);

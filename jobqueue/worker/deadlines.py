@@ -11,6 +11,9 @@ handler sees `ctx.cancelled` (and `ctx.timed_out`) turn true; when its thread re
 what it returned is dropped here (its attempt's token would refuse it anyway: the job may be
 running again elsewhere) and the slot comes back (`HeldJobs.overrun_returned`), and the permit.
 
+A batch (batches.py) is one run: its time limit is the smallest of its jobs', and at its
+deadline each of its jobs fails with JobTimeout while its one thread overruns.
+
 An `async def` handler's run is cancelled by its event loop instead (`executor.execute_async`),
 and a run in a pool process (`--processes`) ends with its process (`pool.py`).
 """

@@ -1,7 +1,8 @@
 """What finished, on its way to Valkey: the hand-off from the runners, successes riding the next
 claim, and the transitions that record them.
 
-Owns the one hand-off (`Outcomes.finished` puts, and only the main loop's `record` takes out),
+Owns the one hand-off (`Outcomes.finished` puts, `finished_many` a batch's outcomes together:
+batches.py; only the main loop's `record` takes out),
 the successes that wait for a claim to carry them (ACK_WAIT at most), and the counts of what was
 recorded. A call that fails (Valkey down, or refusing: full, read-only after a failover, busy)
 puts what it did not record back on the hand-off, whichever thread made it, so an outcome is

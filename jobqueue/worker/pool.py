@@ -3,8 +3,10 @@
 A runner thread hands its job to its process over a pipe and waits for the outcome. The process
 sets Django up once (the handlers imported, as the worker did) and runs `execute` for each job,
 its database connections closed or checked before and after each job as around a request
-(CONN_MAX_AGE, CONN_HEALTH_CHECKS; a transaction a job left open is rolled back). Because each
-process runs one known job at a time:
+(CONN_MAX_AGE, CONN_HEALTH_CHECKS; a transaction a job left open is rolled back). A batch
+(batches.py) goes to a process as one job does, and is run there with one call of its handler
+(`batchcall.run_batch`); what is said below of a job holds for each job of the batch. Because
+each process runs one known job (or batch) at a time:
 
 - a handler that ends its process (`os._exit`, a crash, the kernel's OOM killer) fails its own
   job only, charged once ("its process exited"), and the runner starts a new process for its

@@ -6,7 +6,8 @@ a short job itself. Here N runner threads take jobs from one inbox and hand each
 `done(lease, outcome)`. Jobs not yet started can be taken back (a stopping worker releases
 them). With `processes=True` each runner hands its job to a process of its own and waits for it
 (pool.py), so CPU-bound handlers use every core while the worker's own bookkeeping stays in
-threads.
+threads. A worker of a project with batch handlers first gives their jobs to `batches.py`,
+which hands each batch back as one entry of the inbox, run by `BatchRunner.run`.
 
 An `async def` handler's jobs run as tasks on one event loop in its own thread (started with
 the first such job; uvloop's when it is installed, see `conf.loop_factory`), many at once

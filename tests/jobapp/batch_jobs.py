@@ -87,3 +87,10 @@ def overruns(items: list[BatchItem]) -> list[Any]:
     """Takes longer than its run time limit."""
     time.sleep(float(items[0].args[0]))
     return [None] * len(items)
+
+
+@job(queue=QUEUE, batch=5, batch_wait=0.1, lease=1)
+def outlasts_its_lease(items: list[BatchItem]) -> list[int]:
+    """Runs longer than its jobs' 1 s lease: the heartbeat renews each of them meanwhile."""
+    time.sleep(float(items[0].args[0]))
+    return [item.attempt for item in items]

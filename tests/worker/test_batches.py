@@ -275,3 +275,23 @@ def test_a_batch_handlers_job_on_a_queue_of_plain_handlers_still_gets_a_list(url
     refs = [batch_jobs.double.using(queue="default").enqueue(i) for i in range(3)]
     assert run_burst(url, "--queues", "default", "--no-mirror", env=ENV) == 0
     assert [ref.result(timeout=10)["double"] for ref in refs] == [0, 2, 4]
+
+
+def test_each_job_of_a_running_batch_has_its_lease_renewed(url: str) -> None:
+    """A batch that runs three times its jobs' lease: the reaper (run here all along) finds no
+    lease of it lapsed, and each job succeeds on its first attempt."""
+    refs = batch_jobs.outlasts_its_lease.enqueue_many([(3,)] * 5)
+    queue, reaped = Queue(batch_jobs.QUEUE), 0
+    proc = worker(url, "--concurrency", "1")
+    try:
+
+        def reap_until_done() -> bool:
+            nonlocal reaped
+            reaped += queue.reap()
+            return all(state(ref) == "succeeded" for ref in refs)
+
+        wait_for(reap_until_done, timeout=60, every=0.05)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert reaped == 0 and [ref.result(timeout=5) for ref in refs] == [1] * 5
