@@ -73,8 +73,8 @@ def grown(config: WorkerConfig, most: int) -> WorkerConfig:
 
 
 class Batch(NamedTuple):
-    """Jobs of one batch handler handed to one call of it (in a runner's inbox, or on the event
-    loop, in place of a job's resolved handler)."""
+    """Jobs of one batch handler handed to one call of it (in a runner's inbox, in place of a
+    job's resolved handler)."""
 
     handler: JobFunction
     leases: list[Lease]
