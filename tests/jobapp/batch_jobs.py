@@ -94,3 +94,12 @@ def outlasts_its_lease(items: list[BatchItem]) -> list[int]:
     """Runs longer than its jobs' 1 s lease: the heartbeat renews each of them meanwhile."""
     time.sleep(float(items[0].args[0]))
     return [item.attempt for item in items]
+
+
+@job(queue=QUEUE, batch=3, batch_wait=0.1, timeout=0.5, max_attempts=1)
+async def aoverruns(items: list[BatchItem]) -> list[Any]:
+    """`overruns` as an `async def` handler: its coroutine is cancelled at the time limit."""
+    import asyncio
+
+    await asyncio.sleep(float(items[0].args[0]))
+    return [None] * len(items)

@@ -219,11 +219,15 @@ def test_bad_batch_options_are_refused_at_the_decorator(options: dict[str, Any],
             return []
 
 
-@pytest.mark.parametrize("mode", [(), ("--processes",)], ids=["threads", "processes"])
+@pytest.mark.parametrize(
+    ("handler", "mode"),
+    [("overruns", ()), ("overruns", ("--processes",)), ("aoverruns", ())],
+    ids=["thread", "process", "async"],
+)
 def test_a_batch_past_its_timeout_fails_each_of_its_jobs_with_job_timeout(
-    url: str, mode: tuple[str, ...]
+    url: str, handler: str, mode: tuple[str, ...]
 ) -> None:
-    refs = batch_jobs.overruns.enqueue_many([(4,), (4,), (4,)])
+    refs = getattr(batch_jobs, handler).enqueue_many([(4,), (4,), (4,)])
     proc = worker(url, "--concurrency", "1", *mode)
     try:
         for ref in refs:  # (recorded at the deadline: before the handler's 4 s are up)
@@ -250,8 +254,9 @@ def test_batch_jobs_come_from_flows_and_from_an_enqueue_by_name(url: str) -> Non
     assert named.result(timeout=10)["double"] == 42
 
 
-def test_the_job_page_says_which_jobs_ran_together(admin_client: Any, settings: Any,
-                                                   valkey_server: ValkeyProcess) -> None:
+def test_the_job_page_says_which_jobs_ran_together(
+    admin_client: Any, settings: Any, valkey_server: ValkeyProcess
+) -> None:
     """The note batch.lua leaves on each job's row: the job page names the batch's first job
     (a link to it) and its size; the first job's own page says it was the first."""
     settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **QUEUES}}
