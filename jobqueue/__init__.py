@@ -18,10 +18,12 @@ from . import collector
 
 collector.pause_for_runworker()  # (first: a runworker's start runs without the collector)
 
+from .api.batches import BatchContext, BatchItem
 from .api.composition import chain, chord, group
 from .api.handler import JobCancelled, JobContext, RetryLater
 from .api.registry import Signature, enqueue, get_job, job
 from .engine.store import JobInfo, JobRef, Lease, Queue
 
-__all__ = ["JobCancelled", "JobContext", "JobInfo", "JobRef", "Lease", "Queue", "RetryLater",
-           "Signature", "chain", "chord", "enqueue", "get_job", "group", "job"]
+__all__ = ["BatchContext", "BatchItem", "JobCancelled", "JobContext", "JobInfo", "JobRef", "Lease",
+           "Queue", "RetryLater", "Signature", "chain", "chord", "enqueue", "get_job", "group",
+           "job"]

@@ -171,9 +171,17 @@ class JobInfo:
     """The last value its handler gave `ctx.progress` (kept after the job ends)."""
     flow: str | None = None
     """The flow it belongs to (a chain, group or chord: `jobqueue.flows`), if any."""
+    batch: str | None = None
+    """Its last run's batch, when a batch handler ran it with others: '<n> <first job's id>'."""
     source: str = "valkey"
     corrupt: tuple[str, ...] = ()
     """Fields of the row that could not be read (shown as found, bad bytes replaced)."""
+
+    @property
+    def batch_of(self) -> tuple[int, str] | None:
+        """(how many jobs its last run's batch held, the first one's id), if it ran in one."""
+        size, _, first = (self.batch or "").partition(" ")
+        return (int(size), first) if size.isdecimal() and first else None
 
     @classmethod
     def from_row(cls, job_id: str, queue: str, row: Mapping[str, str], shard: int = 0,
@@ -197,7 +205,7 @@ class JobInfo:
             timeout=run_timeout(row.get("lease_ms")),
             history=attempt_history(fields.json("history")),
             progress=fields.json("progress"), flow=fields.text("flow") or None,
-            corrupt=tuple(fields.corrupt),
+            batch=fields.text("batch") or None, corrupt=tuple(fields.corrupt),
         )
 
 

@@ -25,6 +25,7 @@ from ..flows import graph
 from ..keys import validate_queue
 from ..records import JobInfo, Lease
 from ..spec import JobSpec, encode_payload, prepare, validate_timeout
+from .batches import DEFAULT_BATCH_WAIT, check_options
 from .dispatch import Route, submit, submit_flow
 
 _registry: dict[str, JobFunction] = {}
@@ -50,6 +51,10 @@ class JobOptions:
     """(id, queue) of those `depends_on` named by a ref of another queue than `queue`."""
     on_failure: str | None = None
     """What a failed dependency does to it (`graph.POLICIES`); None: "fail"."""
+    batch: int | None = None
+    """A batch handler's most jobs per call (batches.py); None: one job per call."""
+    batch_wait: float = DEFAULT_BATCH_WAIT
+    """Seconds a batch waits for more jobs after its first."""
 
 
 class JobFunction:
@@ -198,7 +203,10 @@ class Signature:
 
 
 def _check_takes(handler: JobFunction, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """A flow's step gets what came before as its first argument: its handler must take one."""
+    """A flow's step gets what came before as its first argument: its handler must take one
+    (a batch handler takes its items, whatever their arguments)."""
+    if handler.options.batch:
+        return
     context = (None,) if handler.options.takes_context else ()
     try:
         inspect.signature(handler.func).bind(*context, None, *args, **kwargs)
@@ -248,14 +256,17 @@ def job(func: Callable[..., Any], /) -> JobFunction: ...
 @overload
 def job(*, queue: str = ..., priority: int = ..., max_attempts: int = ..., backoff: float = ...,
         lease: float = ..., timeout: float = ..., takes_context: bool = ...,
-        name: str | None = ..., immediate: bool = ...) -> Callable[[Callable[..., Any]], JobFunction]: ...
+        name: str | None = ..., immediate: bool = ..., batch: int | None = ...,
+        batch_wait: float | None = ...) -> Callable[[Callable[..., Any]], JobFunction]: ...
 
 
 def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
         name: str | None = None, takes_context: bool = False, immediate: bool = False,
-        **spec: Any) -> Any:
-    """Register a handler, bare (`@job`) or with defaults (`@job(queue="emails", priority=5)`)."""
+        batch: int | None = None, batch_wait: float | None = None, **spec: Any) -> Any:
+    """Register a handler, bare (`@job`) or with defaults (`@job(queue="emails", priority=5)`);
+    `batch=n`: it takes lists of up to n jobs (`BatchItem`), gathered for `batch_wait` s."""
     _check_spec_options(spec)
+    most, wait = check_options(name or "@job", batch, batch_wait)
     validate_queue(queue)  # now, at import, not at the first enqueue
     if spec.get("timeout") is not None:
         validate_timeout(spec["timeout"])
@@ -264,11 +275,26 @@ def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
         dotted = name or f"{f.__module__}.{f.__qualname__}"
         if takes_context and next(iter(inspect.signature(f).parameters), None) != "ctx":
             raise InvalidOption(f"{dotted}: takes_context=True needs a first parameter named ctx")
-        handler = JobFunction(f, dotted, JobOptions(queue, takes_context, immediate, spec))
+        handler = JobFunction(f, dotted, JobOptions(queue, takes_context, immediate, spec,
+                                                    batch=most, batch_wait=wait))
         _registry[dotted] = handler
         return handler
 
     return register(func) if func is not None else register
+
+
+def registered_batch(name: str) -> JobFunction | None:
+    """The `@job` batch handler registered as `name` (None: none, or not a batch handler)."""
+    found = _registry.get(name)
+    return found if found is not None and found.options.batch else None
+
+
+def largest_batch(queues: Iterable[str] | None = None) -> int:
+    """The largest `batch` of the handlers registered on these queues (None: on any queue); 0
+    when none is a batch handler."""
+    names = None if queues is None else set(queues)
+    return max((found.options.batch or 0 for found in _registry.values()
+                if names is None or found.options.queue in names), default=0)
 
 
 def lookup(name: str) -> JobFunction:

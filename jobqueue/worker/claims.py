@@ -76,6 +76,12 @@ class Claims:
                 self._outcomes.give_back(carried.left())
                 raise
 
+    def resize(self, config: WorkerConfig) -> None:
+        """Claim as `config` says from now on (a worker that serves batch handlers grew:
+        batches.py)."""
+        with self._lock:
+            self._config = config
+
     def claim_woken(self, queue: Queue, index: int) -> None:
         """A waiter got a token: claim from its shard on its thread rather than wake the main
         loop to do it, so an enqueue reaches a worker's runner in one hop."""

@@ -8,7 +8,9 @@ Threads, each with one job:
   and the summary when due (`maintenance.py`);
 - `concurrency` runner threads run the claimed jobs (with `--processes`, each through a process
   of its own: `pool.py`), and `async def` ones run on one event loop, at most `concurrency` at
-  once (`runners.py`), each handing its outcome to `outcomes.py`;
+  once (`runners.py`), each handing its outcome to `outcomes.py`; the jobs of batch handlers
+  are gathered and each batch run by one runner with one call of its handler (`batches.py`:
+  a worker that serves such handlers holds room for their batches);
 - a heartbeat renews the lease of every held job at a third of its length (`heartbeat.py`);
 - a progress writer writes what handlers gave `ctx.progress`, a few times a second
   (`handler.ProgressBoard`);
@@ -34,8 +36,10 @@ from redis.exceptions import RedisError
 
 from .. import collector
 from ..api.handler import PROGRESS
+from ..api.registry import largest_batch
 from ..exceptions import VALKEY_DOWN, JobQueueError
 from . import presence
+from .batches import grown
 from .claims import Claims
 from .heartbeat import Heartbeat
 from .maintenance import Maintenance
@@ -107,6 +111,8 @@ class Worker:
         self.runners: Runners | None = None
         """The runner threads (and event loop) that run the claimed jobs, once started."""
         self._mirror: MirrorThread | None = None
+        self._batches = False
+        """Whether it serves batch handlers (`_fit_batches`)."""
 
     @property
     def processed(self) -> int:
@@ -199,6 +205,7 @@ class Worker:
             return False
         for queue, shards in found:
             self.served.add(queue, shards)
+        self._fit_batches()
         self.start_runners()
         self.held.room.set()
         heartbeat = Heartbeat(self.held, self.served.queue, self._threads_stop,
@@ -215,13 +222,28 @@ class Worker:
                  self.config.concurrency, " (burst)" if self.config.burst else "")
         return True
 
+    def _fit_batches(self) -> None:
+        """Gather the jobs of batch handlers if the project has any (a job may be enqueued on
+        another queue than its handler's), and hold room for the batches of those registered
+        on the queues it serves (batches.py); a worker of a project without one stays as
+        configured, its runners as they are."""
+        self._batches = largest_batch() > 0
+        most = largest_batch(queue.name for queue in self.served.queues)
+        if not most:
+            return
+        self.config = grown(self.config, most)
+        self.held.capacity = self.config.capacity
+        self.claims.resize(self.config)
+        self.outcomes.resize(self.config.batch)
+
     def start_runners(self) -> None:
         """Start the runners (`run` does, once it found its queues; a test that drives
         `turn()` itself calls it). At concurrency 1 a runner claims the next job itself."""
         done = self.claims.finished_one if self.config.concurrency == 1 else self.outcomes.finished
         self.runners = Runners(self.config.concurrency, done, processes=self.config.processes,
                                held=self.held, max_memory=self.config.max_memory,
-                               queue=self.served.queue)
+                               queue=self.served.queue,
+                               batches=self.outcomes.finished_many if self._batches else None)
         self.claims.runners = self.runners
 
     def _ensure_waiters(self) -> None:

@@ -11,6 +11,9 @@ handler sees `ctx.cancelled` (and `ctx.timed_out`) turn true; when its thread re
 what it returned is dropped here (its attempt's token would refuse it anyway: the job may be
 running again elsewhere) and the slot comes back (`HeldJobs.overrun_returned`), and the permit.
 
+A batch (batches.py) is one run: its time limit is the smallest of its jobs', and at its
+deadline each of its jobs fails with JobTimeout while its one thread overruns.
+
 An `async def` handler's run is cancelled by its event loop instead (`executor.execute_async`),
 and a run in a pool process (`--processes`) ends with its process (`pool.py`).
 """
@@ -38,10 +41,13 @@ Done = Callable[[Lease, Outcome], None]
 class Run:
     """One run with a time limit, from its start on a runner thread until its thread returns."""
 
-    __slots__ = ("kept_permit", "lease", "started", "timed_out")
+    __slots__ = ("batch", "kept_permit", "lease", "started", "timed_out")
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: Lease, batch: tuple[Lease, ...] = ()) -> None:
         self.lease = lease
+        self.batch = batch
+        """The jobs of a batch run (batches.py: `lease` is the one whose time limit is the
+        batch's), each failed at the deadline; () for a run of one job."""
         self.started = time.monotonic()
         self.timed_out = False
         """Set by the timer at the deadline (the run overruns from then)."""
@@ -63,9 +69,10 @@ class Deadlines:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def start(self, lease: Lease) -> Run:
-        """A run begins on this thread (`lease.deadline` counted from now): watch it."""
-        run = Run(lease)
+    def start(self, lease: Lease, batch: tuple[Lease, ...] = ()) -> Run:
+        """A run begins on this thread (`lease.deadline` counted from now): watch it (a
+        batch's jobs, `batch`, end with it)."""
+        run = Run(lease, batch)
         with self._changed:
             self._runs.add(run)
             if self._thread is None:
@@ -117,6 +124,7 @@ class Deadlines:
         try:
             if self._queue is not None:  # (before its failure is recorded, which frees it)
                 run.kept_permit = self._queue(lease.queue).leases.permits.overran(lease)
-            self._done(lease, outcome)
+            for each in run.batch or (lease,):
+                self._done(each, outcome)
         except Exception:  # (a bug in the bookkeeping: said, and the timer goes on)
             log.exception("job=%s: its timeout could not be handed over", lease.job_id)

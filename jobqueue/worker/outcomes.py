@@ -1,7 +1,8 @@
 """What finished, on its way to Valkey: the hand-off from the runners, successes riding the next
 claim, and the transitions that record them.
 
-Owns the one hand-off (`Outcomes.finished` puts, and only the main loop's `record` takes out),
+Owns the one hand-off (`Outcomes.finished` puts, `finished_many` a batch's outcomes together:
+batches.py; only the main loop's `record` takes out),
 the successes that wait for a claim to carry them (ACK_WAIT at most), and the counts of what was
 recorded. A call that fails (Valkey down, or refusing: full, read-only after a failover, busy)
 puts what it did not record back on the hand-off, whichever thread made it, so an outcome is
@@ -80,6 +81,19 @@ class Outcomes:
         waiting = self._finished.qsize() + len(self._waiting)
         if (not outcome.ok or waiting <= 1 or waiting >= self._batch) and not self._wake.is_set():
             self._wake.set()  # (set already: the loop has yet to clear it, and will look then)
+
+    def finished_many(self, items: list[Finished]) -> None:
+        """Called by a runner thread with a batch's outcomes (batches.py): queued together,
+        the main loop woken once, so its successes ride one claim."""
+        for item in items:
+            self._finished.put(item)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def resize(self, batch: int) -> None:
+        """The successes that make an ack call of their own, once the worker grew
+        (`WorkerConfig.batch`)."""
+        self._batch = batch
 
     def empty(self) -> bool:
         """Whether nothing waits to be taken by `record`."""

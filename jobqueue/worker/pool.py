@@ -3,8 +3,10 @@
 A runner thread hands its job to its process over a pipe and waits for the outcome. The process
 sets Django up once (the handlers imported, as the worker did) and runs `execute` for each job,
 its database connections closed or checked before and after each job as around a request
-(CONN_MAX_AGE, CONN_HEALTH_CHECKS; a transaction a job left open is rolled back). Because each
-process runs one known job at a time:
+(CONN_MAX_AGE, CONN_HEALTH_CHECKS; a transaction a job left open is rolled back). A batch
+(batches.py) goes to a process as one job does, and is run there with one call of its handler
+(`batchcall.run_batch`); what is said below of a job holds for each job of the batch. Because
+each process runs one known job (or batch) at a time:
 
 - a handler that ends its process (`os._exit`, a crash, the kernel's OOM killer) fails its own
   job only, charged once ("its process exited"), and the runner starts a new process for its
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -45,6 +48,7 @@ from .. import collector
 from .._compat import connection_closer
 from ..api.handler import timeout_error
 from ..records import Lease
+from .batchcall import run_batch
 from .executor import Outcome, execute, timed_out
 from .recycling import PoolLimit, megabytes
 
@@ -81,6 +85,20 @@ class PoolProcess:
         """Run a job in the process; its outcome. Abandoned when the worker ended it. `start`
         gives the lease as its run starts (`HeldJobs.start`), once the process is up: the
         process's start (Django's setup there) is not charged to the run's time limit."""
+        outcome = self._exchange([lease], None, start)
+        assert isinstance(outcome, Outcome)
+        return outcome
+
+    def run_batch(self, leases: list[Lease], lanes: list[str],
+                  start: Callable[[Lease], Lease]) -> list[Outcome]:
+        """Run a batch (one call of its handler: worker/batches.py) in the process; each
+        job's outcome (the batch's time limit, the smallest, ends it as `run`'s does)."""
+        answer = self._exchange(leases, lanes, start)
+        return answer if isinstance(answer, list) else [answer] * len(leases)
+
+    def _exchange(self, leases: list[Lease], lanes: list[str] | None,
+                  start: Callable[[Lease], Lease]) -> Outcome | list[Outcome]:
+        """Send the process a job (`lanes` None) or a batch, and wait for what it answers."""
         self._busy = True
         try:
             if self._process is None:
@@ -91,11 +109,12 @@ class PoolProcess:
             assert self._pipe is not None
             if self._ending:  # (the worker stopped while the process started)
                 raise Abandoned
-            lease = start(lease)
-            self._pipe.send(lease)
+            leases = [start(lease) for lease in leases]
+            lease = min(leases, key=lambda held: held.deadline or math.inf)
+            self._pipe.send(leases[0] if lanes is None else (leases, lanes))
             if lease.deadline and not self._pipe.poll(max(lease.deadline - time.monotonic(), 0)):
                 return self._expired(lease)
-            outcome: Outcome = self._pipe.recv()
+            outcome: Outcome | list[Outcome] = self._pipe.recv()
             if self._limit is not None and self._held_to_limit and self._process is not None:
                 self._past = self._limit.past(self._process.pid or 0)
             return outcome
@@ -226,7 +245,7 @@ def serve(pipe: Connection, settings_module: str | None, parent: int) -> None:
         if lease is None:
             return
         close()  # as a request starts: a kept connection past CONN_MAX_AGE, or broken, goes
-        outcome = execute(lease)
+        outcome = execute(lease) if isinstance(lease, Lease) else run_batch(*lease)
         close()  # as a request ends (and what the job left open is rolled back)
         pipe.send(outcome)
 

@@ -6,7 +6,8 @@ a short job itself. Here N runner threads take jobs from one inbox and hand each
 `done(lease, outcome)`. Jobs not yet started can be taken back (a stopping worker releases
 them). With `processes=True` each runner hands its job to a process of its own and waits for it
 (pool.py), so CPU-bound handlers use every core while the worker's own bookkeeping stays in
-threads.
+threads. A worker of a project with batch handlers first gives their jobs to `batches.py`,
+which hands each batch back as one entry of the inbox, run by `BatchRunner.run`.
 
 An `async def` handler's jobs run as tasks on one event loop in its own thread (started with
 the first such job; uvloop's when it is installed, see `conf.loop_factory`), many at once
@@ -50,6 +51,7 @@ from .._compat import connection_closer
 from ..conf import loop_factory
 from ..engine.store import Queue
 from ..records import Lease
+from .batches import Batch, BatchRunner, DoneMany, leases_of
 from .deadlines import Deadlines
 from .executor import Outcome, Resolved, execute, execute_async, is_async, resolve, unexpected
 from .pool import Abandoned, PoolProcess
@@ -69,7 +71,7 @@ more handovers than it saves (both measured in bench/RESULTS.md, "uvloop, the ga
 and the GIL")."""
 EAGER = sys.version_info >= (3, 12)
 """Whether tasks can start eagerly (`asyncio.Task(..., eager_start=True)`)."""
-Job = tuple[Lease, Resolved | Outcome | None]
+Job = tuple[Lease, Resolved | Outcome | Batch | None]
 T = TypeVar("T")
 BLOCKED = 0.5
 """Seconds the event loop may go without running a callback before its watchdog logs where the
@@ -87,14 +89,19 @@ class Runners:
 
     def __init__(self, count: int, done: Done, held: HeldJobs, *, processes: bool = False,
                  max_memory: int | None = None,
-                 queue: Callable[[str], Queue] | None = None) -> None:
+                 queue: Callable[[str], Queue] | None = None,
+                 batches: DoneMany | None = None) -> None:
         """`held`: the worker's held jobs (each run's start and overrun noted there);
         `queue`: the worker's queue of a name (an overrunning run keeps its cap's permit);
-        `max_memory`: resident MB past which a pool process is replaced after its job."""
+        `max_memory`: resident MB past which a pool process is replaced after its job;
+        `batches`: where a batch's outcomes go, when batch handlers are served (None: no job
+        is gathered into batches: batches.py)."""
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
         self._held = held
         self.deadlines = Deadlines(done, held, queue)
         """Plain runs with a time limit on the runner threads (deadlines.py)."""
+        self._batches = (BatchRunner(self._batch_ready, batches, held.start, self.deadlines)
+                         if batches is not None else None)
         self._done = done
         self._count = count
         self._processes = processes
@@ -113,6 +120,8 @@ class Runners:
         process pool resolves its jobs itself: what a handler is cannot cross processes)."""
         on_loop: list[tuple[Lease, Resolved]] = []
         plain = 0
+        if self._batches is not None:
+            leases = self._batches.gather(leases)
         for lease in leases:
             resolved = None if self._processes else resolve(lease)
             if resolved is not None and is_async(resolved):
@@ -126,6 +135,12 @@ class Runners:
             if self._loop is None:
                 self._loop = EventLoop(self._done, self._count, self._held.start)
             self._loop.submit(on_loop)
+
+    def _batch_ready(self, batch: Batch) -> None:
+        """A batch is due: to a runner thread, as a job (batches.py)."""
+        self._inbox.put((batch.leases[0], batch))
+        if len(self._threads) < self._most:
+            self._start_threads(1)
 
     def _start_threads(self, jobs: int) -> None:
         """One more runner per job just queued, up to `count`."""
@@ -145,13 +160,15 @@ class Runners:
         """Leases no runner has started yet, taken back (the stopping worker releases them):
         plain jobs in the inbox, async ones waiting for room on the loop."""
         taken: list[Lease] = self._loop.take_unstarted() if self._loop is not None else []
+        if self._batches is not None:
+            taken += self._batches.gathering.take_unstarted()
         while True:
             try:
                 job = self._inbox.get_nowait()
             except Empty:
                 return taken
             if job is not None:
-                taken.append(job[0])
+                taken += leases_of(*job)
 
     def abandon(self) -> None:
         """End what still runs, before the stopping worker hands it back: the pool processes
@@ -201,11 +218,14 @@ class Runners:
             if process is not None:
                 process.close()
 
-    def _one(self, lease: Lease, resolved: Resolved | Outcome | None,
+    def _one(self, lease: Lease, resolved: Resolved | Outcome | Batch | None,
              process: PoolProcess | None, close_old_connections: Callable[[], None]) -> None:
         """Run one job and hand its outcome over. A job's own errors are its outcome
         (`execute`); an error of the worker's code around it fails the job (or, past its
         outcome, is logged): either way the runner goes on to the next job."""
+        if isinstance(resolved, Batch):  # (batches.py)
+            assert self._batches is not None
+            return self._batches.run(resolved, process, close_old_connections)
         run = None
         if process is None:  # (a pool process starts its run once it is up: pool.py)
             lease = self._held.start(lease)

@@ -505,3 +505,8 @@ def tallied(ctx: JobContext, tally: str, seconds: float, hold_first: str = "") -
     finally:
         client.eval(RUNNING, 2, *keys, -1)
     return ctx.attempt
+
+# Batch handlers, for the batch tests' workers only (tests/worker/test_batches.py): a worker of a
+# project that has some looks at each job it claims for them.
+if os.environ.get("JOBQUEUE_TEST_BATCHES"):
+    from . import batch_jobs  # noqa: F401

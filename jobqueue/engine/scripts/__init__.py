@@ -45,6 +45,7 @@ TRANSITIONS = {
     "deliver": "deliver.lua",
     "watch": "watch.lua",
     "progress": "progress.lua",
+    "batch": "batch.lua",
     "permits": "permits.lua",
 }
 _KEY_LINE = re.compile(r"^KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)

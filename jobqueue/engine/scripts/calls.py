@@ -294,6 +294,15 @@ def progress(client: Any, queue: str, jobs: Sequence[tuple[Lease, str]]) -> list
         [(lease.shard, [lease.job_id, lease.token, value]) for lease, value in jobs])]
 
 
+@twin("batch")
+def batch(client: Any, queue: str, mark: str, jobs: Sequence[Lease]) -> list[str | None]:
+    """Note on running jobs' rows the batch they run in (`mark`), one call per shard: per job
+    its lane ('' the default one), or None when its attempt is over."""
+    return [None if lane == 0 else lane for lane in caller.run_by_shard(
+        client, "batch", queue, [mark], [(lease.shard, [lease.job_id, lease.token])
+                                         for lease in jobs])]
+
+
 # -- sweeps ---------------------------------------------------------------------------------
 
 @twin("reap")
