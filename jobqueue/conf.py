@@ -71,6 +71,9 @@ class Config:
     """OpenTelemetry spans (tracing.py): True traces when a tracer provider is configured, False
     never; a string is the dotted path of the tracer provider to use (or of a function that
     returns one) instead of the global one."""
+    encryption_keys: tuple[str, ...] = field(default=(), repr=False)
+    """`ENCRYPTION_KEYS` as given (sealing.py decodes and checks them: a malformed list fails
+    only what seals or opens, and `manage.py check`)."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
@@ -111,7 +114,8 @@ def parse(raw: Any) -> Config:
             raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
     known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD",
-             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP", "TRACING"}
+             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP", "TRACING",
+             "ENCRYPTION_KEYS"}
     if set(raw) - known:
         unknown = set(raw) - known
         raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, unknown))}"
@@ -141,7 +145,15 @@ def parse(raw: Any) -> Config:
         auto_shards=_auto_shards(raw.get("AUTO_SHARDS", {})),
         event_loop=event_loop,
         tracing=_tracing(raw.get("TRACING", True)),
+        encryption_keys=_keys(raw.get("ENCRYPTION_KEYS", ())),
     )
+
+
+def _keys(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigurationError(f"JOBQUEUE['ENCRYPTION_KEYS'] must be a list of keys, got a "
+                                 f"{type(value).__name__}")
+    return tuple(value)
 
 
 def _tracing(value: Any) -> bool | str:

@@ -175,6 +175,11 @@ class JobInfo:
     corrupt: tuple[str, ...] = ()
     """Fields of the row that could not be read (shown as found, bad bytes replaced)."""
 
+    @property
+    def sealed(self) -> bool:
+        """Whether its data is sealed (sealing.py): its payload says so."""
+        return isinstance(self.payload, dict) and "sealed" in self.payload
+
     @classmethod
     def from_row(cls, job_id: str, queue: str, row: Mapping[str, str], shard: int = 0,
                  max_attempts: int = 0) -> JobInfo:

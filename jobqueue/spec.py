@@ -147,7 +147,8 @@ def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
 
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
                       "priority", "durable", "lane_weights", "rate", "wait_replicas",
-                      "lane_concurrency", "lane_rate", "timeout", "global_concurrency")
+                      "lane_concurrency", "lane_rate", "timeout", "global_concurrency",
+                      "encrypt")
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,8 @@ class QueueOptions:
     global_concurrency: int | None = None
     """At most n of the queue's jobs active at once, across every worker and shard (permits of
     one cap: engine/permits.py); a cap set live (`Queue.set_global_concurrency`) wins."""
+    encrypt: bool = False
+    """Seal its jobs' args, kwargs, results, checkpoints, progress and errors (sealing.py)."""
 
     @property
     def claim_only(self) -> bool:
@@ -243,9 +246,9 @@ def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -
         raw_caps = values["lane_concurrency"]
         values["lane_concurrency"] = () if raw_caps is None else lane_concurrency(raw_caps)
     options = replace(base, **values)
-    durable = options.durable
-    if not isinstance(durable, bool):
-        raise InvalidOption(f"durable must be True or False, got {durable!r}")
+    for flag in ("durable", "encrypt"):
+        if not isinstance(getattr(options, flag), bool):
+            raise InvalidOption(f"{flag} must be True or False, got {getattr(options, flag)!r}")
     rate(options.rate)
     rate(options.lane_rate, "lane_rate")
     concurrency, global_concurrency = options.concurrency, options.global_concurrency
@@ -287,6 +290,8 @@ class JobSpec(NamedTuple):
     """Seconds from now (or an aware datetime): a job not started by then ends `expired`."""
     timeout: float | timedelta | None = None
     """Seconds one run may take (None: the queue's, else no limit)."""
+    encrypt: bool | None = None
+    """Seal the job's data (sealing.py) though its queue does not (None, False: as the queue)."""
 
 
 class Prepared(NamedTuple):
@@ -401,10 +406,30 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
     if expires_ms and expires_ms <= delay_ms:
         raise InvalidOption(f"expires ({expires_ms / 1000:g} s from now) comes before the job's "
                             f"start ({delay_ms / 1000:g} s from now): it could never run")
-    return Prepared(job_id, spec.job_id is None, encode_payload(spec.payload, max_payload),
+    payload = encode_payload(spec.payload, max_payload)
+    if options.encrypt or spec.encrypt:
+        payload = sealed(payload, job_id, spec, max_payload)
+    return Prepared(job_id, spec.job_id is None, payload,
                     priority, lane, max_attempts, backoff_ms, lease_ms, delay_ms, unique,
                     delay_ms if spec.debounce is not None else 0, expires_ms,
                     timeout_ms=timeout_ms)
+
+
+def sealed(payload: str, job_id: str, spec: JobSpec, max_payload: int) -> str:
+    """A sealed job's payload (sealing.py); a debounced one is refused: the job it replaces has
+    another id, which its sealed args would not open under."""
+    from . import sealing
+
+    if spec.debounce is not None:
+        raise InvalidOption("debounce cannot be used on a sealed job (encrypt=True): the waiting "
+                            "job it replaces could not open its arguments")
+    if spec.encrypt not in (None, True, False):
+        raise InvalidOption(f"encrypt must be True or False, got {spec.encrypt!r}")
+    sealed = sealing.seal_payload(payload, job_id)
+    if len(sealed) > max_payload:
+        raise InvalidPayload(f"payload is {len(sealed):,} characters once sealed; the limit is "
+                             f"{max_payload:,} (JOBQUEUE['MAX_PAYLOAD'])")
+    return sealed
 
 
 def encode_payload(payload: Any, max_payload: int) -> str:

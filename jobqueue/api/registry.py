@@ -32,7 +32,7 @@ Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any
 """One call of a handler: a tuple of args, a dict of kwargs, or (args, kwargs)."""
 
 SPEC_OPTIONS = ("lane", "priority", "delay", "run_after", "max_attempts", "backoff", "lease",
-                "unique_key", "job_id", "debounce", "expires", "timeout")
+                "unique_key", "job_id", "debounce", "expires", "timeout", "encrypt")
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,8 @@ class JobFunction:
             queue = Queue(self.options.queue,
                           client=None if config.url == "embedded" else get_client())
             spec = JobSpec({}, **self.options.spec)
-            simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None
+            simple = not (queue.options.durable or queue.options.encrypt or spec.encrypt
+                          or spec.job_id is not None or spec.run_after is not None
                           or isinstance(spec.expires, datetime)  # (an instant: its ms vary)
                           or tracing.tracer() is not None)
             ready = Template(queue, prepare(spec, queue.options)) if simple else None
@@ -234,7 +235,7 @@ def _check_spec_options(spec: Mapping[str, Any]) -> None:
 def job(func: Callable[..., Any], /) -> JobFunction: ...
 @overload
 def job(*, queue: str = ..., priority: int = ..., max_attempts: int = ..., backoff: float = ...,
-        lease: float = ..., timeout: float = ..., takes_context: bool = ...,
+        lease: float = ..., timeout: float = ..., encrypt: bool = ..., takes_context: bool = ...,
         name: str | None = ..., immediate: bool = ...) -> Callable[[Callable[..., Any]], JobFunction]: ...
 
 
@@ -246,6 +247,8 @@ def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
     validate_queue(queue)  # now, at import, not at the first enqueue
     if spec.get("timeout") is not None:
         validate_timeout(spec["timeout"])
+    if spec.get("encrypt") not in (None, True, False):
+        raise InvalidOption(f"encrypt must be True or False, got {spec['encrypt']!r}")
 
     def register(f: Callable[..., Any]) -> JobFunction:
         dotted = name or f"{f.__module__}.{f.__qualname__}"
@@ -325,10 +328,11 @@ def enqueue(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | Non
 
 def get_job(job_id: str, queue: str = "default") -> JobInfo | None:
     """A job's state: live from Valkey, else from its MySQL mirror row, else None."""
-    live = Queue(queue).get(job_id)
-    if live is not None:
-        return live
     from ..models import Job
+    from ..sealing import opened_info
 
-    row = Job.objects.filter(pk=job_id).first()
-    return row.info() if row is not None else None
+    live = Queue(queue).get(job_id)
+    if live is None:
+        row = Job.objects.filter(pk=job_id).first()
+        live = row.info() if row is not None else None
+    return opened_info(live) if live is not None and live.sealed else live

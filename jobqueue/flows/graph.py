@@ -91,7 +91,9 @@ def checked(queue: Queue, nodes: Sequence[Node]) -> list[Prepared]:
     jobs that exist: anything else would be a cycle)."""
     if not nodes:
         raise InvalidFlow("a flow needs at least one job")
-    prepared = [prepare(node.spec, queue.options, get_config().max_payload) for node in nodes]
+    sealed = any(node.spec.encrypt for node in nodes)  # (a flow's data stays sealed throughout)
+    prepared = [prepare(node.spec._replace(encrypt=True) if sealed else node.spec, queue.options,
+                        get_config().max_payload) for node in nodes]
     later = {job.job_id for job in prepared}
     for node, job in zip(nodes, prepared, strict=True):
         if job.unique_key:

@@ -1,0 +1,193 @@
+"""Encryption at rest: a sealed job's args, result, checkpoint, progress and error are stored
+sealed in Valkey and the database; its handler, `result()` and `get_job()` see plain values."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue import Queue, chord, get_job, sealing
+from jobqueue.exceptions import ConfigurationError, JobFailed
+from jobqueue.history import outbox
+from jobqueue.models import Job
+from tests.jobapp import jobs
+from tests.servers import ValkeyProcess
+from tests.workers import run_burst, wait_for
+
+from .conftest import NEW, OLD, SECRET, client, database_dump, kid, sealed_settings, valkey_dump
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _nothing_plain(*texts: str) -> None:
+    stored = database_dump() + valkey_dump(client())
+    for text in (SECRET, *texts):
+        assert text not in stored, f"{text!r} is stored in the clear"
+
+
+def test_a_waiting_and_a_finished_sealed_job_store_no_byte_of_their_data(
+        settings: Any, where: str) -> None:
+    env = sealed_settings(settings, where, [NEW])
+    done = jobs.confide.using(queue="vault").enqueue(SECRET)
+    failed = jobs.confide.using(queue="vault").enqueue(SECRET + "-bad", fail=True)
+    durable = jobs.confide.using(queue="vaultd").enqueue(SECRET + "-kept")
+    _nothing_plain()
+    assert run_burst(where, "--queues", "vault,vaultd", env=env) == 0
+    assert done.result(5) == {"echo": SECRET.upper(), "checkpoint": {"seen": SECRET}}
+    with pytest.raises(JobFailed) as failure:
+        failed.result(5)
+    assert f"cannot use {SECRET}-bad" in str(failure.value)
+    wait_for(lambda: Job.objects.filter(pk__in=[done.id, failed.id, durable.id],
+                                        state__in=["succeeded", "dead"]).count() == 3)
+    _nothing_plain(SECRET.upper())
+    info = get_job(done.id, "vault")
+    assert info is not None and info.payload["args"] == [SECRET] and info.progress == {"at": SECRET}
+    assert info.result["echo"] == SECRET.upper()
+    raw = Queue("vault").get(done.id)
+    assert raw is not None and sealing.payload_key(raw.payload) == kid(NEW)
+    assert sealing.sealed_key(raw.result) == kid(NEW)
+
+
+def test_a_handler_sealed_by_its_own_option_on_a_plain_queue(settings: Any,
+                                                             valkey_server: ValkeyProcess) -> None:
+    env = sealed_settings(settings, valkey_server.url, [NEW])
+    ref = jobs.confide_sealed.enqueue(SECRET)
+    plain = jobs.add.enqueue(2, 3)
+    _nothing_plain()
+    assert run_burst(valkey_server.url, env=env) == 0
+    assert ref.result(5) == SECRET[::-1] and plain.result(5) == 5
+    _nothing_plain(SECRET[::-1])
+    assert Queue("default").get(plain.id).payload["args"] == [2, 3]  # type: ignore[union-attr]
+
+
+def test_a_rotated_in_key_runs_old_jobs_and_reseal_moves_them(settings: Any,
+                                                              valkey_server: ValkeyProcess) -> None:
+    from tests.workers import manage
+
+    sealed_settings(settings, valkey_server.url, [OLD])
+    waiting = [jobs.confide.using(queue="vault").enqueue(f"{SECRET}-{i}") for i in range(3)]
+    kept = jobs.confide.using(queue="vaultd").enqueue(SECRET)
+    env = sealed_settings(settings, valkey_server.url, [NEW, OLD])  # the new key goes first
+    first = jobs.confide.using(queue="vault").enqueue(SECRET + "-new")
+    assert sealing.payload_key(Queue("vault").get(first.id).payload) == kid(NEW)  # type: ignore[union-attr]
+    out = manage("jobqueue", "reseal", "--chunk", "2", url=valkey_server.url, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "0 value(s) still need an old key" in out.stdout, out.stdout
+    row = Job.objects.get(pk=kept.id)
+    assert sealing.payload_key(row.payload) == kid(NEW)
+    again = manage("jobqueue", "reseal", url=valkey_server.url, env=env)
+    assert "resealed 0 value(s)" in again.stdout
+    # the old key can go now: every job still runs
+    env = sealed_settings(settings, valkey_server.url, [NEW])
+    assert run_burst(valkey_server.url, "--queues", "vault,vaultd", env=env) == 0
+    assert [ref.result(5)["echo"] for ref in waiting] == [f"{SECRET}-{i}".upper() for i in range(3)]
+    assert kept.result(5)["echo"] == SECRET.upper()
+
+
+def test_a_worker_with_both_keys_runs_jobs_sealed_under_either(settings: Any,
+                                                               valkey_server: ValkeyProcess) -> None:
+    sealed_settings(settings, valkey_server.url, [OLD])
+    old = jobs.confide.using(queue="vault").enqueue(SECRET)
+    env = sealed_settings(settings, valkey_server.url, [NEW, OLD])
+    new = jobs.confide.using(queue="vault").enqueue(SECRET)
+    assert run_burst(valkey_server.url, "--queues", "vault", env=env) == 0
+    assert old.result(5) == new.result(5)
+
+
+def test_a_dropped_key_kills_only_its_jobs_naming_the_key(settings: Any,
+                                                          valkey_server: ValkeyProcess) -> None:
+    sealed_settings(settings, valkey_server.url, [OLD])
+    lost = jobs.confide.using(queue="vault").enqueue(SECRET)
+    env = sealed_settings(settings, valkey_server.url, [NEW])
+    fine = jobs.confide.using(queue="vault").enqueue(SECRET)
+    plain = jobs.add.enqueue(1, 2)
+    assert run_burst(valkey_server.url, "--queues", "default,vault", env=env) == 0
+    assert fine.result(5)["echo"] == SECRET.upper() and plain.result(5) == 3
+    with pytest.raises(JobFailed) as failure:
+        lost.result(5)
+    assert failure.value.state == "dead" and kid(OLD) in str(failure.value)
+    assert OLD not in str(failure.value)
+    wait_for(lambda: Job.objects.filter(pk=lost.id, state="dead").exists())
+    # its payload, in Valkey and in its mirror row: kept for whoever still holds the key
+    assert _reseal().left == {kid(OLD): 2}
+
+
+def _reseal() -> Any:
+    from jobqueue.operations.reseal import reseal
+
+    return reseal(client())
+
+
+def test_a_tampered_or_copied_value_kills_only_that_job(settings: Any,
+                                                        valkey_server: ValkeyProcess) -> None:
+    env = sealed_settings(settings, valkey_server.url, [NEW])
+    tampered, copied, fine = (jobs.confide.using(queue="vault").enqueue(SECRET) for _ in range(3))
+    valkey, keys = client(), Queue("vault").shard(0)
+    payload = json.loads(valkey.hget(keys.job(tampered.id), "payload"))
+    body = payload["sealed"]
+    payload["sealed"] = body[:-5] + ("A" if body[-5] != "A" else "B") + body[-4:]
+    valkey.hset(keys.job(tampered.id), "payload", json.dumps(payload))
+    valkey.hset(keys.job(copied.id), "payload", valkey.hget(keys.job(fine.id), "payload"))
+    assert run_burst(valkey_server.url, "--queues", "vault", env=env) == 0
+    assert fine.result(5)["echo"] == SECRET.upper()
+    for ref in (tampered, copied):
+        with pytest.raises(JobFailed) as failure:
+            ref.result(5)
+        assert "does not open" in str(failure.value) and kid(NEW) in str(failure.value)
+
+
+def test_a_chord_of_sealed_jobs_hands_its_callback_plain_results(settings: Any,
+                                                                 where: str) -> None:
+    env = sealed_settings(settings, where, [NEW])
+    header = [jobs.mul.using(queue="vault").s(f"{SECRET}-{i}", 2) for i in range(3)]
+    ref = chord(header, jobs.total.using(queue="vault").s()).enqueue()
+    assert run_burst(where, "--queues", "vault", env=env) == 0
+    assert ref.result(10) == [f"{SECRET}-{i}" * 2 for i in range(3)]  # (the callback's values)
+    _nothing_plain()
+
+
+def test_a_durable_sealed_job_is_restored_sealed_after_valkey_lost_its_data(
+        settings: Any, valkey_server: ValkeyProcess) -> None:
+    env = sealed_settings(settings, valkey_server.url, [NEW])
+    ref = jobs.confide.using(queue="vaultd").enqueue(SECRET)
+    redis.Redis.from_url(valkey_server.url).flushall()  # Valkey lost its data
+    assert outbox.restore([Queue("vaultd")]) == 1
+    _nothing_plain()
+    assert run_burst(valkey_server.url, "--queues", "vaultd", env=env) == 0
+    assert ref.result(5)["echo"] == SECRET.upper()
+
+
+def test_sealed_celery_tasks_run_and_answer_plain(settings: Any,
+                                                  valkey_server: ValkeyProcess) -> None:
+    from tests.jobapp import celery_tasks
+
+    env = sealed_settings(settings, valkey_server.url, [NEW])
+    result = celery_tasks.shout.apply_async([SECRET], queue="vault")
+    _nothing_plain()
+    assert run_burst(valkey_server.url, "--queues", "vault", env=env) == 0
+    assert result.get(timeout=5) == SECRET.upper() + "!"
+    _nothing_plain(SECRET.upper())
+
+
+def test_a_sealed_queue_without_keys_stores_nothing(settings: Any,
+                                                    valkey_server: ValkeyProcess) -> None:
+    sealed_settings(settings, valkey_server.url, [])
+    with pytest.raises(ConfigurationError, match="ENCRYPTION_KEYS"):
+        jobs.confide.using(queue="vault").enqueue(SECRET)
+    with pytest.raises(ConfigurationError, match="ENCRYPTION_KEYS"):
+        jobs.confide.using(queue="vaultd").enqueue(SECRET)
+    assert client().dbsize() == 0 and not Job.objects.exists()
+
+
+def test_a_value_sealed_for_one_job_does_not_open_for_another(settings: Any,
+                                                              valkey_server: ValkeyProcess) -> None:
+    sealed_settings(settings, valkey_server.url, [NEW])
+    ring = sealing.keyring()
+    token = ring.seal('{"a":1}', "JOB0one", "result")
+    assert ring.open(token, "JOB0one", "result") == '{"a":1}'
+    for job_id, field in (("JOB0two", "result"), ("JOB0one", "progress")):
+        with pytest.raises(sealing.SealError, match=kid(NEW)):
+            ring.open(token, job_id, field)
