@@ -32,6 +32,7 @@ from .exceptions import ConfigurationError, JobQueueError
 
 if TYPE_CHECKING:
     from .records import JobInfo
+    from .spec import Prepared
 
 PREFIX = "jq1."
 SEALED = "sealed"
@@ -259,3 +260,13 @@ def opened_info(info: JobInfo) -> JobInfo:
 
 def _open_any_text(value: Any, job_id: str, field: str) -> Any:
     return open_text(value, job_id) if isinstance(value, str) else value
+
+
+def minted_again(job: Prepared, job_id: str) -> Prepared:
+    """A job whose minted id was taken, under a new id: its sealed args sealed for that id."""
+    if f'"{SEALED}":"{PREFIX}' in job.payload:
+        data = json.loads(job.payload)
+        plain = keyring().open(data[SEALED], job.job_id, "args")
+        data[SEALED] = keyring().seal(plain, job_id, "args")
+        return job._replace(job_id=job_id, payload=json.dumps(data, separators=(",", ":")))
+    return job._replace(job_id=job_id)

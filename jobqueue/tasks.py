@@ -58,6 +58,7 @@ except ImportError:  # Django 5.2: the django-tasks backport (`pip install jobqu
 from . import signals
 from .api.dispatch import submit
 from .api.registry import JobFunction, JobOptions, get_job
+from .sealing import opened_info
 from .engine.store import JobInfo, JobSpec, Lease, Queue
 from .exceptions import JobQueueError, UnknownHandler
 from .keys import validate_queue
@@ -144,6 +145,7 @@ class ValkeyBackend(BaseTaskBackend):
         return None
 
     def _result(self, task: Task, info: JobInfo) -> TaskResult:
+        info = opened_info(info) if info.sealed else info
         payload = info.payload if isinstance(info.payload, dict) else {}
         failed = info.state in (State.DEAD, State.CANCELLED, State.EXPIRED)
         result: TaskResult = TaskResult(

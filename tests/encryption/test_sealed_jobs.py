@@ -191,3 +191,35 @@ def test_a_value_sealed_for_one_job_does_not_open_for_another(settings: Any,
     for job_id, field in (("JOB0two", "result"), ("JOB0one", "progress")):
         with pytest.raises(sealing.SealError, match=kid(NEW)):
             ring.open(token, job_id, field)
+
+
+def test_a_minted_id_taken_already_is_minted_again_with_its_args_sealed_for_the_new_one(
+        settings: Any, valkey_server: ValkeyProcess) -> None:
+    from jobqueue.spec import JobSpec, prepare
+
+    sealed_settings(settings, valkey_server.url, [NEW])
+    queue = Queue("vault")
+    taken = jobs.confide.using(queue="vault").enqueue("first")
+    payload = {"handler": jobs.confide.name, "args": [SECRET]}
+    job = prepare(JobSpec(payload, job_id=taken.id), queue.options)._replace(minted=True)
+    [ref] = queue.enqueue_prepared([job])
+    assert ref.id != taken.id
+    leases = {lease.job_id: lease for lease in queue.dequeue(count=2)}
+    assert sealing.open_payload(leases[ref.id].payload, ref.id) == ([SECRET], {})
+    assert sealing.open_payload(leases[taken.id].payload, taken.id) == (["first"], {})
+
+
+def test_a_django_task_on_a_sealed_queue_answers_plain(settings: Any,
+                                                       valkey_server: ValkeyProcess) -> None:
+    from tests.inprocess import burst
+    from tests.jobapp.django_tasks import multiply
+
+    sealed_settings(settings, valkey_server.url, [NEW])
+    settings.TASKS = {"default": {"BACKEND": "jobqueue.tasks.ValkeyBackend", "QUEUES": ["vault"]}}
+    enqueued = multiply.using(queue_name="vault").enqueue(1234567, 89)
+    assert enqueued.args == [1234567, 89]
+    assert "1234567" not in valkey_dump(client())
+    burst("vault")  # (in this process: its TASKS setting names the queue)
+    done = multiply.get_result(enqueued.id)
+    assert done.args == [1234567, 89] and done.return_value == 1234567 * 89
+    assert str(1234567 * 89) not in valkey_dump(client())
