@@ -28,6 +28,7 @@ from ..keys import validate_lane, validate_queue
 from ..models import Job
 from ..operations import schedule
 from ..states import State
+from . import sealed
 from ..worker import presence
 from . import posts, readmodels
 from .site import ConsoleSite, console_reverse
@@ -164,7 +165,7 @@ class Console(ConsoleSite):
             if not found:
                 messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
             return self.render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
-                                jobs=found, searched=True)
+                                jobs=found, searched=True, sealed_queues=sealed.sealed_queues())
         for name in known_queues():
             if Queue(name).locate(job_id) is not None:
                 return HttpResponseRedirect(console_reverse(request, "jobqueue_job", name, job_id))
@@ -175,7 +176,7 @@ class Console(ConsoleSite):
         return self.render(request, "find.html", "Find a job", query=raw)
 
     def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
-        info = self.job(queue, job_id)
+        info = sealed.shown(self.job(queue, job_id), request.user)
         allowed = {action.verb for action in posts.JOB_ACTIONS
                    if info.state in action.states and action.permitted(request)}
         if info.source == "mirror":

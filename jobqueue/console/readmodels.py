@@ -17,6 +17,7 @@ from ..exceptions import JobQueueError
 from ..keys import ShardKeys
 from ..spec import rate as spec_rate
 from ..states import State
+from . import sealed
 
 LIST_FIELDS = ("state", "attempts", "priority", "lane", "enqueued_at", "run_after", "started_at",
                "lease_until", "finished_at", "worker", "last_error", "max_attempts", "progress")
@@ -131,8 +132,8 @@ def rows_of(queue: Queue, placed: list[tuple[int, str]], fields: tuple[str, ...]
     for (index, job_id), values in zip(placed, pipe.execute(), strict=True):
         row = {k: v for k, v in zip(fields, values, strict=True) if v is not None}
         if row:
-            rows.append(JobInfo.from_row(job_id, queue.name, row, index,
-                                         queue.options.max_attempts))
+            rows.append(sealed.masked(JobInfo.from_row(job_id, queue.name, row, index,
+                                                       queue.options.max_attempts)))
     return rows
 
 
@@ -250,7 +251,7 @@ def search(text: str, limit: int = 50) -> list[JobInfo]:
                 for row in Job.objects.filter(**{column: text}).order_by("-finished_at")[:limit]]
         rows.sort(key=lambda row: row.finished_at or EPOCH, reverse=True)
         for row in rows:
-            found.setdefault(row.id, row.info())
+            found.setdefault(row.id, sealed.masked(row.info()))
     return list(found.values())[:limit]
 
 
