@@ -32,7 +32,6 @@ from .exceptions import ConfigurationError, JobQueueError
 
 if TYPE_CHECKING:
     from .records import JobInfo
-    from .spec import Prepared
 
 PREFIX = "jq1."
 SEALED = "sealed"
@@ -145,10 +144,16 @@ def _keyring(raw: tuple[str, ...]) -> Keyring:
 
 
 def keyring() -> Keyring:
-    """The keyring of the current settings (ConfigurationError when they are malformed)."""
-    from .conf import get_config
+    """The keyring of the current settings (ConfigurationError when they are malformed). Read
+    from the settings themselves, not through conf.py's config: conf.py validates a queue's
+    options with spec.py, which seals through here."""
+    from django.conf import settings
 
-    return _keyring(get_config().encryption_keys)
+    raw = getattr(settings, "JOBQUEUE", None) or {} if settings.configured else {}
+    keys = raw.get("ENCRYPTION_KEYS", ()) if isinstance(raw, dict) else ()
+    if not isinstance(keys, (list, tuple)):
+        parse_keys(keys)  # (raises, naming the setting)
+    return _keyring(tuple(keys))
 
 
 # -- values ---------------------------------------------------------------------------------
@@ -262,11 +267,11 @@ def _open_any_text(value: Any, job_id: str, field: str) -> Any:
     return open_text(value, job_id) if isinstance(value, str) else value
 
 
-def minted_again(job: Prepared, job_id: str) -> Prepared:
-    """A job whose minted id was taken, under a new id: its sealed args sealed for that id."""
-    if f'"{SEALED}":"{PREFIX}' in job.payload:
-        data = json.loads(job.payload)
-        plain = keyring().open(data[SEALED], job.job_id, "args")
-        data[SEALED] = keyring().seal(plain, job_id, "args")
-        return job._replace(job_id=job_id, payload=json.dumps(data, separators=(",", ":")))
-    return job._replace(job_id=job_id)
+def rebound(payload: str, old_id: str, job_id: str) -> str:
+    """A payload whose job got a new id (its minted one was taken): its sealed args, if any,
+    sealed for the new id."""
+    if f'"{SEALED}":"{PREFIX}' not in payload:
+        return payload
+    data = json.loads(payload)
+    data[SEALED] = keyring().seal(keyring().open(data[SEALED], old_id, "args"), job_id, "args")
+    return json.dumps(data, separators=(",", ":"))

@@ -318,6 +318,14 @@ class Prepared(NamedTuple):
     timeout_ms: int = 0
     """The run time limit (0: none), written with the lease (`calls.lease_field`)."""
 
+    def minted_again(self, job_id: str) -> Prepared:
+        """This job under a new id (its minted one was taken): its sealed args, if any, sealed
+        for that id (sealing.py binds them to the job's id)."""
+        from . import sealing
+
+        return self._replace(job_id=job_id,
+                             payload=sealing.rebound(self.payload, self.job_id, job_id))
+
 
 def _delay(spec: JobSpec) -> float:
     """Seconds until the job may run, from `delay`, `run_after` or `debounce` (one of them)."""

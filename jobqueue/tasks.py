@@ -58,11 +58,11 @@ except ImportError:  # Django 5.2: the django-tasks backport (`pip install jobqu
 from . import signals
 from .api.dispatch import submit
 from .api.registry import JobFunction, JobOptions, get_job
-from .sealing import opened_info
 from .engine.store import JobInfo, JobSpec, Lease, Queue
 from .exceptions import JobQueueError, UnknownHandler
 from .keys import validate_queue
 from .records import enqueued_ms, ms_to_dt
+from .sealing import opened_info
 from .states import State
 
 PREFIX = "django.tasks:"

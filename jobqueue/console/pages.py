@@ -28,9 +28,8 @@ from ..keys import validate_lane, validate_queue
 from ..models import Job
 from ..operations import schedule
 from ..states import State
-from . import sealed
 from ..worker import presence
-from . import posts, readmodels
+from . import posts, readmodels, sealed
 from .site import ConsoleSite, console_reverse
 
 

@@ -16,6 +16,7 @@ and deleted within seconds.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -51,34 +52,33 @@ def reseal(client: Any, *, chunk: int = CHUNK, database: bool = True,
     cas = client.register_script(_CAS)
     for n, key in enumerate(client.scan_iter(match="emq:{*}:job:*", count=chunk), 1):
         job_id = key.rpartition(":job:")[2]
-        values = client.hmget(key, ROW_FIELDS)
-        for name, raw in zip(ROW_FIELDS, values, strict=True):
-            if raw:
-                _one(report, raw, lambda v, n=name: _row_value(v, job_id, n),
-                     lambda new, n=name, old=raw: cas(keys=[key], args=[n, old, new]))
+        for name, raw in zip(ROW_FIELDS, client.hmget(key, ROW_FIELDS), strict=True):
+            new = _attempt(report, raw, _row_value, job_id, name) if raw else None
+            if new is not None and cas(keys=[key], args=[name, raw, new]):
+                report.resealed += 1
         if progress and n % chunk == 0:
             progress("valkey", n)
     for key in client.scan_iter(match="emq:{*}:results:*", count=chunk):
         for slot, raw in client.hgetall(key).items():
-            _one(report, raw, _slot_value,
-                 lambda new, s=slot, old=raw: cas(keys=[key], args=[s, old, new]))
+            new = _attempt(report, raw, _slot_value)
+            if new is not None and cas(keys=[key], args=[slot, raw, new]):
+                report.resealed += 1
     if database:
         _database(report, chunk, progress)
     return report
 
 
-def _one(report: Report, raw: str, resealed: Callable[[str], tuple[str | None, str | None]],
-         write: Callable[[str], Any]) -> None:
-    """Reseal one stored value: `resealed` gives (its new text or None, the key id it needs)."""
+def _attempt(report: Report, raw: str, resealed: Callable[..., str | None], *args: str
+             ) -> str | None:
+    """One stored value resealed by `resealed` (None: it needs no change); a value that does
+    not open is counted under the key it names."""
     try:
-        new, kid = resealed(raw)
+        return resealed(raw, *args)
     except (JobQueueError, ValueError):
-        new, kid = None, _kid(raw)
+        kid = _kid(raw)
         if kid is not None:
             report.left[kid] += 1
-        return
-    if new is not None and write(new):
-        report.resealed += 1
+        return None
 
 
 def _kid(raw: str) -> str | None:
@@ -90,37 +90,33 @@ def _kid(raw: str) -> str | None:
     return sealing.split(raw[marker + 1:])[0] if marker >= 0 else None
 
 
-def _row_value(raw: str, job_id: str, name: str) -> tuple[str | None, str | None]:
+def _row_value(raw: str, job_id: str, name: str) -> str | None:
     """A job row's field resealed (JSON text; last_error is plain text)."""
-    import json
-
     if name == "last_error":
         if not sealing.is_sealed(raw):
-            return None, None
-        return sealing.reseal(raw, job_id, "error"), None
+            return None
+        return sealing.reseal(raw, job_id, "error")
     if sealing.PREFIX not in raw:
-        return None, None
+        return None
     value = json.loads(raw)
     if name == "payload":
         if not sealing.is_sealed_payload(value):
-            return None, None
+            return None
         new = sealing.reseal(value[sealing.SEALED], job_id, "args")
-        return (None if new is None else
-                json.dumps({**value, sealing.SEALED: new}, separators=(",", ":"))), None
+        return None if new is None else json.dumps({**value, sealing.SEALED: new},
+                                                   separators=(",", ":"))
     if not sealing.is_sealed(value):
-        return None, None
-    new = sealing.reseal(value, job_id, "result" if name == "result" else name)
-    return (None if new is None else json.dumps(new)), None
+        return None
+    new = sealing.reseal(value, job_id, name)
+    return None if new is None else json.dumps(new)
 
 
-def _slot_value(raw: str) -> tuple[str | None, str | None]:
+def _slot_value(raw: str) -> str | None:
     """A flow's result slot: a member's sealed result (opened under the id it names)."""
-    import json
-
     if sealing.PREFIX not in raw or not raw.startswith('"'):
-        return None, None
+        return None
     new = sealing.reseal(json.loads(raw), None, "result")
-    return (None if new is None else json.dumps(new)), None
+    return None if new is None else json.dumps(new)
 
 
 def _database(report: Report, chunk: int, progress: Callable[[str, int], None] | None) -> None:
@@ -151,7 +147,7 @@ def _row_fields(report: Report, row: Any) -> Iterator[tuple[str, bool]]:
         value = getattr(row, name)
         token = value.get(sealing.SEALED) if name == "payload" and isinstance(value, dict) \
             else value
-        if not sealing.is_sealed(token):
+        if not isinstance(token, str) or not sealing.is_sealed(token):
             continue
         try:
             new = sealing.reseal(token, row.pk, field_name)
