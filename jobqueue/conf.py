@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from . import sealing
 from .cron import Entry
 from .cron import parse as parse_schedule
 from .exceptions import ConfigurationError, JobQueueError
@@ -333,6 +334,7 @@ def _client_from_cache(alias: str) -> Any:
 def reset() -> None:
     """Forget the parsed config and clients (settings changed, or a test switched servers)."""
     get_config.cache_clear()
+    sealing.forget()
     with _clients_lock:
         for client in _clients.values():
             client.close()

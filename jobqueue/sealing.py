@@ -25,13 +25,24 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from . import _compat
 from .exceptions import ConfigurationError, JobQueueError
 
 if TYPE_CHECKING:
     from .records import JobInfo
+
+_c_encoder = _compat.c_json_encoder()
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _json(value: Any) -> str:
+    """Compact JSON (the C encoder's, as spec.dumps; the value was checked there already)."""
+    if _c_encoder is not None:
+        return "".join(_c_encoder(value, 0))
+    return json.dumps(value, separators=(",", ":"))
+
 
 PREFIX = "jq1."
 SEALED = "sealed"
@@ -96,7 +107,7 @@ class Keyring:
                 "JOBQUEUE['ENCRYPTION_KEYS'] lists no key: nothing was stored")
         nonce = os.urandom(NONCE_BYTES)
         sealed = self._ciphers[self.current].encrypt(nonce, plain.encode(), _aad(job_id, field))
-        body = base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode()
+        body = binascii.b2a_base64(nonce + sealed, newline=False).decode()
         return f"{PREFIX}{self.current}.{job_id}.{body}"
 
     def open(self, token: str, job_id: str | None, field: str) -> str:
@@ -108,7 +119,7 @@ class Keyring:
             raise SealError(f"a sealed {field} needs key {kid}, which JOBQUEUE['ENCRYPTION_KEYS'] "
                             f"no longer lists (listed: {', '.join(self.ids) or 'none'})")
         try:
-            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+            raw = binascii.a2b_base64(body, strict_mode=True)
             plain = cipher.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:],
                                    _aad(named if job_id is None else job_id, field))
         except Exception:  # noqa: BLE001 - InvalidTag, a short body, bad base64: all one answer
@@ -138,30 +149,38 @@ def sealed_key(value: Any) -> str | None:
     return split(value)[0] if is_sealed(value) else None
 
 
-@lru_cache(maxsize=4)
-def _keyring(raw: tuple[str, ...]) -> Keyring:
-    return Keyring(parse_keys(list(raw)))
+_ring: Keyring | None = None
 
 
 def keyring() -> Keyring:
-    """The keyring of the current settings (ConfigurationError when they are malformed). Read
-    from the settings themselves, not through conf.py's config: conf.py validates a queue's
-    options with spec.py, which seals through here."""
-    from django.conf import settings
+    """The keyring of the current settings, made once (again after `forget`: conf.reset, as the
+    settings change); ConfigurationError when they are malformed. Read from the settings
+    themselves, not through conf.py's config: conf.py validates a queue's options with
+    spec.py, which seals through here."""
+    global _ring
+    ring = _ring
+    if ring is None:
+        from django.conf import settings
 
-    raw = getattr(settings, "JOBQUEUE", None) or {} if settings.configured else {}
-    keys = raw.get("ENCRYPTION_KEYS", ()) if isinstance(raw, dict) else ()
-    if not isinstance(keys, (list, tuple)):
-        parse_keys(keys)  # (raises, naming the setting)
-    return _keyring(tuple(keys))
+        raw = getattr(settings, "JOBQUEUE", None) or {} if settings.configured else {}
+        keys = raw.get("ENCRYPTION_KEYS", ()) if isinstance(raw, dict) else ()
+        ring = _ring = Keyring(parse_keys(keys))
+    return ring
+
+
+def forget() -> None:
+    """Drop the keyring made from the settings (they changed)."""
+    global _ring
+    _ring = None
 
 
 # -- values ---------------------------------------------------------------------------------
 
 
 def seal_json(encoded: str, job_id: str, field: str) -> str:
-    """A value given as JSON text, sealed, as JSON text (a JSON string)."""
-    return json.dumps(keyring().seal(encoded, job_id, field))
+    """A value given as JSON text, sealed, as JSON text (a JSON string: a sealed value holds no
+    character JSON escapes)."""
+    return f'"{keyring().seal(encoded, job_id, field)}"'
 
 
 def open_value(value: Any, job_id: str | None, field: str) -> Any:
@@ -176,20 +195,18 @@ def open_text(value: str, job_id: str, field: str = "error") -> str:
     return keyring().open(value, job_id, field) if is_sealed(value) else value
 
 
-def seal_payload(payload: str, job_id: str) -> str:
-    """A payload (JSON text of an object) with its args and kwargs sealed under "sealed"."""
-    data = json.loads(payload)
-    if not isinstance(data, dict) or SEALED in data:
-        return payload
-    secret = {k: data.pop(k) for k in ("args", "kwargs") if k in data}
-    data[SEALED] = keyring().seal(json.dumps(secret, separators=(",", ":")), job_id, "args")
-    return json.dumps(data, separators=(",", ":"))
+def seal_payload(payload: dict[str, Any], secret: str, job_id: str) -> str:
+    """A payload (handler, args, kwargs, …) as JSON text, with its args and kwargs (`secret`,
+    their JSON) sealed under "sealed" in their place."""
+    plain = {k: v for k, v in payload.items() if k not in ("args", "kwargs")}
+    plain[SEALED] = keyring().seal(secret, job_id, "args")
+    return _json(plain)
 
 
 def open_payload(payload: dict[str, Any], job_id: str) -> tuple[list[Any], dict[str, Any]]:
     """A sealed job's args and kwargs: what a flow spliced in front (opened under their own
     jobs' ids), then its own."""
-    secret = json.loads(keyring().open(payload[SEALED], job_id, "args"))
+    secret = _scan(keyring().open(payload[SEALED], job_id, "args"), 0)[0]
     given = [open_slot(value) for value in payload.get("args", ())]
     return [*given, *secret.get("args", ())], secret.get("kwargs", {})
 

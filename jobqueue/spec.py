@@ -414,30 +414,31 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
     if expires_ms and expires_ms <= delay_ms:
         raise InvalidOption(f"expires ({expires_ms / 1000:g} s from now) comes before the job's "
                             f"start ({delay_ms / 1000:g} s from now): it could never run")
-    payload = encode_payload(spec.payload, max_payload)
     if options.encrypt or spec.encrypt:
-        payload = sealed(payload, job_id, spec, max_payload)
+        payload = sealed(spec, job_id, max_payload)
+    else:
+        payload = encode_payload(spec.payload, max_payload)
     return Prepared(job_id, spec.job_id is None, payload,
                     priority, lane, max_attempts, backoff_ms, lease_ms, delay_ms, unique,
                     delay_ms if spec.debounce is not None else 0, expires_ms,
                     timeout_ms=timeout_ms)
 
 
-def sealed(payload: str, job_id: str, spec: JobSpec, max_payload: int) -> str:
-    """A sealed job's payload (sealing.py); a debounced one is refused: the job it replaces has
-    another id, which its sealed args would not open under."""
+def sealed(spec: JobSpec, job_id: str, max_payload: int) -> str:
+    """A sealed job's payload (sealing.py), checked as `encode_payload` checks a plain one; a
+    debounced one is refused: the job it replaces has another id, which its sealed args would
+    not open under."""
     from . import sealing
 
     if spec.debounce is not None:
         raise InvalidOption("debounce cannot be used on a sealed job (encrypt=True): the waiting "
                             "job it replaces could not open its arguments")
-    if spec.encrypt not in (None, True, False):
-        raise InvalidOption(f"encrypt must be True or False, got {spec.encrypt!r}")
-    sealed = sealing.seal_payload(payload, job_id)
-    if len(sealed) > max_payload:
-        raise InvalidPayload(f"payload is {len(sealed):,} characters once sealed; the limit is "
-                             f"{max_payload:,} (JOBQUEUE['MAX_PAYLOAD'])")
-    return sealed
+    payload = spec.payload
+    if not isinstance(payload, dict) or sealing.SEALED in payload:  # (sealed already: a
+        return encode_payload(payload, max_payload)  # durable row sent again)
+    secret = encode_payload({k: payload[k] for k in ("args", "kwargs") if k in payload},
+                            max_payload)
+    return sealing.seal_payload(payload, secret, job_id)
 
 
 def encode_payload(payload: Any, max_payload: int) -> str:

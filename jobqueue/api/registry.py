@@ -98,6 +98,8 @@ class JobFunction:
             return self._enqueue_after([payload])[0]
         route = self._routed()
         if (ready := route.template()) is not None:
+            if ready.sealed:
+                return ready.enqueue_sealed(payload, route.config.max_payload)
             return ready.enqueue(ids.new_id(), encode_payload(payload, route.config.max_payload))
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
@@ -115,7 +117,7 @@ class JobFunction:
         if self.options.after:
             return self._enqueue_after([_payload(self.name, *_split(call)) for call in calls])
         route = self._routed()
-        if (ready := route.template()) is not None:
+        if (ready := route.template()) is not None and not ready.sealed:
             # The handler's template, validated once: each job only mints its id and encodes
             # its payload (as `enqueue` does).
             limit = route.config.max_payload
@@ -137,11 +139,12 @@ class JobFunction:
             queue = Queue(self.options.queue,
                           client=None if config.url == "embedded" else get_client())
             spec = JobSpec({}, **self.options.spec)
-            simple = not (queue.options.durable or queue.options.encrypt or spec.encrypt
-                          or spec.job_id is not None or spec.run_after is not None
+            simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None
                           or isinstance(spec.expires, datetime)  # (an instant: its ms vary)
                           or tracing.tracer() is not None)
-            ready = Template(queue, prepare(spec, queue.options)) if simple else None
+            ready = (Template(queue, prepare(spec, queue.options),
+                              sealed=bool(queue.options.encrypt or spec.encrypt))
+                     if simple else None)
             route = self._route = Route(config, queue, ready,
                                          self.options.immediate or not config.on_commit)
         return route
@@ -229,6 +232,8 @@ def _check_spec_options(spec: Mapping[str, Any]) -> None:
     unknown = set(spec) - set(SPEC_OPTIONS)
     if unknown:
         raise InvalidOption(f"unknown option(s) {sorted(unknown)}; allowed: {list(SPEC_OPTIONS)}")
+    if spec.get("encrypt") not in (None, True, False):
+        raise InvalidOption(f"encrypt must be True or False, got {spec['encrypt']!r}")
 
 
 @overload
@@ -247,8 +252,6 @@ def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
     validate_queue(queue)  # now, at import, not at the first enqueue
     if spec.get("timeout") is not None:
         validate_timeout(spec["timeout"])
-    if spec.get("encrypt") not in (None, True, False):
-        raise InvalidOption(f"encrypt must be True or False, got {spec['encrypt']!r}")
 
     def register(f: Callable[..., Any]) -> JobFunction:
         dotted = name or f"{f.__module__}.{f.__qualname__}"
