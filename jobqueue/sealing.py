@@ -219,12 +219,21 @@ def open_slot(value: Any) -> Any:
         return open_value(value, None, "result")
     if isinstance(value, list):
         return [open_slot(item) for item in value]
-    if isinstance(value, dict) and is_sealed(value.get("error")) and "job" in value:
-        try:
-            return {**value, "error": open_text(value["error"], value["job"])}
+    if isinstance(value, dict) and set(value) == {"error", "state", "job"}:
+        error = value["error"]  # (the engine keeps its last 1000 characters: a long sealed
+        try:  # error loses its head, and does not open; nor is it text with spaces)
+            if isinstance(error, str) and error and not is_sealed(error) and " " not in error:
+                raise SealError(error[:0])
+            return {**value, "error": open_text(error, value["job"])}
         except SealError:
-            return {**value, "error": f"(the sealed error of job {value['job']}: read it there)"}
+            return {**value, "error": cut_short(value["job"])}
     return value
+
+
+def cut_short(job_id: str) -> str:
+    """What stands for a sealed error the engine cut to fit (a flow's slot, an attempt's
+    history entry): it no longer opens."""
+    return f"(a sealed error, cut short to fit: job {job_id}'s last error holds it whole)"
 
 
 def opened_payload(payload: Any, job_id: str) -> Any:
@@ -269,7 +278,7 @@ def opened_info(info: JobInfo) -> JobInfo:
             bad.append(field)
             return value
 
-    history = tuple({**item, "error": opened("history", item.get("error"), _open_any_text)}
+    history = tuple({**item, "error": _history_error(item.get("error"), info.id)}
                     if isinstance(item, dict) else item for item in info.history)
     return replace(
         info, payload=opened("payload", info.payload, lambda v, i, _: opened_payload(v, i)),
@@ -278,6 +287,14 @@ def opened_info(info: JobInfo) -> JobInfo:
         progress=opened("progress", info.progress, open_value),
         last_error=opened("error", info.last_error, _open_any_text), history=history,
         corrupt=(*info.corrupt, *dict.fromkeys(bad)))
+
+
+def _history_error(value: Any, job_id: str) -> Any:
+    """An attempt's error (its first 500 characters: a sealed one opens only when short)."""
+    try:
+        return _open_any_text(value, job_id, "error")
+    except SealError:
+        return cut_short(job_id)
 
 
 def _open_any_text(value: Any, job_id: str, field: str) -> Any:

@@ -149,6 +149,20 @@ def test_a_chord_of_sealed_jobs_hands_its_callback_plain_results(settings: Any,
     _nothing_plain()
 
 
+def test_a_failed_member_of_a_sealed_chord_hands_its_callback_an_opened_error(
+        settings: Any, valkey_server: ValkeyProcess) -> None:
+    env = sealed_settings(settings, valkey_server.url, [NEW])
+    header = [jobs.mul.using(queue="vault").s(SECRET, 1),
+              jobs.fails_with.using(queue="vault").s(f"bad {SECRET}")]
+    ref = chord(header, jobs.total.using(queue="vault").s(), on_failure="ignore").enqueue()
+    assert run_burst(valkey_server.url, "--queues", "vault", env=env) == 0
+    ok, failed = ref.result(10)
+    assert ok == SECRET and failed["state"] == "dead"
+    # the error, sealed, fits its slot only when short; else the callback is told where it is
+    assert f"bad {SECRET}" in failed["error"] or "cut short" in failed["error"]
+    _nothing_plain()
+
+
 def test_a_durable_sealed_job_is_restored_sealed_after_valkey_lost_its_data(
         settings: Any, valkey_server: ValkeyProcess) -> None:
     env = sealed_settings(settings, valkey_server.url, [NEW])
@@ -223,3 +237,15 @@ def test_a_django_task_on_a_sealed_queue_answers_plain(settings: Any,
     done = multiply.get_result(enqueued.id)
     assert done.args == [1234567, 89] and done.return_value == 1234567 * 89
     assert str(1234567 * 89) not in valkey_dump(client())
+
+
+def test_a_sealed_error_cut_to_fit_a_slot_or_the_history_says_where_it_is_whole(
+        settings: Any, valkey_server: ValkeyProcess) -> None:
+    sealed_settings(settings, valkey_server.url, [NEW])
+    token = sealing.keyring().seal("Traceback: " + SECRET * 100, "JOB0member", "error")
+    for cut in (token[-1000:], token[:500]):  # (a flow's slot keeps the tail, the history the head)
+        slot = sealing.open_slot({"error": cut, "state": "dead", "job": "JOB0member"})
+        assert "cut short" in slot["error"] and "JOB0member" in slot["error"]
+    short = sealing.keyring().seal(f"ValueError: {SECRET}", "JOB0member", "error")
+    slot = sealing.open_slot({"error": short, "state": "dead", "job": "JOB0member"})
+    assert slot["error"] == f"ValueError: {SECRET}"
