@@ -434,8 +434,11 @@ def sealed(spec: JobSpec, job_id: str, max_payload: int) -> str:
         raise InvalidOption("debounce cannot be used on a sealed job (encrypt=True): the waiting "
                             "job it replaces could not open its arguments")
     payload = spec.payload
-    if not isinstance(payload, dict) or sealing.SEALED in payload:  # (sealed already: a
-        return encode_payload(payload, max_payload)  # durable row sent again)
+    if not isinstance(payload, dict):
+        raise InvalidPayload(f"a sealed job's payload must be a dict (handler, args, kwargs), "
+                             f"got a {type(payload).__name__}: nothing was stored")
+    if sealing.SEALED in payload:  # (sealed already: a durable row sent again)
+        return encode_payload(payload, max_payload)
     secret = encode_payload({k: payload[k] for k in ("args", "kwargs") if k in payload},
                             max_payload)
     return sealing.seal_payload(payload, secret, job_id)

@@ -103,12 +103,23 @@ def _row_value(raw: str, job_id: str, name: str) -> str | None:
         if not sealing.is_sealed_payload(value):
             return None
         new = sealing.reseal(value[sealing.SEALED], job_id, "args")
-        return None if new is None else json.dumps({**value, sealing.SEALED: new},
-                                                   separators=(",", ":"))
+        given = [_given(item) for item in value.get("args", ())]  # (a flow's results spliced in)
+        if new is None and given == value.get("args", []):
+            return None
+        resealed = {**value, sealing.SEALED: new or value[sealing.SEALED]}
+        return json.dumps({**resealed, "args": given} if "args" in value else resealed,
+                          separators=(",", ":"))
     if not sealing.is_sealed(value):
         return None
     new = sealing.reseal(value, job_id, name)
     return None if new is None else json.dumps(new)
+
+
+def _given(value: Any) -> Any:
+    """A value a flow spliced into a sealed job's args, its sealed results resealed."""
+    if sealing.is_sealed(value):
+        return sealing.reseal(value, None, "result") or value
+    return [_given(item) for item in value] if isinstance(value, list) else value
 
 
 def _slot_value(raw: str) -> str | None:

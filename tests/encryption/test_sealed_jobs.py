@@ -249,3 +249,48 @@ def test_a_sealed_error_cut_to_fit_a_slot_or_the_history_says_where_it_is_whole(
     short = sealing.keyring().seal(f"ValueError: {SECRET}", "JOB0member", "error")
     slot = sealing.open_slot({"error": short, "state": "dead", "job": "JOB0member"})
     assert slot["error"] == f"ValueError: {SECRET}"
+
+
+def test_a_sealed_checkpoint_opens_for_the_next_attempt(settings: Any,
+                                                        valkey_server: ValkeyProcess) -> None:
+    from jobqueue import JobContext
+
+    sealed_settings(settings, valkey_server.url, [NEW])
+    queue = Queue("vault")
+    ref = jobs.confide.using(queue="vault", max_attempts=2).enqueue(SECRET)
+    [lease] = queue.dequeue(count=1)
+    assert JobContext(lease).save_checkpoint({"page": SECRET})
+    assert queue.release(lease)
+    assert SECRET not in valkey_dump(client())
+    [again] = queue.dequeue(count=1)
+    assert again.job_id == ref.id and JobContext(again).checkpoint == {"page": SECRET}
+
+
+def test_a_sealed_queue_refuses_a_payload_that_is_no_dict(settings: Any,
+                                                          valkey_server: ValkeyProcess) -> None:
+    from jobqueue.exceptions import InvalidPayload
+
+    sealed_settings(settings, valkey_server.url, [NEW])
+    with pytest.raises(InvalidPayload, match="must be a dict"):
+        Queue("vault").enqueue([SECRET])
+    assert client().dbsize() == 0
+
+
+def test_reseal_moves_a_result_a_chain_handed_its_next_step(settings: Any,
+                                                            valkey_server: ValkeyProcess) -> None:
+    from jobqueue import chain
+    from jobqueue.worker.executor import execute, resolve
+
+    sealed_settings(settings, valkey_server.url, [OLD])
+    queue = Queue("vault")
+    chain(jobs.mul.using(queue="vault").s(SECRET, 2), jobs.confide.using(queue="vault").s()).enqueue()
+    [first] = queue.dequeue(count=1)
+    outcome = execute(first)
+    assert outcome.ok and queue.ack_encoded([(first, outcome.result)])[0].state == "succeeded"
+    sealed_settings(settings, valkey_server.url, [NEW, OLD])
+    report = _reseal()
+    assert report.resealed >= 2 and not report.left  # (its result, and the next step's args)
+    sealed_settings(settings, valkey_server.url, [NEW])
+    [second] = queue.dequeue(count=1)
+    _, args, _ = resolve(second)  # type: ignore[misc]
+    assert args == [SECRET * 2]
