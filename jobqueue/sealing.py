@@ -90,14 +90,16 @@ class Keyring:
     """The configured keys: the first seals, every one opens (by key id)."""
 
     def __init__(self, keys: list[bytes]) -> None:
-        try:
-            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-        except ImportError:  # pragma: no cover - the package is an optional extra
-            raise ConfigurationError(
-                "JOBQUEUE['ENCRYPTION_KEYS'] is set but the 'cryptography' package is not "
-                "installed (pip install 'jobqueue[encryption]')") from None
         self.ids = [key_id(key) for key in keys]
-        self._ciphers = {kid: AESGCM(key) for kid, key in zip(self.ids, keys, strict=True)}
+        self._ciphers: dict[str, Any] = {}
+        if keys:  # (no key, no need of the package: a project that seals nothing)
+            try:
+                from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+            except ImportError:  # pragma: no cover - the package is an optional extra
+                raise ConfigurationError(
+                    "JOBQUEUE['ENCRYPTION_KEYS'] is set but the 'cryptography' package is not "
+                    "installed (pip install 'jobqueue[encryption]')") from None
+            self._ciphers = {kid: AESGCM(key) for kid, key in zip(self.ids, keys, strict=True)}
         self.current = self.ids[0] if keys else None
 
     def seal(self, plain: str, job_id: str, field: str) -> str:

@@ -425,18 +425,14 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
 
 
 def sealed(spec: JobSpec, job_id: str, max_payload: int) -> str:
-    """A sealed job's payload (sealing.py), checked as `encode_payload` checks a plain one; a
-    debounced one is refused: the job it replaces has another id, which its sealed args would
-    not open under."""
+    """A sealed job's payload (sealing.py), checked as `encode_payload` checks a plain one; not
+    debounced (the job it would replace has another id, which its args would not open under)."""
     from . import sealing
 
-    if spec.debounce is not None:
-        raise InvalidOption("debounce cannot be used on a sealed job (encrypt=True): the waiting "
-                            "job it replaces could not open its arguments")
     payload = spec.payload
-    if not isinstance(payload, dict):
-        raise InvalidPayload(f"a sealed job's payload must be a dict (handler, args, kwargs), "
-                             f"got a {type(payload).__name__}: nothing was stored")
+    if spec.debounce is not None or not isinstance(payload, dict):
+        raise InvalidOption("a sealed job (encrypt=True) cannot be debounced, and its payload "
+                            "must be a dict (handler, args, kwargs): nothing was stored")
     if sealing.SEALED in payload:  # (sealed already: a durable row sent again)
         return encode_payload(payload, max_payload)
     secret = encode_payload({k: payload[k] for k in ("args", "kwargs") if k in payload},

@@ -268,10 +268,10 @@ def test_a_sealed_checkpoint_opens_for_the_next_attempt(settings: Any,
 
 def test_a_sealed_queue_refuses_a_payload_that_is_no_dict(settings: Any,
                                                           valkey_server: ValkeyProcess) -> None:
-    from jobqueue.exceptions import InvalidPayload
+    from jobqueue.exceptions import InvalidOption
 
     sealed_settings(settings, valkey_server.url, [NEW])
-    with pytest.raises(InvalidPayload, match="must be a dict"):
+    with pytest.raises(InvalidOption, match="must be a dict"):
         Queue("vault").enqueue([SECRET])
     assert client().dbsize() == 0
 
