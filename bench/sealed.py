@@ -34,9 +34,26 @@ def run(queue: str, jobs: int) -> tuple[float, float]:
         handler.enqueue(BLOB)
     enqueued = jobs / (time.perf_counter() - started)
     started = time.perf_counter()
-    worker = subprocess.run([sys.executable, "manage.py", "runworker", "--burst", "--workers", "2",
-                             "--concurrency", "64", "--queues", queue, "--no-mirror",
-                             "--log-level", "WARNING"], cwd=ROOT, env=dict(os.environ), check=True)
+    worker = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "runworker",
+            "--burst",
+            "--workers",
+            "2",
+            "--concurrency",
+            "64",
+            "--queues",
+            queue,
+            "--no-mirror",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
+        check=True,
+    )
     processed = jobs / (time.perf_counter() - started)
     assert worker.returncode == 0 and Queue(queue).counts()["succeeded"] >= jobs
     return enqueued, processed
@@ -48,10 +65,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with valkey() as url:
-        os.environ.update(VALKEY_URL=url, BENCH_URL=url,
-                          DJANGO_SETTINGS_MODULE="bench_sealed_settings",
-                          JOBQUEUE_BENCH_KEY=base64.urlsafe_b64encode(os.urandom(32)).decode(),
-                          PYTHONPATH=f"{ROOT / 'bench'}:{ROOT}")
+        os.environ.update(
+            VALKEY_URL=url,
+            BENCH_URL=url,
+            DJANGO_SETTINGS_MODULE="bench_sealed_settings",
+            JOBQUEUE_BENCH_KEY=base64.urlsafe_b64encode(os.urandom(32)).decode(),
+            PYTHONPATH=f"{ROOT / 'bench'}:{ROOT}",
+        )
         import django
 
         django.setup()
@@ -59,19 +79,26 @@ def main() -> None:
 
         seen: dict[str, list[tuple[float, float]]] = {"plain": [], "sealed": []}
         for turn in range(args.rounds):  # (each round starts with the other one)
-            for queue in (("plain", "sealed") if turn % 2 == 0 else ("sealed", "plain")):
+            for queue in ("plain", "sealed") if turn % 2 == 0 else ("sealed", "plain"):
                 get_client().flushall()
                 seen[queue].append(run(queue, args.jobs))
-        median = {queue: (statistics.median(e for e, _ in runs), statistics.median(p for _, p in runs))
-                  for queue, runs in seen.items()}
-        table(f"{args.jobs:,} async jobs with a 1 KB argument, median of {args.rounds} round(s)", [
-            ("plain: enqueue, one call per job", median["plain"][0]),
-            ("sealed: enqueue, one call per job", median["sealed"][0]),
-            ("plain: processed, from spawn (--workers 2, c=64)", median["plain"][1]),
-            ("sealed: processed, from spawn (--workers 2, c=64)", median["sealed"][1]),
-        ])
-        print(f"\n  sealed / plain: enqueue {median['sealed'][0] / median['plain'][0]:.2f}×, "
-              f"processed {median['sealed'][1] / median['plain'][1]:.2f}×")
+        median = {
+            queue: (statistics.median(e for e, _ in runs), statistics.median(p for _, p in runs))
+            for queue, runs in seen.items()
+        }
+        table(
+            f"{args.jobs:,} async jobs with a 1 KB argument, median of {args.rounds} round(s)",
+            [
+                ("plain: enqueue, one call per job", median["plain"][0]),
+                ("sealed: enqueue, one call per job", median["sealed"][0]),
+                ("plain: processed, from spawn (--workers 2, c=64)", median["plain"][1]),
+                ("sealed: processed, from spawn (--workers 2, c=64)", median["sealed"][1]),
+            ],
+        )
+        print(
+            f"\n  sealed / plain: enqueue {median['sealed'][0] / median['plain'][0]:.2f}×, "
+            f"processed {median['sealed'][1] / median['plain'][1]:.2f}×"
+        )
 
 
 if __name__ == "__main__":

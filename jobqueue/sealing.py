@@ -65,8 +65,9 @@ def parse_keys(raw: Any) -> list[bytes]:
     """`ENCRYPTION_KEYS` as bytes; ConfigurationError naming the setting and the wrong entry
     (by position: a key is never quoted)."""
     if not isinstance(raw, (list, tuple)):
-        raise ConfigurationError(f"JOBQUEUE['ENCRYPTION_KEYS'] must be a list of keys, got a "
-                                 f"{type(raw).__name__}")
+        raise ConfigurationError(
+            f"JOBQUEUE['ENCRYPTION_KEYS'] must be a list of keys, got a {type(raw).__name__}"
+        )
     keys = []
     for n, value in enumerate(raw):
         try:
@@ -78,8 +79,9 @@ def parse_keys(raw: Any) -> list[bytes]:
         if len(key) != KEY_BYTES:
             raise ConfigurationError(
                 f"JOBQUEUE['ENCRYPTION_KEYS'][{n}] is not the URL-safe base64 of {KEY_BYTES} "
-                f"bytes (make one with: python -c \"import base64, os; "
-                f"print(base64.urlsafe_b64encode(os.urandom(32)).decode())\")")
+                f'bytes (make one with: python -c "import base64, os; '
+                f'print(base64.urlsafe_b64encode(os.urandom(32)).decode())")'
+            )
         keys.append(key)
     if len({key_id(key) for key in keys}) != len(keys):
         raise ConfigurationError("JOBQUEUE['ENCRYPTION_KEYS'] lists the same key twice")
@@ -98,7 +100,8 @@ class Keyring:
             except ImportError:  # pragma: no cover - the package is an optional extra
                 raise ConfigurationError(
                     "JOBQUEUE['ENCRYPTION_KEYS'] is set but the 'cryptography' package is not "
-                    "installed (pip install 'jobqueue[encryption]')") from None
+                    "installed (pip install 'jobqueue[encryption]')"
+                ) from None
             self._ciphers = {kid: AESGCM(key) for kid, key in zip(self.ids, keys, strict=True)}
         self.current = self.ids[0] if keys else None
 
@@ -106,7 +109,8 @@ class Keyring:
         if self.current is None:
             raise ConfigurationError(
                 "this job is to be sealed (its queue or handler says encrypt=True) but "
-                "JOBQUEUE['ENCRYPTION_KEYS'] lists no key: nothing was stored")
+                "JOBQUEUE['ENCRYPTION_KEYS'] lists no key: nothing was stored"
+            )
         nonce = os.urandom(NONCE_BYTES)
         sealed = self._ciphers[self.current].encrypt(nonce, plain.encode(), _aad(job_id, field))
         body = binascii.b2a_base64(nonce + sealed, newline=False).decode()
@@ -118,15 +122,19 @@ class Keyring:
         kid, named, body = split(token)
         cipher = self._ciphers.get(kid)
         if cipher is None:
-            raise SealError(f"a sealed {field} needs key {kid}, which JOBQUEUE['ENCRYPTION_KEYS'] "
-                            f"no longer lists (listed: {', '.join(self.ids) or 'none'})")
+            raise SealError(
+                f"a sealed {field} needs key {kid}, which JOBQUEUE['ENCRYPTION_KEYS'] "
+                f"no longer lists (listed: {', '.join(self.ids) or 'none'})"
+            )
         try:
             raw = binascii.a2b_base64(body, strict_mode=True)
-            plain = cipher.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:],
-                                   _aad(named if job_id is None else job_id, field))
+            plain = cipher.decrypt(
+                raw[:NONCE_BYTES], raw[NONCE_BYTES:], _aad(named if job_id is None else job_id, field)
+            )
         except Exception:  # noqa: BLE001 - InvalidTag, a short body, bad base64: all one answer
-            raise SealError(f"a sealed {field} (key {kid}) does not open: it was tampered with, "
-                            f"or belongs to another job") from None
+            raise SealError(
+                f"a sealed {field} (key {kid}) does not open: it was tampered with, or belongs to another job"
+            ) from None
         return plain.decode()
 
 
@@ -136,7 +144,7 @@ def _aad(job_id: str, field: str) -> bytes:
 
 def split(token: str) -> tuple[str, str, str]:
     """(key id, job id, body) of a sealed value."""
-    rest = token[len(PREFIX):]
+    rest = token[len(PREFIX) :]
     kid, _, rest = rest.partition(".")
     named, _, body = rest.rpartition(".")
     return kid, named, body
@@ -280,15 +288,20 @@ def opened_info(info: JobInfo) -> JobInfo:
             bad.append(field)
             return value
 
-    history = tuple({**item, "error": _history_error(item.get("error"), info.id)}
-                    if isinstance(item, dict) else item for item in info.history)
+    history = tuple(
+        {**item, "error": _history_error(item.get("error"), info.id)} if isinstance(item, dict) else item
+        for item in info.history
+    )
     return replace(
-        info, payload=opened("payload", info.payload, lambda v, i, _: opened_payload(v, i)),
+        info,
+        payload=opened("payload", info.payload, lambda v, i, _: opened_payload(v, i)),
         result=opened("result", info.result, open_value),
         checkpoint=opened("checkpoint", info.checkpoint, open_value),
         progress=opened("progress", info.progress, open_value),
-        last_error=opened("error", info.last_error, _open_any_text), history=history,
-        corrupt=(*info.corrupt, *dict.fromkeys(bad)))
+        last_error=opened("error", info.last_error, _open_any_text),
+        history=history,
+        corrupt=(*info.corrupt, *dict.fromkeys(bad)),
+    )
 
 
 def _history_error(value: Any, job_id: str) -> Any:

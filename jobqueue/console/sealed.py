@@ -29,14 +29,26 @@ def masked(info: JobInfo) -> JobInfo:
     payload = info.payload
     if sealing.is_sealed_payload(payload):
         payload = {**payload, sealing.SEALED: label(payload[sealing.SEALED])}
-    if not (payload is not info.payload or sealing.is_sealed(info.progress)
-            or sealing.is_sealed(info.last_error) or sealing.is_sealed(info.result)):
+    if not (
+        payload is not info.payload
+        or sealing.is_sealed(info.progress)
+        or sealing.is_sealed(info.last_error)
+        or sealing.is_sealed(info.result)
+    ):
         return info
-    history = tuple({**item, "error": label(item.get("error"))} if isinstance(item, dict)
-                    else item for item in info.history)
-    return replace(info, payload=payload, result=label(info.result),
-                   checkpoint=label(info.checkpoint), progress=label(info.progress),
-                   last_error=label(info.last_error), history=history)
+    history = tuple(
+        {**item, "error": label(item.get("error"))} if isinstance(item, dict) else item
+        for item in info.history
+    )
+    return replace(
+        info,
+        payload=payload,
+        result=label(info.result),
+        checkpoint=label(info.checkpoint),
+        progress=label(info.progress),
+        last_error=label(info.last_error),
+        history=history,
+    )
 
 
 def shown(info: JobInfo, user: Any) -> JobInfo:

@@ -43,8 +43,13 @@ class Report:
         return sum(self.left.values())
 
 
-def reseal(client: Any, *, chunk: int = CHUNK, database: bool = True,
-           progress: Callable[[str, int], None] | None = None) -> Report:
+def reseal(
+    client: Any,
+    *,
+    chunk: int = CHUNK,
+    database: bool = True,
+    progress: Callable[[str, int], None] | None = None,
+) -> Report:
     """Reseal what Valkey (and, with `database`, the database) holds; see the module's
     docstring."""
     sealing.keyring()  # (a malformed key list fails here, before anything is read)
@@ -68,8 +73,7 @@ def reseal(client: Any, *, chunk: int = CHUNK, database: bool = True,
     return report
 
 
-def _attempt(report: Report, raw: str, resealed: Callable[..., str | None], *args: str
-             ) -> str | None:
+def _attempt(report: Report, raw: str, resealed: Callable[..., str | None], *args: str) -> str | None:
     """One stored value resealed by `resealed` (None: it needs no change); a value that does
     not open is counted under the key it names."""
     try:
@@ -87,7 +91,7 @@ def _kid(raw: str) -> str | None:
         if sealing.is_sealed(part):
             return sealing.split(part)[0]
     marker = raw.find('"' + sealing.PREFIX)
-    return sealing.split(raw[marker + 1:])[0] if marker >= 0 else None
+    return sealing.split(raw[marker + 1 :])[0] if marker >= 0 else None
 
 
 def _row_value(raw: str, job_id: str, name: str) -> str | None:
@@ -107,8 +111,7 @@ def _row_value(raw: str, job_id: str, name: str) -> str | None:
         if new is None and given == value.get("args", []):
             return None
         resealed = {**value, sealing.SEALED: new or value[sealing.SEALED]}
-        return json.dumps({**resealed, "args": given} if "args" in value else resealed,
-                          separators=(",", ":"))
+        return json.dumps({**resealed, "args": given} if "args" in value else resealed, separators=(",", ":"))
     if not sealing.is_sealed(value):
         return None
     new = sealing.reseal(value, job_id, name)
@@ -138,8 +141,12 @@ def _database(report: Report, chunk: int, progress: Callable[[str, int], None] |
     last, seen = "", 0
     while True:
         with transaction.atomic():
-            rows = list(Job.objects.select_for_update().filter(pk__gt=last).order_by("pk")
-                        .only("id", "payload", "result", "progress", "last_error")[:chunk])
+            rows = list(
+                Job.objects.select_for_update()
+                .filter(pk__gt=last)
+                .order_by("pk")
+                .only("id", "payload", "result", "progress", "last_error")[:chunk]
+            )
             for row in rows:
                 changed = [name for name, value in _row_fields(report, row) if value]
                 if changed:
@@ -153,11 +160,14 @@ def _database(report: Report, chunk: int, progress: Callable[[str, int], None] |
 
 def _row_fields(report: Report, row: Any) -> Iterator[tuple[str, bool]]:
     """Reseal a `Job` row's sealed fields in place; (field, whether it changed) for each."""
-    for name, field_name in (("payload", "args"), ("result", "result"),
-                             ("progress", "progress"), ("last_error", "error")):
+    for name, field_name in (
+        ("payload", "args"),
+        ("result", "result"),
+        ("progress", "progress"),
+        ("last_error", "error"),
+    ):
         value = getattr(row, name)
-        token = value.get(sealing.SEALED) if name == "payload" and isinstance(value, dict) \
-            else value
+        token = value.get(sealing.SEALED) if name == "payload" and isinstance(value, dict) else value
         if not isinstance(token, str) or not sealing.is_sealed(token):
             continue
         try:

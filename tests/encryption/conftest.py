@@ -13,8 +13,7 @@ from jobqueue import Queue, sealing
 from jobqueue.models import Job
 
 OLD, NEW = (base64.urlsafe_b64encode(os.urandom(32)).decode() for _ in range(2))
-QUEUES = {"default": {}, "vault": {"encrypt": True},
-          "vaultd": {"encrypt": True, "durable": True}}
+QUEUES = {"default": {}, "vault": {"encrypt": True}, "vaultd": {"encrypt": True, "durable": True}}
 SECRET = "Ada-Lovelace-4111111111111111"
 """A distinctive argument: no byte of it may be stored."""
 
@@ -40,8 +39,10 @@ def valkey_dump(client: Any) -> str:
     for key in client.scan_iter(count=1000):
         kind = client.type(key)
         value: Any = {
-            "string": lambda k: client.get(k), "hash": lambda k: client.hgetall(k),
-            "list": lambda k: client.lrange(k, 0, -1), "set": lambda k: client.smembers(k),
+            "string": lambda k: client.get(k),
+            "hash": lambda k: client.hgetall(k),
+            "list": lambda k: client.lrange(k, 0, -1),
+            "set": lambda k: client.smembers(k),
             "zset": lambda k: client.zrange(k, 0, -1, withscores=True),
             "stream": lambda k: client.xrange(k),
         }.get(kind, lambda k: "")(key)

@@ -35,8 +35,9 @@ def sealed_jobs(settings: Any, valkey_server: ValkeyProcess) -> tuple[str, str]:
     return done.id, dead.id
 
 
-def test_a_sealed_job_shows_as_sealed_without_the_permission(client: Client,
-                                                             sealed_jobs: tuple[str, str]) -> None:
+def test_a_sealed_job_shows_as_sealed_without_the_permission(
+    client: Client, sealed_jobs: tuple[str, str]
+) -> None:
     _staff(client, "view_job")
     for job_id in sealed_jobs:
         page = client.get(f"{LIVE}/jobs/vault/{job_id}/").content.decode()
@@ -45,25 +46,23 @@ def test_a_sealed_job_shows_as_sealed_without_the_permission(client: Client,
     assert SECRET not in listing and sealed_jobs[1] in listing
 
 
-def test_the_permission_opens_a_sealed_job_on_its_page(client: Client,
-                                                       sealed_jobs: tuple[str, str]) -> None:
+def test_the_permission_opens_a_sealed_job_on_its_page(client: Client, sealed_jobs: tuple[str, str]) -> None:
     _staff(client, "view_job", "view_sealed")
-    done, dead = (client.get(f"{LIVE}/jobs/vault/{job_id}/").content.decode()
-                  for job_id in sealed_jobs)
+    done, dead = (client.get(f"{LIVE}/jobs/vault/{job_id}/").content.decode() for job_id in sealed_jobs)
     assert SECRET in done and SECRET.upper() in done and "🔒" not in done
     assert f"cannot use {SECRET}" in dead
 
 
-def test_the_permission_shows_sealed_without_the_keys(client: Client, settings: Any,
-                                                      sealed_jobs: tuple[str, str]) -> None:
+def test_the_permission_shows_sealed_without_the_keys(
+    client: Client, settings: Any, sealed_jobs: tuple[str, str]
+) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "ENCRYPTION_KEYS": []}
     _staff(client, "view_job", "view_sealed")
     page = client.get(f"{LIVE}/jobs/vault/{sealed_jobs[0]}/").content.decode()
     assert f"🔒 sealed (key {kid(NEW)})" in page and SECRET not in page
 
 
-def test_search_says_sealed_queues_are_not_matched(client: Client,
-                                                   sealed_jobs: tuple[str, str]) -> None:
+def test_search_says_sealed_queues_are_not_matched(client: Client, sealed_jobs: tuple[str, str]) -> None:
     _staff(client, "view_job", "view_sealed")
     found = client.get(f"{LIVE}/find/?id=tenant-7").content.decode()
     assert 'id="sealed-note"' in found and "vault" in found and SECRET not in found

@@ -28,8 +28,7 @@ def _nothing_plain(*texts: str) -> None:
         assert text not in stored, f"{text!r} is stored in the clear"
 
 
-def test_a_waiting_and_a_finished_sealed_job_store_no_byte_of_their_data(
-        settings: Any, where: str) -> None:
+def test_a_waiting_and_a_finished_sealed_job_store_no_byte_of_their_data(settings: Any, where: str) -> None:
     env = sealed_settings(settings, where, [NEW])
     done = jobs.confide.using(queue="vault").enqueue(SECRET)
     failed = jobs.confide.using(queue="vault").enqueue(SECRET + "-bad", fail=True)
@@ -40,8 +39,14 @@ def test_a_waiting_and_a_finished_sealed_job_store_no_byte_of_their_data(
     with pytest.raises(JobFailed) as failure:
         failed.result(5)
     assert f"cannot use {SECRET}-bad" in str(failure.value)
-    wait_for(lambda: Job.objects.filter(pk__in=[done.id, failed.id, durable.id],
-                                        state__in=["succeeded", "dead"]).count() == 3)
+    wait_for(
+        lambda: (
+            Job.objects.filter(
+                pk__in=[done.id, failed.id, durable.id], state__in=["succeeded", "dead"]
+            ).count()
+            == 3
+        )
+    )
     _nothing_plain(SECRET.upper())
     info = get_job(done.id, "vault")
     assert info is not None and info.payload["args"] == [SECRET] and info.progress == {"at": SECRET}
@@ -51,8 +56,9 @@ def test_a_waiting_and_a_finished_sealed_job_store_no_byte_of_their_data(
     assert sealing.sealed_key(raw.result) == kid(NEW)
 
 
-def test_a_handler_sealed_by_its_own_option_on_a_plain_queue(settings: Any,
-                                                             valkey_server: ValkeyProcess) -> None:
+def test_a_handler_sealed_by_its_own_option_on_a_plain_queue(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     env = sealed_settings(settings, valkey_server.url, [NEW])
     ref = jobs.confide_sealed.enqueue(SECRET)
     plain = jobs.add.enqueue(2, 3)
@@ -63,8 +69,9 @@ def test_a_handler_sealed_by_its_own_option_on_a_plain_queue(settings: Any,
     assert Queue("default").get(plain.id).payload["args"] == [2, 3]  # type: ignore[union-attr]
 
 
-def test_a_rotated_in_key_runs_old_jobs_and_reseal_moves_them(settings: Any,
-                                                              valkey_server: ValkeyProcess) -> None:
+def test_a_rotated_in_key_runs_old_jobs_and_reseal_moves_them(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     from tests.workers import manage
 
     sealed_settings(settings, valkey_server.url, [OLD])
@@ -87,8 +94,9 @@ def test_a_rotated_in_key_runs_old_jobs_and_reseal_moves_them(settings: Any,
     assert kept.result(5)["echo"] == SECRET.upper()
 
 
-def test_a_worker_with_both_keys_runs_jobs_sealed_under_either(settings: Any,
-                                                               valkey_server: ValkeyProcess) -> None:
+def test_a_worker_with_both_keys_runs_jobs_sealed_under_either(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     sealed_settings(settings, valkey_server.url, [OLD])
     old = jobs.confide.using(queue="vault").enqueue(SECRET)
     env = sealed_settings(settings, valkey_server.url, [NEW, OLD])
@@ -97,8 +105,9 @@ def test_a_worker_with_both_keys_runs_jobs_sealed_under_either(settings: Any,
     assert old.result(5) == new.result(5)
 
 
-def test_a_dropped_key_kills_only_its_jobs_naming_the_key(settings: Any,
-                                                          valkey_server: ValkeyProcess) -> None:
+def test_a_dropped_key_kills_only_its_jobs_naming_the_key(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     sealed_settings(settings, valkey_server.url, [OLD])
     lost = jobs.confide.using(queue="vault").enqueue(SECRET)
     env = sealed_settings(settings, valkey_server.url, [NEW])
@@ -121,8 +130,7 @@ def _reseal() -> Any:
     return reseal(client())
 
 
-def test_a_tampered_or_copied_value_kills_only_that_job(settings: Any,
-                                                        valkey_server: ValkeyProcess) -> None:
+def test_a_tampered_or_copied_value_kills_only_that_job(settings: Any, valkey_server: ValkeyProcess) -> None:
     env = sealed_settings(settings, valkey_server.url, [NEW])
     tampered, copied, fine = (jobs.confide.using(queue="vault").enqueue(SECRET) for _ in range(3))
     valkey, keys = client(), Queue("vault").shard(0)
@@ -139,8 +147,7 @@ def test_a_tampered_or_copied_value_kills_only_that_job(settings: Any,
         assert "does not open" in str(failure.value) and kid(NEW) in str(failure.value)
 
 
-def test_a_chord_of_sealed_jobs_hands_its_callback_plain_results(settings: Any,
-                                                                 where: str) -> None:
+def test_a_chord_of_sealed_jobs_hands_its_callback_plain_results(settings: Any, where: str) -> None:
     env = sealed_settings(settings, where, [NEW])
     header = [jobs.mul.using(queue="vault").s(f"{SECRET}-{i}", 2) for i in range(3)]
     ref = chord(header, jobs.total.using(queue="vault").s()).enqueue()
@@ -150,10 +157,13 @@ def test_a_chord_of_sealed_jobs_hands_its_callback_plain_results(settings: Any,
 
 
 def test_a_failed_member_of_a_sealed_chord_hands_its_callback_an_opened_error(
-        settings: Any, valkey_server: ValkeyProcess) -> None:
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     env = sealed_settings(settings, valkey_server.url, [NEW])
-    header = [jobs.mul.using(queue="vault").s(SECRET, 1),
-              jobs.fails_with.using(queue="vault").s(f"bad {SECRET}")]
+    header = [
+        jobs.mul.using(queue="vault").s(SECRET, 1),
+        jobs.fails_with.using(queue="vault").s(f"bad {SECRET}"),
+    ]
     ref = chord(header, jobs.total.using(queue="vault").s(), on_failure="ignore").enqueue()
     assert run_burst(valkey_server.url, "--queues", "vault", env=env) == 0
     ok, failed = ref.result(10)
@@ -164,7 +174,8 @@ def test_a_failed_member_of_a_sealed_chord_hands_its_callback_an_opened_error(
 
 
 def test_a_durable_sealed_job_is_restored_sealed_after_valkey_lost_its_data(
-        settings: Any, valkey_server: ValkeyProcess) -> None:
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     env = sealed_settings(settings, valkey_server.url, [NEW])
     ref = jobs.confide.using(queue="vaultd").enqueue(SECRET)
     redis.Redis.from_url(valkey_server.url).flushall()  # Valkey lost its data
@@ -174,8 +185,7 @@ def test_a_durable_sealed_job_is_restored_sealed_after_valkey_lost_its_data(
     assert ref.result(5)["echo"] == SECRET.upper()
 
 
-def test_sealed_celery_tasks_run_and_answer_plain(settings: Any,
-                                                  valkey_server: ValkeyProcess) -> None:
+def test_sealed_celery_tasks_run_and_answer_plain(settings: Any, valkey_server: ValkeyProcess) -> None:
     from tests.jobapp import celery_tasks
 
     env = sealed_settings(settings, valkey_server.url, [NEW])
@@ -186,8 +196,7 @@ def test_sealed_celery_tasks_run_and_answer_plain(settings: Any,
     _nothing_plain(SECRET.upper())
 
 
-def test_a_sealed_queue_without_keys_stores_nothing(settings: Any,
-                                                    valkey_server: ValkeyProcess) -> None:
+def test_a_sealed_queue_without_keys_stores_nothing(settings: Any, valkey_server: ValkeyProcess) -> None:
     sealed_settings(settings, valkey_server.url, [])
     with pytest.raises(ConfigurationError, match="ENCRYPTION_KEYS"):
         jobs.confide.using(queue="vault").enqueue(SECRET)
@@ -196,8 +205,9 @@ def test_a_sealed_queue_without_keys_stores_nothing(settings: Any,
     assert client().dbsize() == 0 and not Job.objects.exists()
 
 
-def test_a_value_sealed_for_one_job_does_not_open_for_another(settings: Any,
-                                                              valkey_server: ValkeyProcess) -> None:
+def test_a_value_sealed_for_one_job_does_not_open_for_another(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     sealed_settings(settings, valkey_server.url, [NEW])
     ring = sealing.keyring()
     token = ring.seal('{"a":1}', "JOB0one", "result")
@@ -208,7 +218,8 @@ def test_a_value_sealed_for_one_job_does_not_open_for_another(settings: Any,
 
 
 def test_a_minted_id_taken_already_is_minted_again_with_its_args_sealed_for_the_new_one(
-        settings: Any, valkey_server: ValkeyProcess) -> None:
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     from jobqueue.spec import JobSpec, prepare
 
     sealed_settings(settings, valkey_server.url, [NEW])
@@ -223,8 +234,7 @@ def test_a_minted_id_taken_already_is_minted_again_with_its_args_sealed_for_the_
     assert sealing.open_payload(leases[taken.id].payload, taken.id) == (["first"], {})
 
 
-def test_a_django_task_on_a_sealed_queue_answers_plain(settings: Any,
-                                                       valkey_server: ValkeyProcess) -> None:
+def test_a_django_task_on_a_sealed_queue_answers_plain(settings: Any, valkey_server: ValkeyProcess) -> None:
     from tests.inprocess import burst
     from tests.jobapp.django_tasks import multiply
 
@@ -240,7 +250,8 @@ def test_a_django_task_on_a_sealed_queue_answers_plain(settings: Any,
 
 
 def test_a_sealed_error_cut_to_fit_a_slot_or_the_history_says_where_it_is_whole(
-        settings: Any, valkey_server: ValkeyProcess) -> None:
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     sealed_settings(settings, valkey_server.url, [NEW])
     token = sealing.keyring().seal("Traceback: " + SECRET * 100, "JOB0member", "error")
     for cut in (token[-1000:], token[:500]):  # (a flow's slot keeps the tail, the history the head)
@@ -251,8 +262,7 @@ def test_a_sealed_error_cut_to_fit_a_slot_or_the_history_says_where_it_is_whole(
     assert slot["error"] == f"ValueError: {SECRET}"
 
 
-def test_a_sealed_checkpoint_opens_for_the_next_attempt(settings: Any,
-                                                        valkey_server: ValkeyProcess) -> None:
+def test_a_sealed_checkpoint_opens_for_the_next_attempt(settings: Any, valkey_server: ValkeyProcess) -> None:
     from jobqueue import JobContext
 
     sealed_settings(settings, valkey_server.url, [NEW])
@@ -266,8 +276,9 @@ def test_a_sealed_checkpoint_opens_for_the_next_attempt(settings: Any,
     assert again.job_id == ref.id and JobContext(again).checkpoint == {"page": SECRET}
 
 
-def test_a_sealed_queue_refuses_a_payload_that_is_no_dict(settings: Any,
-                                                          valkey_server: ValkeyProcess) -> None:
+def test_a_sealed_queue_refuses_a_payload_that_is_no_dict(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     from jobqueue.exceptions import InvalidOption
 
     sealed_settings(settings, valkey_server.url, [NEW])
@@ -276,8 +287,9 @@ def test_a_sealed_queue_refuses_a_payload_that_is_no_dict(settings: Any,
     assert client().dbsize() == 0
 
 
-def test_reseal_moves_a_result_a_chain_handed_its_next_step(settings: Any,
-                                                            valkey_server: ValkeyProcess) -> None:
+def test_reseal_moves_a_result_a_chain_handed_its_next_step(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
     from jobqueue import chain
     from jobqueue.worker.executor import execute, resolve
 

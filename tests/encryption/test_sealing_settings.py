@@ -29,8 +29,10 @@ def test_a_malformed_key_list_fails_check_naming_the_setting(settings: Any, keys
 
 def test_a_sealed_queue_without_keys_fails_check(settings: Any) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": QUEUES}
-    assert "queue(s) vault, vaultd seal their jobs (encrypt) but JOBQUEUE['ENCRYPTION_KEYS'] " \
-           "lists no key" in _errors()
+    assert (
+        "queue(s) vault, vaultd seal their jobs (encrypt) but JOBQUEUE['ENCRYPTION_KEYS'] "
+        "lists no key" in _errors()
+    )
     settings.JOBQUEUE = {**settings.JOBQUEUE, "ENCRYPTION_KEYS": [NEW]}
     assert _errors() == ""
 
