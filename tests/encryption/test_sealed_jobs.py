@@ -33,6 +33,7 @@ def test_a_waiting_and_a_finished_sealed_job_store_no_byte_of_their_data(setting
     done = jobs.confide.using(queue="vault").enqueue(SECRET)
     failed = jobs.confide.using(queue="vault").enqueue(SECRET + "-bad", fail=True)
     durable = jobs.confide.using(queue="vaultd").enqueue(SECRET + "-kept")
+    assert done.id in valkey_dump(client()) and durable.id in database_dump()  # (it reads them)
     _nothing_plain()
     assert run_burst(where, "--queues", "vault,vaultd", env=env) == 0
     assert done.result(5) == {"echo": SECRET.upper(), "checkpoint": {"seen": SECRET}}
@@ -306,3 +307,20 @@ def test_reseal_moves_a_result_a_chain_handed_its_next_step(
     [second] = queue.dequeue(count=1)
     _, args, _ = resolve(second)  # type: ignore[misc]
     assert args == [SECRET * 2]
+
+
+def test_a_sealed_jobs_mirror_row_opens_for_get_job_and_result(
+    settings: Any, valkey_server: ValkeyProcess
+) -> None:
+    env = sealed_settings(settings, valkey_server.url, [NEW])
+    done = jobs.confide.using(queue="vault").enqueue(SECRET)
+    failed = jobs.confide.using(queue="vault").enqueue(SECRET, fail=True)
+    assert run_burst(valkey_server.url, "--queues", "vault", env=env) == 0
+    wait_for(lambda: Job.objects.filter(pk__in=[done.id, failed.id], progress__isnull=False).count() == 2)
+    redis.Redis.from_url(valkey_server.url).flushall()  # (the rows' retention ended)
+    info = get_job(done.id, "vault")
+    assert info is not None and info.source == "mirror" and info.payload["args"] == [SECRET]
+    assert info.progress == {"at": SECRET} and not info.corrupt
+    assert done.result(1) == {"echo": SECRET.upper(), "checkpoint": {"seen": SECRET}}
+    with pytest.raises(JobFailed, match=f"cannot use {SECRET}"):
+        failed.result(1)
