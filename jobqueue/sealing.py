@@ -7,7 +7,7 @@ args and kwargs (`spec.prepare`), the worker opens them and seals what the run g
 `get_job()` and the console open what they show. Valkey's scripts, the mirror and the outbox
 only ever carry sealed values as opaque text, so they are unchanged.
 
-A sealed value is the text `jq1.<key id>.<job id>.<base64url(nonce + ciphertext + tag)>`:
+A sealed value is the text `jq1.<key id>.<job id>.<base64(nonce + ciphertext + tag)>`:
 `jq1` the format's version, the key id the first 4 bytes of a hash of the key (hex; it names
 the key without revealing it), a random 96-bit nonce, and the job id and the field's name
 bound as associated data, so a value copied to another job, or to another field, does not open.
@@ -230,13 +230,14 @@ def open_slot(value: Any) -> Any:
     if isinstance(value, list):
         return [open_slot(item) for item in value]
     if isinstance(value, dict) and set(value) == {"error", "state", "job"}:
-        error = value["error"]  # (the engine keeps its last 1000 characters: a long sealed
-        try:  # error loses its head, and does not open; nor is it text with spaces)
-            if isinstance(error, str) and error and not is_sealed(error) and " " not in error:
-                raise SealError(error[:0])
-            return {**value, "error": open_text(error, value["job"])}
+        # (the engine keeps its last 1000 characters: a long sealed error loses its head, and
+        # no longer opens; unlike a plain one, what is left of it holds no space)
+        error, job_id = value["error"], value["job"]
+        cut = isinstance(error, str) and bool(error) and not is_sealed(error) and " " not in error
+        try:
+            return {**value, "error": cut_short(job_id) if cut else open_text(error, job_id)}
         except SealError:
-            return {**value, "error": cut_short(value["job"])}
+            return {**value, "error": cut_short(job_id)}
     return value
 
 
