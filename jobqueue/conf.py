@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from . import grants
+from . import grants, sealing
 from .cron import Entry
 from .cron import parse as parse_schedule
 from .exceptions import ConfigurationError, JobQueueError
@@ -74,6 +74,9 @@ class Config:
     returns one) instead of the global one."""
     console: grants.Grants = field(default_factory=grants.Grants)
     """`CONSOLE`: who may view or act on which queue in the console (grants.py)."""
+    encryption_keys: tuple[str, ...] = field(default=(), repr=False)
+    """`ENCRYPTION_KEYS` as given (sealing.py decodes and checks them: a malformed list fails
+    only what seals or opens, and `manage.py check`)."""
 
     def queue(self, name: str) -> QueueOptions:
         return self.queues.get(name, self.defaults)
@@ -114,7 +117,8 @@ def parse(raw: Any) -> Config:
             raise ConfigurationError(f"JOBQUEUE['QUEUES']: {exc}") from None
         queues[name] = _queue_options(defaults, opts, f"JOBQUEUE['QUEUES'][{name!r}]")
     known = {"URL", "CACHE_ALIAS", "RETENTION", "DEAD_RETENTION", "ON_COMMIT", "MAX_PAYLOAD",
-             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP", "TRACING", "CONSOLE"}
+             "SCHEDULE", "METRICS_TOKEN", "AUTO_SHARDS", "EVENT_LOOP", "TRACING", "CONSOLE",
+             "ENCRYPTION_KEYS"}
     if set(raw) - known:
         unknown = set(raw) - known
         raise ConfigurationError(f"JOBQUEUE: unknown key(s) {sorted(map(str, unknown))}"
@@ -145,7 +149,15 @@ def parse(raw: Any) -> Config:
         event_loop=event_loop,
         tracing=_tracing(raw.get("TRACING", True)),
         console=grants.parse(raw.get("CONSOLE", {})),
+        encryption_keys=_keys(raw.get("ENCRYPTION_KEYS", ())),
     )
+
+
+def _keys(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigurationError(f"JOBQUEUE['ENCRYPTION_KEYS'] must be a list of keys, got a "
+                                 f"{type(value).__name__}")
+    return tuple(value)
 
 
 def _tracing(value: Any) -> bool | str:
@@ -325,6 +337,7 @@ def _client_from_cache(alias: str) -> Any:
 def reset() -> None:
     """Forget the parsed config and clients (settings changed, or a test switched servers)."""
     get_config.cache_clear()
+    sealing.forget()
     with _clients_lock:
         for client in _clients.values():
             client.close()

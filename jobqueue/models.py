@@ -134,6 +134,7 @@ class Job(models.Model):
             ("resize_queue", "Can change a queue's live shard count"),
             ("set_lane_concurrency", "Can change a lane's concurrency cap"),
             ("set_global_concurrency", "Can change a queue's global concurrency cap"),
+            ("view_sealed", "Can read sealed job data (arguments, results, errors)"),
         ]
 
     def __str__(self) -> str:

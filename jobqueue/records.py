@@ -183,6 +183,10 @@ class JobInfo:
         size, _, first = (self.batch or "").partition(" ")
         return (int(size), first) if size.isdecimal() and first else None
 
+    def sealed(self) -> bool:
+        """Whether its data is sealed (sealing.py): its payload says so."""
+        return isinstance(self.payload, dict) and "sealed" in self.payload
+
     @classmethod
     def from_row(cls, job_id: str, queue: str, row: Mapping[str, str], shard: int = 0,
                  max_attempts: int = 0) -> JobInfo:

@@ -147,7 +147,8 @@ def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
 
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
                       "priority", "durable", "lane_weights", "rate", "wait_replicas",
-                      "lane_concurrency", "lane_rate", "timeout", "global_concurrency")
+                      "lane_concurrency", "lane_rate", "timeout", "global_concurrency",
+                      "encrypt")
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,8 @@ class QueueOptions:
     global_concurrency: int | None = None
     """At most n of the queue's jobs active at once, across every worker and shard (permits of
     one cap: engine/permits.py); a cap set live (`Queue.set_global_concurrency`) wins."""
+    encrypt: bool = False
+    """Seal its jobs' args, kwargs, results, checkpoints, progress and errors (sealing.py)."""
 
     @property
     def claim_only(self) -> bool:
@@ -243,9 +246,9 @@ def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -
         raw_caps = values["lane_concurrency"]
         values["lane_concurrency"] = () if raw_caps is None else lane_concurrency(raw_caps)
     options = replace(base, **values)
-    durable = options.durable
-    if not isinstance(durable, bool):
-        raise InvalidOption(f"durable must be True or False, got {durable!r}")
+    for flag in ("durable", "encrypt"):
+        if not isinstance(getattr(options, flag), bool):
+            raise InvalidOption(f"{flag} must be True or False, got {getattr(options, flag)!r}")
     rate(options.rate)
     rate(options.lane_rate, "lane_rate")
     concurrency, global_concurrency = options.concurrency, options.global_concurrency
@@ -287,6 +290,8 @@ class JobSpec(NamedTuple):
     """Seconds from now (or an aware datetime): a job not started by then ends `expired`."""
     timeout: float | timedelta | None = None
     """Seconds one run may take (None: the queue's, else no limit)."""
+    encrypt: bool | None = None
+    """Seal the job's data (sealing.py) though its queue does not (None, False: as the queue)."""
 
 
 class Prepared(NamedTuple):
@@ -312,6 +317,14 @@ class Prepared(NamedTuple):
     repeats; 0 for a new job."""
     timeout_ms: int = 0
     """The run time limit (0: none), written with the lease (`calls.lease_field`)."""
+
+    def minted_again(self, job_id: str) -> Prepared:
+        """This job under a new id (its minted one was taken): its sealed args, if any, sealed
+        for that id (sealing.py binds them to the job's id)."""
+        from . import sealing
+
+        return self._replace(job_id=job_id,
+                             payload=sealing.rebound(self.payload, self.job_id, job_id))
 
 
 def _delay(spec: JobSpec) -> float:
@@ -401,10 +414,30 @@ def prepare(spec: JobSpec, options: QueueOptions, max_payload: int = 1 << 20) ->
     if expires_ms and expires_ms <= delay_ms:
         raise InvalidOption(f"expires ({expires_ms / 1000:g} s from now) comes before the job's "
                             f"start ({delay_ms / 1000:g} s from now): it could never run")
-    return Prepared(job_id, spec.job_id is None, encode_payload(spec.payload, max_payload),
+    if options.encrypt or spec.encrypt:
+        payload = sealed(spec, job_id, max_payload)
+    else:
+        payload = encode_payload(spec.payload, max_payload)
+    return Prepared(job_id, spec.job_id is None, payload,
                     priority, lane, max_attempts, backoff_ms, lease_ms, delay_ms, unique,
                     delay_ms if spec.debounce is not None else 0, expires_ms,
                     timeout_ms=timeout_ms)
+
+
+def sealed(spec: JobSpec, job_id: str, max_payload: int) -> str:
+    """A sealed job's payload (sealing.py), checked as `encode_payload` checks a plain one; not
+    debounced (the job it would replace has another id, which its args would not open under)."""
+    from . import sealing
+
+    payload = spec.payload
+    if spec.debounce is not None or not isinstance(payload, dict):
+        raise InvalidOption("a sealed job (encrypt=True) cannot be debounced, and its payload "
+                            "must be a dict (handler, args, kwargs): nothing was stored")
+    if sealing.SEALED in payload:  # (sealed already: a durable row sent again)
+        return encode_payload(payload, max_payload)
+    secret = encode_payload({k: payload[k] for k in ("args", "kwargs") if k in payload},
+                            max_payload)
+    return sealing.seal_payload(payload, secret, job_id)
 
 
 def encode_payload(payload: Any, max_payload: int) -> str:

@@ -62,6 +62,7 @@ from .engine.store import JobInfo, JobSpec, Lease, Queue
 from .exceptions import JobQueueError, UnknownHandler
 from .keys import validate_queue
 from .records import enqueued_ms, ms_to_dt
+from .sealing import opened_info
 from .states import State
 
 PREFIX = "django.tasks:"
@@ -144,6 +145,7 @@ class ValkeyBackend(BaseTaskBackend):
         return None
 
     def _result(self, task: Task, info: JobInfo) -> TaskResult:
+        info = opened_info(info) if info.sealed else info
         payload = info.payload if isinstance(info.payload, dict) else {}
         failed = info.state in (State.DEAD, State.CANCELLED, State.EXPIRED)
         result: TaskResult = TaskResult(

@@ -62,6 +62,8 @@ if "JOBQUEUE_TEST_SCHEDULE" in os.environ:  # the schedule tests' workers (JSON 
     JOBQUEUE["SCHEDULE"] = json.loads(os.environ["JOBQUEUE_TEST_SCHEDULE"])
 if "JOBQUEUE_TEST_QUEUES" in os.environ:  # more queues for a test's workers (JSON of QUEUES)
     JOBQUEUE["QUEUES"].update(json.loads(os.environ["JOBQUEUE_TEST_QUEUES"]))
+if "JOBQUEUE_TEST_KEYS" in os.environ:  # the encryption tests' workers (JSON of ENCRYPTION_KEYS)
+    JOBQUEUE["ENCRYPTION_KEYS"] = json.loads(os.environ["JOBQUEUE_TEST_KEYS"])
 if "JOBQUEUE_TEST_EVENT_LOOP" in os.environ:
     JOBQUEUE["EVENT_LOOP"] = os.environ["JOBQUEUE_TEST_EVENT_LOOP"]
 if "JOBQUEUE_TEST_SPANS" in os.environ:  # the tracing tests' workers write their spans there

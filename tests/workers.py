@@ -125,10 +125,11 @@ def dead_job(payload_arg: object, error: str) -> str:
     return ref.id
 
 
-def manage(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    """Run a manage.py command against `url` and the test database; its output as text."""
+def manage(*args: str, url: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a manage.py command against `url` and the test database (`env`: more variables for
+    tests/settings.py); its output as text."""
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "VALKEY_URL": url,
-           "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin"}
+           "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin", **(env or {})}
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 

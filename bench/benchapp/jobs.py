@@ -69,3 +69,10 @@ def flow_callback(finished: list[float]) -> dict[str, float]:
     """For bench/flows.py: a chord's callback; how long after the last member it started."""
     started = time.time()
     return {"started": started, "gap_ms": (started - max(finished)) * 1000}
+
+
+@job
+async def acarry(blob: str) -> int:
+    """`atick` with an argument (bench/sealed.py: 1 KB, sealed or plain) and a result."""
+    await async_counter().incr("bench:done")
+    return len(blob)

@@ -23,10 +23,12 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from .. import sealing
 from ..engine.scripts import calls
 from ..engine.store import Queue
 from ..exceptions import JobTimeout
 from ..records import Lease
+from ..sealing import SEALED
 from ..spec import dumps
 
 log = logging.getLogger("jobqueue.worker")
@@ -67,7 +69,10 @@ class JobContext:
         self.job_id = lease.job_id
         self.attempt = lease.token
         self.queue = lease.queue
-        self.checkpoint = lease.checkpoint
+        self._sealed = isinstance(lease.payload, dict) and SEALED in lease.payload
+        """A sealed job (sealing.py): its checkpoint and progress are sealed as they are stored."""
+        self.checkpoint = (sealing.open_value(lease.checkpoint, lease.job_id, "checkpoint")
+                           if self._sealed else lease.checkpoint)
         self._lease = lease
         self._cancelled = False
         self._next_check = 0.0
@@ -111,7 +116,9 @@ class JobContext:
 
     def save_checkpoint(self, data: Any) -> bool:
         """Store progress so a re-run (after a crash) starts from it; False if the lease was lost."""
-        saved = Queue(self._lease.queue).checkpoint(self._lease, data)
+        stored = (sealing.keyring().seal(dumps(data, "checkpoint"), self.job_id, "checkpoint")
+                  if self._sealed else data)
+        saved = Queue(self._lease.queue).checkpoint(self._lease, stored)
         if saved:
             self.checkpoint = data
         return saved
@@ -120,6 +127,8 @@ class JobContext:
         """Report how far the job has come (any JSON value): `get_job(...).progress` and the
         console show the latest. Cheap in a tight loop: writes are coalesced, a few a second."""
         encoded = dumps(value, "progress")
+        if self._sealed:
+            encoded = sealing.seal_json(encoded, self.job_id, "progress")
         with self._progress_lock:
             self._progress = encoded
         if PROGRESS.attached:

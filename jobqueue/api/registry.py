@@ -33,7 +33,7 @@ Call = Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any], Mapping[str, Any
 """One call of a handler: a tuple of args, a dict of kwargs, or (args, kwargs)."""
 
 SPEC_OPTIONS = ("lane", "priority", "delay", "run_after", "max_attempts", "backoff", "lease",
-                "unique_key", "job_id", "debounce", "expires", "timeout")
+                "unique_key", "job_id", "debounce", "expires", "timeout", "encrypt")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,8 @@ class JobFunction:
             return self._enqueue_after([payload])[0]
         route = self._routed()
         if (ready := route.template()) is not None:
+            if ready.sealed:
+                return ready.enqueue_sealed(payload, route.config.max_payload)
             return ready.enqueue(ids.new_id(), encode_payload(payload, route.config.max_payload))
         return submit(route.queue, [JobSpec(payload, **self.options.spec)], self.options.immediate)[0]
 
@@ -125,7 +127,7 @@ class JobFunction:
         if self.options.after:
             return self._enqueue_after([_payload(self.name, *_split(call)) for call in calls])
         route = self._routed()
-        if (ready := route.template()) is not None:
+        if (ready := route.template()) is not None and not ready.sealed:
             # The handler's template, validated once: each job only mints its id and encodes
             # its payload (as `enqueue` does).
             limit = route.config.max_payload
@@ -150,7 +152,9 @@ class JobFunction:
             simple = not (queue.options.durable or spec.job_id is not None or spec.run_after is not None
                           or isinstance(spec.expires, datetime)  # (an instant: its ms vary)
                           or tracing.tracer() is not None)
-            ready = Template(queue, prepare(spec, queue.options)) if simple else None
+            ready = (Template(queue, prepare(spec, queue.options),
+                              sealed=bool(queue.options.encrypt or spec.encrypt))
+                     if simple else None)
             route = self._route = Route(config, queue, ready,
                                          self.options.immediate or not config.on_commit)
         return route
@@ -249,13 +253,15 @@ def _check_spec_options(spec: Mapping[str, Any]) -> None:
     unknown = set(spec) - set(SPEC_OPTIONS)
     if unknown:
         raise InvalidOption(f"unknown option(s) {sorted(unknown)}; allowed: {list(SPEC_OPTIONS)}")
+    if spec.get("encrypt") not in (None, True, False):
+        raise InvalidOption(f"encrypt must be True or False, got {spec['encrypt']!r}")
 
 
 @overload
 def job(func: Callable[..., Any], /) -> JobFunction: ...
 @overload
 def job(*, queue: str = ..., priority: int = ..., max_attempts: int = ..., backoff: float = ...,
-        lease: float = ..., timeout: float = ..., takes_context: bool = ...,
+        lease: float = ..., timeout: float = ..., encrypt: bool = ..., takes_context: bool = ...,
         name: str | None = ..., immediate: bool = ..., batch: int | None = ...,
         batch_wait: float | None = ...) -> Callable[[Callable[..., Any]], JobFunction]: ...
 
@@ -364,10 +370,11 @@ def enqueue(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | Non
 
 def get_job(job_id: str, queue: str = "default") -> JobInfo | None:
     """A job's state: live from Valkey, else from its MySQL mirror row, else None."""
-    live = Queue(queue).get(job_id)
-    if live is not None:
-        return live
     from ..models import Job
+    from ..sealing import opened_info
 
-    row = Job.objects.filter(pk=job_id).first()
-    return row.info() if row is not None else None
+    live = Queue(queue).get(job_id)
+    if live is None:
+        row = Job.objects.filter(pk=job_id).first()
+        live = row.info() if row is not None else None
+    return opened_info(live) if live is not None and live.sealed else live

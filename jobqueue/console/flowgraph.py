@@ -27,6 +27,7 @@ from .. import ids
 from ..engine.store import Queue
 from ..flows.members import spots as flow_spots
 from ..states import State
+from . import sealed
 from .errors import last_line
 from .readmodels import FLOW_PAGE
 
@@ -176,7 +177,7 @@ def _details(queue: Queue, shown: list[Box], spot_of: dict[str, tuple[Queue, int
         except (ValueError, AttributeError):
             node.handler = "?"
         node.waits = int(waits) if node.state == State.WAITING else 0
-        node.error = error or ""
+        node.error = sealed.label(error or "")  # (a sealed error is never opened here)
 
 
 def layout(graph: Graph) -> tuple[int, int]:

@@ -28,7 +28,7 @@ from ..models import Job
 from ..operations import schedule
 from ..states import State
 from ..worker import presence
-from . import access, flowgraph, posts, readmodels
+from . import access, flowgraph, posts, readmodels, sealed
 from .site import ConsoleSite, console_reverse
 
 
@@ -172,7 +172,7 @@ class Console(ConsoleSite):
             if not found:
                 messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
             return self.render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
-                                jobs=found, searched=True)
+                                jobs=found, searched=True, sealed_queues=sealed.sealed_queues())
         for name in access.visible_queues(request):
             if Queue(name).locate(job_id) is not None:
                 return HttpResponseRedirect(console_reverse(request, "jobqueue_job", name, job_id))
@@ -184,7 +184,7 @@ class Console(ConsoleSite):
 
     def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
         access.require_view(request, queue)
-        info = self.job(queue, job_id)
+        info = sealed.shown(self.job(queue, job_id), request.user)
         allowed = {action.verb for action in posts.JOB_ACTIONS
                    if info.state in action.states and action.permitted(request)
                    and access.may_act(request, queue)}

@@ -20,6 +20,7 @@ from ..flows.members import spots as flow_spots
 from ..keys import ShardKeys
 from ..spec import rate as spec_rate
 from ..states import State
+from . import sealed
 
 LIST_FIELDS = ("state", "attempts", "priority", "lane", "enqueued_at", "run_after", "started_at",
                "lease_until", "finished_at", "worker", "last_error", "max_attempts", "progress")
@@ -162,7 +163,8 @@ def rows_at(queue: Queue, placed: list[tuple[Queue, int, str]],
     for (q, index, job_id), values in zip(placed, pipe.execute(), strict=True):
         row = {k: v for k, v in zip(fields, values, strict=True) if v is not None}
         if row:
-            rows.append(JobInfo.from_row(job_id, q.name, row, index, q.options.max_attempts))
+            rows.append(sealed.masked(JobInfo.from_row(job_id, q.name, row, index,
+                                                       q.options.max_attempts)))
     return rows
 
 
@@ -284,7 +286,7 @@ def search(text: str, limit: int = 50, visible: list[str] | None = None,
                 .order_by("-finished_at")[:limit]]
         rows.sort(key=lambda row: row.finished_at or EPOCH, reverse=True)
         for row in rows:
-            found.setdefault(row.id, row.info())
+            found.setdefault(row.id, sealed.masked(row.info()))
     return list(found.values())[:limit]
 
 

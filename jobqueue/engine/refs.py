@@ -23,7 +23,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from .. import ids
+from .. import ids, sealing
 from ..conf import CLIENT_OPTIONS, get_client, get_config, normalise_url, seed_nodes
 from ..exceptions import JobFailed, JobNotFound
 from ..keys import ShardKeys, validate_queue
@@ -63,8 +63,8 @@ class JobRef:
 def _answer(job_id: str, state: str, raw_result: str, error: str) -> Any:
     """A finished job's result, or JobFailed."""
     if state == State.SUCCEEDED:
-        return json_field(raw_result, "result")[0]
-    raise JobFailed(job_id, state, error)
+        return sealing.open_value(json_field(raw_result, "result")[0], job_id, "result")
+    raise JobFailed(job_id, state, sealing.open_text(error, job_id))
 
 
 def _deadline(timeout: float | None) -> float:
@@ -113,8 +113,8 @@ def _from_mirror(queue: str, job_id: str) -> Any:
     if row is None or row.state not in FINISHED:
         raise JobNotFound(f"no job {job_id} in queue {queue!r} (nor in the mirror)")
     if row.state == State.SUCCEEDED:
-        return row.result
-    raise JobFailed(job_id, row.state, row.last_error)
+        return sealing.open_value(row.result, job_id, "result")
+    raise JobFailed(job_id, row.state, sealing.open_text(row.last_error, job_id))
 
 
 async def await_result(queue: str, job_id: str, timeout: float | None = None) -> Any:

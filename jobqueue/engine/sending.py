@@ -125,7 +125,7 @@ def _send(client: Any, shard: ShardKeys, options: QueueOptions, mode: str, jobs:
     for n, i in enumerate(positions):
         job_id, status = flat[2 * n], flat[2 * n + 1]
         if status == Placed.COLLISION:  # another process minted the same id: mint anew
-            jobs[i] = jobs[i]._replace(job_id=ids.new_id())
+            jobs[i] = jobs[i].minted_again(ids.new_id())
         if status in SEND_AGAIN:
             retry.append(i)
         else:

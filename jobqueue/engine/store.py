@@ -22,7 +22,7 @@ from .. import ids, signals
 from ..conf import get_client, get_config
 from ..keys import ShardKeys, validate_queue
 from ..records import COUNT_FIELDS, JobInfo, Lease, ms_to_dt
-from ..spec import JobSpec, Prepared, prepare, validate_priority
+from ..spec import JobSpec, Prepared, prepare, sealed, validate_priority
 from . import lanes, layouts, permits, sending
 from .claims import LostClaims
 from .layouts import known_queues
@@ -316,10 +316,17 @@ class Template:
     their script fields after those two (`tail`: `calls.enqueue_tail`). A call then makes no
     `Prepared`: an id, a JSON payload, one script call (`sending.send_one`)."""
 
-    __slots__ = ("job", "queue", "tail")
+    __slots__ = ("job", "queue", "sealed", "tail")
 
-    def __init__(self, queue: Queue, job: Prepared) -> None:
+    def __init__(self, queue: Queue, job: Prepared, *, sealed: bool = False) -> None:
         self.queue, self.job, self.tail = queue, job, calls.enqueue_tail(job, queue.options)
+        self.sealed = sealed
+        """Its jobs' args are sealed (sealing.py): `enqueue_sealed` takes them."""
+
+    def enqueue_sealed(self, payload: dict[str, Any], max_payload: int) -> JobRef:
+        """A job whose payload (a dict) is sealed for the id it is minted here."""
+        job_id = ids.new_id()
+        return self.enqueue(job_id, sealed(JobSpec(payload), job_id, max_payload))
 
     def enqueue(self, job_id: str, payload: str) -> JobRef:
         queue = self.queue

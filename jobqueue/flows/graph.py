@@ -129,8 +129,11 @@ def checked(queue: Queue, nodes: Sequence[Node]) -> list[Prepared]:
     if len(names) > 1:
         _check_queues(queue, names)
     config = get_config()
-    prepared = [prepare(node.spec, config.queue(node.queue or queue.name), config.max_payload)
-                for node in nodes]
+    options = [config.queue(node.queue or queue.name) for node in nodes]
+    # (a flow's data stays sealed throughout: one sealed job or queue seals every job of it)
+    sealed = any(node.spec.encrypt or o.encrypt for node, o in zip(nodes, options, strict=True))
+    prepared = [prepare(node.spec._replace(encrypt=True) if sealed else node.spec, o,
+                        config.max_payload) for node, o in zip(nodes, options, strict=True)]
     later = {job.job_id for job in prepared}
     for node, job in zip(nodes, prepared, strict=True):
         if job.unique_key:

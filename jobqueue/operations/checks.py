@@ -108,8 +108,35 @@ def check_valkey(**_: Any) -> list[checks.CheckMessage]:
     return []
 
 
+def check_encryption(**_: Any) -> list[checks.CheckMessage]:
+    """A malformed `ENCRYPTION_KEYS`, or a queue that seals with no key to seal with."""
+    from django.conf import settings
+
+    from .. import conf, sealing
+    from ..exceptions import JobQueueError
+
+    hint = ("See the encryption how-to (docs/howto/encryption.md): each key is the URL-safe "
+            "base64 of 32 random bytes; the first seals, every one opens.")
+    try:
+        config = conf.parse(getattr(settings, "JOBQUEUE", {}))
+    except JobQueueError:
+        return []  # jobqueue.E001 says what is wrong
+    try:
+        sealing.Keyring(sealing.parse_keys(list(config.encryption_keys)))  # (its package too)
+    except JobQueueError as exc:
+        return [checks.Error(str(exc), hint=hint, id="jobqueue.E007")]
+    sealed = sorted(name for name, options in {"DEFAULTS": config.defaults, **config.queues}.items()
+                    if options.encrypt)
+    if sealed and not config.encryption_keys:
+        return [checks.Error(f"queue(s) {', '.join(sealed)} seal their jobs (encrypt) but "
+                             f"JOBQUEUE['ENCRYPTION_KEYS'] lists no key", hint=hint,
+                             id="jobqueue.E008")]
+    return []
+
+
 def register() -> None:
     checks.register(check_settings, "jobqueue")
+    checks.register(check_encryption, "jobqueue")
     checks.register(check_tasks, "jobqueue")
     checks.register(check_valkey, "jobqueue", deploy=True)
 

@@ -19,12 +19,13 @@ from typing import Any, NamedTuple, TypeGuard
 
 from redis.exceptions import RedisError
 
-from .. import tracing
+from .. import sealing, tracing
 from ..api.handler import JobCancelled, JobContext, RetryLater, Unretryable, timeout_error
 from ..api.registry import JobFunction, handler_for
 from ..conf import loop_factory
 from ..exceptions import JobQueueError, JobTimeout, UnknownHandler
 from ..records import Lease
+from ..sealing import SEALED
 from ..spec import dumps
 
 log = logging.getLogger("jobqueue.worker")
@@ -60,8 +61,10 @@ def _looked_up(lease: Lease) -> Resolved:
             "payload must be {\"handler\": str, \"args\": list, \"kwargs\": dict}, "
             f"got {str(payload)[:200]!r}"
         )
-    return (handler_for(payload["handler"], lease), payload.get("args", []),
-            payload.get("kwargs", {}))
+    handler = handler_for(payload["handler"], lease)
+    if SEALED in payload:  # (SealError: a key no longer listed, a value tampered with)
+        return (handler, *sealing.open_payload(payload, lease.job_id))
+    return handler, payload.get("args", []), payload.get("kwargs", {})
 
 
 def resolve(lease: Lease) -> Resolved | Outcome:
@@ -113,8 +116,10 @@ def execute(lease: Lease, resolved: Resolved | Outcome | None = None) -> Outcome
         if inspect.iscoroutine(result):  # a coroutine outside the event loop (process mode)
             result = asyncio.run(result, loop_factory=loop_factory())
     except BaseException as exc:  # noqa: BLE001 - whatever a handler raises is its job's failure
-        return _failed(exc, started, _unwritten(args))
-    return _succeeded(result, started, _unwritten(args))
+        outcome = _failed(exc, started, _unwritten(args))
+    else:
+        outcome = _succeeded(result, started, _unwritten(args))
+    return outcome if SEALED not in lease.payload else sealed(outcome, lease)
 
 
 async def execute_async(lease: Lease, resolved: Resolved) -> Outcome:
@@ -142,7 +147,18 @@ async def execute_async(lease: Lease, resolved: Resolved) -> Outcome:
     ctx = _unwritten(args)
     if ctx is not None:  # (a round trip: off the loop)
         await asyncio.to_thread(_write_progress, ctx)
-    return _failed(failed, started) if failed is not None else _succeeded(result, started)
+    outcome = _failed(failed, started) if failed is not None else _succeeded(result, started)
+    return outcome if SEALED not in lease.payload else sealed(outcome, lease)
+
+
+def sealed(outcome: Outcome, lease: Lease) -> Outcome:
+    """A sealed job's outcome as it is stored: its result and error text sealed (sealing.py)."""
+    try:
+        return outcome._replace(
+            result=sealing.seal_json(outcome.result, lease.job_id, "result"),
+            error=outcome.error and sealing.keyring().seal(outcome.error, lease.job_id, "error"))
+    except JobQueueError as exc:  # (the keys were unset since the job was opened)
+        return Outcome(False, error=f"the outcome could not be sealed: {exc}", fatal=True)
 
 
 def _write_progress(ctx: JobContext | None) -> None:

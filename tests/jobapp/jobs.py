@@ -506,6 +506,23 @@ def tallied(ctx: JobContext, tally: str, seconds: float, hold_first: str = "") -
         client.eval(RUNNING, 2, *keys, -1)
     return ctx.attempt
 
+@job(takes_context=True, max_attempts=1)
+def confide(ctx: JobContext, secret: str, fail: bool = False) -> dict[str, Any]:
+    """The encryption tests' handler: it keeps `secret` in its checkpoint and progress, and
+    returns it upper-cased (or, with `fail`, raises an error quoting it)."""
+    ctx.save_checkpoint({"seen": secret})
+    ctx.progress({"at": secret})
+    if fail:
+        raise ValueError(f"cannot use {secret}")
+    return {"echo": secret.upper(), "checkpoint": ctx.checkpoint}
+
+
+@job(encrypt=True, max_attempts=1)
+def confide_sealed(secret: str) -> str:
+    """Sealed on any queue (`@job(encrypt=True)`): returns `secret` reversed."""
+    return secret[::-1]
+
+
 # Batch handlers, for the batch tests' workers only (tests/worker/test_batches.py): a worker of a
 # project that has some looks at each job it claims for them.
 if os.environ.get("JOBQUEUE_TEST_BATCHES"):

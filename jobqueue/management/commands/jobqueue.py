@@ -1,4 +1,4 @@
-"""`manage.py jobqueue resize|restore|stats`: operator commands (they parse, then call the library)."""
+"""`manage.py jobqueue resize|restore|stats|reseal`: operator commands (they parse, then call the library)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True,
-                                        metavar="{resize,restore,stats}")
+                                        metavar="{resize,restore,stats,reseal}")
         resize = actions.add_parser("resize", help="set a queue's live shard count (1…1024) "
                                                    "without stopping anything")
         resize.add_argument("queue")
@@ -36,6 +36,10 @@ class Command(BaseCommand):
                                               "queue)")
         stats = actions.add_parser("stats", help="counts by queue and state")
         stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        reseal = actions.add_parser("reseal", help="seal every sealed value in Valkey and the "
+                                                   "database again under the first of "
+                                                   "ENCRYPTION_KEYS (safe to run twice)")
+        reseal.add_argument("--chunk", type=int, default=500, help="keys and rows per step")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -43,6 +47,8 @@ class Command(BaseCommand):
                 self.resize(validate_queue(options["queue"]), options["count"])
             elif options["action"] == "restore":
                 self.restore(queue_list(options["queues"]))
+            elif options["action"] == "reseal":
+                self.reseal(max(1, options["chunk"]))
             else:
                 self.stats(as_json=options["json"])
         except JobQueueError as exc:
@@ -77,6 +83,21 @@ class Command(BaseCommand):
         restored = outbox.restore([Queue(name) for name in names], progress=progress)
         where = ", ".join(names) or "no durable queue"
         self.stdout.write(f"restored {restored} job(s) into Valkey ({where})")
+
+    def reseal(self, chunk: int) -> None:
+        from jobqueue.conf import get_client
+        from jobqueue.operations.reseal import reseal
+
+        report = reseal(get_client(), chunk=chunk, progress=lambda where, n: self.stderr.write(
+            f"reseal: {where}: {n:,} checked"))
+        self.stdout.write(f"resealed {report.resealed} value(s) under the first key")
+        if report.left:
+            keys = ", ".join(f"{kid}: {count}" for kid, count in sorted(report.left.items()))
+            self.stdout.write(f"{report.left_total} value(s) still need an old key ({keys}): "
+                              f"keep those keys listed")
+        else:
+            self.stdout.write("0 value(s) still need an old key: keys other than the first may "
+                              "be dropped")
 
     def stats(self, as_json: bool) -> None:
         counts = {name: Queue(name).counts() for name in known_queues()}

@@ -1,0 +1,69 @@
+"""The console shows a sealed job's data as sealed, naming its key, unless the user holds
+`jobqueue.view_sealed` (and the keys are configured there); its search never matches it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from tests.inprocess import burst
+from tests.jobapp import jobs
+from tests.servers import ValkeyProcess
+
+from .conftest import NEW, SECRET, kid, sealed_settings
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LIVE = "/admin/jobqueue/job/live"
+
+
+def _staff(client: Client, *perms: str) -> Client:
+    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=perms))
+    client.login(username="op", password="pw")
+    return client
+
+
+@pytest.fixture
+def sealed_jobs(settings: Any, valkey_server: ValkeyProcess) -> tuple[str, str]:
+    sealed_settings(settings, valkey_server.url, [NEW])
+    done = jobs.confide.using(queue="vault", lane="tenant-7").enqueue(SECRET)
+    dead = jobs.confide.using(queue="vault", lane="tenant-7").enqueue(SECRET, fail=True)
+    burst("vault")
+    return done.id, dead.id
+
+
+def test_a_sealed_job_shows_as_sealed_without_the_permission(
+    client: Client, sealed_jobs: tuple[str, str]
+) -> None:
+    _staff(client, "view_job")
+    for job_id in sealed_jobs:
+        page = client.get(f"{LIVE}/jobs/vault/{job_id}/").content.decode()
+        assert f"🔒 sealed (key {kid(NEW)})" in page and SECRET not in page
+    listing = client.get(f"{LIVE}/queues/vault/?state=dead").content.decode()
+    assert SECRET not in listing and sealed_jobs[1] in listing
+
+
+def test_the_permission_opens_a_sealed_job_on_its_page(client: Client, sealed_jobs: tuple[str, str]) -> None:
+    _staff(client, "view_job", "view_sealed")
+    done, dead = (client.get(f"{LIVE}/jobs/vault/{job_id}/").content.decode() for job_id in sealed_jobs)
+    assert SECRET in done and SECRET.upper() in done and "🔒" not in done
+    assert f"cannot use {SECRET}" in dead
+
+
+def test_the_permission_shows_sealed_without_the_keys(
+    client: Client, settings: Any, sealed_jobs: tuple[str, str]
+) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "ENCRYPTION_KEYS": []}
+    _staff(client, "view_job", "view_sealed")
+    page = client.get(f"{LIVE}/jobs/vault/{sealed_jobs[0]}/").content.decode()
+    assert f"🔒 sealed (key {kid(NEW)})" in page and SECRET not in page
+
+
+def test_search_says_sealed_queues_are_not_matched(client: Client, sealed_jobs: tuple[str, str]) -> None:
+    _staff(client, "view_job", "view_sealed")
+    found = client.get(f"{LIVE}/find/?id=tenant-7").content.decode()
+    assert 'id="sealed-note"' in found and "vault" in found and SECRET not in found
+    assert "No job has" in client.get(f"{LIVE}/find/?id={SECRET}").content.decode()
