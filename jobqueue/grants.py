@@ -1,6 +1,6 @@
 """`JOBQUEUE["CONSOLE"]`: which Django groups may view, or act on, which queues in the console,
 parsed once with the rest of the settings (conf.py), so `manage.py check` names a wrong entry
-(jobqueue.E007). What a grant lets a user do is decided in `access.py`, the one place the
+(jobqueue.E009). What a grant lets a user do is decided in `access.py`, the one place the
 console asks.
 
     JOBQUEUE = {"CONSOLE": {

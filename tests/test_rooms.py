@@ -23,7 +23,7 @@ ORDER = ("leaves", "models", "engine", "flows", "history", "api", "operations", 
 ROOMS = ("engine", "flows", "history", "api", "operations", "worker", "console")
 """The rooms that are folders: a module's room is its folder."""
 LEAVES = {"_compat", "exceptions", "states", "signals", "ids", "keys", "records", "spec", "cron", "grants",
-          "conf", "embedded", "tracing", "collector", "debug"}
+          "sealing", "conf", "embedded", "tracing", "collector", "debug"}
 """Top-level modules every room may import."""
 ANCHORS = {"jobqueue", "apps", "admin", "urls", "metrics", "tasks", "contrib", "management",
            "templatetags"}

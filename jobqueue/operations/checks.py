@@ -21,7 +21,7 @@ def check_settings(**_: Any) -> list[checks.CheckMessage]:
                                  id="jobqueue.E002")]
         if str(exc).startswith("JOBQUEUE['CONSOLE']"):
             return [checks.Error(f"JOBQUEUE['CONSOLE'] is invalid: {exc}", hint=CONSOLE_HINT,
-                                 id="jobqueue.E007")]
+                                 id="jobqueue.E009")]
         return [checks.Error(
             f"JOBQUEUE is invalid: {exc}",
             hint="See the docs' settings reference (docs/reference/settings.md; docs/howto/resize.md "

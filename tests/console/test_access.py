@@ -199,7 +199,7 @@ def test_a_wrong_access_setting_is_one_clear_error(raw: Any, says: str, settings
     with pytest.raises(ConfigurationError, match=re.escape(says)):
         grants.parse(raw)
     settings.JOBQUEUE = {**settings.JOBQUEUE, "CONSOLE": raw}
-    with pytest.raises(SystemCheckError, match=r"jobqueue\.E007"):
+    with pytest.raises(SystemCheckError, match=r"jobqueue\.E009"):
         call_command("check", "--tag", "jobqueue")
 
 
