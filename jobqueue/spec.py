@@ -147,7 +147,8 @@ def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
 
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
                       "priority", "durable", "lane_weights", "rate", "wait_replicas",
-                      "lane_concurrency", "lane_rate", "timeout", "global_concurrency")
+                      "lane_concurrency", "lane_rate", "timeout", "global_concurrency",
+                      "hidden_args")
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,10 @@ class QueueOptions:
     global_concurrency: int | None = None
     """At most n of the queue's jobs active at once, across every worker and shard (permits of
     one cap: engine/permits.py); a cap set live (`Queue.set_global_concurrency`) wins."""
+    hidden_args: tuple[str | int, ...] = ()
+    """Argument keys the console shows as `•••` to a user without `jobqueue.view_hidden_args`:
+    a name hides that key wherever it stands in the job's kwargs (or a dict among its args), a
+    whole number hides that position of its args (`hidden_args`)."""
 
     @property
     def claim_only(self) -> bool:
@@ -208,6 +213,21 @@ def claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
     return (*((limit[0] / shards, limit[1]) if limit else (0, 0)), *(lane_limit or (0, 0)),
             len(options.lane_concurrency), *(x for pair in options.lane_concurrency for x in pair),
             len(weighted), *(x for pair in weighted for x in pair))
+
+
+MAX_HIDDEN_ARGS = 100
+
+
+def hidden_args(value: object) -> tuple[str | int, ...]:
+    """The `hidden_args` option: a list of argument names (non-empty strings) and positions
+    (whole numbers ≥ 0), kept as a tuple (names and positions as given, duplicates dropped)."""
+    if isinstance(value, (list, tuple)) and len(value) <= MAX_HIDDEN_ARGS and all(
+            (isinstance(item, str) and item and len(item) <= 200)
+            or (isinstance(item, int) and not isinstance(item, bool) and item >= 0)
+            for item in value):
+        return tuple(dict.fromkeys(value))
+    raise InvalidOption(f"hidden_args must be a list of at most {MAX_HIDDEN_ARGS} argument names "
+                        f"(non-empty strings) and positions (whole numbers ≥ 0), got {value!r}")
 
 
 def did_you_mean(unknown: Iterable[object], known: Iterable[str]) -> str:
@@ -239,6 +259,8 @@ def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -
         values["auto_shards"] = False
     if "lane_weights" in values:
         values["lane_weights"] = lane_weights(values["lane_weights"])
+    if "hidden_args" in values:
+        values["hidden_args"] = hidden_args(values["hidden_args"])
     if "lane_concurrency" in values:  # (None: no caps, overriding DEFAULTS' own)
         raw_caps = values["lane_concurrency"]
         values["lane_concurrency"] = () if raw_caps is None else lane_concurrency(raw_caps)

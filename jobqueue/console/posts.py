@@ -13,11 +13,13 @@ action is `permitted` to the user.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.mixins import PermissionRequiredMixin
 from django.core.exceptions import ImproperlyConfigured
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.views import View
 
 from ..conf import get_config
@@ -26,7 +28,7 @@ from ..engine import layouts
 from ..engine.store import JobInfo, Queue
 from ..exceptions import InvalidName, JobQueueError
 from ..models import Job, Shard
-from . import actions, readmodels
+from . import actions, bulk, readmodels
 from .site import ConsoleSite, console_reverse
 
 
@@ -300,3 +302,48 @@ class ResumeSchedule(PauseSchedule):
     """Let a paused periodic job's ticks fire again."""
 
     refused, paused = "Resume {}", False
+
+
+# -- every job a search matches -----------------------------------------------------------------
+
+
+class BulkAction(View):
+    """Retry, cancel or delete every job the search in the form matches (`search/bulk/`): a POST
+    with the search's fields and `action` shows the count and asks first; one with confirm=yes
+    records the operation (`bulk.Bulk.start`: one LogEntry; the same one running already is
+    shown instead of a second) and sends the operator to its progress page, while a runner
+    works it off outside the request. Each action needs its own permission (403 without it)."""
+
+    http_method_names = ["post"]
+    site: Any = None
+    """The console (`as_view(site=…)`): its search pages (searching.SearchPages)."""
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        action = request.POST.get("action", "")
+        if action not in actions.PERMISSIONS or not request.user.has_perm(
+                actions.PERMISSIONS[action]):
+            raise PermissionDenied(f"no permission to {action or 'act'} in bulk")
+        back = console_reverse(request, "jobqueue_search")
+        try:
+            query = self.site.checked_query(request, request.POST)
+            work = bulk.Bulk.of(action, query, self.site.visible_queues(request, acting=True))
+            if request.POST.get("confirm") != "yes":
+                return self.site.render(request, "confirm_bulk.html",
+                                        f"{bulk.VERBS[action]} {query.where} jobs?", bulk=work,
+                                        count=work.count(), fields=sorted(query.raw.items()),
+                                        back=f"{back}?{urlencode(query.raw)}")
+            operation, created = work.start(request.user, _confirmed_count(request))
+        except JobQueueError as exc:
+            messages.error(request, f"Bulk {action}: {exc}")
+            return HttpResponseRedirect(back)
+        if created:
+            bulk.run_in_thread()
+            messages.success(request, f"{work.describe(operation.total)}: started.")
+        else:
+            messages.info(request, f"The same bulk {action} is running already (#{operation.pk}).")
+        return HttpResponseRedirect(console_reverse(request, "jobqueue_bulk", operation.pk))
+
+
+def _confirmed_count(request: HttpRequest) -> int:
+    typed = actions.typed_number(request.POST.get("count", "0"))
+    return typed if isinstance(typed, int) else 0

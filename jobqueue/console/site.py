@@ -70,6 +70,14 @@ class ConsoleSite:
 
         return guarded
 
+    # -- which queues a user may see or act on -----------------------------------------------
+
+    def visible_queues(self, request: HttpRequest, acting: bool = False) -> frozenset[str] | None:
+        """The queues this user may see (`acting`: act on) in a search and its bulk actions:
+        None for every queue. The one place a search or a bulk operation asks; a rule that
+        grants queues per group narrows it here."""
+        return None
+
     # -- what a URL names --------------------------------------------------------------------
 
     def queue(self, name: str) -> Queue:

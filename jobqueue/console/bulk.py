@@ -1,0 +1,257 @@
+"""Bulk operations: an operator's retry, cancel or delete of every job a search matches, run in
+chunks by a `Runner` outside the request that confirmed it (a thread the console starts, or
+`manage.py jobqueue bulk`), from a `BulkOperation` row.
+
+`Bulk` is what an operation does on which jobs: the search's live or history jobs, in the
+states its action applies to. `start` records a confirmed one (and its one LogEntry) unless the
+same one runs already. A `Runner` takes an operation whose lease is free, saves each chunk before
+it acts on it (`inflight`) and the cursor and counts after, renewing its lease each time: a
+runner that dies is resumed from where it stood by the next, which acts on the chunk left in
+flight again. Each job's transition carries a call id of the operation's (`Queue.retry`), so a
+transition made again within a minute answers as the first one did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, close_old_connections, connection, transaction
+from django.db.models import F, Q
+
+from ..engine.store import Queue
+from ..exceptions import InvalidOption, JobQueueError
+from ..models import BulkOperation, Job
+from ..states import State
+from . import actions, search
+from .query import Query
+
+log = logging.getLogger("jobqueue.console")
+CHUNK = 500
+"""Jobs a runner acts on between two saves of its cursor."""
+LEASE = 15.0
+"""Seconds a runner holds an operation past its last save: a runner silent longer is taken for
+dead and another resumes the operation."""
+FINISHED = frozenset({State.SUCCEEDED, State.DEAD, State.CANCELLED, State.EXPIRED})
+VERBS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
+
+
+@dataclass(frozen=True)
+class Bulk:
+    """An action on every job a query matches: where ("live" or "history") is the query's."""
+
+    action: str
+    query: Query
+    scope: frozenset[str] | None
+    """The queues the operator may act on (None: every queue)."""
+
+    STATES = {("live", "retry"): actions.JOB_STATES["retry"],
+              ("live", "cancel"): actions.JOB_STATES["cancel"],
+              ("history", "retry"): actions.JOB_STATES["retry"],
+              ("history", "delete"): FINISHED}
+    """The states each action applies to, live or in the history."""
+
+    @classmethod
+    def of(cls, action: str, query: Query, scope: frozenset[str] | None) -> Bulk:
+        """InvalidOption when the action does not apply there, or to the query's state."""
+        states = cls.STATES.get((query.where, action))
+        if states is None:
+            offered = [a for where, a in cls.STATES if where == query.where]
+            raise InvalidOption(f"{action!r} does not apply to {query.where} jobs: "
+                                f"{' or '.join(offered)} does")
+        if query.state and query.state not in states:
+            raise InvalidOption(f"{action} applies to {', '.join(sorted(states))} jobs, not to "
+                                f"{query.state} ones")
+        return cls(action, query, scope)
+
+    @property
+    def states(self) -> frozenset[str]:
+        return self.STATES[(self.query.where, self.action)]
+
+    @property
+    def permission(self) -> str:
+        return actions.PERMISSIONS[self.action]
+
+    def rows(self) -> Any:
+        return search.history(self.query, self.scope).filter(state__in=sorted(self.states))
+
+    def count(self) -> int:
+        """How many jobs it would act on now (a live count reads every live job of the
+        queues in scope, SCAN_CHUNK at a time)."""
+        if self.query.where == "history":
+            return self.rows().order_by().count()
+        return sum(len(jobs) for jobs, _ in search.every_live(self.query, self.scope,
+                                                             self.states))
+
+    def chunks(self, cursor: str, size: int) -> Iterator[tuple[list[tuple[str, str]], str]]:
+        """The matching jobs from `cursor` on, `size` at a time ([queue, id] each), each with
+        the cursor after it."""
+        if self.query.where == "live":
+            for jobs, after in search.every_live(self.query, self.scope, self.states, cursor,
+                                                  size):
+                yield [(job.queue, job.id) for job in jobs], after
+            return
+        while True:
+            rows = self.rows().order_by("pk")
+            if cursor:
+                rows = rows.filter(pk__gt=cursor)
+            found = [(queue, pk) for pk, queue in rows.values_list("pk", "queue")[:size]]
+            if not found:
+                return
+            cursor = found[-1][1]
+            yield found, cursor
+
+    def act(self, jobs: list[tuple[str, str]], call: str) -> tuple[int, int]:
+        """Do it to each job: (done, skipped: the job had moved on). `call` prefixes each
+        transition's call id."""
+        if self.action == "delete":
+            ids = [job_id for _, job_id in jobs]
+            Job.objects.filter(pk__in=ids, state__in=sorted(self.states)).delete()
+            return len(ids), 0
+        done = skipped = 0
+        for name, job_id in jobs:
+            queue = Queue(name)
+            try:
+                if self.action == "retry":
+                    actions.retry_job(queue, job_id, f"{call}:{job_id}")
+                else:
+                    queue.cancel(job_id, f"{call}:{job_id}")
+            except JobQueueError:  # (moved on since it matched: not pending any more, gone, …)
+                skipped += 1
+            else:
+                done += 1
+        return done, skipped
+
+    def key(self) -> str:
+        """What makes two operations the same: action, query, scope."""
+        text = json.dumps([self.action, dict(sorted(self.query.raw.items())),
+                           sorted(self.scope) if self.scope is not None else None])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def describe(self, count: int) -> str:
+        return (f"{VERBS[self.action]} {count} {self.query.where} job(s) matching "
+                f"{self.query.describe()}")
+
+    def start(self, user: Any, total: int) -> tuple[BulkOperation, bool]:
+        """Record the confirmed operation and its LogEntry (one transaction): (it, True); or
+        (the same one running already, False)."""
+        try:
+            with transaction.atomic():
+                operation = BulkOperation.objects.create(
+                    action=self.action, query=dict(self.query.raw), total=total,
+                    scope=sorted(self.scope) if self.scope is not None else None,
+                    running_key=self.key(), created_by=str(user)[:150])
+                actions.log_action(user, operation,
+                                   f"{self.describe(total)} (bulk operation #{operation.pk}).")
+        except IntegrityError:
+            running = BulkOperation.objects.filter(running_key=self.key()).first()
+            if running is None:  # (it finished meanwhile: this is a new one)
+                return self.start(user, total)
+            return running, False
+        return operation, True
+
+    @classmethod
+    def of_record(cls, operation: BulkOperation) -> Bulk:
+        scope = frozenset(operation.scope) if operation.scope is not None else None
+        return cls(operation.action, Query.parse(operation.query), scope)
+
+
+class Runner:
+    """Runs bulk operations, one chunk at a time, each under this runner's lease."""
+
+    def __init__(self, name: str = "", chunk: int = CHUNK) -> None:
+        self.name = (name or f"{socket.gethostname()[:30]}:{os.getpid()}:{threading.get_ident()}")[:64]
+        self.chunk = chunk
+
+    def run(self, wait: bool = False) -> int:
+        """Run every operation a free lease lets it take until none is left; `wait`: also wait
+        for the leases other runners hold to lapse (a dead runner's), and take those. How many
+        operations it finished."""
+        finished = 0
+        while True:
+            operation = self.claim()
+            if operation is not None:
+                finished += self.advance(operation)
+                continue
+            held = BulkOperation.objects.filter(status=BulkOperation.Status.RUNNING)
+            if not wait or not held.exists():
+                return finished
+            time.sleep(0.2)
+
+    def claim(self) -> BulkOperation | None:
+        """A running operation whose lease is free, now held by this runner."""
+        now = datetime.now(UTC)
+        free = (BulkOperation.objects.filter(status=BulkOperation.Status.RUNNING)
+                .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now)))
+        for pk in free.order_by("pk").values_list("pk", flat=True)[:10]:
+            if free.filter(pk=pk).update(runner=self.name, lease_until=self._lease()):
+                return BulkOperation.objects.get(pk=pk)
+        return None
+
+    def advance(self, operation: BulkOperation) -> bool:
+        """Work the operation to its end (True), or until its lease is lost (False)."""
+        bulk = Bulk.of_record(operation)
+        call = f"bulk{operation.pk}"
+        try:
+            if operation.inflight and not self._act(operation, bulk, call, operation.inflight):
+                return False
+            for jobs, after in bulk.chunks(operation.cursor, self.chunk):
+                if not self._save(operation, inflight=jobs, cursor=after):
+                    return False
+                if not self._act(operation, bulk, call, jobs):
+                    return False
+        except (JobQueueError, ValueError) as exc:  # (a record no longer valid: say why)
+            self._save(operation, status=BulkOperation.Status.FAILED, error=str(exc)[:2000],
+                       running_key=None, finished_at=datetime.now(UTC), lease_until=None)
+            return False
+        return self._save(operation, status=BulkOperation.Status.DONE, running_key=None,
+                          finished_at=datetime.now(UTC), lease_until=None)
+
+    def _act(self, operation: BulkOperation, bulk: Bulk, call: str, jobs: list[Any]) -> bool:
+        """Act on the chunk saved in flight (the cursor already past it), then count it."""
+        done, skipped = bulk.act([(queue, job_id) for queue, job_id in jobs], call)
+        return self._save(operation, inflight=[], done=F("done") + done,
+                          skipped=F("skipped") + skipped)
+
+    def _save(self, operation: BulkOperation, **values: Any) -> bool:
+        """Write `values` while this runner holds the lease (renewed): False once lost."""
+        values.setdefault("lease_until", self._lease())
+        return bool(BulkOperation.objects.filter(pk=operation.pk, runner=self.name).update(
+            updated_at=datetime.now(UTC), **values))
+
+    @staticmethod
+    def _lease() -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=LEASE)
+
+
+def run_in_thread() -> threading.Thread:
+    """Run the operations there are in a thread of this process (the console's, after a
+    confirmation or when a page finds an operation nobody runs): its own database connection,
+    closed at the end."""
+    def work() -> None:
+        try:
+            Runner().run()
+        except Exception:  # (logged: another runner resumes the operation once its lease lapses)
+            log.exception("a bulk operation's runner stopped")
+        finally:
+            close_old_connections()
+            connection.close()
+
+    thread = threading.Thread(target=work, name="jobqueue-bulk", daemon=True)
+    thread.start()
+    return thread
+
+
+def stalled(operation: BulkOperation) -> bool:
+    """Whether a running operation has no runner now (its lease lapsed, or it never had one)."""
+    return operation.status == BulkOperation.Status.RUNNING and (
+        operation.lease_until is None or operation.lease_until < datetime.now(UTC))

@@ -1,0 +1,221 @@
+"""A console search (query.py) run: over the history in the database (`history`: the database's
+own JSON operators, on PostgreSQL a GIN index's containment first) and over live jobs in Valkey
+(`live`: a bounded scan, a page at a time, that says when it stopped short).
+
+Every search is given the queues the user may see (`scope`: None for every queue), so that
+per-queue access is applied in one place (`ConsoleSite.visible_queues`). Reads only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTransform
+
+from ..engine.store import JobInfo, Queue, known_queues
+from ..models import HANDLER_LENGTH, Job
+from . import hidden
+from .query import Query, Term
+from .readmodels import LIST_FIELDS
+
+SCAN_CHUNK = 500
+"""Job rows one SCAN (or index read) step asks for, read in one pipeline."""
+SCAN_BUDGET = 20_000
+"""Job rows a live search page looks at, at most, before it stops short and says so."""
+LIVE_INDEX = {"scheduled": "schedule", "active": "active", "dead": "dead"}
+"""The shard index that lists a state's jobs: a search by that state reads it, not the keyspace."""
+FIELDS = (*LIST_FIELDS, "unique_key", "payload")
+
+
+def scoped(rows: QuerySet[Job], scope: frozenset[str] | None) -> QuerySet[Job]:
+    return rows if scope is None else rows.filter(queue__in=sorted(scope))
+
+
+def history(query: Query, scope: frozenset[str] | None, may_see: bool = True) -> QuerySet[Job]:
+    """The history rows that match, newest first; `may_see`: whether plain text may match
+    hidden arguments (if not, it matches only the arguments of queues that hide none)."""
+    rows = scoped(Job.objects.all(), scope)
+    for column, value in (("queue", query.queue), ("state", query.state),
+                          ("handler", query.handler[:HANDLER_LENGTH]), ("lane", query.lane)):
+        if value:
+            rows = rows.filter(**{column: value})
+    if query.since:
+        rows = rows.filter(finished_at__gte=query.since)
+    if query.until:
+        rows = rows.filter(finished_at__lt=query.until)
+    for i, term in enumerate(query.terms):
+        name = f"jq_arg{i}"
+        rows = rows.alias(**{name: _path(term)}).filter(_term_q(term, name))
+    if query.text:
+        rows = rows.alias(jq_args=KeyTransform("args", "payload"),
+                          jq_kwargs=KeyTransform("kwargs", "payload"))
+        for word in query.text:
+            rows = rows.filter(_text_q(word, may_see))
+    return rows.order_by("-finished_at", "-id")
+
+
+def _path(term: Term) -> Any:
+    expression: Any = "payload"
+    for key in term.path:
+        expression = KeyTransform(str(key), expression)
+    return expression
+
+
+def _term_q(term: Term, name: str) -> Q:
+    if term.op == "~":
+        return Q(**{f"{name}__icontains": str(term.value)})
+    exact = Q()
+    for value in term.values:
+        exact |= Q(**{name: value})
+    if connection.vendor == "postgresql":  # the GIN index (jsonb_path_ops) finds the candidates
+        nested = _contained(term)
+        if nested is not None:
+            inside = Q()
+            for value in term.values:
+                inside |= Q(payload__contains=nested(value))
+            return inside & exact
+    return exact
+
+
+def _contained(term: Term) -> Callable[[Any], Any] | None:
+    """The JSON a payload holding the path's value contains (`@>`), when the path says what
+    each step is (a position of args first, dict keys after it); else None."""
+    steps = term.path[2:] if term.path[0] == "args" else term.path[1:]
+    if any(isinstance(key, int) for key in steps):
+        return None
+
+    def build(value: Any) -> Any:
+        for key in reversed(steps):
+            value = {key: value}
+        return {"args": [value]} if term.path[0] == "args" else {"kwargs": value}
+
+    return build
+
+
+def _text_q(word: str, may_see: bool) -> Q:
+    found = Q(pk=word) | Q(lane=word) | Q(unique_key=word) | Q(handler__icontains=word)
+    in_args = Q(jq_args__icontains=word) | Q(jq_kwargs__icontains=word)
+    if not may_see:
+        hiding, plain, others_hide = hidden.queues_hiding()
+        if others_hide:
+            in_args &= Q(queue__in=plain) if plain else Q(pk__in=[])
+        elif hiding:
+            in_args &= ~Q(queue__in=hiding)
+    return found | in_args
+
+
+# -- live jobs ------------------------------------------------------------------------------------
+
+
+@dataclass
+class LivePage:
+    """What one step of a live search found, and where the next one starts."""
+
+    jobs: list[JobInfo]
+    next: str | None
+    """The cursor of the next page; None when the scan went through every job."""
+    looked_at: int
+    """Job rows read for this page."""
+    cut_short: bool
+    """Whether it stopped at its budget before it filled the page."""
+
+
+def live(query: Query, scope: frozenset[str] | None, cursor: str = "", per_page: int = 50,
+         budget: int | None = None, states: frozenset[str] | None = None,
+         shown: Callable[[JobInfo], Any] | None = None) -> LivePage:
+    """A page of live jobs that match (and are in one of `states`, when given), from `cursor`
+    ("" at the start): the queues in turn, each shard in turn, read SCAN_CHUNK rows at a time
+    (through the state's index when the query names one that has it, else a SCAN of the shard's
+    job rows), stopped once the page is full or `budget` rows were read. `shown` gives a job's
+    payload as the user may see it (plain text is looked for there)."""
+    budget = SCAN_BUDGET if budget is None else budget
+    names = sorted(set(known_queues()) & ({query.queue} if query.queue else set(known_queues()))
+                   & (scope if scope is not None else set(known_queues())))
+    at, shard, position, skip = _cursor(cursor)
+    found: list[JobInfo] = []
+    looked = 0
+    while at < len(names):
+        queue = Queue(names[at])
+        while shard < queue.all_shards():
+            while True:
+                if len(found) >= per_page or looked >= budget:
+                    return LivePage(found, f"{at}.{shard}.{position}.{skip}", looked,
+                                    len(found) < per_page)
+                ids, after = _step(queue, shard, query, position)
+                rows = _read(queue, shard, ids)
+                looked += len(ids)
+                matched = [info for info in rows if query.matches(
+                    info, states, shown(info) if shown else None)][skip:]
+                room = per_page - len(found)
+                found += matched[:room]
+                if len(matched) > room:  # the rest of this step: the next page, from here
+                    skip += room
+                    return LivePage(found, f"{at}.{shard}.{position}.{skip}", looked, False)
+                skip = 0
+                position = after
+                if position == 0:
+                    break
+            shard, position = shard + 1, 0
+        at, shard = at + 1, 0
+    return LivePage(found, None, looked, False)
+
+
+def every_live(query: Query, scope: frozenset[str] | None, states: frozenset[str] | None,
+               cursor: str = "", chunk: int = SCAN_CHUNK) -> Iterator[tuple[list[JobInfo], str]]:
+    """Every live job that matches, `chunk` at a time, each with the cursor after it."""
+    while True:
+        page = live(query, scope, cursor, per_page=chunk, budget=10 * chunk + SCAN_CHUNK,
+                    states=states)
+        yield page.jobs, page.next or ""
+        if page.next is None:
+            return
+        cursor = page.next
+
+
+def _cursor(text: str) -> tuple[int, int, int, int]:
+    parts = text.split(".")
+    if len(parts) == 4 and all(part.isdecimal() and len(part) < 20 for part in parts):
+        at, shard, position, skip = map(int, parts)
+        return at, shard, position, skip
+    return 0, 0, 0, 0
+
+
+def _step(queue: Queue, shard: int, query: Query, position: int) -> tuple[list[str], int]:
+    """Up to SCAN_CHUNK job ids of the shard from `position`, and the position after them (0:
+    the shard is done)."""
+    keys = queue.shard(shard)
+    index = LIVE_INDEX.get(query.state)
+    if query.state == "pending" and query.lane:
+        index_key = keys.lane(query.lane)
+    elif index is not None:
+        index_key = keys.key(index)
+    else:
+        client = queue.client
+        target = client
+        if hasattr(client, "get_node_from_key"):  # (a cluster: the shard's node)
+            target = client.get_redis_connection(client.get_node_from_key(keys.job("x")))
+        after, found = target.scan(position, match=keys.job("*"), count=SCAN_CHUNK)
+        prefix = len(keys.job(""))
+        return [key[prefix:] for key in found], int(after)
+    ids = queue.client.zrange(index_key, position, position + SCAN_CHUNK - 1)
+    return ids, position + len(ids) if len(ids) == SCAN_CHUNK else 0
+
+
+def _read(queue: Queue, shard: int, ids: list[str]) -> list[JobInfo]:
+    if not ids:
+        return []
+    pipe = queue.client.pipeline(transaction=False)
+    key = queue.shard(shard)
+    for job_id in ids:
+        pipe.hmget(key.job(job_id), FIELDS)
+    rows = []
+    for job_id, values in zip(ids, pipe.execute(), strict=True):
+        row = {k: v for k, v in zip(FIELDS, values, strict=True) if v is not None}
+        if row:
+            rows.append(JobInfo.from_row(job_id, queue.name, row, shard,
+                                         queue.options.max_attempts))
+    return rows
