@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -38,11 +39,13 @@ from .query import Query
 log = logging.getLogger("jobqueue.console")
 CHUNK = 500
 """Jobs a runner acts on between two saves of its cursor."""
-LEASE = 15.0
+LEASE = 10.0
 """Seconds a runner holds an operation past its last save: a runner silent longer is taken for
 dead and another resumes the operation."""
 FINISHED = frozenset({State.SUCCEEDED, State.DEAD, State.CANCELLED, State.EXPIRED})
 VERBS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
+type Place = tuple[str, str, int | None]
+"""A job a bulk operation acts on: its queue, its id, its shard (None: unknown, a history row)."""
 
 
 @dataclass(frozen=True)
@@ -92,44 +95,56 @@ class Bulk:
         return sum(len(jobs) for jobs, _ in search.every_live(self.query, self.scope,
                                                              self.states))
 
-    def chunks(self, cursor: str, size: int) -> Iterator[tuple[list[tuple[str, str]], str]]:
-        """The matching jobs from `cursor` on, `size` at a time ([queue, id] each), each with
-        the cursor after it."""
+    def chunks(self, cursor: str, size: int) -> Iterator[tuple[list[Place], str]]:
+        """The matching jobs from `cursor` on, about `size` at a time ([queue, id, shard] each;
+        a history row's shard is None: it may be in Valkey or not), each with the cursor after
+        them."""
         if self.query.where == "live":
             for jobs, after in search.every_live(self.query, self.scope, self.states, cursor,
                                                   size):
-                yield [(job.queue, job.id) for job in jobs], after
+                yield [(job.queue, job.id, job.shard) for job in jobs], after
             return
         while True:
             rows = self.rows().order_by("pk")
             if cursor:
                 rows = rows.filter(pk__gt=cursor)
-            found = [(queue, pk) for pk, queue in rows.values_list("pk", "queue")[:size]]
+            found = [(queue, pk, None) for pk, queue in rows.values_list("pk", "queue")[:size]]
             if not found:
                 return
             cursor = found[-1][1]
             yield found, cursor
 
-    def act(self, jobs: list[tuple[str, str]], call: str) -> tuple[int, int]:
+    def act(self, jobs: list[Place], call: str) -> tuple[int, int]:
         """Do it to each job: (done, skipped: the job had moved on). `call` prefixes each
-        transition's call id."""
+        transition's call id. Live jobs of a queue that is not durable go a shard's worth in
+        one round trip; others one at a time."""
         if self.action == "delete":
-            ids = [job_id for _, job_id in jobs]
+            ids = [job_id for _, job_id, _ in jobs]
             Job.objects.filter(pk__in=ids, state__in=sorted(self.states)).delete()
             return len(ids), 0
-        done = skipped = 0
-        for name, job_id in jobs:
+        answers: list[Any] = []
+        grouped: dict[tuple[str, int], list[tuple[str, str]]] = defaultdict(list)
+        for name, job_id, shard in jobs:
             queue = Queue(name)
-            try:
-                if self.action == "retry":
-                    actions.retry_job(queue, job_id, f"{call}:{job_id}")
-                else:
-                    queue.cancel(job_id, f"{call}:{job_id}")
-            except JobQueueError:  # (moved on since it matched: not pending any more, gone, …)
-                skipped += 1
+            if shard is None or (self.action == "retry" and queue.options.durable):
+                answers.append(self._one(queue, job_id, f"{call}:{job_id}"))
             else:
-                done += 1
-        return done, skipped
+                grouped[name, shard].append((job_id, f"{call}:{job_id}"))
+        for (name, shard), calls in grouped.items():
+            queue = Queue(name)
+            many = queue.retry_many if self.action == "retry" else queue.cancel_many
+            answers += many(shard, calls)
+        skipped = sum(isinstance(answer, JobQueueError) for answer in answers)
+        return len(answers) - skipped, skipped
+
+    def _one(self, queue: Queue, job_id: str, call: str) -> Any:
+        """One job's transition: its state after, or its refusal (not raised)."""
+        try:
+            if self.action == "retry":
+                return actions.retry_job(queue, job_id, call)
+            return queue.cancel(job_id, call)
+        except JobQueueError as exc:  # (moved on since it matched: not pending any more, gone, …)
+            return exc
 
     def key(self) -> str:
         """What makes two operations the same: action, query, scope."""
@@ -218,7 +233,7 @@ class Runner:
 
     def _act(self, operation: BulkOperation, bulk: Bulk, call: str, jobs: list[Any]) -> bool:
         """Act on the chunk saved in flight (the cursor already past it), then count it."""
-        done, skipped = bulk.act([(queue, job_id) for queue, job_id in jobs], call)
+        done, skipped = bulk.act([(queue, job_id, shard) for queue, job_id, shard in jobs], call)
         return self._save(operation, inflight=[], done=F("done") + done,
                           skipped=F("skipped") + skipped)
 

@@ -126,12 +126,16 @@ class LivePage:
 
 def live(query: Query, scope: frozenset[str] | None, cursor: str = "", per_page: int = 50,
          budget: int | None = None, states: frozenset[str] | None = None,
-         shown: Callable[[JobInfo], Any] | None = None) -> LivePage:
+         shown: Callable[[JobInfo], Any] | None = None, indexed: bool = True) -> LivePage:
     """A page of live jobs that match (and are in one of `states`, when given), from `cursor`
     ("" at the start): the queues in turn, each shard in turn, read SCAN_CHUNK rows at a time
     (through the state's index when the query names one that has it, else a SCAN of the shard's
     job rows), stopped once the page is full or `budget` rows were read. `shown` gives a job's
-    payload as the user may see it (plain text is looked for there)."""
+    payload as the user may see it (plain text is looked for there). `indexed`: False always
+    scans the job rows, whose cursor holds while the jobs change state under it (a bulk
+    operation's; a position in a state's index shifts as jobs leave it), and takes every match of
+    the last step read (a page may pass `per_page` by up to SCAN_CHUNK), so that a page never
+    stops mid-step, where the matches skipped on the next would shift as well."""
     budget = SCAN_BUDGET if budget is None else budget
     names = sorted(set(known_queues()) & ({query.queue} if query.queue else set(known_queues()))
                    & (scope if scope is not None else set(known_queues())))
@@ -145,12 +149,12 @@ def live(query: Query, scope: frozenset[str] | None, cursor: str = "", per_page:
                 if len(found) >= per_page or looked >= budget:
                     return LivePage(found, f"{at}.{shard}.{position}.{skip}", looked,
                                     len(found) < per_page)
-                ids, after = _step(queue, shard, query, position)
+                ids, after = _step(queue, shard, query, position, indexed)
                 rows = _read(queue, shard, ids)
                 looked += len(ids)
                 matched = [info for info in rows if query.matches(
                     info, states, shown(info) if shown else None)][skip:]
-                room = per_page - len(found)
+                room = per_page - len(found) if indexed else len(matched)
                 found += matched[:room]
                 if len(matched) > room:  # the rest of this step: the next page, from here
                     skip += room
@@ -169,7 +173,7 @@ def every_live(query: Query, scope: frozenset[str] | None, states: frozenset[str
     """Every live job that matches, `chunk` at a time, each with the cursor after it."""
     while True:
         page = live(query, scope, cursor, per_page=chunk, budget=10 * chunk + SCAN_CHUNK,
-                    states=states)
+                    states=states, indexed=False)
         yield page.jobs, page.next or ""
         if page.next is None:
             return
@@ -184,12 +188,13 @@ def _cursor(text: str) -> tuple[int, int, int, int]:
     return 0, 0, 0, 0
 
 
-def _step(queue: Queue, shard: int, query: Query, position: int) -> tuple[list[str], int]:
+def _step(queue: Queue, shard: int, query: Query, position: int, indexed: bool
+          ) -> tuple[list[str], int]:
     """Up to SCAN_CHUNK job ids of the shard from `position`, and the position after them (0:
     the shard is done)."""
     keys = queue.shard(shard)
-    index = LIVE_INDEX.get(query.state)
-    if query.state == "pending" and query.lane:
+    index = LIVE_INDEX.get(query.state) if indexed else None
+    if indexed and query.state == "pending" and query.lane:
         index_key = keys.lane(query.lane)
     elif index is not None:
         index_key = keys.key(index)

@@ -245,6 +245,18 @@ class Queue:
         return operator_calls.cancel(self.client, self.shard(self._located("cancel", job_id)),
                                      job_id, retention_ms(), call_id or operator_calls.call_id())
 
+    def retry_many(self, index: int, calls: Sequence[tuple[str, str]]) -> list[Any]:
+        """`retry` of many jobs of shard `index` in one round trip, (job id, call id) each: each
+        one's state after, or its refusal (not raised). Not for a durable queue's jobs, whose
+        rows reopen with each retry (`retry`)."""
+        answers = operator_calls.retry_many(self.client, self.shard(index), calls)
+        layouts.reopen(self.client, self.name, self.configured, index)
+        return answers
+
+    def cancel_many(self, index: int, calls: Sequence[tuple[str, str]]) -> list[Any]:
+        """`cancel` of many jobs of shard `index` in one round trip (as `retry_many`)."""
+        return operator_calls.cancel_many(self.client, self.shard(index), calls, retention_ms())
+
     def _located(self, action: str, job_id: str) -> int:
         """The shard of a job an operator acts on; JobNotFound when none holds it."""
         index = self.locate(job_id)

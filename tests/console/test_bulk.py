@@ -1,0 +1,151 @@
+"""Bulk actions on every job a search matches: confirmed with the count, run outside the request,
+one LogEntry, one operation however often it is confirmed, its permission, and a runner killed
+mid-way (a real `manage.py jobqueue bulk` process, SIGKILL) resumed by the next, each job acted
+on once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from jobqueue import Queue
+from jobqueue.console import bulk
+from jobqueue.console.query import Query
+from jobqueue.models import BulkOperation, Job
+from jobqueue.spec import JobSpec
+from tests.workers import database_url, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+BULK = "/admin/jobqueue/job/live/search/bulk/"
+ROOT = Path(__file__).resolve().parents[2]
+ECHO = "tests.jobapp.jobs.echo"
+
+
+@pytest.fixture
+def admin_client(client: Client) -> Client:
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    return client
+
+
+def dead_jobs(count: int, queue: str = "default", **kwargs: Any) -> list[str]:
+    """`count` jobs on `queue` that ran once and died."""
+    live = Queue(queue)
+    refs = live.enqueue_many([JobSpec({"handler": ECHO, "args": [i], "kwargs": kwargs},
+                                      max_attempts=1) for i in range(count)])
+    while leases := live.dequeue(count=500):
+        for lease in leases:
+            live.nack(lease, "boom")
+    return [ref.id for ref in refs]
+
+
+def finished(pk: int) -> BulkOperation:
+    wait_for(lambda: BulkOperation.objects.get(pk=pk).status != "running", timeout=60)
+    return BulkOperation.objects.get(pk=pk)
+
+
+def test_a_bulk_retry_is_confirmed_with_its_count_runs_outside_the_request_and_is_logged_once(
+        admin_client: Client) -> None:
+    retried = dead_jobs(30, tenant="acme")
+    others = dead_jobs(5, tenant="other")
+    form = {"q": "kwargs.tenant=acme", "where": "live", "action": "retry"}
+    asked = admin_client.post(BULK, form)
+    assert asked.status_code == 200 and Queue("default").counts()["dead"] == 35
+    page = asked.content.decode()
+    assert '<b>30</b> live jobs match' in page and "kwargs.tenant=acme" in page
+    response = admin_client.post(BULK, {**form, "confirm": "yes", "count": "30"})
+    assert response.status_code == 302 and "/bulk/" in response["Location"]
+    operation = finished(int(response["Location"].rstrip("/").rsplit("/", 1)[1]))
+    assert (operation.status, operation.done, operation.skipped) == ("done", 30, 0)
+    queue = Queue("default")
+    assert {queue.get(job_id).state for job_id in retried} == {"pending"}  # type: ignore[union-attr]
+    assert {queue.get(job_id).state for job_id in others} == {"dead"}  # type: ignore[union-attr]
+    [entry] = LogEntry.objects.all()
+    assert "Retry 30 live job(s) matching" in entry.change_message
+    assert "kwargs.tenant=acme" in entry.change_message
+    progress = admin_client.get(response["Location"]).content.decode()
+    assert "30 done, 0 skipped of 30" in progress and 'http-equiv="refresh"' not in progress
+
+
+def test_a_bulk_delete_of_history_rows(admin_client: Client) -> None:
+    now = datetime.now(UTC)
+    for i in range(12):
+        Job.objects.create(id=f"JOBdel{i:08d}", queue="default", state="succeeded",
+                           payload={"handler": ECHO, "args": [i % 2]}, finished_at=now)
+    Job.objects.create(id="JOBdurable0001", queue="durable", state="pending", durable=True,
+                       payload={"handler": ECHO, "args": [1]})
+    form = {"q": "args.0=1", "where": "history", "action": "delete"}
+    assert "<b>6</b> history jobs match" in admin_client.post(BULK, form).content.decode()
+    response = admin_client.post(BULK, {**form, "confirm": "yes", "count": "6"})
+    operation = finished(int(response["Location"].rstrip("/").rsplit("/", 1)[1]))
+    assert operation.done == 6
+    assert Job.objects.filter(queue="default").count() == 6
+    assert Job.objects.filter(pk="JOBdurable0001").exists()  # unfinished: never deleted
+
+
+def test_clicking_confirm_twice_starts_one_operation(admin_client: Client) -> None:
+    dead_jobs(3000)
+    form = {"state": "dead", "where": "live", "action": "retry", "confirm": "yes",
+            "count": "3000"}
+    first = admin_client.post(BULK, form)
+    second = admin_client.post(BULK, form)
+    assert first["Location"] == second["Location"]
+    assert BulkOperation.objects.count() == 1 and LogEntry.objects.count() == 1
+    operation = finished(BulkOperation.objects.get().pk)
+    assert (operation.done, operation.skipped) == (3000, 0)
+
+
+def test_each_bulk_action_needs_its_permission_and_a_post(client: Client) -> None:
+    dead_jobs(3)
+    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=("view_job", "cancel_job")))
+    client.login(username="op", password="pw")
+    form = {"state": "dead", "where": "live", "action": "retry", "confirm": "yes"}
+    assert client.post(BULK, form).status_code == 403
+    assert client.post(BULK, {**form, "where": "history", "action": "delete"}).status_code == 403
+    assert client.get(BULK, form).status_code == 405
+    page = client.get("/admin/jobqueue/job/live/search/", {"state": "pending"}).content.decode()
+    assert "Cancel all…" in page and "Retry all…" not in page
+    assert BulkOperation.objects.count() == 0 and Queue("default").counts()["dead"] == 3
+    refused = client.post(BULK, {"state": "dead", "where": "live", "action": "cancel"})
+    assert refused.status_code == 302  # cancel applies to waiting or running jobs: a message
+    assert "cancel applies to" in str(list(client.get(refused["Location"]).context["messages"]))
+
+
+def test_a_bulk_retry_resumes_after_its_runner_is_killed_and_acts_on_each_job_once(
+        valkey_server: Any) -> None:
+    job_ids = dead_jobs(2000)
+    user = User.objects.create_superuser("root", "root@example.com", "pw")
+    work = bulk.Bulk.of("retry", Query.parse({"state": "dead", "where": "live"}), None)
+    operation, created = work.start(user, work.count())
+    assert created and operation.total == 2000
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "VALKEY_URL": valkey_server.url,
+           "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    runner = subprocess.Popen([sys.executable, "manage.py", "jobqueue", "bulk", "--chunk", "10"],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: BulkOperation.objects.get(pk=operation.pk).done >= 100, timeout=60)
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=10)
+    finally:
+        if runner.poll() is None:
+            os.kill(runner.pid, signal.SIGKILL)
+    midway = BulkOperation.objects.get(pk=operation.pk)
+    assert midway.status == "running" and 100 <= midway.done < 2000
+    assert bulk.Runner(chunk=10).run(wait=True) == 1  # waits out the dead runner's lease
+    operation = BulkOperation.objects.get(pk=operation.pk)
+    assert (operation.status, operation.done, operation.skipped) == ("done", 2000, 0)
+    assert operation.running_key is None and operation.inflight == []
+    queue = Queue("default")
+    assert {queue.get(job_id).state for job_id in job_ids} == {"pending"}  # type: ignore[union-attr]
+    assert queue.counts()["pending"] == 2000 and LogEntry.objects.count() == 1
