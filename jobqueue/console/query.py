@@ -144,9 +144,10 @@ class Query:
                 if (term.path[0] == "args" and len(term.path) > 1 and term.path[1] in positions)
                 or any(isinstance(key, str) and key in names for key in term.path[1:])]
 
-    def matches(self, info: JobInfo, states: frozenset[str] | None = None,
+    def matches(self, info: Any, states: frozenset[str] | None = None,
                 shown_payload: Any = None) -> bool:
-        """Whether a live job matches (and is in one of `states`, when given); `shown_payload`:
+        """Whether a live job (a JobInfo, or what a search reads of its row: `search.Seen`)
+        matches (and is in one of `states`, when given); `shown_payload`:
         its payload as the user may see it, which plain text is looked for in."""
         if (states is not None and info.state not in states) or (
                 self.state and info.state != self.state) or (
@@ -165,7 +166,7 @@ class Query:
         return all(_text_matches(info, shown, word) for word in self.text)
 
 
-def _text_matches(info: JobInfo, payload: Any, word: str) -> bool:
+def _text_matches(info: Any, payload: Any, word: str) -> bool:
     if word in (info.id, info.lane, info.unique_key):
         return True
     folded = word.casefold()

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
 from ..engine.store import JobInfo, Queue, known_queues
+from ..records import enqueued_ms, json_field, ms_to_dt
 from ..models import HANDLER_LENGTH, Job
 from . import hidden
 from .query import Query, Term
-from .readmodels import LIST_FIELDS
+from .readmodels import LIST_FIELDS, rows_of
 
 SCAN_CHUNK = 500
 """Job rows one SCAN (or index read) step asks for, read in one pipeline."""
@@ -28,7 +30,6 @@ SCAN_BUDGET = 20_000
 """Job rows a live search page looks at, at most, before it stops short and says so."""
 LIVE_INDEX = {"scheduled": "schedule", "active": "active", "dead": "dead"}
 """The shard index that lists a state's jobs: a search by that state reads it, not the keyspace."""
-FIELDS = (*LIST_FIELDS, "unique_key", "payload")
 
 
 def scoped(rows: QuerySet[Job], scope: frozenset[str] | None) -> QuerySet[Job]:
@@ -115,7 +116,8 @@ def _text_q(word: str, may_see: bool) -> Q:
 class LivePage:
     """What one step of a live search found, and where the next one starts."""
 
-    jobs: list[JobInfo]
+    jobs: list[Any]
+    """The jobs found (JobInfo each; a bulk operation's scan: `Seen` each)."""
     next: str | None
     """The cursor of the next page; None when the scan went through every job."""
     looked_at: int
@@ -124,9 +126,23 @@ class LivePage:
     """Whether it stopped at its budget before it filled the page."""
 
 
+class Seen(NamedTuple):
+    """What a live search reads of each job row to match it (a page's matches are then read
+    whole: `readmodels.rows_of`)."""
+
+    id: str
+    queue: str
+    shard: int
+    state: str
+    lane: str | None
+    unique_key: str | None
+    enqueued_at: datetime | None
+    payload: Any
+
+
 def live(query: Query, scope: frozenset[str] | None, cursor: str = "", per_page: int = 50,
          budget: int | None = None, states: frozenset[str] | None = None,
-         shown: Callable[[JobInfo], Any] | None = None, indexed: bool = True) -> LivePage:
+         shown: Callable[[Seen], Any] | None = None, indexed: bool = True) -> LivePage:
     """A page of live jobs that match (and are in one of `states`, when given), from `cursor`
     ("" at the start): the queues in turn, each shard in turn, read SCAN_CHUNK rows at a time
     (through the state's index when the query names one that has it, else a SCAN of the shard's
@@ -135,12 +151,28 @@ def live(query: Query, scope: frozenset[str] | None, cursor: str = "", per_page:
     scans the job rows, whose cursor holds while the jobs change state under it (a bulk
     operation's; a position in a state's index shifts as jobs leave it), and takes every match of
     the last step read (a page may pass `per_page` by up to SCAN_CHUNK), so that a page never
-    stops mid-step, where the matches skipped on the next would shift as well."""
+    stops mid-step, where the matches skipped on the next would shift as well. The page's
+    jobs are read whole when `indexed`; a bulk operation needs their place only."""
+    seen = _scan(query, scope, cursor, per_page, budget, states, shown, indexed)
+    if indexed:
+        by_queue: dict[str, list[Seen]] = {}
+        for job in seen.jobs:
+            by_queue.setdefault(job.queue, []).append(job)
+        read = {(info.queue, info.id): info for name, jobs in by_queue.items()
+                for info in rows_of(Queue(name), [(job.shard, job.id) for job in jobs],
+                                    (*LIST_FIELDS, "unique_key", "payload"))}
+        seen.jobs = [read[job.queue, job.id] for job in seen.jobs if (job.queue, job.id) in read]
+    return seen
+
+
+def _scan(query: Query, scope: frozenset[str] | None, cursor: str, per_page: int,
+          budget: int | None, states: frozenset[str] | None,
+          shown: Callable[[Seen], Any] | None, indexed: bool) -> LivePage:
     budget = SCAN_BUDGET if budget is None else budget
     names = sorted(set(known_queues()) & ({query.queue} if query.queue else set(known_queues()))
                    & (scope if scope is not None else set(known_queues())))
     at, shard, position, skip = _cursor(cursor)
-    found: list[JobInfo] = []
+    found: list[Any] = []
     looked = 0
     while at < len(names):
         queue = Queue(names[at])
@@ -150,10 +182,10 @@ def live(query: Query, scope: frozenset[str] | None, cursor: str = "", per_page:
                     return LivePage(found, f"{at}.{shard}.{position}.{skip}", looked,
                                     len(found) < per_page)
                 ids, after = _step(queue, shard, query, position, indexed)
-                rows = _read(queue, shard, ids)
+                rows = _read(queue, shard, ids, query.needs_payload)
                 looked += len(ids)
-                matched = [info for info in rows if query.matches(
-                    info, states, shown(info) if shown else None)][skip:]
+                matched = [row for row in rows if query.matches(
+                    row, states, shown(row) if shown else None)][skip:]
                 room = per_page - len(found) if indexed else len(matched)
                 found += matched[:room]
                 if len(matched) > room:  # the rest of this step: the next page, from here
@@ -210,17 +242,21 @@ def _step(queue: Queue, shard: int, query: Query, position: int, indexed: bool
     return ids, position + len(ids) if len(ids) == SCAN_CHUNK else 0
 
 
-def _read(queue: Queue, shard: int, ids: list[str]) -> list[JobInfo]:
+def _read(queue: Queue, shard: int, ids: list[str], payload: bool) -> list[Seen]:
+    """What a search matches of these jobs, read in one pipeline (their payloads when it looks
+    at them); rows gone meanwhile are left out."""
     if not ids:
         return []
+    fields = ("state", "lane", "unique_key", "enqueued_at", "payload")[:5 if payload else 4]
     pipe = queue.client.pipeline(transaction=False)
     key = queue.shard(shard)
     for job_id in ids:
-        pipe.hmget(key.job(job_id), FIELDS)
+        pipe.hmget(key.job(job_id), fields)
     rows = []
     for job_id, values in zip(ids, pipe.execute(), strict=True):
-        row = {k: v for k, v in zip(FIELDS, values, strict=True) if v is not None}
-        if row:
-            rows.append(JobInfo.from_row(job_id, queue.name, row, shard,
-                                         queue.options.max_attempts))
+        if values[0] is None:
+            continue
+        body = json_field(values[4], "payload")[0] if payload else None
+        rows.append(Seen(job_id, queue.name, shard, values[0], values[1] or None,
+                         values[2] or None, ms_to_dt(enqueued_ms(job_id, values[3])), body))
     return rows

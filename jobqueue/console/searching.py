@@ -73,10 +73,11 @@ class SearchPages(ConsoleSite):
             context.update(live=page, next_url=f"?{base}&{urlencode({'cursor': page.next})}"
                            if page.next else "", first_url=f"?{base}"
                            if request.GET.get("cursor") else "")
-        offered = [(action, bulk.VERBS[action]) for where, action in bulk.Bulk.STATES
-                   if where == query.where and request.user.has_perm(actions.PERMISSIONS[action])]
+        offered = [(action, bulk.VERBS[action]) for (where, action), states in bulk.Bulk.STATES.items()
+                   if where == query.where and (not query.state or query.state in states)
+                   and request.user.has_perm(actions.PERMISSIONS[action])]
         return self.render(request, "search.html", f"Jobs matching {query.describe()[:80]}",
-                           query=query, rows=[(job, self.arguments(request, job)) for job in jobs],
+                           search=query, rows=[(job, self.arguments(request, job)) for job in jobs],
                            bulk_actions=offered, hidden_fields=sorted(query.raw.items()),
                            **context)
 
