@@ -186,19 +186,25 @@ class BulkOperation(models.Model):
     """An operator's action on every job a search matches (console/bulk.py runs it): what, on
     which jobs (the search's GET parameters, the queues the operator could act on), how far
     (`cursor`, saved with the counts after each chunk: a runner that dies is resumed from it),
-    and who runs it now (`runner`, until `lease_until`)."""
+    and who runs it now (`runner`, until `lease_until`): counted, confirmed, run."""
 
     class Status(models.TextChoices):
+        COUNTING = "counting", "Counting"
+        """Counting the jobs that match, for the operator to confirm."""
+        COUNTED = "counted", "Counted"
+        """Waiting for the operator to confirm the count."""
         RUNNING = "running", "Running"
         DONE = "done", "Done"
         FAILED = "failed", "Failed"
+        DROPPED = "dropped", "Dropped"
+        """The operator did not confirm it."""
 
     action = models.CharField(max_length=16)
     query = models.JSONField(default=dict)
     scope = models.JSONField(null=True, blank=True)
     """The queues the operator could act on (None: every queue)."""
     total = models.PositiveIntegerField(default=0)
-    """How many jobs matched when the operator confirmed."""
+    """How many jobs matched (counted before the operator confirmed)."""
     done = models.PositiveIntegerField(default=0)
     skipped = models.PositiveIntegerField(default=0)
     """Jobs that matched but had moved on when their turn came (a retry of a pending job)."""
@@ -210,8 +216,8 @@ class BulkOperation(models.Model):
     is left out)."""
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     running_key = models.CharField(max_length=64, null=True, blank=True, unique=True)
-    """The action, query and scope hashed while it runs (None after): the same operation
-    confirmed twice finds this one instead of starting a second."""
+    """The action, query and scope hashed until it ends (None after): the same operation asked
+    for or confirmed twice finds this one instead of starting a second."""
     created_by = models.CharField(max_length=150, blank=True, default="")
     runner = models.CharField(max_length=64, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)

@@ -3,8 +3,9 @@ chunks by a `Runner` outside the request that confirmed it (a thread the console
 `manage.py jobqueue bulk`), from a `BulkOperation` row.
 
 `Bulk` is what an operation does on which jobs: the search's live or history jobs, in the
-states its action applies to. `start` records a confirmed one (and its one LogEntry) unless the
-same one runs already. A `Runner` takes an operation whose lease is free, saves each chunk before
+states its action applies to. `start` records one to count (or finds the same one under way), a
+runner counts it, the operator confirms the count (`confirm`: its one LogEntry, however often it
+is clicked) or drops it. A `Runner` takes an operation whose lease is free, saves each chunk before
 it acts on it (`inflight`) and the cursor and counts after, renewing its lease each time: a
 runner that dies is resumed from where it stood by the next, which acts on the chunk left in
 flight again. Each job's transition carries a call id of the operation's (`Queue.retry`), so a
@@ -44,6 +45,8 @@ LEASE = 10.0
 dead and another resumes the operation."""
 FINISHED = frozenset({State.SUCCEEDED, State.DEAD, State.CANCELLED, State.EXPIRED})
 VERBS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
+UNDER_WAY = (BulkOperation.Status.COUNTING, BulkOperation.Status.RUNNING)
+"""The states in which a runner has work on an operation."""
 type Place = tuple[str, str, int | None]
 """A job a bulk operation acts on: its queue, its id, its shard (None: unknown, a history row)."""
 
@@ -90,10 +93,16 @@ class Bulk:
     def count(self) -> int:
         """How many jobs it would act on now (a live count reads every live job of the
         queues in scope, SCAN_CHUNK at a time)."""
+        return sum(found for found, _ in self.counted(""))
+
+    def counted(self, cursor: str) -> Iterator[tuple[int, str]]:
+        """How many jobs it would act on, from `cursor` on, a step at a time (the history's in
+        one), each with the cursor after it."""
         if self.query.where == "history":
-            return self.rows().order_by().count()
-        return sum(len(jobs) for jobs, _ in search.every_live(self.query, self.scope,
-                                                             self.states))
+            yield self.rows().order_by().count(), ""
+            return
+        for jobs, after in search.every_live(self.query, self.scope, self.states, cursor):
+            yield len(jobs), after
 
     def chunks(self, cursor: str, size: int) -> Iterator[tuple[list[Place], str]]:
         """The matching jobs from `cursor` on, about `size` at a time ([queue, id, shard] each;
@@ -156,23 +165,44 @@ class Bulk:
         return (f"{VERBS[self.action]} {count} {self.query.where} job(s) matching "
                 f"{self.query.describe()}")
 
-    def start(self, user: Any, total: int) -> tuple[BulkOperation, bool]:
-        """Record the confirmed operation and its LogEntry (one transaction): (it, True); or
-        (the same one running already, False)."""
+    def start(self, user: Any) -> BulkOperation:
+        """Record the operation, to be counted (a runner counts it) and then confirmed; the same
+        one already under way is counted again instead (what it matches may have changed)."""
         try:
             with transaction.atomic():
-                operation = BulkOperation.objects.create(
-                    action=self.action, query=dict(self.query.raw), total=total,
+                return BulkOperation.objects.create(
+                    action=self.action, query=dict(self.query.raw), running_key=self.key(),
                     scope=sorted(self.scope) if self.scope is not None else None,
-                    running_key=self.key(), created_by=str(user)[:150])
-                actions.log_action(user, operation,
-                                   f"{self.describe(total)} (bulk operation #{operation.pk}).")
+                    status=BulkOperation.Status.COUNTING, created_by=str(user)[:150])
         except IntegrityError:
-            running = BulkOperation.objects.filter(running_key=self.key()).first()
-            if running is None:  # (it finished meanwhile: this is a new one)
-                return self.start(user, total)
-            return running, False
-        return operation, True
+            same = BulkOperation.objects.filter(running_key=self.key())
+            same.filter(status=BulkOperation.Status.COUNTED).update(
+                status=BulkOperation.Status.COUNTING, total=0, cursor="", lease_until=None)
+            found = same.first()
+            return found if found is not None else self.start(user)  # (it ended meanwhile)
+
+    @staticmethod
+    def confirm(operation: BulkOperation, user: Any) -> bool:
+        """The operator's confirmation of a counted operation: it runs, and its LogEntry (the
+        filter and the count) is written, once however often it is confirmed (False then)."""
+        with transaction.atomic():
+            if not BulkOperation.objects.filter(
+                    pk=operation.pk, status=BulkOperation.Status.COUNTED).update(
+                    status=BulkOperation.Status.RUNNING, lease_until=None, cursor="", runner=""):
+                return False
+            described = Bulk.of_record(operation).describe(operation.total)
+            actions.log_action(user, operation,
+                               f"{described} (bulk operation #{operation.pk}).")
+        return True
+
+    @staticmethod
+    def drop(operation: BulkOperation) -> bool:
+        """The operator's "no": a counted (or counting) operation ends without running."""
+        return bool(BulkOperation.objects.filter(
+            pk=operation.pk, status__in=(BulkOperation.Status.COUNTED,
+                                         BulkOperation.Status.COUNTING)).update(
+            status=BulkOperation.Status.DROPPED, running_key=None, lease_until=None,
+            finished_at=datetime.now(UTC)))
 
     @classmethod
     def of_record(cls, operation: BulkOperation) -> Bulk:
@@ -197,15 +227,15 @@ class Runner:
             if operation is not None:
                 finished += self.advance(operation)
                 continue
-            held = BulkOperation.objects.filter(status=BulkOperation.Status.RUNNING)
+            held = BulkOperation.objects.filter(status__in=UNDER_WAY)
             if not wait or not held.exists():
                 return finished
             time.sleep(0.2)
 
     def claim(self) -> BulkOperation | None:
-        """A running operation whose lease is free, now held by this runner."""
+        """An operation to count or run whose lease is free, now held by this runner."""
         now = datetime.now(UTC)
-        free = (BulkOperation.objects.filter(status=BulkOperation.Status.RUNNING)
+        free = (BulkOperation.objects.filter(status__in=UNDER_WAY)
                 .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now)))
         for pk in free.order_by("pk").values_list("pk", flat=True)[:10]:
             if free.filter(pk=pk).update(runner=self.name, lease_until=self._lease()):
@@ -213,10 +243,13 @@ class Runner:
         return None
 
     def advance(self, operation: BulkOperation) -> bool:
-        """Work the operation to its end (True), or until its lease is lost (False)."""
+        """Count the operation, or work it to its end (True), or until its lease is lost
+        (False)."""
         bulk = Bulk.of_record(operation)
         call = f"bulk{operation.pk}"
         try:
+            if operation.status == BulkOperation.Status.COUNTING:
+                return self._count(operation, bulk)
             if operation.inflight and not self._act(operation, bulk, call, operation.inflight):
                 return False
             for jobs, after in bulk.chunks(operation.cursor, self.chunk):
@@ -230,6 +263,15 @@ class Runner:
             return False
         return self._save(operation, status=BulkOperation.Status.DONE, running_key=None,
                           finished_at=datetime.now(UTC), lease_until=None)
+
+    def _count(self, operation: BulkOperation, bulk: Bulk) -> bool:
+        """Count what the operation matches, saving the count so far with its cursor; then it
+        waits for the operator's confirmation."""
+        for found, after in bulk.counted(operation.cursor):
+            if not self._save(operation, total=F("total") + found, cursor=after):
+                return False
+        return self._save(operation, status=BulkOperation.Status.COUNTED, cursor="",
+                          lease_until=None)
 
     def _act(self, operation: BulkOperation, bulk: Bulk, call: str, jobs: list[Any]) -> bool:
         """Act on the chunk saved in flight (the cursor already past it), then count it."""
@@ -267,6 +309,7 @@ def run_in_thread() -> threading.Thread:
 
 
 def stalled(operation: BulkOperation) -> bool:
-    """Whether a running operation has no runner now (its lease lapsed, or it never had one)."""
-    return operation.status == BulkOperation.Status.RUNNING and (
+    """Whether an operation to count or run has no runner now (its lease lapsed, or it never
+    had one)."""
+    return operation.status in UNDER_WAY and (
         operation.lease_until is None or operation.lease_until < datetime.now(UTC))

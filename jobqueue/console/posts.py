@@ -13,7 +13,6 @@ action is `permitted` to the user.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.mixins import PermissionRequiredMixin
@@ -27,7 +26,7 @@ from ..cron import Entry
 from ..engine import layouts
 from ..engine.store import JobInfo, Queue
 from ..exceptions import InvalidName, JobQueueError
-from ..models import Job, Shard
+from ..models import BulkOperation, Job, Shard
 from . import actions, bulk, readmodels
 from .site import ConsoleSite, console_reverse
 
@@ -309,10 +308,10 @@ class ResumeSchedule(PauseSchedule):
 
 class BulkAction(View):
     """Retry, cancel or delete every job the search in the form matches (`search/bulk/`): a POST
-    with the search's fields and `action` shows the count and asks first; one with confirm=yes
-    records the operation (`bulk.Bulk.start`: one LogEntry; the same one running already is
-    shown instead of a second) and sends the operator to its progress page, while a runner
-    works it off outside the request. Each action needs its own permission (403 without it)."""
+    with the search's fields and `action` records the operation (`bulk.Bulk.start`; the same
+    one under way is found instead of a second) and sends the operator to its page, where a
+    runner's count, made outside the request, is confirmed (`BulkDecision`). Each action needs
+    its own permission (403 without it)."""
 
     http_method_names = ["post"]
     site: Any = None
@@ -320,30 +319,43 @@ class BulkAction(View):
 
     def post(self, request: HttpRequest) -> HttpResponse:
         action = request.POST.get("action", "")
-        if action not in actions.PERMISSIONS or not request.user.has_perm(
-                actions.PERMISSIONS[action]):
-            raise PermissionDenied(f"no permission to {action or 'act'} in bulk")
+        _permitted(request, action)
         back = console_reverse(request, "jobqueue_search")
         try:
             query = self.site.checked_query(request, request.POST)
             work = bulk.Bulk.of(action, query, self.site.visible_queues(request, acting=True))
-            if request.POST.get("confirm") != "yes":
-                return self.site.render(request, "confirm_bulk.html",
-                                        f"{bulk.VERBS[action]} {query.where} jobs?", bulk=work,
-                                        count=work.count(), fields=sorted(query.raw.items()),
-                                        back=f"{back}?{urlencode(query.raw)}")
-            operation, created = work.start(request.user, _confirmed_count(request))
         except JobQueueError as exc:
             messages.error(request, f"Bulk {action}: {exc}")
             return HttpResponseRedirect(back)
-        if created:
-            bulk.run_in_thread()
-            messages.success(request, f"{work.describe(operation.total)}: started.")
-        else:
-            messages.info(request, f"The same bulk {action} is running already (#{operation.pk}).")
+        operation = work.start(request.user)
+        bulk.run_in_thread()
         return HttpResponseRedirect(console_reverse(request, "jobqueue_bulk", operation.pk))
 
 
-def _confirmed_count(request: HttpRequest) -> int:
-    typed = actions.typed_number(request.POST.get("count", "0"))
-    return typed if isinstance(typed, int) else 0
+class BulkDecision(View):
+    """The operator's answer on a counted bulk operation's page (`bulk/<pk>/decide/`):
+    confirm=yes runs it (once, however often it is clicked: `bulk.Bulk.confirm`), anything
+    else drops it. Needs the permission of the operation's action."""
+
+    http_method_names = ["post"]
+
+    def post(self, request: HttpRequest, pk: int) -> HttpResponse:
+        operation = BulkOperation.objects.filter(pk=pk).first()
+        if operation is None:
+            raise Http404(f"No bulk operation #{pk}.")
+        _permitted(request, operation.action)
+        if request.POST.get("confirm") == "yes":
+            if bulk.Bulk.confirm(operation, request.user):
+                bulk.run_in_thread()
+                messages.success(request, f"Bulk {operation.action} #{pk} started.")
+            else:
+                messages.info(request, f"Bulk {operation.action} #{pk} is {operation.status} "
+                                       f"already.")
+        elif bulk.Bulk.drop(operation):
+            messages.info(request, f"Bulk {operation.action} #{pk} dropped: nothing was done.")
+        return HttpResponseRedirect(console_reverse(request, "jobqueue_bulk", pk))
+
+
+def _permitted(request: HttpRequest, action: str) -> None:
+    if action not in bulk.VERBS or not request.user.has_perm(actions.PERMISSIONS[action]):
+        raise PermissionDenied(f"no permission to {action or 'act'} in bulk")

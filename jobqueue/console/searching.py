@@ -94,12 +94,13 @@ class SearchPages(ConsoleSite):
             raise Http404(f"No bulk operation #{pk}.")
         if bulk.stalled(operation):
             bulk.run_in_thread()
-        search_url = "?" + urlencode(operation.query)
+        work = bulk.Bulk.of_record(operation)
         return self.render(request, "bulk.html", f"Bulk {operation.action} #{operation.pk}",
-                           operation=operation, search_url=search_url,
-                           described=Query.parse(operation.query).describe()
-                           if operation.query else "(every job)",
-                           running=operation.status == BulkOperation.Status.RUNNING)
+                           operation=operation, bulk=work, Status=BulkOperation.Status,
+                           search_url="?" + urlencode(operation.query),
+                           refresh=operation.status in bulk.UNDER_WAY,
+                           can_decide=request.user.has_perm(
+                               actions.PERMISSIONS[operation.action]))
 
 
 def arguments_text(payload: Any) -> str:

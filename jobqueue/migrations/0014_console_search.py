@@ -43,7 +43,7 @@ class Migration(migrations.Migration):
                 ('skipped', models.PositiveIntegerField(default=0)),
                 ('cursor', models.CharField(blank=True, default='', max_length=200)),
                 ('inflight', models.JSONField(blank=True, default=list)),
-                ('status', models.CharField(choices=[('running', 'Running'), ('done', 'Done'), ('failed', 'Failed')], default='running', max_length=16)),
+                ('status', models.CharField(choices=[('counting', 'Counting'), ('counted', 'Counted'), ('running', 'Running'), ('done', 'Done'), ('failed', 'Failed'), ('dropped', 'Dropped')], default='running', max_length=16)),
                 ('running_key', models.CharField(blank=True, max_length=64, null=True, unique=True)),
                 ('created_by', models.CharField(blank=True, default='', max_length=150)),
                 ('runner', models.CharField(blank=True, default='', max_length=64)),

@@ -50,22 +50,33 @@ def dead_jobs(count: int, queue: str = "default", **kwargs: Any) -> list[str]:
 
 
 def finished(pk: int) -> BulkOperation:
-    wait_for(lambda: BulkOperation.objects.get(pk=pk).status != "running", timeout=60)
+    wait_for(lambda: BulkOperation.objects.get(pk=pk).status not in bulk.UNDER_WAY, timeout=60)
     return BulkOperation.objects.get(pk=pk)
+
+
+def asked(client: Client, **form: str) -> str:
+    """Ask for a bulk action: its page's URL, once the operation is counted."""
+    response = client.post(BULK, form)
+    assert response.status_code == 302 and "/bulk/" in response["Location"], response
+    assert finished(pk_of(response["Location"])).status == "counted"
+    return response["Location"]
+
+
+def pk_of(url: str) -> int:
+    return int(url.rstrip("/").rsplit("/", 1)[1])
 
 
 def test_a_bulk_retry_is_confirmed_with_its_count_runs_outside_the_request_and_is_logged_once(
         admin_client: Client) -> None:
     retried = dead_jobs(30, tenant="acme")
     others = dead_jobs(5, tenant="other")
-    form = {"q": "kwargs.tenant=acme", "where": "live", "action": "retry"}
-    asked = admin_client.post(BULK, form)
-    assert asked.status_code == 200 and Queue("default").counts()["dead"] == 35
-    page = asked.content.decode()
-    assert '<b>30</b> live jobs match' in page and "kwargs.tenant=acme" in page
-    response = admin_client.post(BULK, {**form, "confirm": "yes", "count": "30"})
-    assert response.status_code == 302 and "/bulk/" in response["Location"]
-    operation = finished(int(response["Location"].rstrip("/").rsplit("/", 1)[1]))
+    url = asked(admin_client, q="kwargs.tenant=acme", where="live", action="retry")
+    page = admin_client.get(url).content.decode()
+    assert "<b>30</b> live jobs match" in page and "kwargs.tenant=acme" in page
+    assert Queue("default").counts()["dead"] == 35 and LogEntry.objects.count() == 0
+    response = admin_client.post(url + "decide/", {"confirm": "yes"})
+    assert response.status_code == 302 and response["Location"] == url
+    operation = finished(pk_of(url))
     assert (operation.status, operation.done, operation.skipped) == ("done", 30, 0)
     queue = Queue("default")
     assert {queue.get(job_id).state for job_id in retried} == {"pending"}  # type: ignore[union-attr]
@@ -73,36 +84,40 @@ def test_a_bulk_retry_is_confirmed_with_its_count_runs_outside_the_request_and_i
     [entry] = LogEntry.objects.all()
     assert "Retry 30 live job(s) matching" in entry.change_message
     assert "kwargs.tenant=acme" in entry.change_message
-    progress = admin_client.get(response["Location"]).content.decode()
+    progress = admin_client.get(url).content.decode()
     assert "30 done, 0 skipped of 30" in progress and 'http-equiv="refresh"' not in progress
 
 
-def test_a_bulk_delete_of_history_rows(admin_client: Client) -> None:
+def test_a_bulk_delete_of_history_rows_and_a_dropped_one(admin_client: Client) -> None:
     now = datetime.now(UTC)
     for i in range(12):
         Job.objects.create(id=f"JOBdel{i:08d}", queue="default", state="succeeded",
                            payload={"handler": ECHO, "args": [i % 2]}, finished_at=now)
     Job.objects.create(id="JOBdurable0001", queue="durable", state="pending", durable=True,
                        payload={"handler": ECHO, "args": [1]})
-    form = {"q": "args.0=1", "where": "history", "action": "delete"}
-    assert "<b>6</b> history jobs match" in admin_client.post(BULK, form).content.decode()
-    response = admin_client.post(BULK, {**form, "confirm": "yes", "count": "6"})
-    operation = finished(int(response["Location"].rstrip("/").rsplit("/", 1)[1]))
-    assert operation.done == 6
+    dropped = asked(admin_client, q="args.0=0", where="history", action="delete")
+    admin_client.post(dropped + "decide/", {})
+    assert BulkOperation.objects.get(pk=pk_of(dropped)).status == "dropped"
+    url = asked(admin_client, q="args.0=1", where="history", action="delete")
+    assert "<b>6</b> history jobs match" in admin_client.get(url).content.decode()
+    admin_client.post(url + "decide/", {"confirm": "yes"})
+    assert finished(pk_of(url)).done == 6
     assert Job.objects.filter(queue="default").count() == 6
     assert Job.objects.filter(pk="JOBdurable0001").exists()  # unfinished: never deleted
+    assert LogEntry.objects.count() == 1
 
 
-def test_clicking_confirm_twice_starts_one_operation(admin_client: Client) -> None:
-    dead_jobs(3000)
-    form = {"state": "dead", "where": "live", "action": "retry", "confirm": "yes",
-            "count": "3000"}
-    first = admin_client.post(BULK, form)
-    second = admin_client.post(BULK, form)
-    assert first["Location"] == second["Location"]
+def test_clicking_twice_starts_one_operation(admin_client: Client) -> None:
+    dead_jobs(1500)
+    form = {"state": "dead", "where": "live", "action": "retry"}
+    url = asked(admin_client, **form)
+    assert asked(admin_client, **form) == url  # asked twice: the same one, counted again
+    first = admin_client.post(url + "decide/", {"confirm": "yes"})
+    second = admin_client.post(url + "decide/", {"confirm": "yes"})
+    assert first["Location"] == second["Location"] == url
     assert BulkOperation.objects.count() == 1 and LogEntry.objects.count() == 1
-    operation = finished(BulkOperation.objects.get().pk)
-    assert (operation.done, operation.skipped) == (3000, 0)
+    operation = finished(pk_of(url))
+    assert (operation.total, operation.done, operation.skipped) == (1500, 1500, 0)
 
 
 def test_each_bulk_action_needs_its_permission_and_a_post(client: Client) -> None:
@@ -110,7 +125,7 @@ def test_each_bulk_action_needs_its_permission_and_a_post(client: Client) -> Non
     user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
     user.user_permissions.set(Permission.objects.filter(codename__in=("view_job", "cancel_job")))
     client.login(username="op", password="pw")
-    form = {"state": "dead", "where": "live", "action": "retry", "confirm": "yes"}
+    form = {"state": "dead", "where": "live", "action": "retry"}
     assert client.post(BULK, form).status_code == 403
     assert client.post(BULK, {**form, "where": "history", "action": "delete"}).status_code == 403
     assert client.get(BULK, form).status_code == 405
@@ -120,15 +135,21 @@ def test_each_bulk_action_needs_its_permission_and_a_post(client: Client) -> Non
     refused = client.post(BULK, {"state": "dead", "where": "live", "action": "cancel"})
     assert refused.status_code == 302  # cancel applies to waiting or running jobs: a message
     assert "cancel applies to" in str(list(client.get(refused["Location"]).context["messages"]))
+    other = bulk.Bulk.of("retry", Query.parse({"state": "dead"}), None).start(user)
+    decide = f"/admin/jobqueue/job/live/bulk/{other.pk}/decide/"
+    assert client.post(decide, {"confirm": "yes"}).status_code == 403
 
 
 def test_a_bulk_retry_resumes_after_its_runner_is_killed_and_acts_on_each_job_once(
         valkey_server: Any) -> None:
     job_ids = dead_jobs(2000)
     user = User.objects.create_superuser("root", "root@example.com", "pw")
-    work = bulk.Bulk.of("retry", Query.parse({"state": "dead", "where": "live"}), None)
-    operation, created = work.start(user, work.count())
-    assert created and operation.total == 2000
+    operation = bulk.Bulk.of("retry", Query.parse({"state": "dead", "where": "live"}),
+                             None).start(user)
+    bulk.Runner().run()  # counts it
+    operation.refresh_from_db()
+    assert (operation.status, operation.total) == ("counted", 2000)
+    assert bulk.Bulk.confirm(operation, user)
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "VALKEY_URL": valkey_server.url,
            "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     runner = subprocess.Popen([sys.executable, "manage.py", "jobqueue", "bulk", "--chunk", "10"],

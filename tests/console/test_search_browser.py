@@ -50,11 +50,11 @@ def test_an_operator_searches_by_argument_and_retries_every_match_without_javasc
     assert shown == acme
 
     page.click("button[value=retry]")
-    page.wait_for_selector("#bulk-count")
+    page.wait_for_selector("#bulk-count", timeout=30_000)  # counted outside the request
     assert re.search(r"\b60\s+live jobs match", page.inner_text("#bulk-count"))
     page.screenshot(path=str(SHOTS / "bulk-confirm.png"), full_page=True)
     page.click("input[value='Yes, retry 60 jobs']")
-    page.wait_for_selector("#bulk-status")
+    page.wait_for_selector(".messagelist .success")
     # the page refreshes itself (a meta refresh: no script) until the operation is done
     page.wait_for_selector("#bulk-status:text-is('done')", timeout=60_000)
     assert "60 done, 0 skipped of 60" in page.inner_text("#bulk-progress")
