@@ -60,10 +60,12 @@ class Bulk:
     scope: frozenset[str] | None
     """The queues the operator may act on (None: every queue)."""
 
-    STATES = {("live", "retry"): actions.JOB_STATES["retry"],
-              ("live", "cancel"): actions.JOB_STATES["cancel"],
-              ("history", "retry"): actions.JOB_STATES["retry"],
-              ("history", "delete"): FINISHED}
+    STATES = {
+        ("live", "retry"): actions.JOB_STATES["retry"],
+        ("live", "cancel"): actions.JOB_STATES["cancel"],
+        ("history", "retry"): actions.JOB_STATES["retry"],
+        ("history", "delete"): FINISHED,
+    }
     """The states each action applies to, live or in the history."""
 
     @classmethod
@@ -72,11 +74,13 @@ class Bulk:
         states = cls.STATES.get((query.where, action))
         if states is None:
             offered = [a for where, a in cls.STATES if where == query.where]
-            raise InvalidOption(f"{action!r} does not apply to {query.where} jobs: "
-                                f"{' or '.join(offered)} does")
+            raise InvalidOption(
+                f"{action!r} does not apply to {query.where} jobs: {' or '.join(offered)} does"
+            )
         if query.state and query.state not in states:
-            raise InvalidOption(f"{action} applies to {', '.join(sorted(states))} jobs, not to "
-                                f"{query.state} ones")
+            raise InvalidOption(
+                f"{action} applies to {', '.join(sorted(states))} jobs, not to {query.state} ones"
+            )
         return cls(action, query, scope)
 
     @property
@@ -109,15 +113,14 @@ class Bulk:
         a history row's shard is None: it may be in Valkey or not), each with the cursor after
         them."""
         if self.query.where == "live":
-            for jobs, after in search.every_live(self.query, self.scope, self.states, cursor,
-                                                  size):
+            for jobs, after in search.every_live(self.query, self.scope, self.states, cursor, size):
                 yield [(job.queue, job.id, job.shard) for job in jobs], after
             return
         while True:
             rows = self.rows().order_by("pk")
             if cursor:
                 rows = rows.filter(pk__gt=cursor)
-            found = [(queue, pk, None) for pk, queue in rows.values_list("pk", "queue")[:size]]
+            found: list[Place] = [(queue, pk, None) for pk, queue in rows.values_list("pk", "queue")[:size]]
             if not found:
                 return
             cursor = found[-1][1]
@@ -157,13 +160,17 @@ class Bulk:
 
     def key(self) -> str:
         """What makes two operations the same: action, query, scope."""
-        text = json.dumps([self.action, dict(sorted(self.query.raw.items())),
-                           sorted(self.scope) if self.scope is not None else None])
+        text = json.dumps(
+            [
+                self.action,
+                dict(sorted(self.query.raw.items())),
+                sorted(self.scope) if self.scope is not None else None,
+            ]
+        )
         return hashlib.sha256(text.encode()).hexdigest()
 
     def describe(self, count: int) -> str:
-        return (f"{VERBS[self.action]} {count} {self.query.where} job(s) matching "
-                f"{self.query.describe()}")
+        return f"{VERBS[self.action]} {count} {self.query.where} job(s) matching {self.query.describe()}"
 
     def start(self, user: Any) -> BulkOperation:
         """Record the operation, to be counted (a runner counts it) and then confirmed; the same
@@ -171,13 +178,18 @@ class Bulk:
         try:
             with transaction.atomic():
                 return BulkOperation.objects.create(
-                    action=self.action, query=dict(self.query.raw), running_key=self.key(),
+                    action=self.action,
+                    query=dict(self.query.raw),
+                    running_key=self.key(),
                     scope=sorted(self.scope) if self.scope is not None else None,
-                    status=BulkOperation.Status.COUNTING, created_by=str(user)[:150])
+                    status=BulkOperation.Status.COUNTING,
+                    created_by=str(user)[:150],
+                )
         except IntegrityError:
             same = BulkOperation.objects.filter(running_key=self.key())
             same.filter(status=BulkOperation.Status.COUNTED).update(
-                status=BulkOperation.Status.COUNTING, total=0, cursor="", lease_until=None)
+                status=BulkOperation.Status.COUNTING, total=0, cursor="", lease_until=None
+            )
             found = same.first()
             return found if found is not None else self.start(user)  # (it ended meanwhile)
 
@@ -186,23 +198,27 @@ class Bulk:
         """The operator's confirmation of a counted operation: it runs, and its LogEntry (the
         filter and the count) is written, once however often it is confirmed (False then)."""
         with transaction.atomic():
-            if not BulkOperation.objects.filter(
-                    pk=operation.pk, status=BulkOperation.Status.COUNTED).update(
-                    status=BulkOperation.Status.RUNNING, lease_until=None, cursor="", runner=""):
+            if not BulkOperation.objects.filter(pk=operation.pk, status=BulkOperation.Status.COUNTED).update(
+                status=BulkOperation.Status.RUNNING, lease_until=None, cursor="", runner=""
+            ):
                 return False
             described = Bulk.of_record(operation).describe(operation.total)
-            actions.log_action(user, operation,
-                               f"{described} (bulk operation #{operation.pk}).")
+            actions.log_action(user, operation, f"{described} (bulk operation #{operation.pk}).")
         return True
 
     @staticmethod
     def drop(operation: BulkOperation) -> bool:
         """The operator's "no": a counted (or counting) operation ends without running."""
-        return bool(BulkOperation.objects.filter(
-            pk=operation.pk, status__in=(BulkOperation.Status.COUNTED,
-                                         BulkOperation.Status.COUNTING)).update(
-            status=BulkOperation.Status.DROPPED, running_key=None, lease_until=None,
-            finished_at=datetime.now(UTC)))
+        return bool(
+            BulkOperation.objects.filter(
+                pk=operation.pk, status__in=(BulkOperation.Status.COUNTED, BulkOperation.Status.COUNTING)
+            ).update(
+                status=BulkOperation.Status.DROPPED,
+                running_key=None,
+                lease_until=None,
+                finished_at=datetime.now(UTC),
+            )
+        )
 
     @classmethod
     def of_record(cls, operation: BulkOperation) -> Bulk:
@@ -235,8 +251,9 @@ class Runner:
     def claim(self) -> BulkOperation | None:
         """An operation to count or run whose lease is free, now held by this runner."""
         now = datetime.now(UTC)
-        free = (BulkOperation.objects.filter(status__in=UNDER_WAY)
-                .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now)))
+        free = BulkOperation.objects.filter(status__in=UNDER_WAY).filter(
+            Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+        )
         for pk in free.order_by("pk").values_list("pk", flat=True)[:10]:
             if free.filter(pk=pk).update(runner=self.name, lease_until=self._lease()):
                 return BulkOperation.objects.get(pk=pk)
@@ -258,11 +275,22 @@ class Runner:
                 if not self._act(operation, bulk, call, jobs):
                     return False
         except (JobQueueError, ValueError) as exc:  # (a record no longer valid: say why)
-            self._save(operation, status=BulkOperation.Status.FAILED, error=str(exc)[:2000],
-                       running_key=None, finished_at=datetime.now(UTC), lease_until=None)
+            self._save(
+                operation,
+                status=BulkOperation.Status.FAILED,
+                error=str(exc)[:2000],
+                running_key=None,
+                finished_at=datetime.now(UTC),
+                lease_until=None,
+            )
             return False
-        return self._save(operation, status=BulkOperation.Status.DONE, running_key=None,
-                          finished_at=datetime.now(UTC), lease_until=None)
+        return self._save(
+            operation,
+            status=BulkOperation.Status.DONE,
+            running_key=None,
+            finished_at=datetime.now(UTC),
+            lease_until=None,
+        )
 
     def _count(self, operation: BulkOperation, bulk: Bulk) -> bool:
         """Count what the operation matches, saving the count so far with its cursor; then it
@@ -270,20 +298,21 @@ class Runner:
         for found, after in bulk.counted(operation.cursor):
             if not self._save(operation, total=F("total") + found, cursor=after):
                 return False
-        return self._save(operation, status=BulkOperation.Status.COUNTED, cursor="",
-                          lease_until=None)
+        return self._save(operation, status=BulkOperation.Status.COUNTED, cursor="", lease_until=None)
 
     def _act(self, operation: BulkOperation, bulk: Bulk, call: str, jobs: list[Any]) -> bool:
         """Act on the chunk saved in flight (the cursor already past it), then count it."""
         done, skipped = bulk.act([(queue, job_id, shard) for queue, job_id, shard in jobs], call)
-        return self._save(operation, inflight=[], done=F("done") + done,
-                          skipped=F("skipped") + skipped)
+        return self._save(operation, inflight=[], done=F("done") + done, skipped=F("skipped") + skipped)
 
     def _save(self, operation: BulkOperation, **values: Any) -> bool:
         """Write `values` while this runner holds the lease (renewed): False once lost."""
         values.setdefault("lease_until", self._lease())
-        return bool(BulkOperation.objects.filter(pk=operation.pk, runner=self.name).update(
-            updated_at=datetime.now(UTC), **values))
+        return bool(
+            BulkOperation.objects.filter(pk=operation.pk, runner=self.name).update(
+                updated_at=datetime.now(UTC), **values
+            )
+        )
 
     @staticmethod
     def _lease() -> datetime:
@@ -294,6 +323,7 @@ def run_in_thread() -> threading.Thread:
     """Run the operations there are in a thread of this process (the console's, after a
     confirmation or when a page finds an operation nobody runs): its own database connection,
     closed at the end."""
+
     def work() -> None:
         try:
             Runner().run()
@@ -312,4 +342,5 @@ def stalled(operation: BulkOperation) -> bool:
     """Whether an operation to count or run has no runner now (its lease lapsed, or it never
     had one)."""
     return operation.status in UNDER_WAY and (
-        operation.lease_until is None or operation.lease_until < datetime.now(UTC))
+        operation.lease_until is None or operation.lease_until < datetime.now(UTC)
+    )

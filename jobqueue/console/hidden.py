@@ -46,8 +46,7 @@ def queues_hiding() -> tuple[list[str], list[str], bool]:
     queue (DEFAULTS' options) does."""
     config = get_config()
     hiding = [name for name, options in config.queues.items() if options.hidden_args]
-    return hiding, [name for name in config.queues if name not in hiding], bool(
-        config.defaults.hidden_args)
+    return hiding, [name for name in config.queues if name not in hiding], bool(config.defaults.hidden_args)
 
 
 def mask(payload: Any, hidden: tuple[str | int, ...]) -> Any:
@@ -58,8 +57,9 @@ def mask(payload: Any, hidden: tuple[str | int, ...]) -> Any:
     positions = {key for key in hidden if isinstance(key, int)}
     shown = dict(payload)
     if isinstance(payload.get("args"), list):
-        shown["args"] = [MASK if i in positions else _masked(arg, names)
-                         for i, arg in enumerate(payload["args"])]
+        shown["args"] = [
+            MASK if i in positions else _masked(arg, names) for i, arg in enumerate(payload["args"])
+        ]
     if "kwargs" in payload:
         shown["kwargs"] = _masked(payload["kwargs"], names)
     return shown

@@ -23,9 +23,7 @@ from typing import Any
 
 from ..exceptions import InvalidOption, JobQueueError
 from ..keys import validate_lane, validate_queue
-from ..records import JobInfo
 from ..states import State
-from . import hidden
 
 TOKEN = re.compile(r'[^\s"]*"(?:[^"\\]|\\.)*"|\S+')
 """One term of `q`: a run of non-blanks, or one ending in a double-quoted part (which may hold
@@ -124,8 +122,9 @@ class Query:
         handler = raw.get("handler", "")
         if len(handler) > MAX_TEXT:
             raise InvalidOption(f"a handler's name is at most {MAX_TEXT} characters")
-        return cls(terms, text, queue, state, handler, lane, _time(raw, "since"),
-                   _time(raw, "until"), where, raw)
+        return cls(
+            terms, text, queue, state, handler, lane, _time(raw, "since"), _time(raw, "until"), where, raw
+        )
 
     @property
     def needs_payload(self) -> bool:
@@ -133,29 +132,36 @@ class Query:
 
     def describe(self) -> str:
         """The filter in one line, for a confirmation, a log entry, a record."""
-        return " ".join(f"{name}={value}" if name != "q" else value
-                        for name, value in self.raw.items()) or "(every job)"
+        return (
+            " ".join(f"{name}={value}" if name != "q" else value for name, value in self.raw.items())
+            or "(every job)"
+        )
 
     def hidden_terms(self, keys: tuple[str | int, ...]) -> list[str]:
         """The terms whose path goes through a hidden key."""
         names = {key for key in keys if isinstance(key, str)}
         positions = {key for key in keys if isinstance(key, int)}
-        return [str(term) for term in self.terms
-                if (term.path[0] == "args" and len(term.path) > 1 and term.path[1] in positions)
-                or any(isinstance(key, str) and key in names for key in term.path[1:])]
+        return [
+            str(term)
+            for term in self.terms
+            if (term.path[0] == "args" and len(term.path) > 1 and term.path[1] in positions)
+            or any(isinstance(key, str) and key in names for key in term.path[1:])
+        ]
 
-    def matches(self, info: Any, states: frozenset[str] | None = None,
-                shown_payload: Any = None) -> bool:
+    def matches(self, info: Any, states: frozenset[str] | None = None, shown_payload: Any = None) -> bool:
         """Whether a live job (a JobInfo, or what a search reads of its row: `search.Seen`)
         matches (and is in one of `states`, when given); `shown_payload`:
         its payload as the user may see it, which plain text is looked for in."""
-        if (states is not None and info.state not in states) or (
-                self.state and info.state != self.state) or (
-                self.lane and (info.lane or "") != self.lane):
+        if (
+            (states is not None and info.state not in states)
+            or (self.state and info.state != self.state)
+            or (self.lane and (info.lane or "") != self.lane)
+        ):
             return False
         when = info.enqueued_at
         if (self.since and (when is None or when < self.since)) or (
-                self.until and (when is None or when >= self.until)):
+            self.until and (when is None or when >= self.until)
+        ):
             return False
         payload = info.payload if isinstance(info.payload, dict) else {}
         if self.handler and payload.get("handler") != self.handler:
@@ -174,8 +180,8 @@ def _text_matches(info: Any, payload: Any, word: str) -> bool:
     if isinstance(handler, str) and folded in handler.casefold():
         return True
     return isinstance(payload, dict) and any(
-        name in payload and folded in as_text(payload[name]).casefold()
-        for name in ("args", "kwargs"))
+        name in payload and folded in as_text(payload[name]).casefold() for name in ("args", "kwargs")
+    )
 
 
 def _terms(q: str) -> tuple[tuple[Term, ...], tuple[str, ...]]:
@@ -202,7 +208,8 @@ def _term(path_text: str, op: str, value_text: str, token: str) -> Term:
     if len(parts) < 2 or len(parts) > MAX_DEPTH + 1 or not all(KEY.fullmatch(p) for p in parts[1:]):
         raise InvalidOption(
             f"malformed path in {token[:80]!r}: write args.<position> or kwargs.<key>, then "
-            f"more .<key> or .<position> (up to {MAX_DEPTH}), each 1-100 letters, digits or _-:@$")
+            f"more .<key> or .<position> (up to {MAX_DEPTH}), each 1-100 letters, digits or _-:@$"
+        )
     if parts[0] == "args" and not parts[1].isdecimal():
         raise InvalidOption(f"malformed path in {token[:80]!r}: args takes a position (args.0)")
     path = (parts[0], *(int(p) if p.isdecimal() else p for p in parts[1:]))
@@ -214,8 +221,10 @@ def _term(path_text: str, op: str, value_text: str, token: str) -> Term:
         return Term(path, op, str(value))
     term = Term(path, op, _unquoted(value_text))
     if op == "=" and isinstance(term.values[0], (dict, list)):
-        raise InvalidOption(f"{token[:80]!r}: compare a path's value with a number, text, true, "
-                            f"false or null (reach into a list or dict with a longer path)")
+        raise InvalidOption(
+            f"{token[:80]!r}: compare a path's value with a number, text, true, "
+            f"false or null (reach into a list or dict with a longer path)"
+        )
     return term
 
 
@@ -235,6 +244,7 @@ def _time(raw: Mapping[str, str], name: str) -> datetime | None:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise InvalidOption(f"{name} must be a date or time such as 2026-12-04 or "
-                            f"2026-12-04T19:30, got {text[:40]!r}") from None
+        raise InvalidOption(
+            f"{name} must be a date or time such as 2026-12-04 or 2026-12-04T19:30, got {text[:40]!r}"
+        ) from None
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when

@@ -18,8 +18,8 @@ from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
 from ..engine.store import JobInfo, Queue, known_queues
-from ..records import enqueued_ms, json_field, ms_to_dt
 from ..models import HANDLER_LENGTH, Job
+from ..records import enqueued_ms, json_field, ms_to_dt
 from . import hidden
 from .query import Query, Term
 from .readmodels import LIST_FIELDS, rows_of
@@ -40,8 +40,12 @@ def history(query: Query, scope: frozenset[str] | None, may_see: bool = True) ->
     """The history rows that match, newest first; `may_see`: whether plain text may match
     hidden arguments (if not, it matches only the arguments of queues that hide none)."""
     rows = scoped(Job.objects.all(), scope)
-    for column, value in (("queue", query.queue), ("state", query.state),
-                          ("handler", query.handler[:HANDLER_LENGTH]), ("lane", query.lane)):
+    for column, value in (
+        ("queue", query.queue),
+        ("state", query.state),
+        ("handler", query.handler[:HANDLER_LENGTH]),
+        ("lane", query.lane),
+    ):
         if value:
             rows = rows.filter(**{column: value})
     if query.since:
@@ -52,8 +56,9 @@ def history(query: Query, scope: frozenset[str] | None, may_see: bool = True) ->
         name = f"jq_arg{i}"
         rows = rows.alias(**{name: _path(term)}).filter(_term_q(term, name))
     if query.text:
-        rows = rows.alias(jq_args=KeyTransform("args", "payload"),
-                          jq_kwargs=KeyTransform("kwargs", "payload"))
+        rows = rows.alias(
+            jq_args=KeyTransform("args", "payload"), jq_kwargs=KeyTransform("kwargs", "payload")
+        )
         for word in query.text:
             rows = rows.filter(_text_q(word, may_see))
     return rows.order_by("-finished_at", "-id")
@@ -140,9 +145,16 @@ class Seen(NamedTuple):
     payload: Any
 
 
-def live(query: Query, scope: frozenset[str] | None, cursor: str = "", per_page: int = 50,
-         budget: int | None = None, states: frozenset[str] | None = None,
-         shown: Callable[[Seen], Any] | None = None, indexed: bool = True) -> LivePage:
+def live(
+    query: Query,
+    scope: frozenset[str] | None,
+    cursor: str = "",
+    per_page: int = 50,
+    budget: int | None = None,
+    states: frozenset[str] | None = None,
+    shown: Callable[[Seen], Any] | None = None,
+    indexed: bool = True,
+) -> LivePage:
     """A page of live jobs that match (and are in one of `states`, when given), from `cursor`
     ("" at the start): the queues in turn, each shard in turn, read SCAN_CHUNK rows at a time
     (through the state's index when the query names one that has it, else a SCAN of the shard's
@@ -158,19 +170,33 @@ def live(query: Query, scope: frozenset[str] | None, cursor: str = "", per_page:
         by_queue: dict[str, list[Seen]] = {}
         for job in seen.jobs:
             by_queue.setdefault(job.queue, []).append(job)
-        read = {(info.queue, info.id): info for name, jobs in by_queue.items()
-                for info in rows_of(Queue(name), [(job.shard, job.id) for job in jobs],
-                                    (*LIST_FIELDS, "unique_key", "payload"))}
+        read = {
+            (info.queue, info.id): info
+            for name, jobs in by_queue.items()
+            for info in rows_of(
+                Queue(name), [(job.shard, job.id) for job in jobs], (*LIST_FIELDS, "unique_key", "payload")
+            )
+        }
         seen.jobs = [read[job.queue, job.id] for job in seen.jobs if (job.queue, job.id) in read]
     return seen
 
 
-def _scan(query: Query, scope: frozenset[str] | None, cursor: str, per_page: int,
-          budget: int | None, states: frozenset[str] | None,
-          shown: Callable[[Seen], Any] | None, indexed: bool) -> LivePage:
+def _scan(
+    query: Query,
+    scope: frozenset[str] | None,
+    cursor: str,
+    per_page: int,
+    budget: int | None,
+    states: frozenset[str] | None,
+    shown: Callable[[Seen], Any] | None,
+    indexed: bool,
+) -> LivePage:
     budget = SCAN_BUDGET if budget is None else budget
-    names = sorted(set(known_queues()) & ({query.queue} if query.queue else set(known_queues()))
-                   & (scope if scope is not None else set(known_queues())))
+    names = sorted(
+        set(known_queues())
+        & ({query.queue} if query.queue else set(known_queues()))
+        & (scope if scope is not None else set(known_queues()))
+    )
     at, shard, position, skip = _cursor(cursor)
     found: list[Any] = []
     looked = 0
@@ -179,13 +205,13 @@ def _scan(query: Query, scope: frozenset[str] | None, cursor: str, per_page: int
         while shard < queue.all_shards():
             while True:
                 if len(found) >= per_page or looked >= budget:
-                    return LivePage(found, f"{at}.{shard}.{position}.{skip}", looked,
-                                    len(found) < per_page)
+                    return LivePage(found, f"{at}.{shard}.{position}.{skip}", looked, len(found) < per_page)
                 ids, after = _step(queue, shard, query, position, indexed)
                 rows = _read(queue, shard, ids, query.needs_payload)
                 looked += len(ids)
-                matched = [row for row in rows if query.matches(
-                    row, states, shown(row) if shown else None)][skip:]
+                matched = [row for row in rows if query.matches(row, states, shown(row) if shown else None)][
+                    skip:
+                ]
                 room = per_page - len(found) if indexed else len(matched)
                 found += matched[:room]
                 if len(matched) > room:  # the rest of this step: the next page, from here
@@ -200,12 +226,18 @@ def _scan(query: Query, scope: frozenset[str] | None, cursor: str, per_page: int
     return LivePage(found, None, looked, False)
 
 
-def every_live(query: Query, scope: frozenset[str] | None, states: frozenset[str] | None,
-               cursor: str = "", chunk: int = SCAN_CHUNK) -> Iterator[tuple[list[JobInfo], str]]:
+def every_live(
+    query: Query,
+    scope: frozenset[str] | None,
+    states: frozenset[str] | None,
+    cursor: str = "",
+    chunk: int = SCAN_CHUNK,
+) -> Iterator[tuple[list[JobInfo], str]]:
     """Every live job that matches, `chunk` at a time, each with the cursor after it."""
     while True:
-        page = live(query, scope, cursor, per_page=chunk, budget=10 * chunk + SCAN_CHUNK,
-                    states=states, indexed=False)
+        page = live(
+            query, scope, cursor, per_page=chunk, budget=10 * chunk + SCAN_CHUNK, states=states, indexed=False
+        )
         yield page.jobs, page.next or ""
         if page.next is None:
             return
@@ -220,8 +252,7 @@ def _cursor(text: str) -> tuple[int, int, int, int]:
     return 0, 0, 0, 0
 
 
-def _step(queue: Queue, shard: int, query: Query, position: int, indexed: bool
-          ) -> tuple[list[str], int]:
+def _step(queue: Queue, shard: int, query: Query, position: int, indexed: bool) -> tuple[list[str], int]:
     """Up to SCAN_CHUNK job ids of the shard from `position`, and the position after them (0:
     the shard is done)."""
     keys = queue.shard(shard)
@@ -247,7 +278,7 @@ def _read(queue: Queue, shard: int, ids: list[str], payload: bool) -> list[Seen]
     at them); rows gone meanwhile are left out."""
     if not ids:
         return []
-    fields = ("state", "lane", "unique_key", "enqueued_at", "payload")[:5 if payload else 4]
+    fields = ("state", "lane", "unique_key", "enqueued_at", "payload")[: 5 if payload else 4]
     pipe = queue.client.pipeline(transaction=False)
     key = queue.shard(shard)
     for job_id in ids:
@@ -257,6 +288,16 @@ def _read(queue: Queue, shard: int, ids: list[str], payload: bool) -> list[Seen]
         if values[0] is None:
             continue
         body = json_field(values[4], "payload")[0] if payload else None
-        rows.append(Seen(job_id, queue.name, shard, values[0], values[1] or None,
-                         values[2] or None, ms_to_dt(enqueued_ms(job_id, values[3])), body))
+        rows.append(
+            Seen(
+                job_id,
+                queue.name,
+                shard,
+                values[0],
+                values[1] or None,
+                values[2] or None,
+                ms_to_dt(enqueued_ms(job_id, values[3])),
+                body,
+            )
+        )
     return rows

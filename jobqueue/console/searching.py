@@ -37,49 +37,73 @@ class SearchPages(ConsoleSite):
             scope = {query.queue} if query.queue else self.visible_queues(request)
             refused = query.hidden_terms(hidden.any_hidden(scope))
             if refused:
-                raise InvalidOption(f"{refused[0]} searches a hidden argument: that needs the "
-                                    f"{hidden.PERMISSION} permission")
+                raise InvalidOption(
+                    f"{refused[0]} searches a hidden argument: that needs the {hidden.PERMISSION} permission"
+                )
         return query
 
     def search_page(self, request: HttpRequest) -> HttpResponse:
         """Live jobs or the history that match the query in the URL, a page at a time."""
-        context: dict[str, Any] = {"form": {name: request.GET.get(name, "") for name in
-                                            ("q", "queue", "state", "handler", "lane", "since",
-                                             "until")},
-                                   "where": request.GET.get("where", "live"),
-                                   "states": State.values}
+        context: dict[str, Any] = {
+            "form": {
+                name: request.GET.get(name, "")
+                for name in ("q", "queue", "state", "handler", "lane", "since", "until")
+            },
+            "where": request.GET.get("where", "live"),
+            "states": State.values,
+        }
         if not any(request.GET.get(name) for name in context["form"]):
             return self.render(request, "search.html", "Search jobs", **context)
         try:
             query = self.checked_query(request, request.GET)
         except JobQueueError as exc:
-            return self.render(request, "search.html", "Search jobs", status=400,
-                               error=str(exc), **context)
+            return self.render(request, "search.html", "Search jobs", status=400, error=str(exc), **context)
         scope = self.visible_queues(request)
         base = urlencode(query.raw)
         if query.where == "history":
             number = _page_number(request.GET.get("page"))
-            found = list(search.history(query, scope, hidden.may_see(request))[
-                (number - 1) * PER_PAGE : number * PER_PAGE + 1])
+            found = list(
+                search.history(query, scope, hidden.may_see(request))[
+                    (number - 1) * PER_PAGE : number * PER_PAGE + 1
+                ]
+            )
             jobs = [row.info() for row in found[:PER_PAGE]]
             context.update(
                 next_url=f"?{base}&page={number + 1}" if len(found) > PER_PAGE else "",
-                prev_url=f"?{base}&page={number - 1}" if number > 1 else "", number=number)
+                prev_url=f"?{base}&page={number - 1}" if number > 1 else "",
+                number=number,
+            )
         else:
-            page = search.live(query, scope, request.GET.get("cursor", ""), PER_PAGE,
-                               shown=lambda info: hidden.shown_payload(request, info.queue,
-                                                                       info.payload))
+            page = search.live(
+                query,
+                scope,
+                request.GET.get("cursor", ""),
+                PER_PAGE,
+                shown=lambda info: hidden.shown_payload(request, info.queue, info.payload),
+            )
             jobs = page.jobs
-            context.update(live=page, next_url=f"?{base}&{urlencode({'cursor': page.next})}"
-                           if page.next else "", first_url=f"?{base}"
-                           if request.GET.get("cursor") else "")
-        offered = [(action, bulk.VERBS[action]) for (where, action), states in bulk.Bulk.STATES.items()
-                   if where == query.where and (not query.state or query.state in states)
-                   and request.user.has_perm(actions.PERMISSIONS[action])]
-        return self.render(request, "search.html", f"Jobs matching {query.describe()[:80]}",
-                           search=query, rows=[(job, self.arguments(request, job)) for job in jobs],
-                           bulk_actions=offered, hidden_fields=sorted(query.raw.items()),
-                           **context)
+            context.update(
+                live=page,
+                next_url=f"?{base}&{urlencode({'cursor': page.next})}" if page.next else "",
+                first_url=f"?{base}" if request.GET.get("cursor") else "",
+            )
+        offered = [
+            (action, bulk.VERBS[action])
+            for (where, action), states in bulk.Bulk.STATES.items()
+            if where == query.where
+            and (not query.state or query.state in states)
+            and request.user.has_perm(actions.PERMISSIONS[action])
+        ]
+        return self.render(
+            request,
+            "search.html",
+            f"Jobs matching {query.describe()[:80]}",
+            search=query,
+            rows=[(job, self.arguments(request, job)) for job in jobs],
+            bulk_actions=offered,
+            hidden_fields=sorted(query.raw.items()),
+            **context,
+        )
 
     def arguments(self, request: HttpRequest, job: JobInfo) -> str:
         """A job's arguments as this user may see them, cut short for a list."""
@@ -95,12 +119,17 @@ class SearchPages(ConsoleSite):
         if bulk.stalled(operation):
             bulk.run_in_thread()
         work = bulk.Bulk.of_record(operation)
-        return self.render(request, "bulk.html", f"Bulk {operation.action} #{operation.pk}",
-                           operation=operation, bulk=work, Status=BulkOperation.Status,
-                           search_url="?" + urlencode(operation.query),
-                           refresh=operation.status in bulk.UNDER_WAY,
-                           can_decide=request.user.has_perm(
-                               actions.PERMISSIONS[operation.action]))
+        return self.render(
+            request,
+            "bulk.html",
+            f"Bulk {operation.action} #{operation.pk}",
+            operation=operation,
+            bulk=work,
+            Status=BulkOperation.Status,
+            search_url="?" + urlencode(operation.query),
+            refresh=operation.status in bulk.UNDER_WAY,
+            can_decide=request.user.has_perm(actions.PERMISSIONS[operation.action]),
+        )
 
 
 def arguments_text(payload: Any) -> str:

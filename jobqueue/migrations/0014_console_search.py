@@ -21,41 +21,73 @@ def drop_gin(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobqueue', '0013_global_cap_permission'),
+        ("jobqueue", "0013_global_cap_permission"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='job',
-            options={'ordering': ['-finished_at'], 'permissions': [('retry_job', 'Can retry jobs'), ('reprioritize_job', 'Can reprioritize jobs'), ('cancel_job', 'Can cancel jobs'), ('pause_queue', 'Can pause and resume queues'), ('run_schedule', 'Can run, pause and resume periodic jobs'), ('resize_queue', "Can change a queue's live shard count"), ('set_lane_concurrency', "Can change a lane's concurrency cap"), ('set_global_concurrency', "Can change a queue's global concurrency cap"), ('delete_history', 'Can delete finished jobs from the history'), ('view_hidden_args', 'Can see hidden job arguments')]},
+            name="job",
+            options={
+                "ordering": ["-finished_at"],
+                "permissions": [
+                    ("retry_job", "Can retry jobs"),
+                    ("reprioritize_job", "Can reprioritize jobs"),
+                    ("cancel_job", "Can cancel jobs"),
+                    ("pause_queue", "Can pause and resume queues"),
+                    ("run_schedule", "Can run, pause and resume periodic jobs"),
+                    ("resize_queue", "Can change a queue's live shard count"),
+                    ("set_lane_concurrency", "Can change a lane's concurrency cap"),
+                    ("set_global_concurrency", "Can change a queue's global concurrency cap"),
+                    ("delete_history", "Can delete finished jobs from the history"),
+                    ("view_hidden_args", "Can see hidden job arguments"),
+                ],
+            },
         ),
         migrations.CreateModel(
-            name='BulkOperation',
+            name="BulkOperation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('action', models.CharField(max_length=16)),
-                ('query', models.JSONField(default=dict)),
-                ('scope', models.JSONField(blank=True, null=True)),
-                ('total', models.PositiveIntegerField(default=0)),
-                ('done', models.PositiveIntegerField(default=0)),
-                ('skipped', models.PositiveIntegerField(default=0)),
-                ('cursor', models.CharField(blank=True, default='', max_length=200)),
-                ('inflight', models.JSONField(blank=True, default=list)),
-                ('status', models.CharField(choices=[('counting', 'Counting'), ('counted', 'Counted'), ('running', 'Running'), ('done', 'Done'), ('failed', 'Failed'), ('dropped', 'Dropped')], default='running', max_length=16)),
-                ('running_key', models.CharField(blank=True, max_length=64, null=True, unique=True)),
-                ('created_by', models.CharField(blank=True, default='', max_length=150)),
-                ('runner', models.CharField(blank=True, default='', max_length=64)),
-                ('lease_until', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("action", models.CharField(max_length=16)),
+                ("query", models.JSONField(default=dict)),
+                ("scope", models.JSONField(blank=True, null=True)),
+                ("total", models.PositiveIntegerField(default=0)),
+                ("done", models.PositiveIntegerField(default=0)),
+                ("skipped", models.PositiveIntegerField(default=0)),
+                ("cursor", models.CharField(blank=True, default="", max_length=200)),
+                ("inflight", models.JSONField(blank=True, default=list)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("counting", "Counting"),
+                            ("counted", "Counted"),
+                            ("running", "Running"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                            ("dropped", "Dropped"),
+                        ],
+                        default="running",
+                        max_length=16,
+                    ),
+                ),
+                ("running_key", models.CharField(blank=True, max_length=64, null=True, unique=True)),
+                ("created_by", models.CharField(blank=True, default="", max_length=150)),
+                ("runner", models.CharField(blank=True, default="", max_length=64)),
+                ("lease_until", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
             ],
             options={
-                'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['status', 'lease_until'], name='jq_bulk_status')],
+                "ordering": ["-created_at"],
+                "indexes": [models.Index(fields=["status", "lease_until"], name="jq_bulk_status")],
             },
         ),
         migrations.RunPython(add_gin, drop_gin, elidable=False),

@@ -31,18 +31,12 @@ ROOT = Path(__file__).resolve().parents[2]
 ECHO = "tests.jobapp.jobs.echo"
 
 
-@pytest.fixture
-def admin_client(client: Client) -> Client:
-    User.objects.create_superuser("root", "root@example.com", "pw")
-    client.login(username="root", password="pw")
-    return client
-
-
 def dead_jobs(count: int, queue: str = "default", **kwargs: Any) -> list[str]:
     """`count` jobs on `queue` that ran once and died."""
     live = Queue(queue)
-    refs = live.enqueue_many([JobSpec({"handler": ECHO, "args": [i], "kwargs": kwargs},
-                                      max_attempts=1) for i in range(count)])
+    refs = live.enqueue_many(
+        [JobSpec({"handler": ECHO, "args": [i], "kwargs": kwargs}, max_attempts=1) for i in range(count)]
+    )
     while leases := live.dequeue(count=500):
         for lease in leases:
             live.nack(lease, "boom")
@@ -67,7 +61,8 @@ def pk_of(url: str) -> int:
 
 
 def test_a_bulk_retry_is_confirmed_with_its_count_runs_outside_the_request_and_is_logged_once(
-        admin_client: Client) -> None:
+    admin_client: Client,
+) -> None:
     retried = dead_jobs(30, tenant="acme")
     others = dead_jobs(5, tenant="other")
     url = asked(admin_client, q="kwargs.tenant=acme", where="live", action="retry")
@@ -91,10 +86,20 @@ def test_a_bulk_retry_is_confirmed_with_its_count_runs_outside_the_request_and_i
 def test_a_bulk_delete_of_history_rows_and_a_dropped_one(admin_client: Client) -> None:
     now = datetime.now(UTC)
     for i in range(12):
-        Job.objects.create(id=f"JOBdel{i:08d}", queue="default", state="succeeded",
-                           payload={"handler": ECHO, "args": [i % 2]}, finished_at=now)
-    Job.objects.create(id="JOBdurable0001", queue="durable", state="pending", durable=True,
-                       payload={"handler": ECHO, "args": [1]})
+        Job.objects.create(
+            id=f"JOBdel{i:08d}",
+            queue="default",
+            state="succeeded",
+            payload={"handler": ECHO, "args": [i % 2]},
+            finished_at=now,
+        )
+    Job.objects.create(
+        id="JOBdurable0001",
+        queue="durable",
+        state="pending",
+        durable=True,
+        payload={"handler": ECHO, "args": [1]},
+    )
     dropped = asked(admin_client, q="args.0=0", where="history", action="delete")
     admin_client.post(dropped + "decide/", {})
     assert BulkOperation.objects.get(pk=pk_of(dropped)).status == "dropped"
@@ -141,19 +146,29 @@ def test_each_bulk_action_needs_its_permission_and_a_post(client: Client) -> Non
 
 
 def test_a_bulk_retry_resumes_after_its_runner_is_killed_and_acts_on_each_job_once(
-        valkey_server: Any) -> None:
+    valkey_server: Any,
+) -> None:
     job_ids = dead_jobs(2000)
     user = User.objects.create_superuser("root", "root@example.com", "pw")
-    operation = bulk.Bulk.of("retry", Query.parse({"state": "dead", "where": "live"}),
-                             None).start(user)
+    operation = bulk.Bulk.of("retry", Query.parse({"state": "dead", "where": "live"}), None).start(user)
     bulk.Runner().run()  # counts it
     operation.refresh_from_db()
     assert (operation.status, operation.total) == ("counted", 2000)
     assert bulk.Bulk.confirm(operation, user)
-    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "VALKEY_URL": valkey_server.url,
-           "DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-    runner = subprocess.Popen([sys.executable, "manage.py", "jobqueue", "bulk", "--chunk", "10"],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+    env = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "VALKEY_URL": valkey_server.url,
+        "DATABASE_URL": database_url(),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+    }
+    runner = subprocess.Popen(
+        [sys.executable, "manage.py", "jobqueue", "bulk", "--chunk", "10"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: BulkOperation.objects.get(pk=operation.pk).done >= 100, timeout=60)
         os.kill(runner.pid, signal.SIGKILL)

@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from jobqueue import Queue, conf
@@ -17,6 +16,7 @@ from jobqueue.console import search
 from jobqueue.console.query import Query
 from jobqueue.exceptions import ConfigurationError
 from jobqueue.models import Job
+from tests.console.test_console import staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SEARCH = "/admin/jobqueue/job/live/search/"
@@ -24,25 +24,24 @@ ECHO = "tests.jobapp.jobs.echo"
 NOW = datetime.now(UTC)
 
 
-@pytest.fixture
-def admin_client(client: Client) -> Client:
-    User.objects.create_superuser("root", "root@example.com", "pw")
-    client.login(username="root", password="pw")
-    return client
-
-
-def staff(client: Client, *perms: str) -> Client:
-    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=("view_job", *perms)))
-    client.login(username="op", password="pw")
-    return client
-
-
-def row(job_id: str, *args: Any, state: str = "dead", queue: str = "default", ago: float = 60,
-        handler: str = ECHO, **kwargs: Any) -> Job:
-    return Job.objects.create(id=job_id, queue=queue, state=state, lane="", attempts=1,
-                              payload={"handler": handler, "args": list(args), "kwargs": kwargs},
-                              finished_at=NOW - timedelta(seconds=ago))
+def row(
+    job_id: str,
+    *args: Any,
+    state: str = "dead",
+    queue: str = "default",
+    ago: float = 60,
+    handler: str = ECHO,
+    **kwargs: Any,
+) -> Job:
+    return Job.objects.create(
+        id=job_id,
+        queue=queue,
+        state=state,
+        lane="",
+        attempts=1,
+        payload={"handler": handler, "args": list(args), "kwargs": kwargs},
+        finished_at=NOW - timedelta(seconds=ago),
+    )
 
 
 def ids(page: str) -> list[str]:
@@ -61,19 +60,17 @@ def test_history_search_by_argument_paths_state_handler_and_time(admin_client: C
     row("JOBhist0000003", 7, order={"id": 7, "tags": ["a", "b"]}, handler="tests.jobapp.jobs.add")
     row("JOBhist0000004", True, order=None)
     history = {"where": "history"}
-    assert found(admin_client, q="kwargs.order.id=42", **history) == ["JOBhist0000001",
-                                                                      "JOBhist0000002"]
-    assert found(admin_client, q='kwargs.order.id="42"', **history) == ["JOBhist0000001",
-                                                                        "JOBhist0000002"]
+    assert found(admin_client, q="kwargs.order.id=42", **history) == ["JOBhist0000001", "JOBhist0000002"]
+    assert found(admin_client, q='kwargs.order.id="42"', **history) == ["JOBhist0000001", "JOBhist0000002"]
     assert found(admin_client, q="args.0=42", **history) == ["JOBhist0000001", "JOBhist0000002"]
     assert found(admin_client, q="args.1=x", **history) == ["JOBhist0000001"]
     assert found(admin_client, q="args.0=true", **history) == ["JOBhist0000004"]
     assert found(admin_client, q="kwargs.order.city~EDIN", **history) == ["JOBhist0000001"]
     assert found(admin_client, q="kwargs.order.tags.1=b", **history) == ["JOBhist0000003"]
-    assert found(admin_client, q="kwargs.order.id=42 kwargs.order.city=Leith",
-                 **history) == ["JOBhist0000002"]
-    assert found(admin_client, q="kwargs.order.id=42", state="dead", **history) == [
-        "JOBhist0000001"]
+    assert found(admin_client, q="kwargs.order.id=42 kwargs.order.city=Leith", **history) == [
+        "JOBhist0000002"
+    ]
+    assert found(admin_client, q="kwargs.order.id=42", state="dead", **history) == ["JOBhist0000001"]
     assert found(admin_client, handler="tests.jobapp.jobs.add", **history) == ["JOBhist0000003"]
     since = (NOW - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
     assert "JOBhist0000002" not in found(admin_client, since=since, **history)
@@ -93,10 +90,12 @@ def test_history_search_pages_newest_first(admin_client: Client) -> None:
 
 
 def test_live_search_by_path_and_text_pages_and_says_when_the_scan_stopped_short(
-        admin_client: Client, monkeypatch: Any) -> None:
+    admin_client: Client, monkeypatch: Any
+) -> None:
     queue = Queue("default")
-    refs = [queue.enqueue({"handler": ECHO, "args": [i], "kwargs": {"order": {"id": i % 3}}})
-            for i in range(30)]
+    refs = [
+        queue.enqueue({"handler": ECHO, "args": [i], "kwargs": {"order": {"id": i % 3}}}) for i in range(30)
+    ]
     emails = Queue("emails").enqueue({"handler": ECHO, "args": [], "kwargs": {"to": "bo@x.org"}})
     assert len(found(admin_client, q="kwargs.order.id=1")) == 10
     assert found(admin_client, q="bo@x.org") == [emails.id]
@@ -117,18 +116,22 @@ def test_live_search_by_path_and_text_pages_and_says_when_the_scan_stopped_short
     assert seen == {ref.id for i, ref in enumerate(refs) if i % 3 == 0}
 
 
-@pytest.mark.parametrize(("params", "message"), [
-    ({"q": "args.x=1"}, "args takes a position"),
-    ({"q": "kwargs..a=1"}, "malformed path"),
-    ({"q": 'kwargs.a="open'}, "unbalanced double quote"),
-    ({"state": "sleeping"}, "unknown state 'sleeping'"),
-    ({"since": "yesterday"}, "since must be a date or time"),
-    ({"lane": "no spaces"}, "invalid lane name"),
-    ({"where": "elsewhere", "q": "x"}, "use live or history"),
-    ({"q": "kwargs.a={}"}, "compare a path's value with"),
-])
-def test_bad_search_input_is_a_message_on_the_page(admin_client: Client, params: dict[str, str],
-                                                  message: str) -> None:
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"q": "args.x=1"}, "args takes a position"),
+        ({"q": "kwargs..a=1"}, "malformed path"),
+        ({"q": 'kwargs.a="open'}, "unbalanced double quote"),
+        ({"state": "sleeping"}, "unknown state 'sleeping'"),
+        ({"since": "yesterday"}, "since must be a date or time"),
+        ({"lane": "no spaces"}, "invalid lane name"),
+        ({"where": "elsewhere", "q": "x"}, "use live or history"),
+        ({"q": "kwargs.a={}"}, "compare a path's value with"),
+    ],
+)
+def test_bad_search_input_is_a_message_on_the_page(
+    admin_client: Client, params: dict[str, str], message: str
+) -> None:
     response = admin_client.get(SEARCH, params)
     assert response.status_code == 400
     assert message in response.content.decode().replace("&#x27;", "'")
@@ -137,17 +140,21 @@ def test_bad_search_input_is_a_message_on_the_page(admin_client: Client, params:
 
 @pytest.fixture
 def hiding(settings: Any) -> None:
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {
-        **settings.JOBQUEUE["QUEUES"], "payments": {"hidden_args": ["card", 1]}}}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "QUEUES": {**settings.JOBQUEUE["QUEUES"], "payments": {"hidden_args": ["card", 1]}},
+    }
     conf.reset()
 
 
 def test_hidden_arguments_are_masked_and_unsearchable_without_the_permission(
-        client: Client, hiding: None) -> None:
-    live = Queue("payments").enqueue({"handler": ECHO, "args": ["alice", "4111-1111"],
-                                      "kwargs": {"card": "5500-0000", "amount": 12}})
+    client: Client, hiding: None
+) -> None:
+    live = Queue("payments").enqueue(
+        {"handler": ECHO, "args": ["alice", "4111-1111"], "kwargs": {"card": "5500-0000", "amount": 12}}
+    )
     row("JOBpaid0000001", "bob", "4222-2222", queue="payments", card="5511-1111", amount=3)
-    staff(client)
+    staff(client, "view_job")
     for where, job_id in (("live", live.id), ("history", "JOBpaid0000001")):
         page = client.get(SEARCH, {"queue": "payments", "where": where}).content.decode()
         assert ids(page) == [job_id] and "•••" in page
@@ -166,10 +173,11 @@ def test_hidden_arguments_are_masked_and_unsearchable_without_the_permission(
 
 
 def test_hidden_arguments_are_shown_with_the_permission(client: Client, hiding: None) -> None:
-    live = Queue("payments").enqueue({"handler": ECHO, "args": ["alice", "4111-1111"],
-                                      "kwargs": {"card": "5500-0000"}})
+    live = Queue("payments").enqueue(
+        {"handler": ECHO, "args": ["alice", "4111-1111"], "kwargs": {"card": "5500-0000"}}
+    )
     row("JOBpaid0000002", "bob", queue="payments", card="5511-1111")
-    staff(client, "view_hidden_args")
+    staff(client, "view_job", "view_hidden_args")
     assert found(client, q="kwargs.card=5500-0000") == [live.id]
     assert found(client, q="5511-1111", where="history") == ["JOBpaid0000002"]
     job_page = client.get(f"/admin/jobqueue/job/live/jobs/payments/{live.id}/").content.decode()
