@@ -26,7 +26,7 @@ from .readmodels import LIST_FIELDS, rows_of
 
 SCAN_CHUNK = 500
 """Job rows one SCAN (or index read) step asks for, read in one pipeline."""
-SCAN_BUDGET = 20_000
+SCAN_BUDGET = 5_000
 """Job rows a live search page looks at, at most, before it stops short and says so."""
 LIVE_INDEX = {"scheduled": "schedule", "active": "active", "dead": "dead"}
 """The shard index that lists a state's jobs: a search by that state reads it, not the keyspace."""
