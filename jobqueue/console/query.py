@@ -4,12 +4,12 @@ checks it, `Query.matches` tells whether a live job matches it (search.py reads 
 
 `q` holds terms, all of which a job must match: `args.0=42` or `kwargs.order.id=42` (the value
 at that path into the job's arguments is what the text reads as in JSON, or the text itself:
-`=42` finds 42 and "42", `=true` true and "true"; quotes allow blanks), `kwargs.email~example.com`
-(the value's text contains
-this, in any case), and plain text (a job's id, lane or unique key, or text within its handler
-or its arguments). `queue`, `state`, `handler`, `lane`, `since`, `until` narrow it further; the
-time range is when a finished job finished, and when a live one was enqueued. Bad input is one
-`InvalidOption` saying what is wrong. Reads nothing; touches nothing.
+`=42` finds 42 and "42", `=true` true and "true"; quotes allow blanks),
+`kwargs.email~example.com` (the value's text contains this, in any case), and plain text (a
+job's id, lane or unique key, or text within its handler or its arguments). `queue`, `state`,
+`handler`, `lane`, `since`, `until` narrow it further; the time range is when a finished job
+finished, and when a live one was enqueued. Bad input is one `InvalidOption` saying what is
+wrong. Reads nothing; touches nothing.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class Query:
     def matches(self, info: Any, states: frozenset[str] | None = None, shown_payload: Any = None) -> bool:
         """Whether a live job (a JobInfo, or what a search reads of its row: `search.Seen`)
         matches (and is in one of `states`, when given); `shown_payload`:
-        its payload as the user may see it, which plain text is looked for in."""
+        its payload as the user may see it, which plain text and contains-terms look in."""
         if (
             (states is not None and info.state not in states)
             or (self.state and info.state != self.state)
@@ -166,9 +166,9 @@ class Query:
         payload = info.payload if isinstance(info.payload, dict) else {}
         if self.handler and payload.get("handler") != self.handler:
             return False
-        if not all(term.matches(payload) for term in self.terms):
-            return False
         shown = shown_payload if shown_payload is not None else payload
+        if not all(term.matches(payload if term.op == "=" else shown) for term in self.terms):
+            return False  # (text contained in a dict may be a hidden key's value: masked)
         return all(_text_matches(info, shown, word) for word in self.text)
 
 

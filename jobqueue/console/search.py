@@ -37,8 +37,9 @@ def scoped(rows: QuerySet[Job], scope: frozenset[str] | None) -> QuerySet[Job]:
 
 
 def history(query: Query, scope: frozenset[str] | None, may_see: bool = True) -> QuerySet[Job]:
-    """The history rows that match, newest first; `may_see`: whether plain text may match
-    hidden arguments (if not, it matches only the arguments of queues that hide none)."""
+    """The history rows that match, newest first; `may_see`: whether plain text and
+    contains-terms may match hidden arguments (if not, they look only into the arguments of
+    queues that hide none)."""
     rows = scoped(Job.objects.all(), scope)
     for column, value in (
         ("queue", query.queue),
@@ -54,7 +55,10 @@ def history(query: Query, scope: frozenset[str] | None, may_see: bool = True) ->
         rows = rows.filter(finished_at__lt=query.until)
     for i, term in enumerate(query.terms):
         name = f"jq_arg{i}"
-        rows = rows.alias(**{name: _path(term)}).filter(_term_q(term, name))
+        found = _term_q(term, name)  # (text contained in a dict may be a hidden key's value)
+        rows = rows.alias(**{name: _path(term)}).filter(
+            found if may_see or term.op == "=" else found & _not_hiding()
+        )
     if query.text:
         rows = rows.alias(
             jq_args=KeyTransform("args", "payload"), jq_kwargs=KeyTransform("kwargs", "payload")
@@ -105,13 +109,16 @@ def _contained(term: Term) -> Callable[[Any], Any] | None:
 def _text_q(word: str, may_see: bool) -> Q:
     found = Q(pk=word) | Q(lane=word) | Q(unique_key=word) | Q(handler__icontains=word)
     in_args = Q(jq_args__icontains=word) | Q(jq_kwargs__icontains=word)
-    if not may_see:
-        hiding, plain, others_hide = hidden.queues_hiding()
-        if others_hide:
-            in_args &= Q(queue__in=plain) if plain else Q(pk__in=[])
-        elif hiding:
-            in_args &= ~Q(queue__in=hiding)
-    return found | in_args
+    return found | (in_args if may_see else in_args & _not_hiding())
+
+
+def _not_hiding() -> Q:
+    """The rows of queues that hide no argument: where a user who may not see hidden arguments
+    may look for text in them (a hidden value would answer a probe elsewhere)."""
+    hiding, plain, others_hide = hidden.queues_hiding()
+    if others_hide:
+        return Q(queue__in=plain) if plain else Q(pk__in=[])
+    return ~Q(queue__in=hiding) if hiding else Q()
 
 
 # -- live jobs ------------------------------------------------------------------------------------

@@ -151,9 +151,21 @@ def test_hidden_arguments_are_masked_and_unsearchable_without_the_permission(
     client: Client, hiding: None
 ) -> None:
     live = Queue("payments").enqueue(
-        {"handler": ECHO, "args": ["alice", "4111-1111"], "kwargs": {"card": "5500-0000", "amount": 12}}
+        {
+            "handler": ECHO,
+            "args": ["alice", "4111-1111"],
+            "kwargs": {"card": "5500-0000", "amount": 12, "customer": {"card": "5600-0000"}},
+        }
     )
-    row("JOBpaid0000001", "bob", "4222-2222", queue="payments", card="5511-1111", amount=3)
+    row(
+        "JOBpaid0000001",
+        "bob",
+        "4222-2222",
+        queue="payments",
+        card="5511-1111",
+        amount=3,
+        customer={"card": "5611-1111"},
+    )
     staff(client, "view_job")
     for where, job_id in (("live", live.id), ("history", "JOBpaid0000001")):
         page = client.get(SEARCH, {"queue": "payments", "where": where}).content.decode()
@@ -169,6 +181,9 @@ def test_hidden_arguments_are_masked_and_unsearchable_without_the_permission(
     for where in ("live", "history"):  # no probing through plain text either
         assert found(client, q="5500-0000", where=where) == []
         assert found(client, q="5511-1111", where=where) == []
+    for where in ("live", "history"):  # nor through the text of a dict holding a hidden key
+        assert found(client, q="kwargs.customer~5600", where=where) == []
+        assert found(client, q="kwargs.customer~5611", where=where) == []
     assert found(client, q="kwargs.amount=12") == [live.id]  # what is not hidden still is
 
 
