@@ -175,6 +175,9 @@ def test_hidden_arguments_are_masked_and_unsearchable_without_the_permission(
     assert "•••" in job_page and "5500" not in job_page and "alice" in job_page
     changelist = client.get("/admin/jobqueue/job/?queue=payments").content.decode()
     assert "•••" in changelist and "5511" not in changelist and "bob" in changelist
+    row_page = client.get("/admin/jobqueue/job/JOBpaid0000001/change/")
+    assert row_page.status_code == 200 and "bob" in row_page.content.decode()
+    assert "•••" in row_page.content.decode() and "5511" not in row_page.content.decode()
     refused = client.get(SEARCH, {"q": "kwargs.card=5500-0000"})
     assert refused.status_code == 400 and "hidden argument" in refused.content.decode()
     assert client.get(SEARCH, {"q": "args.1~4111"}).status_code == 400
