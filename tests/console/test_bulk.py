@@ -19,7 +19,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from jobqueue import Queue
-from jobqueue.console import bulk
+from jobqueue.console import bulk, search
 from jobqueue.console.query import Query
 from jobqueue.models import BulkOperation, Job
 from jobqueue.spec import JobSpec
@@ -185,3 +185,34 @@ def test_a_bulk_retry_resumes_after_its_runner_is_killed_and_acts_on_each_job_on
     queue = Queue("default")
     assert {queue.get(job_id).state for job_id in job_ids} == {"pending"}  # type: ignore[union-attr]
     assert queue.counts()["pending"] == 2000 and LogEntry.objects.count() == 1
+
+
+def test_a_live_search_and_a_bulk_cancel_over_three_shards_standalone_and_on_a_cluster(
+    valkey_url: str,
+) -> None:
+    wide = Queue("wide")
+    refs = wide.enqueue_many(
+        [JobSpec({"handler": ECHO, "args": [i], "kwargs": {"batch": i % 2}}, lane=f"t{i}") for i in range(90)]
+    )
+    assert len({wide.locate(ref.id) for ref in refs}) == 3  # (spread over the shards, by lane)
+    odd = {ref.id for i, ref in enumerate(refs) if i % 2}
+    seen, cursor = set(), ""
+    while True:
+        page = search.live(Query.parse({"queue": "wide", "q": "kwargs.batch=1"}), None, cursor, per_page=10)
+        seen |= {job.id for job in page.jobs}
+        if page.next is None:
+            break
+        cursor = page.next
+    assert seen == odd
+    user = User.objects.create_superuser("root", "root@example.com", "pw")
+    operation = bulk.Bulk.of("cancel", Query.parse({"queue": "wide", "q": "kwargs.batch=1"}), None).start(
+        user
+    )
+    bulk.Runner(chunk=7).run()
+    operation.refresh_from_db()
+    assert operation.total == 45 and bulk.Bulk.confirm(operation, user)
+    bulk.Runner(chunk=7).run()
+    operation.refresh_from_db()
+    assert (operation.status, operation.done, operation.skipped) == ("done", 45, 0)
+    assert {job_id: wide.get(job_id).state for job_id in odd} == dict.fromkeys(odd, "cancelled")  # type: ignore[union-attr]
+    assert wide.counts()["pending"] == 45
