@@ -88,8 +88,8 @@ class Bulk:
         return self.STATES[(self.query.where, self.action)]
 
     @property
-    def permission(self) -> str:
-        return actions.PERMISSIONS[self.action]
+    def state_names(self) -> str:
+        return ", ".join(sorted(self.states))
 
     def rows(self) -> Any:
         return search.history(self.query, self.scope).filter(state__in=sorted(self.states))
