@@ -43,7 +43,7 @@ def console_urls(site: AdminSite) -> list[Any]:
         path("search/", wrap(views.search_page), name="jobqueue_search"),
         path("search/bulk/", wrap(posts.BulkAction.as_view(site=views)), name="jobqueue_search_bulk"),
         path("bulk/<int:pk>/", wrap(views.bulk_page), name="jobqueue_bulk"),
-        path("bulk/<int:pk>/decide/", wrap(posts.BulkDecision.as_view()),
+        path("bulk/<int:pk>/decide/", wrap(posts.BulkDecision.as_view(site=views)),
              name="jobqueue_bulk_decide"),
         path("stuck/", wrap(views.stuck), name="jobqueue_stuck"),
         path("schedules/", wrap(views.schedules), name="jobqueue_schedules"),

@@ -334,15 +334,20 @@ class BulkAction(View):
 class BulkDecision(View):
     """The operator's answer on a counted bulk operation's page (`bulk/<pk>/decide/`):
     confirm=yes runs it (once, however often it is clicked: `bulk.Bulk.confirm`), anything
-    else drops it. Needs the permission of the operation's action."""
+    else drops it. Needs the permission of the operation's action, and leave to act on every
+    queue it may reach (`ConsoleSite.covers`)."""
 
     http_method_names = ["post"]
+    site: Any = None
+    """The console (`as_view(site=…)`)."""
 
     def post(self, request: HttpRequest, pk: int) -> HttpResponse:
         operation = BulkOperation.objects.filter(pk=pk).first()
         if operation is None:
             raise Http404(f"No bulk operation #{pk}.")
         _permitted(request, operation.action)
+        if not self.site.covers(request, operation.scope, acting=True):
+            raise PermissionDenied(f"bulk operation #{pk} reaches queues you may not act on")
         if request.POST.get("confirm") == "yes":
             if bulk.Bulk.confirm(operation, request.user):
                 bulk.run_in_thread()

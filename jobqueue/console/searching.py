@@ -114,7 +114,7 @@ class SearchPages(ConsoleSite):
         """A bulk operation's progress; one nobody runs any more (its runner died, its process
         restarted) is taken up again here, in a thread of this process."""
         operation = BulkOperation.objects.filter(pk=pk).first()
-        if operation is None:
+        if operation is None or not self.covers(request, operation.scope):
             raise Http404(f"No bulk operation #{pk}.")
         if bulk.stalled(operation):
             bulk.run_in_thread()
@@ -128,7 +128,8 @@ class SearchPages(ConsoleSite):
             Status=BulkOperation.Status,
             search_url="?" + urlencode(operation.query),
             refresh=operation.status in bulk.UNDER_WAY,
-            can_decide=request.user.has_perm(actions.PERMISSIONS[operation.action]),
+            can_decide=request.user.has_perm(actions.PERMISSIONS[operation.action])
+            and self.covers(request, operation.scope, acting=True),
         )
 
 

@@ -78,6 +78,11 @@ class ConsoleSite:
         grants queues per group narrows it here."""
         return None
 
+    def covers(self, request: HttpRequest, scope: list[str] | None, acting: bool = False) -> bool:
+        """Whether this user may see (act on) every queue of a recorded scope (None: all)."""
+        mine = self.visible_queues(request, acting)
+        return mine is None or (scope is not None and set(scope) <= mine)
+
     # -- what a URL names --------------------------------------------------------------------
 
     def queue(self, name: str) -> Queue:
