@@ -1,6 +1,7 @@
 """How long the console's pages take: the dashboard with 20 queues and 100,000 waiting jobs, a
 flow of 20,000 jobs, the stuck page over 1,000 running jobs of 64 KB, and (with --history-db)
-the history search at 300,000 rows, before and after its indexes.
+the history search at 300,000 rows, before and after its indexes; the console's search over the
+live jobs and a bulk retry of every dead job of a queue (`--bulk N` of them).
 
     .venv/bin/python bench/console.py
     .venv/bin/python bench/console.py --history-db mysql://root@127.0.0.1:3306/jq_bench_console
@@ -95,6 +96,52 @@ def stuck(client: Any, sent: Callable[[], int]) -> None:
     show("stuck page", times, f"{(sent() - before) / 1024:,.0f} KB from Valkey per view")
 
 
+def live_search(client: Any) -> None:
+    """The search page over the dashboard's 100,000 waiting jobs (20 queues)."""
+    base = "/admin/jobqueue/job/live/search/"
+    print("\nlive search over the 100,000 waiting jobs (20 queues), a page of 50")
+    for name, query in (("a handler in every queue (first page)", "?handler=x"),
+                        ("an argument no job has (stops short)", "?q=args.0%3D-1"),
+                        ("an argument in one queue", "?queue=queue-07&q=args.0%3D4999"),
+                        ("plain text in one lane, by its index", "?queue=queue-07&state=pending"
+                                                                "&lane=t7&q=4957")):
+        page = client.get(base + query)
+        assert page.status_code == 200
+        show(name, timed(lambda query=query: client.get(base + query), 5),
+             "cut short" if b"stopped short" in page.content else "")
+
+
+def bulk_retry(count: int, user: Any) -> None:
+    """A bulk retry of `count` dead jobs: the count its confirmation shows, then the run."""
+    from jobqueue import Queue
+    from jobqueue.console import bulk
+    from jobqueue.console.query import Query
+    from jobqueue.spec import JobSpec
+
+    queue = Queue("bulk")
+    for start in range(0, count, 5_000):
+        queue.enqueue_many([JobSpec({"handler": "x", "args": [i], "kwargs": {"tenant": "a"}},
+                                    max_attempts=1) for i in range(start, min(count, start + 5_000))])
+    while leases := queue.dequeue(count=1_000, lease=3600):
+        for lease in leases:
+            queue.nack(lease, "boom")
+    print(f"\nbulk retry of {count:,} dead jobs (queue bulk, beside 100,000 waiting elsewhere)")
+    work = bulk.Bulk.of("retry", Query.parse({"queue": "bulk", "q": "kwargs.tenant=a"}), None)
+    operation = work.start(user)
+    started = time.perf_counter()
+    bulk.Runner().run()  # the count its page shows, to be confirmed
+    counted = time.perf_counter() - started
+    operation.refresh_from_db()
+    assert bulk.Bulk.confirm(operation, user)
+    started = time.perf_counter()
+    bulk.Runner().run()
+    ran = time.perf_counter() - started
+    operation.refresh_from_db()
+    assert (operation.total, operation.done, queue.counts()["dead"]) == (count, count, 0), operation
+    print(f"  the count (before the confirmation): {counted:.2f} s; the retries: {ran:.2f} s "
+          f"({count / ran:,.0f} jobs/s)")
+
+
 def history_row(n: int, at: datetime) -> dict[str, Any]:
     from jobqueue.models import written_fields
 
@@ -117,10 +164,10 @@ def search(url: str) -> None:
         from jobqueue import readmodels
     from jobqueue.models import Job, insert_jobs
 
-    call_command("migrate", "jobqueue", "0009", verbosity=0)  # (the history before its indexes)
-    now = datetime.now(UTC)
-    for start in range(0, HISTORY_ROWS, 5_000):
+    now = datetime.now(UTC)  # (rows written with today's columns, then the history before its
+    for start in range(0, HISTORY_ROWS, 5_000):  # indexes: the migrations since 0009 undone)
         insert_jobs(history_row(n, now) for n in range(start + 1, start + 5_001))
+    call_command("migrate", "jobqueue", "0009", verbosity=0)
     print(f"\nhistory search, {HISTORY_ROWS:,} rows ({url.split('://')[0]})")
 
     def old(text: str) -> None:  # the search before: one OR over the three, handler from the JSON
@@ -133,14 +180,27 @@ def search(url: str) -> None:
         show(f"before: {name}", timed(lambda text=text: old(text), 5))
     started = time.perf_counter()
     call_command("migrate", "jobqueue", verbosity=0)
-    print(f"  migration 0010 (handler column, two indexes): {time.perf_counter() - started:.1f} s")
+    print(f"  migrations 0010… (handler column, its indexes, the columns since): "
+          f"{time.perf_counter() - started:.1f} s")
     for name, text in cases:
         show(f"after: {name}", timed(lambda text=text: readmodels.search(text), 5))
+    from jobqueue.console import search as console_search
+    from jobqueue.console.query import Query
+
+    for name, params in (("argument equals (args.0=150000)", {"q": "args.0=150000"}),
+                         ("argument equals, one handler", {"q": "args.0=150007",
+                                                           "handler": "app.jobs.h7"}),
+                         ("argument contains (args.0~99999)", {"q": "args.0~99999"}),
+                         ("plain text (order-99)", {"q": "order-99"})):
+        query = Query.parse({**params, "where": "history"})
+        show(f"console search: {name}", timed(
+            lambda query=query: list(console_search.history(query, None)[:51]), 3))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--history-db", help="a MySQL/MariaDB URL to measure the search on (dropped first)")
+    parser.add_argument("--bulk", type=int, default=20_000, help="dead jobs a bulk retry retries")
     args = parser.parse_args()
     with valkey() as url, tempfile.TemporaryDirectory() as tmp:
         os.environ["DJANGO_ALLOWED_HOSTS"] = "testserver"
@@ -157,7 +217,7 @@ def main() -> None:
         from jobqueue.conf import get_client
 
         call_command("migrate", verbosity=0)
-        User.objects.create_superuser("bench", "b@example.com", "pw")
+        user = User.objects.create_superuser("bench", "b@example.com", "pw")
         client = Client()
         client.login(username="bench", password="pw")
 
@@ -166,6 +226,8 @@ def main() -> None:
 
         print("(rough numbers: one run on a shared machine)")
         dashboard(client)
+        live_search(client)
+        bulk_retry(args.bulk, user)
         flow(client, sent)
         stuck(client, sent)
         if args.history_db:

@@ -7,10 +7,10 @@ rooms left of it, never one to its right:
 
 The leaves are the modules at the top level that every room may use: `_compat`, `exceptions`,
 `states`, `signals`, `ids`, `keys`, `records`, `spec`, `cron`, `grants`, `sealing`, `conf`,
-`embedded`, `tracing`, `collector` and `debug`. `models` is `jobqueue/models.py`, where Django looks for it. Each
-room's `__init__` says what the room owns and imports nothing (but `flows`, for the names the
-docs call). The other modules left at the top level are anchors that Django, settings strings
-or the docs name by path: this module (the public API, re-exported below), `apps`, `admin`,
+`embedded`, `tracing`, `collector` and `debug`. `models` is `jobqueue/models.py`, where Django
+looks for it. Each room's `__init__` says what the room owns and imports nothing (but `flows`,
+for the names the docs call). The other modules left at the top level are anchors that Django,
+settings strings or the docs name by path: this module (the public API, re-exported below), `apps`, `admin`,
 `urls`, `metrics`, `tasks`, `contrib.celery`, `management/` and `templatetags/`.
 """
 

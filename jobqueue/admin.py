@@ -7,6 +7,7 @@ needs no URL of its own for it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin, messages
@@ -60,6 +61,23 @@ class JobAdmin(admin.ModelAdmin):
     def job_link(self, obj: Job) -> str:
         url = reverse(f"{self.admin_site.name}:jobqueue_job", args=[obj.queue, obj.id])
         return format_html('<a href="{}">{}</a>', url, obj.id)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """The columns, with the job's arguments as this user may see them (hidden ones masked:
+        console/hidden.py)."""
+        return (*self.list_display, _arguments(request))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Every field, read-only; the payload as this user may see it."""
+        from .console import hidden
+
+        if hidden.may_see(request):
+            return self.readonly_fields
+        return [name if name != "payload" else _payload(request)
+                for name in self.readonly_fields]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.get_readonly_fields(request, obj)
 
     def get_urls(self) -> list[Any]:
         # (imported here: the console's views load with the admin's URLs, not in every process
@@ -120,6 +138,30 @@ class JobAdmin(admin.ModelAdmin):
         for problem in failed[:10]:
             self.message_user(request, problem, messages.WARNING)
         return None
+
+
+def _arguments(request: HttpRequest) -> Any:
+    """The changelist's "arguments" column for this user."""
+    from .console import hidden
+    from .console.searching import arguments_text
+
+    @admin.display(description="arguments")
+    def arguments(obj: Job) -> str:
+        return arguments_text(hidden.shown_payload(request, obj.queue, obj.payload))
+
+    return arguments
+
+
+def _payload(request: HttpRequest) -> Any:
+    """The change page's payload for this user."""
+    from .console import hidden
+
+    @admin.display(description="payload")
+    def payload(obj: Job) -> str:
+        return json.dumps(hidden.shown_payload(request, obj.queue, obj.payload),
+                          ensure_ascii=False, default=str)
+
+    return payload
 
 
 @admin.register(Shard)

@@ -135,6 +135,8 @@ class Job(models.Model):
             ("set_lane_concurrency", "Can change a lane's concurrency cap"),
             ("set_global_concurrency", "Can change a queue's global concurrency cap"),
             ("view_sealed", "Can read sealed job data (arguments, results, errors)"),
+            ("delete_history", "Can delete finished jobs from the history"),
+            ("view_hidden_args", "Can see hidden job arguments"),
         ]
 
     def __str__(self) -> str:
@@ -179,6 +181,58 @@ class Shard(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}#{self.index}"
+
+
+class BulkOperation(models.Model):
+    """An operator's action on every job a search matches (console/bulk.py runs it): what, on
+    which jobs (the search's GET parameters, the queues the operator could act on), how far
+    (`cursor`, saved with the counts after each chunk: a runner that dies is resumed from it),
+    and who runs it now (`runner`, until `lease_until`): counted, confirmed, run."""
+
+    class Status(models.TextChoices):
+        COUNTING = "counting", "Counting"
+        """Counting the jobs that match, for the operator to confirm."""
+        COUNTED = "counted", "Counted"
+        """Waiting for the operator to confirm the count."""
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+        DROPPED = "dropped", "Dropped"
+        """The operator did not confirm it."""
+
+    action = models.CharField(max_length=16)
+    query = models.JSONField(default=dict)
+    scope = models.JSONField(null=True, blank=True)
+    """The queues the operator could act on (None: every queue)."""
+    total = models.PositiveIntegerField(default=0)
+    """How many jobs matched (counted before the operator confirmed)."""
+    done = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+    """Jobs that matched but had moved on when their turn came (a retry of a pending job)."""
+    cursor = models.CharField(max_length=200, blank=True, default="")
+    inflight = models.JSONField(default=list, blank=True)
+    """The chunk being acted on ([queue, job id] each), saved before it is: a runner that dies
+    mid-chunk leaves it here, and the next acts on it again (each job's transition carries a
+    call id of the operation's, so a job it reached answers as it did, and no job of the chunk
+    is left out)."""
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    running_key = models.CharField(max_length=64, null=True, blank=True, unique=True)
+    """The action, query and scope hashed until it ends (None after): the same operation asked
+    for or confirmed twice finds this one instead of starting a second."""
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    runner = models.CharField(max_length=64, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "lease_until"], name="jq_bulk_status")]
+
+    def __str__(self) -> str:
+        return f"bulk {self.action} #{self.pk} ({self.status})"
 
 
 def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) -> int:

@@ -148,7 +148,7 @@ def lane_weights(value: object) -> tuple[tuple[str, int], ...]:
 QUEUE_OPTION_NAMES = ("shards", "max_shards", "max_attempts", "lease", "concurrency", "backoff",
                       "priority", "durable", "lane_weights", "rate", "wait_replicas",
                       "lane_concurrency", "lane_rate", "timeout", "global_concurrency",
-                      "encrypt")
+                      "encrypt", "hidden_args")
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,10 @@ class QueueOptions:
     one cap: engine/permits.py); a cap set live (`Queue.set_global_concurrency`) wins."""
     encrypt: bool = False
     """Seal its jobs' args, kwargs, results, checkpoints, progress and errors (sealing.py)."""
+    hidden_args: tuple[str | int, ...] = ()
+    """Argument keys the console shows as `•••` to a user without `jobqueue.view_hidden_args`:
+    a name hides that key wherever it stands in the job's kwargs (or a dict among its args), a
+    whole number hides that position of its args (`hidden_args`)."""
 
     @property
     def claim_only(self) -> bool:
@@ -211,6 +215,21 @@ def claim_policy(options: QueueOptions, shards: int) -> tuple[Any, ...]:
     return (*((limit[0] / shards, limit[1]) if limit else (0, 0)), *(lane_limit or (0, 0)),
             len(options.lane_concurrency), *(x for pair in options.lane_concurrency for x in pair),
             len(weighted), *(x for pair in weighted for x in pair))
+
+
+MAX_HIDDEN_ARGS = 100
+
+
+def hidden_args(value: object) -> tuple[str | int, ...]:
+    """The `hidden_args` option: a list of argument names (non-empty strings) and positions
+    (whole numbers ≥ 0), kept as a tuple (names and positions as given, duplicates dropped)."""
+    if isinstance(value, (list, tuple)) and len(value) <= MAX_HIDDEN_ARGS and all(
+            (isinstance(item, str) and item and len(item) <= 200)
+            or (isinstance(item, int) and not isinstance(item, bool) and item >= 0)
+            for item in value):
+        return tuple(dict.fromkeys(value))
+    raise InvalidOption(f"hidden_args must be a list of at most {MAX_HIDDEN_ARGS} argument names "
+                        f"(non-empty strings) and positions (whole numbers ≥ 0), got {value!r}")
 
 
 def did_you_mean(unknown: Iterable[object], known: Iterable[str]) -> str:
@@ -242,6 +261,8 @@ def queue_options(raw: Mapping[str, Any], base: QueueOptions = QueueOptions()) -
         values["auto_shards"] = False
     if "lane_weights" in values:
         values["lane_weights"] = lane_weights(values["lane_weights"])
+    if "hidden_args" in values:
+        values["hidden_args"] = hidden_args(values["hidden_args"])
     if "lane_concurrency" in values:  # (None: no caps, overriding DEFAULTS' own)
         raw_caps = values["lane_concurrency"]
         values["lane_concurrency"] = () if raw_caps is None else lane_concurrency(raw_caps)

@@ -40,6 +40,11 @@ def console_urls(site: AdminSite) -> list[Any]:
     return [
         path("", wrap(views.dashboard), name="jobqueue_dashboard"),
         path("find/", wrap(views.find), name="jobqueue_find"),
+        path("search/", wrap(views.search_page), name="jobqueue_search"),
+        path("search/bulk/", wrap(posts.BulkAction.as_view(site=views)), name="jobqueue_search_bulk"),
+        path("bulk/<int:pk>/", wrap(views.bulk_page), name="jobqueue_bulk"),
+        path("bulk/<int:pk>/decide/", wrap(posts.BulkDecision.as_view(site=views)),
+             name="jobqueue_bulk_decide"),
         path("stuck/", wrap(views.stuck), name="jobqueue_stuck"),
         path("schedules/", wrap(views.schedules), name="jobqueue_schedules"),
         path("workers/", wrap(views.workers), name="jobqueue_workers"),

@@ -22,7 +22,8 @@ PERMISSIONS = {"retry": "jobqueue.retry_job", "reprioritize": "jobqueue.repriori
                "cancel": "jobqueue.cancel_job", "pause": "jobqueue.pause_queue",
                "resize": "jobqueue.resize_queue", "run_schedule": "jobqueue.run_schedule",
                "set_lane_concurrency": "jobqueue.set_lane_concurrency",
-               "set_global_concurrency": "jobqueue.set_global_concurrency"}
+               "set_global_concurrency": "jobqueue.set_global_concurrency",
+               "delete": "jobqueue.delete_history"}
 """The Django permission each action needs (each console action's view, in posts.py, and the
 admin's bulk retry ask it)."""
 WAITING_OR_RUNNING = frozenset({State.PENDING, State.SCHEDULED, State.ACTIVE})
@@ -51,13 +52,13 @@ def cut_short(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def retry_job(queue: Queue, job_id: str) -> State:
+def retry_job(queue: Queue, job_id: str, call_id: str = "") -> State:
     """Retry a dead, cancelled or expired job: in place while Valkey has its row, else created
     again from its mirror row under the same id, with every option the row keeps (its attempts
     go on from the row's, its budget whole again). A durable job's row reopens in the same step
-    (see models.reopened)."""
+    (see models.reopened). `call_id`: as `Queue.retry` takes it."""
     try:
-        return State(queue.retry(job_id))
+        return State(queue.retry(job_id, call_id))
     except JobNotFound:  # (Valkey no longer holds it: its mirror row may)
         pass
     from ..models import Job

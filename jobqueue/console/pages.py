@@ -28,8 +28,9 @@ from ..models import Job
 from ..operations import schedule
 from ..states import State
 from ..worker import presence
-from . import access, flowgraph, posts, readmodels, sealed
-from .site import ConsoleSite, console_reverse
+from . import access, flowgraph, hidden, posts, readmodels, sealed
+from .searching import SearchPages
+from .site import console_reverse
 
 
 def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
@@ -59,7 +60,7 @@ def bar_chart(values: list[int], title: str, colour: str) -> SafeString:
     )
 
 
-class Console(ConsoleSite):
+class Console(SearchPages):
     """The console's pages (its actions are posts.py's views)."""
 
     # -- pages -------------------------------------------------------------------------------
@@ -199,7 +200,8 @@ class Console(ConsoleSite):
         )
         return self.render(
             request, "job.html", f"Job {job_id}", job=info, actions=allowed, timeline=timeline,
-            payload=_pretty(info.payload), result=_pretty(info.result),
+            payload=_pretty(hidden.shown_payload(request, info.queue, info.payload)),
+            result=_pretty(info.result),
             checkpoint=_pretty(info.checkpoint), progress=_pretty(info.progress),
             waits=readmodels.waits_of(Queue(info.queue), [info]).get(info.id)
             if info.state == State.WAITING and info.source == "valkey" else None,

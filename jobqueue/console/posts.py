@@ -16,8 +16,8 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.mixins import PermissionRequiredMixin
-from django.core.exceptions import ImproperlyConfigured
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.views import View
 
 from ..api.registry import lookup
@@ -26,8 +26,8 @@ from ..cron import Entry
 from ..engine import layouts
 from ..engine.store import JobInfo, Queue
 from ..exceptions import InvalidName, JobQueueError, UnknownHandler
-from ..models import Job, Shard
-from . import access, actions, readmodels
+from ..models import BulkOperation, Job, Shard
+from . import access, actions, bulk, readmodels
 from .site import ConsoleSite, console_reverse
 
 
@@ -325,3 +325,66 @@ def schedule_queue(entry: Entry) -> str:
         return lookup(entry.job).options.queue
     except UnknownHandler:
         return "default"
+
+
+# -- every job a search matches -----------------------------------------------------------------
+
+
+class BulkAction(View):
+    """Retry, cancel or delete every job the search in the form matches (`search/bulk/`): a POST
+    with the search's fields and `action` records the operation (`bulk.Bulk.start`; the same
+    one under way is found instead of a second) and sends the operator to its page, where a
+    runner's count, made outside the request, is confirmed (`BulkDecision`). Each action needs
+    its own permission (403 without it)."""
+
+    http_method_names = ["post"]
+    site: Any = None
+    """The console (`as_view(site=…)`): its search pages (searching.SearchPages)."""
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        action = request.POST.get("action", "")
+        _permitted(request, action)
+        back = console_reverse(request, "jobqueue_search")
+        try:
+            query = self.site.checked_query(request, request.POST)
+            work = bulk.Bulk.of(action, query, self.site.visible_queues(request, acting=True))
+        except JobQueueError as exc:
+            messages.error(request, f"Bulk {action}: {exc}")
+            return HttpResponseRedirect(back)
+        operation = work.start(request.user)
+        bulk.run_in_thread()
+        return HttpResponseRedirect(console_reverse(request, "jobqueue_bulk", operation.pk))
+
+
+class BulkDecision(View):
+    """The operator's answer on a counted bulk operation's page (`bulk/<pk>/decide/`):
+    confirm=yes runs it (once, however often it is clicked: `bulk.Bulk.confirm`), anything
+    else drops it. Needs the permission of the operation's action, and leave to act on every
+    queue it may reach (`ConsoleSite.covers`)."""
+
+    http_method_names = ["post"]
+    site: Any = None
+    """The console (`as_view(site=…)`)."""
+
+    def post(self, request: HttpRequest, pk: int) -> HttpResponse:
+        operation = BulkOperation.objects.filter(pk=pk).first()
+        if operation is None:
+            raise Http404(f"No bulk operation #{pk}.")
+        _permitted(request, operation.action)
+        if not self.site.covers(request, operation.scope, acting=True):
+            raise PermissionDenied(f"bulk operation #{pk} reaches queues you may not act on")
+        if request.POST.get("confirm") == "yes":
+            if bulk.Bulk.confirm(operation, request.user):
+                bulk.run_in_thread()
+                messages.success(request, f"Bulk {operation.action} #{pk} started.")
+            else:
+                messages.info(request, f"Bulk {operation.action} #{pk} is {operation.status} "
+                                       f"already.")
+        elif bulk.Bulk.drop(operation):
+            messages.info(request, f"Bulk {operation.action} #{pk} dropped: nothing was done.")
+        return HttpResponseRedirect(console_reverse(request, "jobqueue_bulk", pk))
+
+
+def _permitted(request: HttpRequest, action: str) -> None:
+    if action not in bulk.VERBS or not request.user.has_perm(actions.PERMISSIONS[action]):
+        raise PermissionDenied(f"no permission to {action or 'act'} in bulk")

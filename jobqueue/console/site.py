@@ -26,6 +26,7 @@ from ..exceptions import JobQueueError
 from ..keys import validate_queue
 from ..models import Job
 from ..states import State
+from . import access
 
 VIEW, CHANGE = "jobqueue.view_job", "jobqueue.change_job"
 """Django's own permissions on jobs; either lets a staff user see the console."""
@@ -69,6 +70,22 @@ class ConsoleSite:
             return view(request, *args, **kwargs)
 
         return guarded
+
+    # -- which queues a user may see or act on -----------------------------------------------
+
+    def visible_queues(self, request: HttpRequest, acting: bool = False) -> frozenset[str] | None:
+        """The queues this user may see (`acting`: act on) in a search and its bulk actions:
+        None for every queue; else the known queues access.py lets them see (act on)."""
+        found = access.scope(request)
+        if found.superuser or not found.grants.access or (found.unrestricted() and not acting):
+            return None  # (no grant configured: every console user sees and acts everywhere)
+        names = access.visible_queues(request)
+        return frozenset(n for n in names if not acting or access.may_act(request, n))
+
+    def covers(self, request: HttpRequest, scope: list[str] | None, acting: bool = False) -> bool:
+        """Whether this user may see (act on) every queue of a recorded scope (None: all)."""
+        mine = self.visible_queues(request, acting)
+        return mine is None or (scope is not None and set(scope) <= mine)
 
     # -- what a URL names --------------------------------------------------------------------
 

@@ -214,21 +214,21 @@ class Queue:
 
     # -- operator side ---------------------------------------------------------------------
 
-    def retry(self, job_id: str) -> str:
+    def retry(self, job_id: str, call_id: str = "") -> str:
         """A dead, cancelled or expired job goes back to pending with a fresh retry budget, on its
         own shard (a retired one is claimed from again, once the job is pending there); a
-        durable row reopens with it."""
+        durable row reopens with it. `call_id`: the call's own id (a bulk operation's: the
+        same call made again within a minute answers as the first did), else a fresh one."""
         index = self._located("retry", job_id)
+        call_id = call_id or operator_calls.call_id()
         if not self.options.durable:
-            answer = operator_calls.retry(self.client, self.shard(index), job_id,
-                                          operator_calls.call_id())
+            answer = operator_calls.retry(self.client, self.shard(index), job_id, call_id)
         else:
             from ..models import reopened
 
             ended = ms_to_dt(self.client.hget(self.shard(index).job(job_id), "finished_at"))
             with reopened(job_id, after=ended):  # (so `restore` finds it: models.reopened)
-                answer = operator_calls.retry(self.client, self.shard(index), job_id,
-                                              operator_calls.call_id())
+                answer = operator_calls.retry(self.client, self.shard(index), job_id, call_id)
         layouts.reopen(self.client, self.name, self.configured, index)
         return answer
 
@@ -239,10 +239,23 @@ class Queue:
         return operator_calls.reprioritize(self.client, self.shard(self._located(
             "reprioritize", job_id)), job_id, priority, operator_calls.call_id())
 
-    def cancel(self, job_id: str) -> str:
-        """Cancel a waiting job now; flag an active one so its outcome is recorded as cancelled."""
+    def cancel(self, job_id: str, call_id: str = "") -> str:
+        """Cancel a waiting job now; flag an active one so its outcome is recorded as cancelled
+        (`call_id` as `retry` takes it)."""
         return operator_calls.cancel(self.client, self.shard(self._located("cancel", job_id)),
-                                     job_id, retention_ms(), operator_calls.call_id())
+                                     job_id, retention_ms(), call_id or operator_calls.call_id())
+
+    def retry_many(self, index: int, calls: Sequence[tuple[str, str]]) -> list[Any]:
+        """`retry` of many jobs of shard `index` in one round trip, (job id, call id) each: each
+        one's state after, or its refusal (not raised). Not for a durable queue's jobs, whose
+        rows reopen with each retry (`retry`)."""
+        answers = operator_calls.retry_many(self.client, self.shard(index), calls)
+        layouts.reopen(self.client, self.name, self.configured, index)
+        return answers
+
+    def cancel_many(self, index: int, calls: Sequence[tuple[str, str]]) -> list[Any]:
+        """`cancel` of many jobs of shard `index` in one round trip (as `retry_many`)."""
+        return operator_calls.cancel_many(self.client, self.shard(index), calls, retention_ms())
 
     def _located(self, action: str, job_id: str) -> int:
         """The shard of a job an operator acts on; JobNotFound when none holds it."""

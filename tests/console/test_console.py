@@ -22,13 +22,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 XSS = "<script>alert('x')</script>"
 
 
-@pytest.fixture
-def admin_client(client: Client) -> Client:
-    User.objects.create_superuser("root", "root@example.com", "pw")
-    client.login(username="root", password="pw")
-    return client
-
-
 def staff(client: Client, *perms: str) -> Client:
     user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
     user.user_permissions.set(Permission.objects.filter(codename__in=perms))

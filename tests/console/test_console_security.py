@@ -19,6 +19,7 @@ from jobqueue import Queue, chain, conf
 from jobqueue.conf import get_client
 from jobqueue.embedded import free_port
 from jobqueue.history.mirror import upsert
+from jobqueue.models import BulkOperation
 from jobqueue.operations import schedule
 from jobqueue.urls import console_urls
 from tests import workers
@@ -26,11 +27,12 @@ from tests.jobapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-def every_console_url(job_id: str, flow_id: str) -> list[tuple[str, str]]:
+def every_console_url(job_id: str, flow_id: str, bulk_id: int = 1) -> list[tuple[str, str]]:
     """(method, path) of everything the console mounts: each page by GET, each action (a view
     that takes POSTs only) by POST, read from `console_urls`, so that a page or action added
     later is tried too."""
-    values = {"name": "default", "queue": "default", "job_id": job_id, "flow_id": flow_id}
+    values = {"name": "default", "queue": "default", "job_id": job_id, "flow_id": flow_id,
+              "pk": bulk_id}
     found = []
     for pattern in console_urls(admin.site):
         kwargs = {key: values.get(key) for key in pattern.pattern.converters}
@@ -57,19 +59,23 @@ def test_every_console_page_and_action_wants_view_job_even_from_staff(client: Cl
                          "SCHEDULE": {"beat": {"job": "tests.jobapp.jobs.noop", "every": 60}}}
     job_id = workers.dead_job({"api_key": "k-123"}, "ValueError: with the key k-123")
     flow = chain(jobs.add.s(1, 1), jobs.add.s(2)).enqueue()
-    urls = every_console_url(job_id, flow.id)
-    assert len(urls) == 19 and sum(method == "POST" for method, _ in urls) == 11
+    counted = BulkOperation.objects.create(action="retry", query={"state": "dead"},
+                                           status="counted", total=1)
+    urls = every_console_url(job_id, flow.id, counted.pk)
+    assert len(urls) == 23 and sum(method == "POST" for method, _ in urls) == 13
     every_right = [p.codename for p in Permission.objects.filter(content_type__app_label="jobqueue")
                    if p.codename not in ("view_job", "change_job")]
     curious = user_with(client, *every_right)
     for method, path in urls:
         response = curious.get(path) if method == "GET" else curious.post(
-            path, {"priority": "5", "count": "2", "confirm": "yes", "lane": "acme", "cap": "3"})
+            path, {"priority": "5", "count": "2", "confirm": "yes", "lane": "acme", "cap": "3",
+                   "action": "retry", "state": "dead"})
         assert response.status_code == 403, (method, path)
         assert "k-123" not in response.content.decode()
     queue = Queue("default")
     assert queue.get(job_id).state == "dead" and not queue.is_paused()  # type: ignore[union-attr]
     assert queue.layout(fresh=True).live == 1 and not LogEntry.objects.exists()
+    assert list(BulkOperation.objects.values_list("status", flat=True)) == ["counted"]
     assert queue.client.get("emq:{default#cap}:limit") is None  # (no global cap set)
     assert not schedule.state(get_client()).get("beat", {}).get("paused")
     User.objects.all().delete()

@@ -11,10 +11,12 @@ under that id (`_operator.lua`), so a call sent again answers as the first one d
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from ...exceptions import JobQueueError
 from ...keys import ShardKeys
 from ...records import COUNTS_REPLY
 from . import caller, source
@@ -51,6 +53,31 @@ def cancel(client: Any, shard: ShardKeys, job_id: str, retention: int, call_id: 
     reply = caller.run_answered(client, "cancel", shard, [job_id, retention, call_id],
                                 OPERATOR_SENDS)
     return operator_answer("cancel", reply, job_id, shard.queue)
+
+
+def retry_many(client: Any, shard: ShardKeys, calls: Sequence[tuple[str, str]]) -> list[Any]:
+    """`retry` of many jobs of one shard in one round trip, (job id, call id) each: each one's
+    state after, or its refusal (the exception, not raised)."""
+    return _answers("retry", shard, calls, caller.run_many(
+        client, "retry", shard, [[job_id, call] for job_id, call in calls]))
+
+
+def cancel_many(client: Any, shard: ShardKeys, calls: Sequence[tuple[str, str]],
+                retention: int) -> list[Any]:
+    """`cancel` of many jobs of one shard in one round trip (as `retry_many`)."""
+    return _answers("cancel", shard, calls, caller.run_many(
+        client, "cancel", shard, [[job_id, retention, call] for job_id, call in calls]))
+
+
+def _answers(script: str, shard: ShardKeys, calls: Sequence[tuple[str, str]],
+             replies: list[Any]) -> list[Any]:
+    answers: list[Any] = []
+    for (job_id, _), reply in zip(calls, replies, strict=True):
+        try:
+            answers.append(operator_answer(script, reply, job_id, shard.queue))
+        except JobQueueError as exc:
+            answers.append(exc)
+    return answers
 
 
 @twin("set_lane_concurrency")

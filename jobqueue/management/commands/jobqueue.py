@@ -1,4 +1,5 @@
-"""`manage.py jobqueue resize|restore|stats|reseal`: operator commands (they parse, then call the library)."""
+"""`manage.py jobqueue resize|restore|stats|reseal|bulk`: operator commands (they parse, then
+call the library)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True,
-                                        metavar="{resize,restore,stats,reseal}")
+                                        metavar="{resize,restore,stats,reseal,bulk}")
         resize = actions.add_parser("resize", help="set a queue's live shard count (1…1024) "
                                                    "without stopping anything")
         resize.add_argument("queue")
@@ -40,11 +41,23 @@ class Command(BaseCommand):
                                                    "database again under the first of "
                                                    "ENCRYPTION_KEYS (safe to run twice)")
         reseal.add_argument("--chunk", type=int, default=500, help="keys and rows per step")
+        bulk = actions.add_parser("bulk", help="run the console's bulk operations to their end "
+                                               "(resuming those whose runner died)")
+        bulk.add_argument("--chunk", type=_chunk, default=500,
+                          help="jobs acted on between two saves of an operation's cursor")
+        bulk.add_argument("--no-wait", action="store_true",
+                          help="leave operations another runner holds (by default, wait for a "
+                               "dead runner's lease to lapse and resume them)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             if options["action"] == "resize":
                 self.resize(validate_queue(options["queue"]), options["count"])
+            elif options["action"] == "bulk":
+                from jobqueue.console.bulk import Runner
+
+                finished = Runner(chunk=options["chunk"]).run(wait=not options["no_wait"])
+                self.stdout.write(f"finished {finished} bulk operation(s)")
             elif options["action"] == "restore":
                 self.restore(queue_list(options["queues"]))
             elif options["action"] == "reseal":
@@ -119,3 +132,9 @@ def _count(raw: str) -> int:
     if not 1 <= count <= MAX_SHARDS:
         raise argparse.ArgumentTypeError(f"N must be a whole number in 1…{MAX_SHARDS}, got {raw!r}")
     return count
+
+
+def _chunk(raw: str) -> int:
+    if not raw.isdecimal() or not 1 <= int(raw) <= 100_000:
+        raise argparse.ArgumentTypeError(f"--chunk must be a whole number in 1…100000, got {raw!r}")
+    return int(raw)
