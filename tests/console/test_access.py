@@ -208,3 +208,37 @@ def test_the_default_is_open_without_grants_and_closed_with_them() -> None:
     assert not grants.parse({"ACCESS": {"billing": {"view": ["support"]}}}).open_by_default
     both = grants.parse({"ACCESS": {"billing": {"act": ["ops"]}}})
     assert both.levels("billing", frozenset({"ops"})) == {"view", "act"}
+
+
+def test_search_and_bulk_actions_keep_to_the_granted_queues(client: Client,
+                                                             granted: dict[str, str]) -> None:
+    """A search (live and history) shows only the queues the user may see; a bulk action reaches
+    only those they may act on, and an operation recorded over more is not theirs to confirm."""
+    sam = member(client, "sam", "support")  # views billing, acts nowhere
+    live = sam.get(f"{LIVE}/search/?state=dead&where=live").content.decode()
+    assert granted["billing"] in live
+    assert granted["secret"] not in live and granted["default"] not in live
+    history = sam.get(f"{LIVE}/search/?q=args.0%3D1&where=history").content.decode()
+    assert "JOB0000000000b" in history and "JOB0000000000s" not in history
+    # a bulk retry by a view-only user acts on nothing (no queue to act on)
+    response = sam.post(f"{LIVE}/search/bulk/", {"state": "dead", "where": "live",
+                                                 "action": "retry"})
+    if response.status_code == 302 and "/bulk/" in response["Location"]:
+        url = response["Location"]
+        workers.wait_for(lambda: "match" in sam.get(url).content.decode(), timeout=30)
+        sam.post(url + "decide/", {"confirm": "yes"})
+    assert {Queue(q).get(granted[q]).state for q in granted} == {"dead"}  # type: ignore[union-attr]
+    # an operator of billing retries billing's dead jobs alone
+    bo = member(Client(), "bo", "billing-ops")
+    response = bo.post(f"{LIVE}/search/bulk/", {"state": "dead", "where": "live",
+                                                "action": "retry"})
+    assert response.status_code == 302 and "/bulk/" in response["Location"], response
+    url = response["Location"]
+    workers.wait_for(lambda: "match" in bo.get(url).content.decode(), timeout=30)
+    bo.post(url + "decide/", {"confirm": "yes"})
+    workers.wait_for(lambda: Queue("billing").get(granted["billing"]).state == "pending",  # type: ignore[union-attr]
+                     timeout=30)
+    assert Queue("secret").get(granted["secret"]).state == "dead"  # type: ignore[union-attr]
+    assert Queue("default").get(granted["default"]).state == "dead"  # type: ignore[union-attr]
+    # sam may not confirm (nor see) an operation that reaches queues beyond theirs
+    assert sam.post(url + "decide/", {"confirm": "yes"}).status_code in (403, 404)
