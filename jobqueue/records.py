@@ -183,6 +183,7 @@ class JobInfo:
         size, _, first = (self.batch or "").partition(" ")
         return (int(size), first) if size.isdecimal() and first else None
 
+    @property
     def sealed(self) -> bool:
         """Whether its data is sealed (sealing.py): its payload says so."""
         return isinstance(self.payload, dict) and "sealed" in self.payload

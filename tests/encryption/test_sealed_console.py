@@ -9,6 +9,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
+from jobqueue import Queue
+from jobqueue.history.mirror import Mirror
 from tests.inprocess import burst
 from tests.jobapp import jobs
 from tests.servers import ValkeyProcess
@@ -17,6 +19,8 @@ from .conftest import NEW, SECRET, kid, sealed_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LIVE = "/admin/jobqueue/job/live"
+ROW = "/admin/jobqueue/job/{}/change/"
+"""The Job admin's change form: a history row's page."""
 
 
 def _staff(client: Client, *perms: str) -> Client:
@@ -67,3 +71,31 @@ def test_search_says_sealed_queues_are_not_matched(client: Client, sealed_jobs: 
     found = client.get(f"{LIVE}/find/?id=tenant-7").content.decode()
     assert 'id="sealed-note"' in found and "vault" in found and SECRET not in found
     assert "No job has" in client.get(f"{LIVE}/find/?id={SECRET}").content.decode()
+
+
+def _mirrored(sealed_jobs: tuple[str, str]) -> None:
+    assert Mirror([Queue("vault")], consumer="t").step() >= 2
+
+
+def test_the_job_admins_row_page_shows_a_sealed_row_as_sealed_without_the_permission(
+    client: Client, sealed_jobs: tuple[str, str]
+) -> None:
+    _mirrored(sealed_jobs)
+    _staff(client, "view_job")
+    for job_id in sealed_jobs:
+        page = client.get(ROW.format(job_id)).content.decode()
+        assert job_id in page and f"🔒 sealed (key {kid(NEW)})" in page
+        assert "jq1." not in page and SECRET not in page
+
+
+def test_the_job_admins_row_page_opens_a_sealed_row_for_the_permission(
+    client: Client, settings: Any, sealed_jobs: tuple[str, str]
+) -> None:
+    _mirrored(sealed_jobs)
+    _staff(client, "view_job", "view_sealed")
+    done, dead = (client.get(ROW.format(job_id)).content.decode() for job_id in sealed_jobs)
+    assert SECRET in done and SECRET.upper() in done and "🔒" not in done and "jq1." not in done
+    assert f"cannot use {SECRET}" in dead and "jq1." not in dead
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "ENCRYPTION_KEYS": []}  # (no keys: nothing opens)
+    page = client.get(ROW.format(sealed_jobs[0])).content.decode()
+    assert f"🔒 sealed (key {kid(NEW)})" in page and SECRET not in page and "jq1." not in page
