@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from jobqueue import Queue
+from jobqueue import Queue, chord
 from jobqueue.history.mirror import Mirror
 from tests.inprocess import burst
 from tests.jobapp import jobs
@@ -99,3 +99,24 @@ def test_the_job_admins_row_page_opens_a_sealed_row_for_the_permission(
     settings.JOBQUEUE = {**settings.JOBQUEUE, "ENCRYPTION_KEYS": []}  # (no keys: nothing opens)
     page = client.get(ROW.format(sealed_jobs[0])).content.decode()
     assert f"🔒 sealed (key {kid(NEW)})" in page and SECRET not in page and "jq1." not in page
+
+
+@pytest.mark.parametrize("perms", [("view_job",), ("view_job", "view_sealed")])
+def test_a_flow_page_across_a_sealed_queue_shows_its_errors_and_progress_sealed(
+    client: Client, settings: Any, valkey_server: ValkeyProcess, perms: tuple[str, ...]
+) -> None:
+    """The flow page and its graph are lists: they show a sealed job's error and progress as
+    sealed, never opened, whoever looks (its job page opens them for the permission)."""
+    sealed_settings(settings, valkey_server.url, [NEW])
+    header = [jobs.confide.using(queue="vault").s(SECRET), jobs.confide.using(queue="vault").s(SECRET, fail=True)]
+    flow = chord(header, jobs.total.using(queue="default").s(), on_failure="ignore").enqueue()
+    burst("vault", "default")
+    assert flow.result(5)[0]["echo"] == SECRET.upper()
+    _staff(client, *perms)
+    page = client.get(f"{LIVE}/flows/default/{flow.id}/").content.decode()
+    assert 'class="jq-flow"' in page and SECRET not in page and "jq1." not in page
+    table = page[page.index('id="flow-jobs"'):]
+    graph = page[page.index('class="jq-flow"'):page.index('id="flow-jobs"')]
+    label = f"🔒 sealed (key {kid(NEW)})"
+    assert table.count(label) >= 3  # (each member's progress, the failed one's error)
+    assert label in graph  # (the failed member's error, on its box)
