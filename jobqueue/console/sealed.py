@@ -79,8 +79,9 @@ def shown_row(row: Job, user: Any) -> Job:
     shown_as.progress, shown_as.last_error = info.progress, info.last_error
     if isinstance(row.history, list):
         errors = iter(item.get("error") for item in info.history)
-        shown_as.history = [{**item, "error": next(errors)} if isinstance(item, dict) else item
-                            for item in row.history]
+        shown_as.history = [
+            {**item, "error": next(errors)} if isinstance(item, dict) else item for item in row.history
+        ]
     return shown_as
 
 

@@ -2,14 +2,14 @@
 key of `ENCRYPTION_KEYS` (`manage.py jobqueue reseal`), and a count of those that still need
 another key.
 
-Owns the walk (`Resealer`, which keeps its `Report`), not the sealing (sealing.py). In Valkey it reads job rows (`:job:<id>`: payload,
-result, checkpoint, progress, last error) and flows' result slots (`:results:<id>`) key by key
-(SCAN), and writes a key's values back only where each is still the one it read (reseal.lua, a
-compare-and-set: a job that moved on meanwhile keeps what it has, and a row that went is never
-written again);
-in the database it reseals `Job` rows (mirror and durable outbox rows) in chunks by id, each in
-a transaction with its rows locked. A value already under the first key is left as it is, so a
-second run changes nothing and an interrupted run is resumed by running it again. A value whose
+Owns the walk (`Resealer`, which keeps its `Report`), not the sealing (sealing.py). In Valkey it
+reads job rows (`:job:<id>`: payload, result, checkpoint, progress, last error) and flows' result
+slots (`:results:<id>`) key by key (SCAN), and writes a key's values back only where each is
+still the one it read (reseal.lua, a compare-and-set: a job that moved on meanwhile keeps what it
+has, and a row that went is never written again); in the database it reseals `Job` rows
+(mirror and durable outbox rows) in chunks by id, each in a transaction with its rows locked. A
+value already under the first key is left as it is, so a second run changes nothing and an
+interrupted run is resumed by running it again. A value whose
 key is no longer listed, or that does not open, is counted, never changed. Entries in streams
 (the done stream the mirror reads, the relay's forward stream) are not resealed: they are read
 and deleted within seconds.
@@ -30,8 +30,12 @@ from ..keys import shard_of
 
 CHUNK = 500
 ROW_FIELDS = ("payload", "result", "checkpoint", "progress", "last_error")
-DATABASE_FIELDS = (("payload", "args"), ("result", "result"), ("progress", "progress"),
-                   ("last_error", "error"))
+DATABASE_FIELDS = (
+    ("payload", "args"),
+    ("result", "result"),
+    ("progress", "progress"),
+    ("last_error", "error"),
+)
 """A `Job` row's fields that may hold sealed values, each with the field its value is sealed for."""
 
 
@@ -67,8 +71,9 @@ def reseal(
 class Resealer:
     """One run of the walk: what it resealed and what it left, counted as it goes (`report`)."""
 
-    def __init__(self, client: Any, chunk: int = CHUNK,
-                 progress: Callable[[str, int], None] | None = None) -> None:
+    def __init__(
+        self, client: Any, chunk: int = CHUNK, progress: Callable[[str, int], None] | None = None
+    ) -> None:
         self.client, self.chunk, self.progress = client, chunk, progress
         self.report = Report()
 
@@ -80,21 +85,27 @@ class Resealer:
         for n, key in enumerate(client.scan_iter(match="emq:{*}:job:*", count=self.chunk), 1):
             job_id = key.rpartition(":job:")[2]
             raws = zip(ROW_FIELDS, client.hmget(key, ROW_FIELDS), strict=True)
-            self._write(key, "job", job_id, [(name, raw, self._attempt(raw, _row_value, job_id, name))
-                                             for name, raw in raws if raw])
+            self._write(
+                key,
+                "job",
+                job_id,
+                [(name, raw, self._attempt(raw, _row_value, job_id, name)) for name, raw in raws if raw],
+            )
             if self.progress and n % self.chunk == 0:
                 self.progress("valkey", n)
         for key in client.scan_iter(match="emq:{*}:results:*", count=self.chunk):
-            self._write(key, "results", key.rpartition(":results:")[2],
-                        [(slot, raw, self._attempt(raw, _slot_value))
-                         for slot, raw in client.hgetall(key).items()])
+            self._write(
+                key,
+                "results",
+                key.rpartition(":results:")[2],
+                [(slot, raw, self._attempt(raw, _slot_value)) for slot, raw in client.hgetall(key).items()],
+            )
 
     def _write(self, key: str, row: str, job_id: str, values: list[tuple[str, str, str | None]]) -> None:
         """The values resealed of one key written back where still the ones read."""
         changed = [(name, raw, new) for name, raw, new in values if new is not None]
         if changed:
-            self.report.resealed += operator_calls.reseal(self.client, shard_of(key), row, job_id,
-                                                          changed)
+            self.report.resealed += operator_calls.reseal(self.client, shard_of(key), row, job_id, changed)
 
     def _attempt(self, raw: str, resealed: Callable[..., str | None], *args: str) -> str | None:
         """One stored value resealed by `resealed` (None: it needs no change); a value that

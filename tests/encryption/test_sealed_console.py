@@ -108,15 +108,16 @@ def test_a_flow_page_across_a_sealed_queue_shows_its_errors_and_progress_sealed(
     """The flow page and its graph are lists: they show a sealed job's error and progress as
     sealed, never opened, whoever looks (its job page opens them for the permission)."""
     sealed_settings(settings, valkey_server.url, [NEW])
-    header = [jobs.confide.using(queue="vault").s(SECRET), jobs.confide.using(queue="vault").s(SECRET, fail=True)]
+    member = jobs.confide.using(queue="vault")
+    header = [member.s(SECRET), member.s(SECRET, fail=True)]
     flow = chord(header, jobs.total.using(queue="default").s(), on_failure="ignore").enqueue()
     burst("vault", "default")
     assert flow.result(5)[0]["echo"] == SECRET.upper()
     _staff(client, *perms)
     page = client.get(f"{LIVE}/flows/default/{flow.id}/").content.decode()
     assert 'class="jq-flow"' in page and SECRET not in page and "jq1." not in page
-    table = page[page.index('id="flow-jobs"'):]
-    graph = page[page.index('class="jq-flow"'):page.index('id="flow-jobs"')]
+    table = page[page.index('id="flow-jobs"') :]
+    graph = page[page.index('class="jq-flow"') : page.index('id="flow-jobs"')]
     label = f"🔒 sealed (key {kid(NEW)})"
     assert table.count(label) >= 3  # (each member's progress, the failed one's error)
     assert label in graph  # (the failed member's error, on its box)
