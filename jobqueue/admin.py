@@ -92,6 +92,14 @@ class JobAdmin(admin.ModelAdmin):
 
         return access.history(request, super().get_queryset(request))
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
+        """A row as its page shows it: a sealed job's data sealed, unless the user may read it
+        (console/sealed.py)."""
+        from .console import sealed
+
+        row = super().get_object(request, object_id, from_field)
+        return None if row is None else sealed.shown_row(row, request.user)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 

@@ -109,6 +109,12 @@ class ShardKeys:
         return self.key("pending") if lane == "" else f"{self.base}:lane:{lane}"
 
 
+def shard_of(key: str) -> ShardKeys:
+    """The shard a key of a shard (`emq:{<q>}:…`, `emq:{<q>#<k>}:…`) belongs to."""
+    name, mark, index = hashtag(key).rpartition("#")
+    return ShardKeys(name, int(index)) if mark and index.isdigit() else ShardKeys(hashtag(key), 0)
+
+
 @dataclass(frozen=True)
 class CapKeys(ShardKeys):
     """Key names of a queue's global cap (`global_concurrency`: permits.lua): a slot of its own,

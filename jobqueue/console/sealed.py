@@ -2,18 +2,23 @@
 user holds `jobqueue.view_sealed` and this process has the keys to open it.
 
 Owns that one decision and the label; the pages call it on what they show (a job's page opens,
-lists never do: a list shows at most a line of each value).
+lists never do: a list shows at most a line of each value), and so does the Job admin's change
+form, a history row's page (`shown_row`).
 """
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import sealing
 from ..conf import get_config
 from ..exceptions import JobQueueError
 from ..records import JobInfo
+
+if TYPE_CHECKING:
+    from ..models import Job
 
 PERMISSION = "jobqueue.view_sealed"
 
@@ -60,6 +65,24 @@ def shown(info: JobInfo, user: Any) -> JobInfo:
         except JobQueueError:  # (a malformed key list: `check` says so)
             pass
     return masked(info)
+
+
+def shown_row(row: Job, user: Any) -> Job:
+    """A history row as its page in the Job admin shows it: a copy (never saved) whose sealed
+    fields are as `shown` leaves them; the row itself is left as it is."""
+    info = row.info()
+    if not info.sealed:
+        return row
+    info = shown(info, user)
+    shown_as = copy(row)
+    shown_as.payload, shown_as.result = info.payload, info.result
+    shown_as.progress, shown_as.last_error = info.progress, info.last_error
+    if isinstance(row.history, list):
+        errors = iter(item.get("error") for item in info.history)
+        shown_as.history = [
+            {**item, "error": next(errors)} if isinstance(item, dict) else item for item in row.history
+        ]
+    return shown_as
 
 
 def sealed_queues() -> list[str]:

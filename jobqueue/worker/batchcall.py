@@ -1,7 +1,8 @@
 """One call of a batch handler: its `BatchItem`s built from the batch's jobs, the call made (on
 a runner thread, or in a pool process: pool.py), and each job's outcome made of what it came to
 (see worker/batches.py). Like executor.py's `execute`, `run_batch` never raises: every job of
-the batch gets an `Outcome`.
+the batch gets an `Outcome`. A sealed job's item gets its args opened, and its outcome is sealed
+under its own id (sealing.py), as a single run's is.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from ..api.batches import BatchContext, BatchItem
 from ..api.handler import timeout_error
 from ..conf import loop_factory
 from ..records import Lease
-from .executor import Outcome, _failed, _succeeded, _write_progress, resolve, timed_out
+from ..sealing import SEALED
+from .executor import Outcome, _failed, _succeeded, _write_progress, resolve, sealed, timed_out
 
 
 def time_limit(leases: list[Lease]) -> Lease | None:
@@ -30,6 +32,7 @@ class Call(NamedTuple):
 
     func: Callable[..., Any]
     args: list[Any]
+    leases: list[Lease]
     positions: list[int]
     """Where each item's job is among the batch's leases."""
     outcomes: list[Outcome | None]
@@ -50,15 +53,16 @@ def prepared(leases: list[Lease], lanes: list[str], limit: Lease | None) -> Call
         items.append(BatchItem(lease.job_id, resolved[1], resolved[2], lane, lease.token))
         positions.append(i)
     if handler is None:
-        return Call(list, [], positions, outcomes, None)
+        return Call(list, [], leases, positions, outcomes, None)
     if not handler.options.takes_context:
-        return Call(handler.func, [items], positions, outcomes, None)
+        return Call(handler.func, [items], leases, positions, outcomes, None)
     ctx = BatchContext([leases[i] for i in positions], limit)
-    return Call(handler.func, [ctx, items], positions, outcomes, ctx)
+    return Call(handler.func, [ctx, items], leases, positions, outcomes, ctx)
 
 
 def answered(call: Call, result: Any, failed: BaseException | None, started: float) -> list[Outcome]:
-    """Each job's outcome from what the handler's one call came to."""
+    """Each job's outcome from what the handler's one call came to (a sealed job's sealed under
+    its own id)."""
     if call.ctx is not None:
         for ctx in call.ctx.unwritten():  # (before the outcomes are recorded)
             _write_progress(ctx)
@@ -78,7 +82,8 @@ def answered(call: Call, result: Any, failed: BaseException | None, started: flo
         ]
     outcomes = list(call.outcomes)
     for position, outcome in zip(call.positions, each, strict=True):
-        outcomes[position] = outcome
+        lease = call.leases[position]
+        outcomes[position] = outcome if SEALED not in lease.payload else sealed(outcome, lease)
     return [outcome for outcome in outcomes if outcome is not None]
 
 

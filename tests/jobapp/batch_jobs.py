@@ -103,3 +103,17 @@ async def aoverruns(items: list[BatchItem]) -> list[Any]:
 
     await asyncio.sleep(float(items[0].args[0]))
     return [None] * len(items)
+
+
+@job(queue=QUEUE, batch=10, batch_wait=0.2, max_attempts=1, takes_context=True)
+def confide_batch(ctx: BatchContext, items: list[BatchItem]) -> list[Any]:
+    """The encryption tests' batch handler (tests/encryption): reports the batch's secrets as
+    progress and returns each item's upper-cased with its id; an item with `fail=True` fails
+    alone, quoting its secret."""
+    ctx.progress({"at": sorted(item.args[0] for item in items)})
+    return [
+        ValueError(f"cannot use {item.args[0]}")
+        if item.kwargs.get("fail")
+        else {"echo": item.args[0].upper(), "id": item.id}
+        for item in items
+    ]

@@ -47,6 +47,7 @@ TRANSITIONS = {
     "progress": "progress.lua",
     "batch": "batch.lua",
     "permits": "permits.lua",
+    "reseal": "reseal.lua",
 }
 _KEY_LINE = re.compile(r"^KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)
 _DEFINITION = re.compile(r"^((?:--[^\n]*\n)*)local (?:function )?(\w+)", re.MULTILINE)

@@ -1,7 +1,8 @@
-"""The twins of the operator's transitions and of the reads (see `calls` for what a twin is),
-and of the few scripts that live in Python text rather than a file of their own: a resize's
-compare-and-set of the layout, the registry's widest count, and the schedules' clock and
-record (`operations.schedule`). These are all the scripts a module outside this folder runs.
+"""The twins of the operator's transitions, of key rotation's compare-and-set (reseal.lua, for
+`operations.reseal`) and of the reads (see `calls` for what a twin is), and of the few scripts
+that live in Python text rather than a file of their own: a resize's compare-and-set of the
+layout, the registry's widest count, and the schedules' clock and record
+(`operations.schedule`). These are all the scripts a module outside this folder runs.
 
 An operator's transition carries its call's own id and is sent again while its reply is lost
 (`caller.run_answered`): retry.lua, cancel.lua and reprioritize.lua keep their answer a minute
@@ -84,6 +85,18 @@ def _answers(script: str, shard: ShardKeys, calls: Sequence[tuple[str, str]],
 def set_lane_concurrency(client: Any, shard: ShardKeys, lane: str, cap: int) -> int:
     """How many held lanes came back on the ring."""
     return int(caller.run(client, "set_lane_concurrency", shard, [lane, cap]))
+
+
+@twin("reseal")
+def reseal(client: Any, shard: ShardKeys, row: str, job_id: str,
+           fields: Sequence[tuple[str, str, str]]) -> int:
+    """Write back values sealed again on a job row (`row` 'job') or a flow's result slots
+    ('results'), each (name, the value read, the value sealed again) only while the field still
+    holds the value read: how many were written."""
+    args: list[Any] = [row, job_id, len(fields)]
+    for field in fields:
+        args.extend(field)
+    return int(caller.run(client, "reseal", shard, args))
 
 
 # -- reads ----------------------------------------------------------------------------------
