@@ -9,6 +9,7 @@ lists the pages and actions; `console_reverse` links within the mount that serve
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -220,6 +221,7 @@ class Console(SearchPages):
         if not found.total:
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
         graph = flowgraph.read(Queue(queue), flow_id) if found.number == 1 else None
+        _veil(request, found, graph)
         drawn = graph and graph.drawn and flowgraph.svg(
             graph, console_reverse(request, "jobqueue_job", "QUEUE", "JOBID"),
             console_reverse(request, "jobqueue_flow", queue, flow_id))
@@ -228,6 +230,22 @@ class Console(SearchPages):
                             max_drawn=flowgraph.MAX_DRAWN,
                             prev_page=found.number - 1 if found.number > 1 else None,
                             next_page=found.number + 1 if found.number < found.last else None)
+
+
+def _veil(request: HttpRequest, found: readmodels.FlowPage, graph: flowgraph.Graph | None) -> None:
+    """A flow across queues, seen by a user who may not see some of them: those queues' jobs keep
+    their place, id and state, but not their handler, arguments, result, progress or error."""
+    boxes = graph.nodes if graph else []
+    shown = {row.queue for _, row, _ in found.jobs} | {box.queue for box in boxes}
+    hidden = {name for name in shown if name and not access.may_view(request, name)}
+    if not hidden:
+        return
+    found.jobs = [(at, replace(row, payload=None, result=None, last_error="", checkpoint=None,
+                               progress=None, history=()) if row.queue in hidden else row, waits)
+                  for at, row, waits in found.jobs]
+    for box in boxes:
+        if box.queue in hidden:
+            box.handler, box.error = "(a queue you may not see)", ""
 
 
 def _pretty(value: Any) -> str:

@@ -242,3 +242,22 @@ def test_search_and_bulk_actions_keep_to_the_granted_queues(client: Client,
     assert Queue("default").get(granted["default"]).state == "dead"  # type: ignore[union-attr]
     # sam may not confirm (nor see) an operation that reaches queues beyond theirs
     assert sam.post(url + "decide/", {"confirm": "yes"}).status_code in (403, 404)
+
+
+def test_a_flow_across_queues_shows_the_jobs_of_a_queue_not_granted_veiled(
+        client: Client, granted: dict[str, str]) -> None:
+    """The flow page and its graph, seen from a granted queue: a member on a queue the user may
+    not see keeps its place and state, not its handler, arguments or error."""
+    from jobqueue import chord
+
+    ref = chord([jobs.add.using(queue="secret").s(7, 1), jobs.add.using(queue="billing").s(2, 2)],
+                jobs.total.using(queue="billing").s()).enqueue()
+    sam = member(client, "sam", "support")
+    page = sam.get(f"{LIVE}/flows/billing/{ref.id}/").content.decode()
+    assert "3 jobs" in page and "(a queue you may not see)" in page
+    assert sam.get(f"{LIVE}/flows/secret/{ref.id}/").status_code == 404
+    boss = member(Client(), "boss", superuser=True)
+    whole = boss.get(f"{LIVE}/flows/billing/{ref.id}/").content.decode()
+    assert "(a queue you may not see)" not in whole
+    # the secret member's handler shows (in its box and its row) to the superuser alone
+    assert page.count("jobs.add") == whole.count("jobs.add") - 2 > 0
