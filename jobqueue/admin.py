@@ -1,8 +1,9 @@
 """The mirror's changelist (finished jobs in MySQL) and shard metadata, in the Django admin.
 
-The live console (dashboard, queue pages, job pages, stuck jobs, workers, periodic jobs) is in
-`console/pages.py`; `JobAdmin.get_urls()` mounts it at `admin/jobqueue/job/live/`, so a project
-needs no URL of its own for it.
+Periodic jobs kept in the database (`Schedule`) are edited here too, the settings' ones shown
+read-only beside them. The live console (dashboard, queue pages, job pages, stuck jobs, workers,
+periodic jobs) is in `console/pages.py`; `JobAdmin.get_urls()` mounts it at
+`admin/jobqueue/job/live/`, so a project needs no URL of its own for it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from django.utils.html import format_html
 
 from .engine.store import Queue
 from .exceptions import JobQueueError
-from .models import Job, Shard
+from .models import Job, Schedule, Shard
 
 
 class LaneFilter(admin.SimpleListFilter):
@@ -117,3 +118,27 @@ class ShardAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Periodic jobs in the database, checked as settings' entries are (`Schedule.clean`); the
+    `JOBQUEUE["SCHEDULE"]` entries listed read-only above them."""
+
+    list_display = ("name", "job", "when", "queue", "enabled", "updated_at")
+    list_filter = ("enabled",)
+    search_fields = ("name", "job")
+    change_list_template = "admin/jobqueue/schedule/change_list.html"
+    fields = ("name", "job", "cron", "every", "timezone", "args", "kwargs", "queue", "lane",
+              "priority", "enabled")
+
+    @admin.display(description="when")
+    def when(self, obj: Schedule) -> str:
+        return obj.cron or (f"every {obj.every:g} s" if obj.every is not None else "")
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        from .conf import get_config
+
+        return super().changelist_view(request, {**(extra_context or {}),
+                                                 "settings_entries": get_config().schedule.values()})

@@ -24,8 +24,12 @@ from django.db import connection, models, transaction
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 
+from .history.rollup import Rollup
+from .operations.stored_schedules import Schedule
 from .records import EncodedJSON, JobInfo, attempt_history
 from .states import State
+
+__all__ = ["Job", "Rollup", "Schedule", "Shard"]
 
 UNFINISHED = (State.PENDING, State.SCHEDULED, State.WAITING)
 """The states of a durable row whose job is not over: `restore` sends these to Valkey again."""
@@ -134,6 +138,7 @@ class Job(models.Model):
             ("resize_queue", "Can change a queue's live shard count"),
             ("set_lane_concurrency", "Can change a lane's concurrency cap"),
             ("set_global_concurrency", "Can change a queue's global concurrency cap"),
+            ("enqueue_job", "Can enqueue jobs from the console"),
         ]
 
     def __str__(self) -> str:

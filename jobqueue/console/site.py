@@ -70,6 +70,11 @@ class ConsoleSite:
 
         return guarded
 
+    def visible_queues(self, request: HttpRequest) -> frozenset[str] | None:
+        """The queues `request`'s user may see, for every read that can be narrowed to them
+        (the history charts, the enqueue form's queue); None: every queue."""
+        return None
+
     # -- what a URL names --------------------------------------------------------------------
 
     def queue(self, name: str) -> Queue:

@@ -15,3 +15,11 @@ register = template.Library()
 @register.simple_tag(takes_context=True)
 def console_url(context: Any, name: str, *args: Any) -> str:
     return console_reverse(context["request"], name, *args)
+
+
+@register.filter
+def duration(ms: float | None) -> str:
+    """Milliseconds as an operator reads them (850 ms, 1.2 s, 3.4 min)."""
+    from ..console.svg import duration as shown
+
+    return shown(ms)

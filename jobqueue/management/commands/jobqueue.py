@@ -1,9 +1,11 @@
-"""`manage.py jobqueue resize|restore|stats`: operator commands (they parse, then call the library)."""
+"""`manage.py jobqueue resize|restore|stats|rollup`: operator commands (they parse, then call the
+library)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -25,7 +27,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True,
-                                        metavar="{resize,restore,stats}")
+                                        metavar="{resize,restore,stats,rollup}")
         resize = actions.add_parser("resize", help="set a queue's live shard count (1…1024) "
                                                    "without stopping anything")
         resize.add_argument("queue")
@@ -36,6 +38,9 @@ class Command(BaseCommand):
                                               "queue)")
         stats = actions.add_parser("stats", help="counts by queue and state")
         stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        rollup = actions.add_parser("rollup", help="build the history charts' counts again from "
+                                                   "the history rows (safe to run twice)")
+        rollup.add_argument("--days", type=_days, help="only the last N days (default: all)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -43,6 +48,8 @@ class Command(BaseCommand):
                 self.resize(validate_queue(options["queue"]), options["count"])
             elif options["action"] == "restore":
                 self.restore(queue_list(options["queues"]))
+            elif options["action"] == "rollup":
+                self.rollup(options["days"])
             else:
                 self.stats(as_json=options["json"])
         except JobQueueError as exc:
@@ -78,6 +85,18 @@ class Command(BaseCommand):
         where = ", ".join(names) or "no durable queue"
         self.stdout.write(f"restored {restored} job(s) into Valkey ({where})")
 
+    def rollup(self, days: int | None) -> None:
+        from jobqueue.history import rollup
+
+        since = None if days is None else datetime.now(UTC) - timedelta(days=days)
+
+        def progress(read: int) -> None:
+            self.stderr.write(f"rollup: {read:,} history rows read")
+
+        read = rollup.backfill(since, progress=progress)
+        self.stdout.write(f"rollup rebuilt from {read:,} history row(s)"
+                          + ("" if days is None else f" of the last {days} day(s)"))
+
     def stats(self, as_json: bool) -> None:
         counts = {name: Queue(name).counts() for name in known_queues()}
         if as_json:
@@ -98,3 +117,9 @@ def _count(raw: str) -> int:
     if not 1 <= count <= MAX_SHARDS:
         raise argparse.ArgumentTypeError(f"N must be a whole number in 1…{MAX_SHARDS}, got {raw!r}")
     return count
+
+
+def _days(raw: str) -> int:
+    if not raw.isdecimal() or not 1 <= int(raw) <= 10_000:
+        raise argparse.ArgumentTypeError(f"--days must be a whole number in 1…10000, got {raw!r}")
+    return int(raw)

@@ -1,0 +1,211 @@
+"""The history's rollup: finished jobs counted per minute and per hour, queue and handler, with
+a histogram of their wait and run times, so that charts over a month read a few thousand rows
+however many jobs the history holds.
+
+The mirror adds each batch it writes (`add`, in the batch's transaction: one multi-row upsert
+that adds to the counts); `backfill` builds the rollup again from the history rows; `prune`
+drops minute rows after MINUTE_DAYS and hour rows after HOUR_DAYS. A bucket's histogram has
+BINS bins on a log scale, √2 apart (bin 0: under a millisecond; the last: everything from
+about 37 hours), so a percentile read from it (`percentile`) is within a factor 2^(1/4) of the
+true one. Wait time is from enqueue to the start of the job's last run; run time from that
+start to its finish. A batch the mirror writes twice (the process died between its commit and
+Valkey's acknowledgement) is counted twice: rare, and only in the counts.
+
+May import: models' leaves (records, states). The model lives here; models.py imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import models, transaction
+
+BINS = 56
+MINUTE, HOUR = 60, 3600
+MINUTE_DAYS, HOUR_DAYS = 2, 90
+"""How long minute rows (the hour and day charts) and hour rows (the week and month charts) are
+kept."""
+OUTCOMES = ("succeeded", "dead", "cancelled", "expired")
+COUNTS = (*OUTCOMES, "retried")
+"""Per bucket: jobs that ended in each terminal state, and the failed runs retried before
+their last (`attempts` − 1 of each)."""
+WAIT = tuple(f"w{i}" for i in range(BINS))
+RUN = tuple(f"r{i}" for i in range(BINS))
+KEY = ("resolution", "start", "queue", "handler")
+HANDLER_LENGTH = 200
+
+
+def bin_of(ms: float) -> int:
+    """The histogram bin of a duration in milliseconds: 0 under 1 ms, then one per √2."""
+    if ms < 1:
+        return 0
+    return min(1 + int(2 * math.log2(ms)), BINS - 1)
+
+
+def bin_value(index: int) -> float:
+    """The milliseconds a bin stands for: the geometric middle of its bounds."""
+    return 0.5 if index == 0 else 2 ** ((index - 0.5) / 2)
+
+
+def percentile(histogram: list[int], fraction: float) -> float | None:
+    """The `fraction` percentile (0…1) of a histogram, in ms; None when it is empty."""
+    total = sum(histogram)
+    if not total:
+        return None
+    rank, seen = max(1, math.ceil(fraction * total)), 0
+    for index, count in enumerate(histogram):
+        seen += count
+        if seen >= rank:
+            return bin_value(index)
+    return bin_value(BINS - 1)
+
+
+class Rollup(models.Model):
+    """Finished jobs of one queue and handler in one minute or hour (`resolution` seconds)."""
+
+    resolution = models.PositiveIntegerField()
+    start = models.DateTimeField()
+    queue = models.CharField(max_length=64)
+    handler = models.CharField(max_length=HANDLER_LENGTH)
+    locals().update({name: models.BigIntegerField(default=0) for name in (*COUNTS, *WAIT, *RUN)})
+
+    class Meta:
+        app_label = "jobqueue"
+        constraints = [models.UniqueConstraint(fields=list(KEY), name="jq_rollup_key")]
+        indexes = [models.Index(fields=["resolution", "queue", "start"], name="jq_rollup_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.handler} {self.start:%Y-%m-%d %H:%M} ({self.resolution}s)"
+
+
+def handler_of(payload: Any) -> str:
+    """The handler a payload names (text as the mirror has it, or a dict), cut to the column."""
+    if isinstance(payload, str):
+        head = '{"handler":"'
+        end = payload.find('"', len(head)) if payload.startswith(head) else -1
+        if end > 0 and "\\" not in payload[len(head):end]:
+            return payload[len(head):end][:HANDLER_LENGTH]
+        try:
+            payload = json.loads(payload)
+        except ValueError:
+            return ""
+    name = payload.get("handler") if isinstance(payload, dict) else None
+    return name[:HANDLER_LENGTH] if isinstance(name, str) else ""
+
+
+def _floor(moment: datetime, resolution: int) -> datetime:
+    seconds = int(moment.timestamp()) // resolution * resolution
+    return datetime.fromtimestamp(seconds, moment.tzinfo)
+
+
+def buckets(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], dict[str, int]]:
+    """The rollup's additions for `Job` rows (dicts of its columns): by key, the counts."""
+    added: dict[tuple[Any, ...], dict[str, int]] = {}
+    terminal = set(OUTCOMES)
+    for row in rows:
+        state, finished = row["state"], row["finished_at"]
+        if state not in terminal or finished is None:
+            continue
+        handler = row["handler"] if "handler" in row else handler_of(row["payload"])
+        started, enqueued = row["started_at"], row["enqueued_at"]
+        columns = [state]
+        if row["attempts"] > 1:
+            columns += ["retried"] * (row["attempts"] - 1)
+        if started is not None:
+            columns.append(RUN[bin_of((finished - started).total_seconds() * 1000)])
+            if enqueued is not None:
+                columns.append(WAIT[bin_of((started - enqueued).total_seconds() * 1000)])
+        for resolution in (MINUTE, HOUR):
+            counts = added.setdefault((resolution, _floor(finished, resolution), row["queue"],
+                                       handler or ""), {})
+            for column in columns:
+                counts[column] = counts.get(column, 0) + 1
+    return added
+
+
+def add(rows: Iterable[Mapping[str, Any]]) -> int:
+    """Add finished `Job` rows to the rollup: one upsert of the buckets they touch, in key
+    order (two mirrors writing at once wait for each other, never deadlock). Call it in the
+    transaction that writes the rows. Returns the buckets written."""
+    added = buckets(rows)
+    if not added:
+        return 0
+    db = transaction.get_connection()
+    columns = [*KEY, *COUNTS, *WAIT, *RUN]
+    adapt = db.ops.adapt_datetimefield_value
+    values = [[key[0], adapt(key[1]), key[2], key[3], *(counts.get(c, 0) for c in columns[4:])]
+              for key, counts in sorted(added.items())]
+    head, tail = _upsert_sql(db.vendor, tuple(columns))
+    per = 8 if db.vendor == "sqlite" else 200  # (SQLite's bound parameters: 999 in older builds)
+    with db.cursor() as cursor:
+        for at in range(0, len(values), per):
+            chunk = values[at:at + per]
+            row = "(" + ", ".join(["%s"] * len(columns)) + ")"
+            cursor.execute(head + ", ".join([row] * len(chunk)) + tail,
+                           [v for one in chunk for v in one])
+    return len(values)
+
+
+def _upsert_sql(vendor: str, columns: tuple[str, ...]) -> tuple[str, str]:
+    from django.db import connection
+
+    quote = connection.ops.quote_name
+    table = quote(Rollup._meta.db_table)
+    head = f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES "
+    summed = [quote(c) for c in columns if c not in KEY]
+    if vendor == "mysql":
+        return head, " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = {c} + VALUES({c})" for c in summed)
+    conflict = ", ".join(quote(c) for c in KEY)
+    return head, f" ON CONFLICT ({conflict}) DO UPDATE SET " + ", ".join(
+        f"{c} = {table}.{c} + excluded.{c}" for c in summed)
+
+
+def prune(now: datetime) -> int:
+    """Drop minute rows older than MINUTE_DAYS and hour rows older than HOUR_DAYS."""
+    deleted = 0
+    for resolution, days in ((MINUTE, MINUTE_DAYS), (HOUR, HOUR_DAYS)):
+        deleted += Rollup.objects.filter(resolution=resolution,
+                                         start__lt=now - timedelta(days=days)).delete()[0]
+    return deleted
+
+
+BACKFILL_FIELDS = ("queue", "handler", "state", "attempts", "enqueued_at", "started_at",
+                   "finished_at")
+
+
+def backfill(since: datetime | None = None, chunk: int = 20_000,
+             progress: Any = None) -> int:
+    """Build the rollup again from the history rows finished since `since` (None: all): the
+    rollup's rows from then on are replaced. Returns the history rows read."""
+    from ..models import Job
+
+    with transaction.atomic():
+        drop = Rollup.objects.all()
+        if since is not None:
+            drop = drop.filter(start__gte=_floor(since, HOUR))
+            since = _floor(since, HOUR)
+        drop.delete()
+        rows = Job.objects.filter(state__in=OUTCOMES, finished_at__isnull=False)
+        if since is not None:
+            rows = rows.filter(finished_at__gte=since)
+        read, batch = 0, []
+        for row in rows.order_by().values(*BACKFILL_FIELDS).iterator(chunk_size=chunk):
+            row["handler"] = row["handler"] or ""
+            batch.append(row)
+            if len(batch) >= chunk:
+                read += _add_batch(batch, progress, read)
+                batch = []
+        read += _add_batch(batch, progress, read)
+    return read
+
+
+def _add_batch(batch: list[dict[str, Any]], progress: Any, read: int) -> int:
+    add(batch)
+    if progress is not None and batch:
+        progress(read + len(batch))
+    return len(batch)
+
