@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.views import View
 
 from ..api.registry import enqueue, lookup, registered
-from ..exceptions import InvalidOption, JobQueueError, UnknownHandler
+from ..exceptions import InvalidJobId, InvalidOption, JobQueueError, UnknownHandler
 from ..models import Job
 from ..operations.checks import autodiscover_jobs
 from ..states import State
@@ -76,7 +76,10 @@ class EnqueueForm(forms.Form):
         """`enqueue`'s error, on the field of the option it names (else above the form)."""
         text = str(exc)
         named = next((name for name in ("handler", *OPTIONS)
-                      if text.startswith((name, f"'{name}'", f"{name}:"))), None)
+                      for said in {name, name.replace("_", " ")}
+                      if text.startswith((said, f"'{said}'", f"invalid {said}"))), None)
+        if isinstance(exc, InvalidJobId):
+            named = "job_id"
         self.add_error(named, text)
 
 

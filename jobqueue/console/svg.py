@@ -27,6 +27,11 @@ def duration(ms: float | None) -> str:
     return f"{ms / 3_600_000:.3g} h"
 
 
+def _n(value: float) -> str:
+    """A coordinate, to a tenth of a pixel."""
+    return f"{value:.1f}"
+
+
 def _when(moment: datetime, step: int) -> str:
     return moment.strftime("%H:%M" if step < 3600 else "%m-%d %H:%M" if step < 6 * 3600 else "%m-%d")
 
@@ -53,10 +58,10 @@ def time_chart(title: str, starts: Sequence[datetime], step: int,
             for i, value in enumerate(values):
                 if value:
                     marks.append(format_html(
-                        '<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}">'
+                        '<rect x="{}" y="{}" width="{}" height="{}" fill="{}">'
                         '<title>{} {}: {}</title></rect>',
-                        LEFT + i * slot, y(base[i] + value), max(slot - 1, 0.5),
-                        value * HEIGHT / top, colour, _when(starts[i], step), label, shown(value)))
+                        _n(LEFT + i * slot), _n(y(base[i] + value)), _n(max(slot - 1, 0.5)),
+                        _n(value * HEIGHT / top), colour, _when(starts[i], step), label, shown(value)))
                     base[i] += value
     else:
         for label, values, colour in lines:
@@ -68,15 +73,15 @@ def time_chart(title: str, starts: Sequence[datetime], step: int,
                 x = LEFT + (i + 0.5) * slot
                 runs[-1].append((x, y(value)))
                 marks.append(format_html(
-                    '<circle cx="{:.1f}" cy="{:.1f}" r="2" fill="{}"><title>{} {}: {}</title>'
-                    '</circle>', x, y(value), colour, _when(starts[i], step), label, shown(value)))
+                    '<circle cx="{}" cy="{}" r="2" fill="{}"><title>{} {}: {}</title>'
+                    '</circle>', _n(x), _n(y(value)), colour, _when(starts[i], step), label, shown(value)))
             for run in runs:
                 if len(run) > 1:
                     points = " ".join(f"{x:.1f},{yy:.1f}" for x, yy in run)
                     marks.append(format_html('<polyline points="{}" fill="none" stroke="{}" '
                                              'stroke-width="1.5"/>', points, colour))
-    ticks = format_html_join("", '<text x="{:.1f}" y="{}" text-anchor="middle">{}</text>', (
-        (LEFT + (i + 0.5) * slot, TOP + HEIGHT + 13, _when(starts[i], step))
+    ticks = format_html_join("", '<text x="{}" y="{}" text-anchor="middle">{}</text>', (
+        (_n(LEFT + (i + 0.5) * slot), TOP + HEIGHT + 13, _when(starts[i], step))
         for i in range(0, len(starts), max(len(starts) // 6, 1))))
     legend = format_html_join("", '<tspan fill="{}">■ {}</tspan> ',
                               ((colour, label) for label, _, colour in lines))
