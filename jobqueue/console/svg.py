@@ -90,12 +90,13 @@ def time_chart(title: str, starts: Sequence[datetime], step: int,
         'xmlns="http://www.w3.org/2000/svg"><title>{}</title>'
         '<g font-size="10" fill="#777"><text x="{}" y="{}" text-anchor="end">{}</text>'
         '<text x="{}" y="{}" text-anchor="end">0</text>{}</g>'
-        '<text x="{}" y="11" font-size="11">{}</text>'
+        '<text x="{}" y="11" font-size="11"><tspan font-weight="bold" fill="#333">{}</tspan> '
+        '{}</text>'
         '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#bbb"/>'
         '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#bbb"/>{}</svg>',
         title, WIDTH + 4, TOP + HEIGHT + BOTTOM, title,
         LEFT - 4, TOP + 8, shown(top), LEFT - 4, TOP + HEIGHT, ticks,
-        LEFT, legend,
+        LEFT, title, legend,
         LEFT - 0.5, TOP, LEFT - 0.5, TOP + HEIGHT, LEFT, TOP + HEIGHT + 0.5, WIDTH,
         TOP + HEIGHT + 0.5, mark_safe("".join(marks)),
     )
