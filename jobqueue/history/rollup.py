@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from django.db import models, transaction
@@ -35,15 +36,20 @@ COUNTS = (*OUTCOMES, "retried")
 their last (`attempts` − 1 of each)."""
 WAIT = tuple(f"w{i}" for i in range(BINS))
 RUN = tuple(f"r{i}" for i in range(BINS))
+ALL_COUNTS = (*COUNTS, *WAIT, *RUN)
 KEY = ("resolution", "start", "queue", "handler")
 HANDLER_LENGTH = 200
+
+
+_HALF_SQRT2 = 2 ** -0.5
 
 
 def bin_of(ms: float) -> int:
     """The histogram bin of a duration in milliseconds: 0 under 1 ms, then one per √2."""
     if ms < 1:
         return 0
-    return min(1 + int(2 * math.log2(ms)), BINS - 1)
+    mantissa, exponent = math.frexp(ms)  # ms = mantissa × 2^exponent, mantissa in [0.5, 1)
+    return min(2 * exponent - 1 + (mantissa >= _HALF_SQRT2), BINS - 1)
 
 
 def bin_value(index: int) -> float:
@@ -71,7 +77,7 @@ class Rollup(models.Model):
     start = models.DateTimeField()
     queue = models.CharField(max_length=64)
     handler = models.CharField(max_length=HANDLER_LENGTH)
-    locals().update({name: models.BigIntegerField(default=0) for name in (*COUNTS, *WAIT, *RUN)})
+    locals().update({name: models.BigIntegerField(default=0, db_default=0) for name in (*COUNTS, *WAIT, *RUN)})
 
     class Meta:
         app_label = "jobqueue"
@@ -103,27 +109,37 @@ def _floor(moment: datetime, resolution: int) -> datetime:
 
 
 def buckets(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], dict[str, int]]:
-    """The rollup's additions for `Job` rows (dicts of its columns): by key, the counts."""
-    added: dict[tuple[Any, ...], dict[str, int]] = {}
-    terminal = set(OUTCOMES)
+    """The rollup's additions for `Job` rows (dicts of its columns): by key, the counts. Rows
+    are counted per minute first, and the minutes summed into hours (a batch spans few)."""
+    minutes: dict[tuple[int, str, str], dict[str, int]] = {}
+    terminal = frozenset(OUTCOMES)
     for row in rows:
         state, finished = row["state"], row["finished_at"]
         if state not in terminal or finished is None:
             continue
         handler = row["handler"] if "handler" in row else handler_of(row["payload"])
-        started, enqueued = row["started_at"], row["enqueued_at"]
-        columns = [state]
+        end = finished.timestamp()
+        key = (int(end) // MINUTE, row["queue"], handler or "")
+        counts = minutes.get(key)
+        if counts is None:
+            counts = minutes[key] = {}
+        counts[state] = counts.get(state, 0) + 1
         if row["attempts"] > 1:
-            columns += ["retried"] * (row["attempts"] - 1)
-        if started is not None:
-            columns.append(RUN[bin_of((finished - started).total_seconds() * 1000)])
-            if enqueued is not None:
-                columns.append(WAIT[bin_of((started - enqueued).total_seconds() * 1000)])
-        for resolution in (MINUTE, HOUR):
-            counts = added.setdefault((resolution, _floor(finished, resolution), row["queue"],
-                                       handler or ""), {})
-            for column in columns:
-                counts[column] = counts.get(column, 0) + 1
+            counts["retried"] = counts.get("retried", 0) + row["attempts"] - 1
+        if (started := row["started_at"]) is not None:
+            begin = started.timestamp()
+            run = RUN[bin_of((end - begin) * 1000)]
+            counts[run] = counts.get(run, 0) + 1
+            if (enqueued := row["enqueued_at"]) is not None:
+                wait = WAIT[bin_of((begin - enqueued.timestamp()) * 1000)]
+                counts[wait] = counts.get(wait, 0) + 1
+    added: dict[tuple[Any, ...], dict[str, int]] = {}
+    for (minute, queue, handler), counts in minutes.items():
+        added[MINUTE, datetime.fromtimestamp(minute * MINUTE, UTC), queue, handler] = counts
+        hour = minute * MINUTE // HOUR * HOUR
+        into = added.setdefault((HOUR, datetime.fromtimestamp(hour, UTC), queue, handler), {})
+        for column, count in counts.items():
+            into[column] = into.get(column, 0) + count
     return added
 
 
@@ -135,32 +151,36 @@ def add(rows: Iterable[Mapping[str, Any]]) -> int:
     if not added:
         return 0
     db = transaction.get_connection()
-    columns = [*KEY, *COUNTS, *WAIT, *RUN]
     adapt = db.ops.adapt_datetimefield_value
+    used = {column for counts in added.values() for column in counts}
+    columns = (*KEY, *(c for c in ALL_COUNTS if c in used))  # (only those some bucket adds to)
+    head, row, tail = _upsert_sql(db.vendor, columns)
     values = [[key[0], adapt(key[1]), key[2], key[3], *(counts.get(c, 0) for c in columns[4:])]
               for key, counts in sorted(added.items())]
-    head, tail = _upsert_sql(db.vendor, tuple(columns))
-    per = 8 if db.vendor == "sqlite" else 200  # (SQLite's bound parameters: 999 in older builds)
+    per = max(1, 900 // len(columns)) if db.vendor == "sqlite" else 200  # (999 bound at most)
     with db.cursor() as cursor:
         for at in range(0, len(values), per):
             chunk = values[at:at + per]
-            row = "(" + ", ".join(["%s"] * len(columns)) + ")"
             cursor.execute(head + ", ".join([row] * len(chunk)) + tail,
                            [v for one in chunk for v in one])
     return len(values)
 
 
-def _upsert_sql(vendor: str, columns: tuple[str, ...]) -> tuple[str, str]:
+@lru_cache(maxsize=512)
+def _upsert_sql(vendor: str, columns: tuple[str, ...]) -> tuple[str, str, str]:
+    """The upsert's head, one row's placeholders and its tail (the counts added)."""
     from django.db import connection
 
     quote = connection.ops.quote_name
     table = quote(Rollup._meta.db_table)
     head = f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES "
-    summed = [quote(c) for c in columns if c not in KEY]
+    summed = [quote(c) for c in columns if c not in KEY] or [quote("succeeded")]
+    row = "(" + ", ".join(["%s"] * len(columns)) + ")"
     if vendor == "mysql":
-        return head, " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = {c} + VALUES({c})" for c in summed)
+        return head, row, " ON DUPLICATE KEY UPDATE " + ", ".join(
+            f"{c} = {c} + VALUES({c})" for c in summed)
     conflict = ", ".join(quote(c) for c in KEY)
-    return head, f" ON CONFLICT ({conflict}) DO UPDATE SET " + ", ".join(
+    return head, row, f" ON CONFLICT ({conflict}) DO UPDATE SET " + ", ".join(
         f"{c} = {table}.{c} + excluded.{c}" for c in summed)
 
 
