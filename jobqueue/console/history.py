@@ -1,7 +1,11 @@
 """The history charts' numbers, read from the rollup (history/rollup.py): per point of a range
-(an hour by the minute, a day by the quarter hour, a week by the hour, 30 days by six hours)
-the jobs that succeeded and failed and the wait and run times' p50, p95 and p99; and per queue
-and handler, the range's totals. Every read takes the queues the user may see (None: all).
+(an hour by the minute, a day or a week by the hour, 30 days by the day) the jobs that
+succeeded and failed and the wait and run times' p50, p95 and p99, from the queues' totals
+rows (or one handler's); and per queue and handler, the range's totals, from coarser rows (an
+hour's and a day's from hour rows, a week's and a month's from day rows: they start at the
+first whole hour or day of the range: `table_since`). Every read takes the queues the
+user may see (None: all). A page reads some hundreds of rows per queue, whatever the history
+holds.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 from django.db.models import QuerySet, Sum
 
-from ..history.rollup import COUNTS, HOUR, MINUTE, RUN, WAIT, Rollup, percentile
+from ..history.rollup import COUNTS, DAY, HOUR, MINUTE, RUN, TOTAL, WAIT, Rollup, percentile
 
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 
@@ -23,10 +27,15 @@ class Range:
     name: str
     label: str
     resolution: int
-    """The rollup rows it reads: minute or hour ones."""
+    """The rollup rows its charts read (their seconds: a point's)."""
     span: int
-    step: int
-    """Seconds it covers, and a point's seconds."""
+    """Seconds it covers."""
+    table: int
+    """The rollup rows its table by queue and handler reads."""
+
+    @property
+    def step(self) -> int:
+        return self.resolution
 
     @property
     def points(self) -> int:
@@ -34,10 +43,10 @@ class Range:
 
 
 RANGES = {r.name: r for r in (
-    Range("hour", "last hour", MINUTE, 3600, 60),
-    Range("day", "last day", MINUTE, 86_400, 900),
-    Range("week", "last 7 days", HOUR, 7 * 86_400, 3600),
-    Range("month", "last 30 days", HOUR, 30 * 86_400, 6 * 3600),
+    Range("hour", "last hour", MINUTE, 3600, HOUR),
+    Range("day", "last day", HOUR, 86_400, HOUR),
+    Range("week", "last 7 days", HOUR, 7 * 86_400, DAY),
+    Range("month", "last 30 days", DAY, 30 * 86_400, DAY),
 )}
 
 
@@ -57,21 +66,23 @@ class Series:
         return sum(sum(self.counts[c]) for c in COUNTS if c != "retried")
 
 
-def _rows(span: Range, since: datetime, queues: Collection[str] | None, queue: str, handler: str
+def _rows(resolution: int, since: datetime, queues: Collection[str] | None, queue: str
           ) -> QuerySet[Rollup]:
-    rows = Rollup.objects.filter(resolution=span.resolution, start__gte=since)
+    rows = Rollup.objects.filter(resolution=resolution, start__gte=since)
     if queues is not None:
         rows = rows.filter(queue__in=list(queues))
-    if queue:
-        rows = rows.filter(queue=queue)
-    if handler:
-        rows = rows.filter(handler=handler)
-    return rows
+    return rows.filter(queue=queue) if queue else rows
 
 
 def _since(span: Range, now: datetime) -> datetime:
     last = int(now.timestamp()) // span.step * span.step
     return datetime.fromtimestamp(last - (span.points - 1) * span.step, now.tzinfo)
+
+
+def table_since(span: Range, now: datetime) -> datetime:
+    """Where the range's table starts: the first whole `table` bucket of the range."""
+    first = int(now.timestamp()) - span.span
+    return datetime.fromtimestamp(first // span.table * span.table, now.tzinfo)
 
 
 def series(span: Range, now: datetime, queues: Collection[str] | None = None, queue: str = "",
@@ -83,8 +94,8 @@ def series(span: Range, now: datetime, queues: Collection[str] | None = None, qu
     waits = [[0] * len(WAIT) for _ in range(span.points)]
     runs = [[0] * len(RUN) for _ in range(span.points)]
     sums = {c: Sum(c) for c in (*COUNTS, *WAIT, *RUN)}
-    found: Iterable[Mapping[str, Any]] = _rows(span, since, queues, queue, handler).values(
-        "start").annotate(**sums).order_by()
+    found: Iterable[Mapping[str, Any]] = _rows(span.resolution, since, queues, queue).filter(
+        handler=handler or TOTAL).values("start").annotate(**sums).order_by()
     for row in found:
         at = int((row["start"] - since).total_seconds()) // span.step
         if not 0 <= at < span.points:
@@ -102,12 +113,12 @@ def series(span: Range, now: datetime, queues: Collection[str] | None = None, qu
 
 def totals(span: Range, now: datetime, queues: Collection[str] | None = None, queue: str = "",
            limit: int = 200) -> list[dict[str, Any]]:
-    """Per queue and handler over the range, busiest first: counts and the run and wait
+    """Per queue and handler since `table_since`, busiest first: counts and the run and wait
     times' percentiles."""
-    since = _since(span, now)
     sums = {c: Sum(c) for c in (*COUNTS, *WAIT, *RUN)}
     found: list[dict[str, Any]] = []
-    rows: Iterable[Mapping[str, Any]] = _rows(span, since, queues, queue, "").values(
+    rows: Iterable[Mapping[str, Any]] = _rows(span.table, table_since(span, now), queues, queue
+                                               ).exclude(handler=TOTAL).values(
         "queue", "handler").annotate(**sums).order_by()
     for row in rows:
         waits, runs = [row[c] or 0 for c in WAIT], [row[c] or 0 for c in RUN]

@@ -174,6 +174,7 @@ class Console(ConsoleSite):
         return self.render(request, "charts.html", "History charts", charts=charts, span=span,
                             ranges=history.RANGES.values(), queue=queue,
                             handler=handler, rows=rows, total=points.total,
+                            table_since=history.table_since(span, now),
                             queues=sorted(n for n in known_queues()
                                           if visible is None or n in visible))
 

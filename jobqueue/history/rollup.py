@@ -1,10 +1,11 @@
-"""The history's rollup: finished jobs counted per minute and per hour, queue and handler, with
+"""The history's rollup: finished jobs counted per minute, hour and day, queue and handler, with
 a histogram of their wait and run times, so that charts over a month read a few thousand rows
-however many jobs the history holds.
+however many jobs the history holds. Each queue's jobs are also counted under the handler
+TOTAL ("*"), so that a chart of a queue, or of every queue, reads one row per point and queue.
 
 The mirror adds each batch it writes (`add`, in the batch's transaction: one multi-row upsert
 that adds to the counts); `backfill` builds the rollup again from the history rows; `prune`
-drops minute rows after MINUTE_DAYS and hour rows after HOUR_DAYS. A bucket's histogram has
+drops rows older than KEEP_DAYS says for their resolution. A bucket's histogram has
 BINS bins on a log scale, √2 apart (bin 0: under a millisecond; the last: everything from
 about 37 hours), so a percentile read from it (`percentile`) is within a factor 2^(1/4) of the
 true one. Wait time is from enqueue to the start of the job's last run; run time from that
@@ -26,10 +27,12 @@ from typing import Any
 from django.db import models, transaction
 
 BINS = 56
-MINUTE, HOUR = 60, 3600
-MINUTE_DAYS, HOUR_DAYS = 2, 90
-"""How long minute rows (the hour and day charts) and hour rows (the week and month charts) are
-kept."""
+MINUTE, HOUR, DAY = 60, 3600, 86_400
+KEEP_DAYS = {MINUTE: 2, HOUR: 35, DAY: 400}
+"""How long rows of each resolution are kept (minutes: the hour chart; hours: the day and week
+charts; days: the month chart)."""
+TOTAL = "*"
+"""The handler of a queue's totals (every handler's jobs): no `@job`'s dotted name."""
 OUTCOMES = ("succeeded", "dead", "cancelled", "expired")
 COUNTS = (*OUTCOMES, "retried")
 """Per bucket: jobs that ended in each terminal state, and the failed runs retried before
@@ -71,7 +74,8 @@ def percentile(histogram: list[int], fraction: float) -> float | None:
 
 
 class Rollup(models.Model):
-    """Finished jobs of one queue and handler in one minute or hour (`resolution` seconds)."""
+    """Finished jobs of one queue and handler (or all its handlers: TOTAL) in one minute, hour
+    or day (`resolution` seconds)."""
 
     resolution = models.PositiveIntegerField()
     start = models.DateTimeField()
@@ -135,11 +139,12 @@ def buckets(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], dict[str
                 counts[wait] = counts.get(wait, 0) + 1
     added: dict[tuple[Any, ...], dict[str, int]] = {}
     for (minute, queue, handler), counts in minutes.items():
-        added[MINUTE, datetime.fromtimestamp(minute * MINUTE, UTC), queue, handler] = counts
-        hour = minute * MINUTE // HOUR * HOUR
-        into = added.setdefault((HOUR, datetime.fromtimestamp(hour, UTC), queue, handler), {})
-        for column, count in counts.items():
-            into[column] = into.get(column, 0) + count
+        for resolution in (MINUTE, HOUR, DAY):
+            start = datetime.fromtimestamp(minute * MINUTE // resolution * resolution, UTC)
+            for name in (handler, TOTAL):
+                into = added.setdefault((resolution, start, queue, name), {})
+                for column, count in counts.items():
+                    into[column] = into.get(column, 0) + count
     return added
 
 
@@ -147,7 +152,11 @@ def add(rows: Iterable[Mapping[str, Any]]) -> int:
     """Add finished `Job` rows to the rollup: one upsert of the buckets they touch, in key
     order (two mirrors writing at once wait for each other, never deadlock). Call it in the
     transaction that writes the rows. Returns the buckets written."""
-    added = buckets(rows)
+    return write(buckets(rows))
+
+
+def write(added: Mapping[tuple[Any, ...], Mapping[str, int]]) -> int:
+    """Add counts to the rollup's buckets (by key: resolution, start, queue, handler)."""
     if not added:
         return 0
     db = transaction.get_connection()
@@ -185,9 +194,9 @@ def _upsert_sql(vendor: str, columns: tuple[str, ...]) -> tuple[str, str, str]:
 
 
 def prune(now: datetime) -> int:
-    """Drop minute rows older than MINUTE_DAYS and hour rows older than HOUR_DAYS."""
+    """Drop the rows older than KEEP_DAYS says for their resolution."""
     deleted = 0
-    for resolution, days in ((MINUTE, MINUTE_DAYS), (HOUR, HOUR_DAYS)):
+    for resolution, days in KEEP_DAYS.items():
         deleted += Rollup.objects.filter(resolution=resolution,
                                          start__lt=now - timedelta(days=days)).delete()[0]
     return deleted
@@ -206,8 +215,8 @@ def backfill(since: datetime | None = None, chunk: int = 20_000,
     with transaction.atomic():
         drop = Rollup.objects.all()
         if since is not None:
-            drop = drop.filter(start__gte=_floor(since, HOUR))
-            since = _floor(since, HOUR)
+            drop = drop.filter(start__gte=_floor(since, DAY))
+            since = _floor(since, DAY)
         drop.delete()
         rows = Job.objects.filter(state__in=OUTCOMES, finished_at__isnull=False)
         if since is not None:

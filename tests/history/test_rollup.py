@@ -54,7 +54,9 @@ def test_known_events_give_their_counts_and_percentiles_within_a_bin() -> None:
     waiting = {**event(3000, "app.jobs.send", "succeeded", 1, 1, NOW), "state": "waiting"}
     upsert([waiting], "default")  # a dependent revived to wait: not a finish
 
-    hour = Rollup.objects.filter(resolution=rollup.HOUR)
+    hour = Rollup.objects.filter(resolution=rollup.HOUR).exclude(handler=rollup.TOTAL)
+    totals = Rollup.objects.filter(resolution=rollup.DAY, handler=rollup.TOTAL)
+    assert sum(r.succeeded for r in totals) == 200 and sum(r.dead for r in totals) == 4
     assert sum(r.succeeded for r in hour) == 200 and sum(r.dead for r in hour) == 4
     assert sum(r.retried for r in hour) == 8 and sum(r.cancelled for r in hour) == 1
     minutes = Rollup.objects.filter(resolution=rollup.MINUTE, handler="app.jobs.send")
@@ -96,10 +98,12 @@ def _snapshot() -> dict[tuple[Any, ...], tuple[int, ...]]:
 def test_old_rows_are_pruned_minutes_before_hours() -> None:
     upsert([event(1, "h", "succeeded", 1, 1, NOW - timedelta(days=3)),
             event(2, "h", "succeeded", 1, 1, NOW - timedelta(days=100))], "default")
-    assert Rollup.objects.count() == 4
-    assert rollup.prune(NOW) == 3
-    assert [(r.resolution, r.start.date()) for r in Rollup.objects.all()] == [
-        (rollup.HOUR, (NOW - timedelta(days=3)).date())]
+    assert Rollup.objects.count() == 12  # (minute, hour, day) × (handler, queue's total) × 2
+    assert rollup.prune(NOW) == 6  # the minutes of both, the hours of the 100 days old one
+    kept = {(r.resolution, r.start.date()) for r in Rollup.objects.all()}
+    assert kept == {(rollup.HOUR, (NOW - timedelta(days=3)).date()),
+                    (rollup.DAY, (NOW - timedelta(days=3)).date()),
+                    (rollup.DAY, (NOW - timedelta(days=100)).date())}
 
 
 def test_jobs_a_worker_runs_are_counted_as_its_mirror_writes_them(valkey_server: Any) -> None:
