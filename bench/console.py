@@ -186,6 +186,7 @@ def filled_rollup(now: datetime) -> int:
 
 def charts(client: Any) -> None:
     from jobqueue.history import rollup
+    from jobqueue.models import Rollup
 
     now = datetime.now(UTC)
     base = "/admin/jobqueue/job/live/charts/"
@@ -202,12 +203,12 @@ def charts(client: Any) -> None:
     rollup.prune(now)  # (as the mirror does: minute rows after 2 days, hour rows after 35)
     elapsed = time.perf_counter() - started
     print(f"\nhistory charts: {CHART_ROWS:,} finished jobs over 30 days added to the rollup in "
-          f"{elapsed:.1f} s ({rollup.Rollup.objects.count():,} rollup rows once pruned)")
+          f"{elapsed:.1f} s ({Rollup.objects.count():,} rollup rows once pruned)")
     for name, url in pages:
         assert client.get(url).status_code == 200
         show(name, timed(lambda url=url: client.get(url), 5))
     started = time.perf_counter()
-    rollup.Rollup.objects.all().delete()
+    Rollup.objects.all().delete()
     written = filled_rollup(now)
     print(f"history charts, the rollup full ({written:,} rows: 100 queue × handler pairs and 5 "
           f"queues' totals, every minute of 2 days, hour of 35 days and day of 30 days; written "

@@ -24,7 +24,6 @@ from django.db import connection, models, transaction
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 
-from .history.rollup import Rollup
 from .operations.stored_schedules import Schedule
 from .records import EncodedJSON, JobInfo, attempt_history
 from .states import State
@@ -183,6 +182,37 @@ class Shard(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}#{self.index}"
+
+
+BINS = 56
+"""The bins of a rollup bucket's wait and run time histograms (history/rollup.py)."""
+OUTCOMES = ("succeeded", "dead", "cancelled", "expired")
+COUNTS = (*OUTCOMES, "retried")
+"""Per bucket: jobs that ended in each terminal state, and the failed runs retried before
+their last (`attempts` − 1 of each)."""
+WAIT = tuple(f"w{i}" for i in range(BINS))
+RUN = tuple(f"r{i}" for i in range(BINS))
+ALL_COUNTS = (*COUNTS, *WAIT, *RUN)
+
+
+class Rollup(models.Model):
+    """Finished jobs of one queue and handler (or of all its handlers: `rollup.TOTAL`) in one
+    minute, hour or day (`resolution` seconds): counts by outcome and histograms of wait and
+    run times. Written by the mirror (history/rollup.py), read by the console's charts."""
+
+    resolution = models.PositiveIntegerField()
+    start = models.DateTimeField()
+    queue = models.CharField(max_length=64)
+    handler = models.CharField(max_length=HANDLER_LENGTH)
+    locals().update({name: models.BigIntegerField(default=0, db_default=0) for name in ALL_COUNTS})
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resolution", "start", "queue", "handler"],
+                                               name="jq_rollup_key")]
+        indexes = [models.Index(fields=["resolution", "handler", "start"], name="jq_rollup_handler")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.handler} {self.start:%Y-%m-%d %H:%M} ({self.resolution}s)"
 
 
 def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) -> int:

@@ -24,8 +24,16 @@ from ..states import State
 from . import actions
 from .site import ConsoleSite, console_reverse
 
-NUMBERS = {"priority": int, "max_attempts": int, "delay": float, "backoff": float,
-           "lease": float, "timeout": float, "expires": float, "debounce": float}
+NUMBERS = {
+    "priority": int,
+    "max_attempts": int,
+    "delay": float,
+    "backoff": float,
+    "lease": float,
+    "timeout": float,
+    "expires": float,
+    "debounce": float,
+}
 TEXTS = ("queue", "lane", "unique_key", "job_id")
 OPTIONS = (*TEXTS[:2], *NUMBERS, *TEXTS[2:])
 """The enqueue options the form offers (`enqueue`'s keywords; seconds for the durations)."""
@@ -33,10 +41,18 @@ OPTIONS = (*TEXTS[:2], *NUMBERS, *TEXTS[2:])
 
 class EnqueueForm(forms.Form):
     handler = forms.ChoiceField(help_text="A registered @job handler.")
-    args = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), initial="[]",
-                           required=False, help_text="A JSON list.")
-    kwargs = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), initial="{}",
-                             required=False, help_text="A JSON object.")
+    args = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        initial="[]",
+        required=False,
+        help_text="A JSON list.",
+    )
+    kwargs = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        initial="{}",
+        required=False,
+        help_text="A JSON object.",
+    )
     queue = forms.CharField(required=False, help_text="Blank: the handler's queue.")
     lane = forms.CharField(required=False)
     priority = forms.IntegerField(required=False, help_text="−100…100")
@@ -58,7 +74,7 @@ class EnqueueForm(forms.Form):
     def clean_args(self) -> list[Any]:
         value = _json(self.cleaned_data["args"] or "[]", "args")
         if not isinstance(value, list):
-            raise forms.ValidationError("args must be a JSON list, such as [1, \"two\"]")
+            raise forms.ValidationError('args must be a JSON list, such as [1, "two"]')
         return value
 
     def clean_kwargs(self) -> dict[str, Any]:
@@ -69,15 +85,22 @@ class EnqueueForm(forms.Form):
 
     def options(self) -> dict[str, Any]:
         """The options given (blank ones are the handler's)."""
-        return {name: self.cleaned_data[name] for name in OPTIONS
-                if self.cleaned_data.get(name) not in (None, "")}
+        return {
+            name: self.cleaned_data[name] for name in OPTIONS if self.cleaned_data.get(name) not in (None, "")
+        }
 
     def refuse(self, exc: JobQueueError) -> None:
         """`enqueue`'s error, on the field of the option it names (else above the form)."""
         text = str(exc)
-        named = next((name for name in ("handler", *OPTIONS)
-                      for said in {name, name.replace("_", " ")}
-                      if text.startswith((said, f"'{said}'", f"invalid {said}"))), None)
+        named = next(
+            (
+                name
+                for name in ("handler", *OPTIONS)
+                for said in {name, name.replace("_", " ")}
+                if text.startswith((said, f"'{said}'", f"invalid {said}"))
+            ),
+            None,
+        )
         if isinstance(exc, InvalidJobId):
             named = "job_id"
         self.add_error(named, text)
@@ -104,8 +127,9 @@ class EnqueueJob(PermissionRequiredMixin, View):
 
     def get(self, request: HttpRequest) -> HttpResponse:
         initial = {"handler": request.GET.get("handler", "")}
-        return self._site().render(request, "enqueue.html", "Enqueue a job",
-                                   form=EnqueueForm(initial=initial))
+        return self._site().render(
+            request, "enqueue.html", "Enqueue a job", form=EnqueueForm(initial=initial)
+        )
 
     def post(self, request: HttpRequest) -> HttpResponse:
         site, form = self._site(), EnqueueForm(request.POST)
@@ -119,8 +143,9 @@ class EnqueueJob(PermissionRequiredMixin, View):
             else:
                 note = "" if ref.created else " (its unique key matched a live job: this is that job)"
                 message = f"Enqueued job {ref.id} ({data['handler']}) in queue {ref.queue}{note}."
-                actions.log_action(request.user, Job(id=ref.id, queue=ref.queue, state=State.PENDING),
-                                   message)
+                actions.log_action(
+                    request.user, Job(id=ref.id, queue=ref.queue, state=State.PENDING), message
+                )
                 messages.success(request, message)
                 return HttpResponseRedirect(console_reverse(request, "jobqueue_job", ref.queue, ref.id))
         return site.render(request, "enqueue.html", "Enqueue a job", status=400, form=form)

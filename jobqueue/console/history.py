@@ -17,7 +17,8 @@ from typing import Any
 
 from django.db.models import QuerySet, Sum
 
-from ..history.rollup import COUNTS, DAY, HOUR, MINUTE, RUN, TOTAL, WAIT, Rollup, percentile
+from ..history.rollup import DAY, HOUR, MINUTE, TOTAL, percentile
+from ..models import COUNTS, RUN, WAIT, Rollup
 
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 
@@ -42,12 +43,15 @@ class Range:
         return self.span // self.step
 
 
-RANGES = {r.name: r for r in (
-    Range("hour", "last hour", MINUTE, 3600, HOUR),
-    Range("day", "last day", HOUR, 86_400, HOUR),
-    Range("week", "last 7 days", HOUR, 7 * 86_400, DAY),
-    Range("month", "last 30 days", DAY, 30 * 86_400, DAY),
-)}
+RANGES = {
+    r.name: r
+    for r in (
+        Range("hour", "last hour", MINUTE, 3600, HOUR),
+        Range("day", "last day", HOUR, 86_400, HOUR),
+        Range("week", "last 7 days", HOUR, 7 * 86_400, DAY),
+        Range("month", "last 30 days", DAY, 30 * 86_400, DAY),
+    )
+}
 
 
 @dataclass
@@ -66,8 +70,7 @@ class Series:
         return sum(sum(self.counts[c]) for c in COUNTS if c != "retried")
 
 
-def _rows(resolution: int, since: datetime, queues: Collection[str] | None, queue: str
-          ) -> QuerySet[Rollup]:
+def _rows(resolution: int, since: datetime, queues: Collection[str] | None, queue: str) -> QuerySet[Rollup]:
     rows = Rollup.objects.filter(resolution=resolution, start__gte=since)
     if queues is not None:
         rows = rows.filter(queue__in=list(queues))
@@ -85,8 +88,9 @@ def table_since(span: Range, now: datetime) -> datetime:
     return datetime.fromtimestamp(first // span.table * span.table, now.tzinfo)
 
 
-def series(span: Range, now: datetime, queues: Collection[str] | None = None, queue: str = "",
-           handler: str = "") -> Series:
+def series(
+    span: Range, now: datetime, queues: Collection[str] | None = None, queue: str = "", handler: str = ""
+) -> Series:
     """The range's points for the queues given (or one queue, or one handler)."""
     since = _since(span, now)
     out = Series([since + timedelta(seconds=i * span.step) for i in range(span.points)])
@@ -94,8 +98,13 @@ def series(span: Range, now: datetime, queues: Collection[str] | None = None, qu
     waits = [[0] * len(WAIT) for _ in range(span.points)]
     runs = [[0] * len(RUN) for _ in range(span.points)]
     sums = {c: Sum(c) for c in (*COUNTS, *WAIT, *RUN)}
-    found: Iterable[Mapping[str, Any]] = _rows(span.resolution, since, queues, queue).filter(
-        handler=handler or TOTAL).values("start").annotate(**sums).order_by()
+    found: Iterable[Mapping[str, Any]] = (
+        _rows(span.resolution, since, queues, queue)
+        .filter(handler=handler or TOTAL)
+        .values("start")
+        .annotate(**sums)
+        .order_by()
+    )
     for row in found:
         at = int((row["start"] - since).total_seconds()) // span.step
         if not 0 <= at < span.points:
@@ -111,24 +120,31 @@ def series(span: Range, now: datetime, queues: Collection[str] | None = None, qu
     return out
 
 
-def totals(span: Range, now: datetime, queues: Collection[str] | None = None, queue: str = "",
-           limit: int = 200) -> list[dict[str, Any]]:
+def totals(
+    span: Range, now: datetime, queues: Collection[str] | None = None, queue: str = "", limit: int = 200
+) -> list[dict[str, Any]]:
     """Per queue and handler since `table_since`, busiest first: counts and the run and wait
     times' percentiles."""
     sums = {c: Sum(c) for c in (*COUNTS, *WAIT, *RUN)}
     found: list[dict[str, Any]] = []
-    rows: Iterable[Mapping[str, Any]] = _rows(span.table, table_since(span, now), queues, queue
-                                               ).exclude(handler=TOTAL).values(
-        "queue", "handler").annotate(**sums).order_by()
+    rows: Iterable[Mapping[str, Any]] = (
+        _rows(span.table, table_since(span, now), queues, queue)
+        .exclude(handler=TOTAL)
+        .values("queue", "handler")
+        .annotate(**sums)
+        .order_by()
+    )
     for row in rows:
         waits, runs = [row[c] or 0 for c in WAIT], [row[c] or 0 for c in RUN]
-        found.append({
-            "queue": row["queue"], "handler": row["handler"],
-            **{c: row[c] or 0 for c in COUNTS},
-            "finished": sum(row[c] or 0 for c in COUNTS if c != "retried"),
-            **{f"wait_{n}": percentile(waits, q) for n, q in QUANTILES},
-            **{f"run_{n}": percentile(runs, q) for n, q in QUANTILES},
-        })
+        found.append(
+            {
+                "queue": row["queue"],
+                "handler": row["handler"],
+                **{c: row[c] or 0 for c in COUNTS},
+                "finished": sum(row[c] or 0 for c in COUNTS if c != "retried"),
+                **{f"wait_{n}": percentile(waits, q) for n, q in QUANTILES},
+                **{f"run_{n}": percentile(runs, q) for n, q in QUANTILES},
+            }
+        )
     found.sort(key=lambda r: (-r["finished"], r["queue"], r["handler"]))
     return found[:limit]
-

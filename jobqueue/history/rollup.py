@@ -12,7 +12,7 @@ true one. Wait time is from enqueue to the start of the job's last run; run time
 start to its finish. A batch the mirror writes twice (the process died between its commit and
 Valkey's acknowledgement) is counted twice: rare, and only in the counts.
 
-May import: models' leaves (records, states). The model lives here; models.py imports it.
+May import: models (where the table is, `Rollup`) and the leaves.
 """
 
 from __future__ import annotations
@@ -24,27 +24,20 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from django.db import models, transaction
+from django.db import transaction
 
-BINS = 56
+from ..models import ALL_COUNTS, BINS, HANDLER_LENGTH, OUTCOMES, RUN, WAIT, Job, Rollup
+
 MINUTE, HOUR, DAY = 60, 3600, 86_400
 KEEP_DAYS = {MINUTE: 2, HOUR: 35, DAY: 400}
 """How long rows of each resolution are kept (minutes: the hour chart; hours: the day and week
 charts; days: the month chart)."""
 TOTAL = "*"
 """The handler of a queue's totals (every handler's jobs): no `@job`'s dotted name."""
-OUTCOMES = ("succeeded", "dead", "cancelled", "expired")
-COUNTS = (*OUTCOMES, "retried")
-"""Per bucket: jobs that ended in each terminal state, and the failed runs retried before
-their last (`attempts` − 1 of each)."""
-WAIT = tuple(f"w{i}" for i in range(BINS))
-RUN = tuple(f"r{i}" for i in range(BINS))
-ALL_COUNTS = (*COUNTS, *WAIT, *RUN)
 KEY = ("resolution", "start", "queue", "handler")
-HANDLER_LENGTH = 200
 
 
-_HALF_SQRT2 = 2 ** -0.5
+_HALF_SQRT2 = 2**-0.5
 
 
 def bin_of(ms: float) -> int:
@@ -73,32 +66,13 @@ def percentile(histogram: list[int], fraction: float) -> float | None:
     return bin_value(BINS - 1)
 
 
-class Rollup(models.Model):
-    """Finished jobs of one queue and handler (or all its handlers: TOTAL) in one minute, hour
-    or day (`resolution` seconds)."""
-
-    resolution = models.PositiveIntegerField()
-    start = models.DateTimeField()
-    queue = models.CharField(max_length=64)
-    handler = models.CharField(max_length=HANDLER_LENGTH)
-    locals().update({name: models.BigIntegerField(default=0, db_default=0) for name in (*COUNTS, *WAIT, *RUN)})
-
-    class Meta:
-        app_label = "jobqueue"
-        constraints = [models.UniqueConstraint(fields=list(KEY), name="jq_rollup_key")]
-        indexes = [models.Index(fields=["resolution", "queue", "start"], name="jq_rollup_queue")]
-
-    def __str__(self) -> str:
-        return f"{self.queue} {self.handler} {self.start:%Y-%m-%d %H:%M} ({self.resolution}s)"
-
-
 def handler_of(payload: Any) -> str:
     """The handler a payload names (text as the mirror has it, or a dict), cut to the column."""
     if isinstance(payload, str):
         head = '{"handler":"'
         end = payload.find('"', len(head)) if payload.startswith(head) else -1
-        if end > 0 and "\\" not in payload[len(head):end]:
-            return payload[len(head):end][:HANDLER_LENGTH]
+        if end > 0 and "\\" not in payload[len(head) : end]:
+            return payload[len(head) : end][:HANDLER_LENGTH]
         try:
             payload = json.loads(payload)
         except ValueError:
@@ -164,14 +138,15 @@ def write(added: Mapping[tuple[Any, ...], Mapping[str, int]]) -> int:
     used = {column for counts in added.values() for column in counts}
     columns = (*KEY, *(c for c in ALL_COUNTS if c in used))  # (only those some bucket adds to)
     head, row, tail = _upsert_sql(db.vendor, columns)
-    values = [[key[0], adapt(key[1]), key[2], key[3], *(counts.get(c, 0) for c in columns[4:])]
-              for key, counts in sorted(added.items())]
+    values = [
+        [key[0], adapt(key[1]), key[2], key[3], *(counts.get(c, 0) for c in columns[4:])]
+        for key, counts in sorted(added.items())
+    ]
     per = max(1, 900 // len(columns)) if db.vendor == "sqlite" else 200  # (999 bound at most)
     with db.cursor() as cursor:
         for at in range(0, len(values), per):
-            chunk = values[at:at + per]
-            cursor.execute(head + ", ".join([row] * len(chunk)) + tail,
-                           [v for one in chunk for v in one])
+            chunk = values[at : at + per]
+            cursor.execute(head + ", ".join([row] * len(chunk)) + tail, [v for one in chunk for v in one])
     return len(values)
 
 
@@ -186,32 +161,32 @@ def _upsert_sql(vendor: str, columns: tuple[str, ...]) -> tuple[str, str, str]:
     summed = [quote(c) for c in columns if c not in KEY] or [quote("succeeded")]
     row = "(" + ", ".join(["%s"] * len(columns)) + ")"
     if vendor == "mysql":
-        return head, row, " ON DUPLICATE KEY UPDATE " + ", ".join(
-            f"{c} = {c} + VALUES({c})" for c in summed)
+        return head, row, " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = {c} + VALUES({c})" for c in summed)
     conflict = ", ".join(quote(c) for c in KEY)
-    return head, row, f" ON CONFLICT ({conflict}) DO UPDATE SET " + ", ".join(
-        f"{c} = {table}.{c} + excluded.{c}" for c in summed)
+    return (
+        head,
+        row,
+        f" ON CONFLICT ({conflict}) DO UPDATE SET "
+        + ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in summed),
+    )
 
 
 def prune(now: datetime) -> int:
     """Drop the rows older than KEEP_DAYS says for their resolution."""
     deleted = 0
     for resolution, days in KEEP_DAYS.items():
-        deleted += Rollup.objects.filter(resolution=resolution,
-                                         start__lt=now - timedelta(days=days)).delete()[0]
+        deleted += Rollup.objects.filter(
+            resolution=resolution, start__lt=now - timedelta(days=days)
+        ).delete()[0]
     return deleted
 
 
-BACKFILL_FIELDS = ("queue", "handler", "state", "attempts", "enqueued_at", "started_at",
-                   "finished_at")
+BACKFILL_FIELDS = ("queue", "handler", "state", "attempts", "enqueued_at", "started_at", "finished_at")
 
 
-def backfill(since: datetime | None = None, chunk: int = 20_000,
-             progress: Any = None) -> int:
+def backfill(since: datetime | None = None, chunk: int = 20_000, progress: Any = None) -> int:
     """Build the rollup again from the history rows finished since `since` (None: all): the
     rollup's rows from then on are replaced. Returns the history rows read."""
-    from ..models import Job
-
     with transaction.atomic():
         drop = Rollup.objects.all()
         if since is not None:
@@ -237,4 +212,3 @@ def _add_batch(batch: list[dict[str, Any]], progress: Any, read: int) -> int:
     if progress is not None and batch:
         progress(read + len(batch))
     return len(batch)
-

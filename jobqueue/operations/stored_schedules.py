@@ -7,10 +7,12 @@ each worker reads the counter at every schedule turn (one GET, every `maintenanc
 second) and reads the rows again only when it moved (`Loader`), so a change is seen within a
 second and the database is not asked otherwise. The settings' entries never wait for the
 database: a worker that cannot read the rows goes on firing them (and the rows it read last).
-A row named like a settings' entry is refused by the admin's form, and the settings' entry
-wins if one appears later. Disabled rows do not fire.
+The admin's form (admin.py's `ScheduleForm`) checks a row as a settings' entry is checked and
+refuses a settings' entry's name (the settings' entry wins if one appears later). Disabled rows
+do not fire.
 
-May import: the api, cron.py and the leaves (the model lives here; models.py imports it).
+May import: cron.py, conf.py and the leaves, never models (which imports this module, where
+the model lives) nor what imports models.
 """
 
 from __future__ import annotations
@@ -19,9 +21,7 @@ import logging
 import time
 from collections.abc import Mapping
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models.signals import post_delete, post_save
 
@@ -41,8 +41,11 @@ class Schedule(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     job = models.CharField(max_length=200, help_text="The dotted path of an @job handler.")
-    cron = models.CharField(max_length=100, blank=True, help_text=(
-        "Five fields: minute hour day-of-month month day-of-week (or give 'every')."))
+    cron = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text=("Five fields: minute hour day-of-month month day-of-week (or give 'every')."),
+    )
     every = models.FloatField(null=True, blank=True, help_text="Seconds between ticks (or give 'cron').")
     timezone = models.CharField(max_length=64, default="UTC", help_text="The cron's timezone.")
     args = models.JSONField(default=list, blank=True, help_text="A JSON list.")
@@ -63,8 +66,12 @@ class Schedule(models.Model):
 
     def spec(self) -> dict[str, Any]:
         """The row as a `JOBQUEUE["SCHEDULE"]` entry."""
-        spec: dict[str, Any] = {"job": self.job, "timezone": self.timezone or "UTC",
-                                "args": self.args, "kwargs": self.kwargs}
+        spec: dict[str, Any] = {
+            "job": self.job,
+            "timezone": self.timezone or "UTC",
+            "args": self.args,
+            "kwargs": self.kwargs,
+        }
         if self.cron:
             spec["cron"] = self.cron
         if self.every is not None:
@@ -77,50 +84,6 @@ class Schedule(models.Model):
     def entry(self) -> Entry:
         """The row as an `Entry` (ConfigurationError when it is not a valid one)."""
         return cron.parse({self.name: self.spec()})[self.name]
-
-    def clean(self) -> None:
-        """The checks a settings' entry gets (`cron.parse`, and a registered handler as
-        `manage.py check` asks), each error on its field."""
-        from ..api.registry import lookup
-        from ..conf import get_config
-        from ..keys import validate_lane, validate_queue
-        from ..spec import validate_priority
-        from .checks import autodiscover_jobs
-
-        errors: dict[str, list[str]] = {}
-
-        def check(field: str, test: Any, *args: Any) -> None:
-            try:
-                test(*args)
-            except (JobQueueError, ValueError, TypeError) as exc:
-                errors.setdefault(field, []).append(str(exc))
-
-        if self.name in get_config().schedule:
-            errors["name"] = [f"JOBQUEUE['SCHEDULE'] has an entry named {self.name!r} already"]
-        autodiscover_jobs()
-        check("job", lookup, self.job)
-        if bool(self.cron) == (self.every is not None):
-            errors.setdefault("__all__", []).append("give exactly one of 'cron' and 'every'")
-        if self.cron:
-            check("cron", cron.Cron.parse, self.cron)
-        if self.every is not None and not 1 <= self.every <= 366 * 86_400:
-            errors["every"] = [f"'every' must be seconds within 1…31622400, got {self.every:g}"]
-        try:
-            ZoneInfo(self.timezone or "UTC")
-        except (ZoneInfoNotFoundError, ValueError):
-            errors["timezone"] = [f"unknown timezone {self.timezone!r}"]
-        if not isinstance(self.args, list):
-            errors["args"] = ["must be a JSON list"]
-        if not isinstance(self.kwargs, dict):
-            errors["kwargs"] = ["must be a JSON object"]
-        for field, test in (("queue", validate_queue), ("lane", validate_lane),
-                            ("priority", validate_priority)):
-            if getattr(self, field) not in (None, ""):
-                check(field, test, getattr(self, field))
-        if not errors:
-            check("__all__", self.entry)  # (whatever else the settings' parser refuses)
-        if errors:
-            raise ValidationError(errors)
 
 
 def enabled_entries() -> dict[str, Entry]:
@@ -201,8 +164,11 @@ class Loader:
                 self._entries = enabled_entries()
                 self._version = version
             except Exception:  # the database is down: the settings' entries fire regardless
-                log.warning("cannot read the periodic jobs in the database; firing those read "
-                            "last and the settings' ones", exc_info=True)
+                log.warning(
+                    "cannot read the periodic jobs in the database; firing those read "
+                    "last and the settings' ones",
+                    exc_info=True,
+                )
                 self._retry_at = time.monotonic() + RETRY_EVERY
                 _close_db()
         return {**self._entries, **settings}

@@ -33,17 +33,21 @@ def test_an_operator_reads_the_history_charts_by_range_queue_and_handler(page: A
     page.click("tr[data-handler='app.jobs.send'] td:nth-child(2) a")
     page.wait_for_selector("text=40 job(s) finished in the last 7 days in queue default by")
     tooltips = page.locator("svg.jq-history-chart rect title").evaluate_all(
-        "titles => titles.map(t => t.textContent)")
+        "titles => titles.map(t => t.textContent)"
+    )
     assert any("succeeded: " in text for text in tooltips)
     assert page.evaluate("document.querySelectorAll('script[src^=\"http\"]').length") == 0
 
 
 def test_an_operator_adds_a_periodic_job_in_the_admin_and_sees_it_in_the_console(
-        page: Any, settings: Any) -> None:
+    page: Any, settings: Any
+) -> None:
     from jobqueue import conf
 
-    settings.JOBQUEUE = {**settings.JOBQUEUE,
-                         "SCHEDULE": {"beat": {"job": "tests.jobapp.jobs.noop", "every": 60}}}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "SCHEDULE": {"beat": {"job": "tests.jobapp.jobs.noop", "every": 60}},
+    }
     conf.reset()
     User.objects.create_superuser("admin", "admin@example.com", "admin")
     login(page, "admin", "admin")
@@ -79,8 +83,7 @@ def test_an_operator_enqueues_a_job_from_the_console(page: Any) -> None:
     page.fill("#id_priority", "500")
     page.click("input[value=Enqueue]")
     page.wait_for_selector("ul[data-field=priority]")
-    assert "priority must be an integer in -100…100, got 500" in page.inner_text(
-        "ul[data-field=priority]")
+    assert "priority must be an integer in -100…100, got 500" in page.inner_text("ul[data-field=priority]")
     assert page.input_value("#id_args") == "[2, 3]"  # what was typed is kept
     page.fill("#id_priority", "5")
     page.fill("#id_lane", "tenant-7")

@@ -14,14 +14,13 @@ from django.core.management import call_command
 from jobqueue.console import history
 from jobqueue.history import rollup
 from jobqueue.history.mirror import upsert
-from jobqueue.history.rollup import Rollup
-from jobqueue.models import Job
+from jobqueue.models import ALL_COUNTS, Job, Rollup
 from tests.jobapp import jobs
 from tests.workers import run_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NOW = datetime.now(UTC).replace(second=30, microsecond=0)
-PRECISION = 2 ** 0.25
+PRECISION = 2**0.25
 """A histogram's percentile is within this factor of the exact one (bins √2 apart)."""
 
 
@@ -29,13 +28,19 @@ def ms(moment: datetime) -> str:
     return str(int(moment.timestamp() * 1000))
 
 
-def event(n: int, handler: str, state: str, wait_ms: float, run_ms: float, finished: datetime,
-          attempts: int = 1) -> dict[str, str]:
+def event(
+    n: int, handler: str, state: str, wait_ms: float, run_ms: float, finished: datetime, attempts: int = 1
+) -> dict[str, str]:
     started = finished - timedelta(milliseconds=run_ms)
-    return {"id": f"JOB{n:011d}", "state": state, "attempts": str(attempts),
-            "payload": f'{{"handler":"{handler}","args":[{n}]}}',
-            "enqueued_at": ms(started - timedelta(milliseconds=wait_ms)),
-            "started_at": ms(started), "finished_at": ms(finished)}
+    return {
+        "id": f"JOB{n:011d}",
+        "state": state,
+        "attempts": str(attempts),
+        "payload": f'{{"handler":"{handler}","args":[{n}]}}',
+        "enqueued_at": ms(started - timedelta(milliseconds=wait_ms)),
+        "started_at": ms(started),
+        "finished_at": ms(finished),
+    }
 
 
 def exact(values: list[float], fraction: float) -> float:
@@ -46,8 +51,10 @@ def exact(values: list[float], fraction: float) -> float:
 def test_known_events_give_their_counts_and_percentiles_within_a_bin() -> None:
     runs = [5.0 + i * 7.3 for i in range(200)]  # 5 ms … 1.46 s
     waits = [1.0 + (i * 37) % 400 for i in range(200)]
-    batch = [event(i, "app.jobs.send", "succeeded", waits[i], runs[i], NOW - timedelta(minutes=i % 3))
-             for i in range(200)]
+    batch = [
+        event(i, "app.jobs.send", "succeeded", waits[i], runs[i], NOW - timedelta(minutes=i % 3))
+        for i in range(200)
+    ]
     batch += [event(1000 + i, "app.jobs.send", "dead", 10, 10, NOW, attempts=3) for i in range(4)]
     batch += [event(2000, "app.jobs.other", "cancelled", 10, 10, NOW)]
     assert upsert(batch[:100], "default") == 100 and upsert(batch[100:], "default") == 105
@@ -77,8 +84,17 @@ def test_known_events_give_their_counts_and_percentiles_within_a_bin() -> None:
 
 
 def test_the_rollup_built_again_from_the_history_is_the_same() -> None:
-    batch = [event(i, f"app.jobs.h{i % 3}", "succeeded" if i % 5 else "dead", i * 3.0, i * 11.0,
-                   NOW - timedelta(minutes=i * 7)) for i in range(300)]
+    batch = [
+        event(
+            i,
+            f"app.jobs.h{i % 3}",
+            "succeeded" if i % 5 else "dead",
+            i * 3.0,
+            i * 11.0,
+            NOW - timedelta(minutes=i * 7),
+        )
+        for i in range(300)
+    ]
     upsert(batch, "default")
     upsert([event(5000 + i, "app.jobs.h0", "succeeded", 1, 2, NOW) for i in range(10)], "emails")
     before = _snapshot()
@@ -90,20 +106,29 @@ def test_the_rollup_built_again_from_the_history_is_the_same() -> None:
 
 
 def _snapshot() -> dict[tuple[Any, ...], tuple[int, ...]]:
-    columns = (*rollup.COUNTS, *rollup.WAIT, *rollup.RUN)
-    return {(r["resolution"], r["start"], r["queue"], r["handler"]): tuple(r[c] for c in columns)
-            for r in Rollup.objects.values()}
+    columns = ALL_COUNTS
+    return {
+        (r["resolution"], r["start"], r["queue"], r["handler"]): tuple(r[c] for c in columns)
+        for r in Rollup.objects.values()
+    }
 
 
 def test_old_rows_are_pruned_minutes_before_hours() -> None:
-    upsert([event(1, "h", "succeeded", 1, 1, NOW - timedelta(days=3)),
-            event(2, "h", "succeeded", 1, 1, NOW - timedelta(days=100))], "default")
+    upsert(
+        [
+            event(1, "h", "succeeded", 1, 1, NOW - timedelta(days=3)),
+            event(2, "h", "succeeded", 1, 1, NOW - timedelta(days=100)),
+        ],
+        "default",
+    )
     assert Rollup.objects.count() == 12  # (minute, hour, day) × (handler, queue's total) × 2
     assert rollup.prune(NOW) == 6  # the minutes of both, the hours of the 100 days old one
     kept = {(r.resolution, r.start.date()) for r in Rollup.objects.all()}
-    assert kept == {(rollup.HOUR, (NOW - timedelta(days=3)).date()),
-                    (rollup.DAY, (NOW - timedelta(days=3)).date()),
-                    (rollup.DAY, (NOW - timedelta(days=100)).date())}
+    assert kept == {
+        (rollup.HOUR, (NOW - timedelta(days=3)).date()),
+        (rollup.DAY, (NOW - timedelta(days=3)).date()),
+        (rollup.DAY, (NOW - timedelta(days=100)).date()),
+    }
 
 
 def test_jobs_a_worker_runs_are_counted_as_its_mirror_writes_them(valkey_server: Any) -> None:

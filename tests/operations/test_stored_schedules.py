@@ -52,8 +52,7 @@ def schedule_entries(raw: dict[str, Any]) -> Any:
 
 
 def ticks(name: str) -> list[int]:
-    keys = Job.objects.filter(unique_key__startswith=f"schedule:{name}:").values_list(
-        "unique_key", flat=True)
+    keys = Job.objects.filter(unique_key__startswith=f"schedule:{name}:").values_list("unique_key", flat=True)
     return sorted(int(key.rsplit(":", 1)[1]) for key in keys)
 
 
@@ -67,16 +66,27 @@ def last_tick(name: str) -> int:
 
 @pytest.mark.slow
 def test_a_schedule_edited_in_the_admin_fires_once_per_tick_while_workers_run(
-        valkey_server: ValkeyProcess, monkeypatch: pytest.MonkeyPatch, client: Client) -> None:
+    valkey_server: ValkeyProcess, monkeypatch: pytest.MonkeyPatch, client: Client
+) -> None:
     monkeypatch.setenv("JOBQUEUE_TEST_SCHEDULE", json.dumps({"clock": {"job": NOOP, "every": 1}}))
     User.objects.create_superuser("root", "root@example.com", "pw")
     client.login(username="root", password="pw")
     worker = start_worker(valkey_server.url, "--workers", "2")
     try:
         wait_for(lambda: last_tick("clock") > 0, timeout=30)  # (the workers are up)
-        form = {"name": "beat", "job": NOOP, "cron": "", "every": "1", "timezone": "UTC",
-                "args": "[]", "kwargs": "{}", "queue": "", "lane": "", "priority": "",
-                "enabled": "on"}
+        form = {
+            "name": "beat",
+            "job": NOOP,
+            "cron": "",
+            "every": "1",
+            "timezone": "UTC",
+            "args": "[]",
+            "kwargs": "{}",
+            "queue": "",
+            "lane": "",
+            "priority": "",
+            "enabled": "on",
+        }
         assert client.post("/admin/jobqueue/schedule/add/", form).status_code == 302
         wait_for(lambda: len(ticks("beat")) >= 3, timeout=30)  # (its first sight fires none)
         row = Schedule.objects.get(name="beat")
@@ -103,7 +113,8 @@ def test_a_schedule_edited_in_the_admin_fires_once_per_tick_while_workers_run(
 
 @pytest.mark.slow
 def test_a_database_that_is_down_does_not_stop_the_settings_schedules(
-        valkey_server: ValkeyProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    valkey_server: ValkeyProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("JOBQUEUE_TEST_SCHEDULE", json.dumps({"clock": {"job": NOOP, "every": 1}}))
     worker = start_worker(valkey_server.url, db_url="postgres://postgres@127.0.0.1:1/nowhere")
     try:
