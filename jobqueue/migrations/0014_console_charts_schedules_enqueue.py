@@ -28,7 +28,6 @@ class Migration(migrations.Migration):
                 ('updated_at', models.DateTimeField(auto_now=True)),
             ],
             options={
-                'verbose_name': 'periodic job',
                 'ordering': ['name'],
             },
         ),

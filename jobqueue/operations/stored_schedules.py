@@ -59,7 +59,6 @@ class Schedule(models.Model):
     class Meta:
         app_label = "jobqueue"
         ordering = ["name"]
-        verbose_name = "periodic job"
 
     def __str__(self) -> str:
         return self.name

@@ -71,7 +71,7 @@ def test_an_operator_adds_a_periodic_job_in_the_admin_and_sees_it_in_the_console
     row = page.inner_text("tr[data-schedule=nightly]")
     assert "database" in row and "30 2 * * *" in row
     assert "settings (read-only)" in page.inner_text("tr[data-schedule=beat]")
-    page.screenshot(path=str(SHOTS / "schedules.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / "schedules_database.png"), full_page=True)
 
 
 def test_an_operator_enqueues_a_job_from_the_console(page: Any) -> None:

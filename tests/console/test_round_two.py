@@ -9,30 +9,20 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 
 from jobqueue import Queue, conf
 from jobqueue.history.mirror import upsert
 from jobqueue.models import Schedule
+from tests.console.test_console import admin_client, staff
 from tests.history.test_rollup import event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHARTS, ENQUEUE = "/admin/jobqueue/job/live/charts/", "/admin/jobqueue/job/live/enqueue/"
 
 
-@pytest.fixture
-def admin_client(client: Client) -> Client:
-    User.objects.create_superuser("root", "root@example.com", "pw")
-    client.login(username="root", password="pw")
-    return client
-
-
-def staff(client: Client, *perms: str) -> Client:
-    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=perms))
-    client.login(username="op", password="pw")
-    return client
+__all__ = ["admin_client"]  # (the fixture, shared with test_console)
 
 
 def history_rows() -> None:

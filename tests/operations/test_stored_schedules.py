@@ -17,6 +17,7 @@ from django.test import Client
 from jobqueue.conf import get_client
 from jobqueue.models import Job, Schedule
 from jobqueue.operations import schedule, stored_schedules
+from tests.console.test_round_two import schedule_form
 from tests.servers import ValkeyProcess
 from tests.workers import start_worker, wait_for
 
@@ -74,19 +75,7 @@ def test_a_schedule_edited_in_the_admin_fires_once_per_tick_while_workers_run(
     worker = start_worker(valkey_server.url, "--workers", "2")
     try:
         wait_for(lambda: last_tick("clock") > 0, timeout=30)  # (the workers are up)
-        form = {
-            "name": "beat",
-            "job": NOOP,
-            "cron": "",
-            "every": "1",
-            "timezone": "UTC",
-            "args": "[]",
-            "kwargs": "{}",
-            "queue": "",
-            "lane": "",
-            "priority": "",
-            "enabled": "on",
-        }
+        form = schedule_form(name="beat", every="1")
         assert client.post("/admin/jobqueue/schedule/add/", form).status_code == 302
         wait_for(lambda: len(ticks("beat")) >= 3, timeout=30)  # (its first sight fires none)
         row = Schedule.objects.get(name="beat")
