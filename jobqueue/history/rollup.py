@@ -185,8 +185,9 @@ BACKFILL_FIELDS = ("queue", "handler", "state", "attempts", "enqueued_at", "star
 
 
 def backfill(since: datetime | None = None, chunk: int = 20_000, progress: Any = None) -> int:
-    """Build the rollup again from the history rows finished since `since` (None: all): the
-    rollup's rows from then on are replaced. Returns the history rows read."""
+    """Build the rollup again from the history rows finished since `since` (None: all), from
+    the start of its day: the rollup's rows from then on are replaced, in one transaction (a
+    mirror's batch meanwhile waits for it, then adds to it). Returns the history rows read."""
     with transaction.atomic():
         drop = Rollup.objects.all()
         if since is not None:
@@ -204,6 +205,7 @@ def backfill(since: datetime | None = None, chunk: int = 20_000, progress: Any =
                 read += _add_batch(batch, progress, read)
                 batch = []
         read += _add_batch(batch, progress, read)
+        prune(datetime.now(UTC))  # (buckets rebuilt beyond what the mirror keeps)
     return read
 
 
