@@ -62,6 +62,8 @@ def test_the_charts_page_narrows_to_a_queue_and_a_handler(admin_client: Client) 
     assert "5 job(s) finished" in page and 'data-handler="app.jobs.send"' not in page
     page = admin_client.get(CHARTS, {"range": "hour", "handler": "app.jobs.send"}).content.decode()
     assert "40 job(s) finished" in page and "dead" in page
+    queue = admin_client.get("/admin/jobqueue/job/live/queues/emails/").content.decode()
+    assert f"{CHARTS}?range=day&amp;queue=emails" in queue
 
 
 def test_the_charts_follow_the_queues_a_user_may_see(admin_client: Client, monkeypatch: Any) -> None:
