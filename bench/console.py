@@ -197,13 +197,13 @@ def charts(client: Any) -> None:
     for row in chart_rows(CHART_ROWS, now):
         batch.append(row)
         if len(batch) == 10_000:
-            rollup.add(batch)
+            rollup.add(batch, now)  # (as `jobqueue rollup` does: no bucket prune would drop)
             batch = []
-    rollup.add(batch)
-    rollup.prune(now)  # (as the mirror does: minute rows after 2 days, hour rows after 35)
+    rollup.add(batch, now)
     elapsed = time.perf_counter() - started
     print(f"\nhistory charts: {CHART_ROWS:,} finished jobs over 30 days added to the rollup in "
-          f"{elapsed:.1f} s ({Rollup.objects.count():,} rollup rows once pruned)")
+          f"{elapsed:.1f} s ({Rollup.objects.count():,} rollup rows, as `manage.py jobqueue rollup` "
+          "builds them)")
     for name, url in pages:
         assert client.get(url).status_code == 200
         show(name, timed(lambda url=url: client.get(url), 5))

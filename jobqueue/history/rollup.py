@@ -122,11 +122,17 @@ def buckets(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], dict[str
     return added
 
 
-def add(rows: Iterable[Mapping[str, Any]]) -> int:
+def add(rows: Iterable[Mapping[str, Any]], now: datetime | None = None) -> int:
     """Add finished `Job` rows to the rollup: one upsert of the buckets they touch, in key
     order (two mirrors writing at once wait for each other, never deadlock). Call it in the
-    transaction that writes the rows. Returns the buckets written."""
-    return write(buckets(rows))
+    transaction that writes the rows. `now`: leave out the buckets `prune` would drop then (a
+    backfill's old jobs). Returns the buckets written."""
+    added = buckets(rows)
+    if now is not None:
+        added = {
+            key: counts for key, counts in added.items() if key[1] >= now - timedelta(days=KEEP_DAYS[key[0]])
+        }
+    return write(added)
 
 
 def write(added: Mapping[tuple[Any, ...], Mapping[str, int]]) -> int:
@@ -197,20 +203,19 @@ def backfill(since: datetime | None = None, chunk: int = 20_000, progress: Any =
         rows = Job.objects.filter(state__in=OUTCOMES, finished_at__isnull=False)
         if since is not None:
             rows = rows.filter(finished_at__gte=since)
-        read, batch = 0, []
+        read, batch, now = 0, [], datetime.now(UTC)
         for row in rows.order_by().values(*BACKFILL_FIELDS).iterator(chunk_size=chunk):
             row["handler"] = row["handler"] or ""
             batch.append(row)
             if len(batch) >= chunk:
-                read += _add_batch(batch, progress, read)
+                read += _add_batch(batch, progress, read, now)
                 batch = []
-        read += _add_batch(batch, progress, read)
-        prune(datetime.now(UTC))  # (buckets rebuilt beyond what the mirror keeps)
+        read += _add_batch(batch, progress, read, now)
     return read
 
 
-def _add_batch(batch: list[dict[str, Any]], progress: Any, read: int) -> int:
-    add(batch)
+def _add_batch(batch: list[dict[str, Any]], progress: Any, read: int, now: datetime) -> int:
+    add(batch, now)
     if progress is not None and batch:
         progress(read + len(batch))
     return len(batch)
