@@ -1,10 +1,13 @@
 """How long the console's pages take: the dashboard with 20 queues and 100,000 waiting jobs, a
-flow of 20,000 jobs, the stuck page over 1,000 running jobs of 64 KB, and (with --history-db)
-the history search at 300,000 rows, before and after its indexes; the console's search over the
-live jobs and a bulk retry of every dead job of a queue (`--bulk N` of them).
+flow of 20,000 jobs, the stuck page over 1,000 running jobs of 64 KB, the history charts (their
+rollup built from 1,000,000 finished jobs, then filled as 10,000,000 or more would fill it: every
+minute and hour of 30 days for 100 queue × handler pairs), the console's search over the live
+jobs and a bulk retry of every dead job of a queue (`--bulk N` of them), and (with --history-db)
+the history search at 300,000 rows, before and after its indexes.
 
     .venv/bin/python bench/console.py
     .venv/bin/python bench/console.py --history-db mysql://root@127.0.0.1:3306/jq_bench_console
+    .venv/bin/python bench/console.py --only charts --history-db postgres://postgres@127.0.0.1:5432/jq_bench_charts
 
 The history database is dropped and created again (MySQL/MariaDB); without it everything runs on
 a throwaway SQLite file and the search is not measured.
@@ -197,9 +200,87 @@ def search(url: str) -> None:
             lambda query=query: list(console_search.history(query, None)[:51]), 3))
 
 
+CHART_ROWS = 1_000_000
+CHART_QUEUES, CHART_HANDLERS = 5, 20
+
+
+def chart_rows(count: int, now: datetime) -> Any:
+    """`count` finished jobs as the mirror hands them to the rollup, over 30 days."""
+    span = 30 * 86_400
+    for n in range(count):
+        finished = now - timedelta(seconds=n * span / count)
+        run, wait = timedelta(milliseconds=5 + n % 997), timedelta(milliseconds=1 + n % 89)
+        yield {"state": "succeeded" if n % 50 else "dead", "finished_at": finished,
+               "queue": f"q{n % CHART_QUEUES}", "handler": f"app.jobs.h{n % CHART_HANDLERS}",
+               "attempts": 1 + (n % 50 == 0), "started_at": finished - run,
+               "enqueued_at": finished - run - wait}
+
+
+def filled_rollup(now: datetime) -> int:
+    """Every minute of 2 days, hour of 35 days and day of 30 days, for each queue × handler
+    pair and each queue's totals, with counts in a few bins each: the rollup of a history of
+    10,000,000 jobs or more (each bucket of each pair holds some)."""
+    from jobqueue.history import rollup
+
+    written = 0
+    for resolution, count in ((rollup.MINUTE, 2 * 1440), (rollup.HOUR, 35 * 24), (rollup.DAY, 31)):
+        last = int(now.timestamp()) // resolution * resolution
+        for step in range(0, count, 100):
+            added: dict[tuple[Any, ...], dict[str, int]] = {}
+            for i in range(step, min(step + 100, count)):
+                start = datetime.fromtimestamp(last - i * resolution, UTC)
+                for pair in range(CHART_QUEUES * CHART_HANDLERS):
+                    counts = {"succeeded": 20 + pair, "dead": pair % 3, "retried": pair % 5,
+                              f"w{3 + pair % 9}": 15, f"w{9 + i % 7}": 5, f"r{10 + pair % 11}": 17,
+                              f"r{20 + i % 9}": 3}
+                    queue = f"q{pair % CHART_QUEUES}"
+                    added[resolution, start, queue, f"app.jobs.h{pair}"] = counts
+                    total = added.setdefault((resolution, start, queue, rollup.TOTAL), {})
+                    for column, n in counts.items():
+                        total[column] = total.get(column, 0) + n
+            rollup.write(added)
+            written += len(added)
+    return written
+
+
+def charts(client: Any) -> None:
+    from jobqueue.history import rollup
+    from jobqueue.models import Rollup
+
+    now = datetime.now(UTC)
+    base = "/admin/jobqueue/job/live/charts/"
+    pages = [(f"charts, {span}", f"{base}?range={span}") for span in ("hour", "day", "week", "month")]
+    pages += [("charts, month, one queue", f"{base}?range=month&queue=q1"),
+              ("charts, day, one handler", f"{base}?range=day&queue=q1&handler=app.jobs.h1")]
+    started, batch = time.perf_counter(), []
+    for row in chart_rows(CHART_ROWS, now):
+        batch.append(row)
+        if len(batch) == 10_000:
+            rollup.add(batch, now)  # (as `jobqueue rollup` does: no bucket prune would drop)
+            batch = []
+    rollup.add(batch, now)
+    elapsed = time.perf_counter() - started
+    print(f"\nhistory charts: {CHART_ROWS:,} finished jobs over 30 days added to the rollup in "
+          f"{elapsed:.1f} s ({Rollup.objects.count():,} rollup rows, as `manage.py jobqueue rollup` "
+          "builds them)")
+    for name, url in pages:
+        assert client.get(url).status_code == 200
+        show(name, timed(lambda url=url: client.get(url), 5))
+    started = time.perf_counter()
+    Rollup.objects.all().delete()
+    written = filled_rollup(now)
+    print(f"history charts, the rollup full ({written:,} rows: 100 queue × handler pairs and 5 "
+          f"queues' totals, every minute of 2 days, hour of 35 days and day of 30 days; written "
+          f"in {time.perf_counter() - started:.1f} s)")
+    for name, url in pages:
+        show(name, timed(lambda url=url: client.get(url), 5))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--history-db", help="a MySQL/MariaDB URL to measure the search on (dropped first)")
+    parser.add_argument("--history-db", help="a MySQL/MariaDB URL to measure the search on (dropped "
+                                             "first), or a PostgreSQL one for the charts only")
+    parser.add_argument("--only", choices=["charts"], help="measure the history charts only")
     parser.add_argument("--bulk", type=int, default=20_000, help="dead jobs a bulk retry retries")
     args = parser.parse_args()
     with valkey() as url, tempfile.TemporaryDirectory() as tmp:
@@ -207,8 +288,12 @@ def main() -> None:
         database = args.history_db or f"sqlite:///{tmp}/bench.sqlite3"
         if args.history_db:
             name = args.history_db.rsplit("/", 1)[1]
-            subprocess.run(["mysql", "-uroot", "-h127.0.0.1", "-e", f"DROP DATABASE IF EXISTS {name}; "
-                            f"CREATE DATABASE {name} CHARACTER SET utf8mb4"], check=True)
+            if args.history_db.startswith("postgres"):
+                subprocess.run(["psql", "-h127.0.0.1", "-Upostgres", "-qc", f"DROP DATABASE IF EXISTS "
+                                f"{name}", "-c", f"CREATE DATABASE {name}"], check=True)
+            else:
+                subprocess.run(["mysql", "-uroot", "-h127.0.0.1", "-e", f"DROP DATABASE IF EXISTS "
+                                f"{name}; CREATE DATABASE {name} CHARACTER SET utf8mb4"], check=True)
         django_setup(url, database)
         from django.contrib.auth.models import User
         from django.core.management import call_command
@@ -225,12 +310,14 @@ def main() -> None:
             return int(get_client().info("stats")["total_net_output_bytes"])
 
         print("(rough numbers: one run on a shared machine)")
-        dashboard(client)
-        live_search(client)
-        bulk_retry(args.bulk, user)
-        flow(client, sent)
-        stuck(client, sent)
-        if args.history_db:
+        if args.only != "charts":
+            dashboard(client)
+            live_search(client)
+            bulk_retry(args.bulk, user)
+            flow(client, sent)
+            stuck(client, sent)
+        charts(client)
+        if args.history_db and args.history_db.startswith("mysql") and args.only != "charts":
             search(args.history_db)
 
 

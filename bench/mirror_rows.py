@@ -39,7 +39,8 @@ def fill(rows: int) -> list[tuple[str, dict[str, str]]]:
     queue = Queue(QUEUE)
     queue.client.flushall()
     for start in range(0, rows, 1000):
-        queue.enqueue_many([JobSpec({"args": [n, "it's \\ \"quoted\" é"], "kwargs": {}})
+        queue.enqueue_many([JobSpec({"handler": "bench.jobs.h", "args": [n, "it's \\ \"quoted\" é"],
+                                     "kwargs": {}})
                             for n in range(start, min(start + 1000, rows))])
     while leases := queue.dequeue(count=500, worker="bench"):
         queue.ack_many([(lease, {"ok": lease.job_id}) for lease in leases])

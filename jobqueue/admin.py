@@ -1,15 +1,18 @@
 """The mirror's changelist (finished jobs in MySQL) and shard metadata, in the Django admin.
 
-The live console (dashboard, queue pages, job pages, stuck jobs, workers, periodic jobs) is in
-`console/pages.py`; `JobAdmin.get_urls()` mounts it at `admin/jobqueue/job/live/`, so a project
-needs no URL of its own for it.
+Periodic jobs kept in the database (`Schedule`) are edited here too, the settings' ones shown
+read-only beside them. The live console (dashboard, queue pages, job pages, stuck jobs, workers,
+periodic jobs) is in `console/pages.py`; `JobAdmin.get_urls()` mounts it at
+`admin/jobqueue/job/live/`, so a project needs no URL of its own for it.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
@@ -20,7 +23,7 @@ from django.utils.html import format_html
 
 from .engine.store import Queue
 from .exceptions import JobQueueError
-from .models import Job, Shard
+from .models import Job, Schedule, Shard
 
 
 class LaneFilter(admin.SimpleListFilter):
@@ -184,3 +187,76 @@ class ShardAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+class ScheduleForm(forms.ModelForm):
+    """A periodic job's row, checked as a settings' entry is (`cron.parse`, and a registered
+    `@job` as `manage.py check` asks): each error on its field, nothing saved."""
+
+    class Meta:
+        model = Schedule
+        fields = ("name", "job", "cron", "every", "timezone", "args", "kwargs", "queue", "lane",
+                  "priority", "enabled")
+
+    def clean(self) -> dict[str, Any]:
+        from .api.registry import lookup
+        from .conf import get_config
+        from .cron import Cron
+        from .keys import validate_lane, validate_queue
+        from .operations.checks import autodiscover_jobs
+        from .spec import validate_priority
+
+        data = super().clean() or self.cleaned_data
+        if data.get("name") in get_config().schedule:
+            self.add_error("name", f"JOBQUEUE['SCHEDULE'] has an entry named {data['name']!r} already")
+        autodiscover_jobs()
+        checks = [("job", lookup), ("cron", Cron.parse), ("queue", validate_queue),
+                  ("lane", validate_lane), ("priority", validate_priority)]
+        for field, test in checks:
+            if data.get(field) not in (None, ""):
+                self._check(field, test, data[field])
+        if bool(data.get("cron")) == (data.get("every") is not None):
+            self.add_error(None, "give exactly one of 'cron' and 'every'")
+        every = data.get("every")
+        if every is not None and not 1 <= every <= 366 * 86_400:
+            self.add_error("every", f"'every' must be seconds within 1…31622400, got {every:g}")
+        try:
+            ZoneInfo(data.get("timezone") or "UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            self.add_error("timezone", f"unknown timezone {data.get('timezone')!r}")
+        for field, kind, what in (("args", list, "a JSON list"), ("kwargs", dict, "a JSON object")):
+            if field in data and not isinstance(data[field], kind):
+                self.add_error(field, f"must be {what}")
+        if not self.errors:  # (whatever else the settings' parser refuses)
+            row = Schedule(**{f: data.get(f) for f in self.Meta.fields})
+            self._check(None, row.entry)
+        return data
+
+    def _check(self, field: str | None, test: Any, *args: Any) -> None:
+        try:
+            test(*args)
+        except (JobQueueError, ValueError, TypeError) as exc:
+            self.add_error(field, str(exc))
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Periodic jobs in the database, checked as settings' entries are (`Schedule.clean`); the
+    `JOBQUEUE["SCHEDULE"]` entries listed read-only above them."""
+
+    list_display = ("name", "job", "when", "queue", "enabled", "updated_at")
+    list_filter = ("enabled",)
+    search_fields = ("name", "job")
+    change_list_template = "admin/jobqueue/schedule/change_list.html"
+    form = ScheduleForm
+
+    @admin.display(description="when")
+    def when(self, obj: Schedule) -> str:
+        return obj.cron or (f"every {obj.every:g} s" if obj.every is not None else "")
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        from .conf import get_config
+
+        return super().changelist_view(request, {**(extra_context or {}),
+                                                 "settings_entries": get_config().schedule.values()})

@@ -24,8 +24,11 @@ from django.db import connection, models, transaction
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 
+from .operations.stored_schedules import Schedule
 from .records import EncodedJSON, JobInfo, attempt_history
 from .states import State
+
+__all__ = ["Job", "Rollup", "Schedule", "Shard"]
 
 UNFINISHED = (State.PENDING, State.SCHEDULED, State.WAITING)
 """The states of a durable row whose job is not over: `restore` sends these to Valkey again."""
@@ -137,6 +140,7 @@ class Job(models.Model):
             ("view_sealed", "Can read sealed job data (arguments, results, errors)"),
             ("delete_history", "Can delete finished jobs from the history"),
             ("view_hidden_args", "Can see hidden job arguments"),
+            ("enqueue_job", "Can enqueue jobs from the console"),
         ]
 
     def __str__(self) -> str:
@@ -233,6 +237,37 @@ class BulkOperation(models.Model):
 
     def __str__(self) -> str:
         return f"bulk {self.action} #{self.pk} ({self.status})"
+
+
+BINS = 56
+"""The bins of a rollup bucket's wait and run time histograms (history/rollup.py)."""
+OUTCOMES = ("succeeded", "dead", "cancelled", "expired")
+COUNTS = (*OUTCOMES, "retried")
+"""Per bucket: jobs that ended in each terminal state, and the failed runs retried before
+their last (`attempts` − 1 of each)."""
+WAIT = tuple(f"w{i}" for i in range(BINS))
+RUN = tuple(f"r{i}" for i in range(BINS))
+ALL_COUNTS = (*COUNTS, *WAIT, *RUN)
+
+
+class Rollup(models.Model):
+    """Finished jobs of one queue and handler (or of all its handlers: `rollup.TOTAL`) in one
+    minute, hour or day (`resolution` seconds): counts by outcome and histograms of wait and
+    run times. Written by the mirror (history/rollup.py), read by the console's charts."""
+
+    resolution = models.PositiveIntegerField()
+    start = models.DateTimeField()
+    queue = models.CharField(max_length=64)
+    handler = models.CharField(max_length=HANDLER_LENGTH)
+    locals().update({name: models.BigIntegerField(default=0, db_default=0) for name in ALL_COUNTS})
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resolution", "start", "queue", "handler"],
+                                               name="jq_rollup_key")]
+        indexes = [models.Index(fields=["resolution", "handler", "start"], name="jq_rollup_handler")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.handler} {self.start:%Y-%m-%d %H:%M} ({self.resolution}s)"
 
 
 def insert_jobs(rows: Iterable[dict[str, Any]], update: Collection[str] = ()) -> int:

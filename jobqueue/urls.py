@@ -22,6 +22,7 @@ from django.http import HttpResponseBase
 from django.urls import path
 
 from .console import posts
+from .console.enqueue import EnqueueJob
 from .console.pages import Console
 
 
@@ -46,6 +47,8 @@ def console_urls(site: AdminSite) -> list[Any]:
         path("bulk/<int:pk>/decide/", wrap(posts.BulkDecision.as_view(site=views)),
              name="jobqueue_bulk_decide"),
         path("stuck/", wrap(views.stuck), name="jobqueue_stuck"),
+        path("charts/", wrap(views.charts), name="jobqueue_charts"),
+        path("enqueue/", wrap(EnqueueJob.as_view(site=views)), name="jobqueue_enqueue"),
         path("schedules/", wrap(views.schedules), name="jobqueue_schedules"),
         path("workers/", wrap(views.workers), name="jobqueue_workers"),
         path("schedules/<str:name>/run/", action(posts.RunSchedule), name="jobqueue_schedule_run"),

@@ -311,6 +311,11 @@ def lookup(name: str) -> JobFunction:
         raise UnknownHandler(f"no @job handler registered as {name[:200]!r}") from None
 
 
+def registered() -> list[str]:
+    """The dotted names of the `@job` handlers this process has imported, sorted."""
+    return sorted(_registry)
+
+
 class Bridge(NamedTuple):
     """How jobs enqueued through another task API find their task."""
 

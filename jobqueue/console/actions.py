@@ -23,7 +23,7 @@ PERMISSIONS = {"retry": "jobqueue.retry_job", "reprioritize": "jobqueue.repriori
                "resize": "jobqueue.resize_queue", "run_schedule": "jobqueue.run_schedule",
                "set_lane_concurrency": "jobqueue.set_lane_concurrency",
                "set_global_concurrency": "jobqueue.set_global_concurrency",
-               "delete": "jobqueue.delete_history"}
+               "delete": "jobqueue.delete_history", "enqueue": "jobqueue.enqueue_job"}
 """The Django permission each action needs (each console action's view, in posts.py, and the
 admin's bulk retry ask it)."""
 WAITING_OR_RUNNING = frozenset({State.PENDING, State.SCHEDULED, State.ACTIVE})

@@ -20,16 +20,16 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import ids
-from ..conf import get_client, get_config
+from ..conf import get_client
 from ..engine import lanes, layouts, permits
 from ..engine.store import Queue
 from ..exceptions import InvalidJobId, JobQueueError
 from ..keys import validate_lane, validate_queue
 from ..models import Job
-from ..operations import schedule
+from ..operations import schedule, stored_schedules
 from ..states import State
 from ..worker import presence
-from . import access, flowgraph, hidden, posts, readmodels, sealed
+from . import access, flowgraph, hidden, history, posts, readmodels, sealed, svg
 from .searching import SearchPages
 from .site import console_reverse
 
@@ -130,24 +130,61 @@ class Console(SearchPages):
                             workers=access.workers(request, presence.workers(get_client())))
 
     def schedules(self, request: HttpRequest) -> HttpResponse:
-        entries = get_config().schedule
+        entries = stored_schedules.listed()
         state = schedule.state(get_client()) if entries else {}
         now = datetime.now(UTC)
         rows = []
-        for name, entry in entries.items():
+        for entry, row in entries:
             queue = posts.schedule_queue(entry)
             if not access.may_view(request, queue):
                 continue
-            seen = state.get(name, {})
+            seen = state.get(entry.name, {})
             last = seen.get("last")
             rows.append({
                 "entry": entry, "paused": bool(seen.get("paused")), "job": seen.get("job"),
+                "row": row, "edit": None if row is None else reverse(
+                    f"{self.admin_site.name}:jobqueue_schedule_change", args=[row.pk]),
                 "queue": queue, "can_run": access.may_act(request, queue),
                 "last": datetime.fromtimestamp(last / 1000, UTC) if isinstance(last, int) else None,
                 "next": entry.next_tick(now),
             })
         return self.render(request, "schedules.html", "Periodic jobs", rows=rows,
-                            can_run=posts.RunSchedule.permitted(request))
+                            can_run=posts.RunSchedule.permitted(request),
+                            can_add=request.user.has_perm("jobqueue.add_schedule"),
+                            add_url=reverse(f"{self.admin_site.name}:jobqueue_schedule_add"))
+
+    def charts(self, request: HttpRequest) -> HttpResponse:
+        """The history over a range, for every queue the user may see, one queue or one
+        handler: finished jobs, failures, wait and run times (from the rollup)."""
+        span = history.RANGES.get(request.GET.get("range", ""), history.RANGES["day"])
+        visible = self.visible_queues(request)
+        queue, handler = request.GET.get("queue", "")[:64], request.GET.get("handler", "")[:200]
+        if visible is not None and queue and queue not in visible:
+            visible = frozenset()  # (a queue the user may not see: nothing, as for one unused)
+        now = datetime.now(UTC)
+        points = history.series(span, now, visible, queue, handler)
+        step, starts = span.step, points.starts
+        colours = {"p50": "#417690", "p95": "#8a6d00", "p99": "#ba2121"}
+        charts = [
+            svg.time_chart("Finished jobs", starts, step, [
+                ("succeeded", points.counts["succeeded"], "#417690"),
+                ("dead", points.counts["dead"], "#ba2121"),
+                ("cancelled", points.counts["cancelled"], "#999"),
+                ("expired", points.counts["expired"], "#8a6d00")], bars=True),
+            svg.time_chart("Failures (dead jobs, and failed runs retried)", starts, step, [
+                ("dead", points.counts["dead"], "#ba2121"),
+                ("retried", points.counts["retried"], "#e08a00")], bars=True),
+            svg.time_chart("Wait time (enqueue to start)", starts, step,
+                           [(n, points.wait[n], colours[n]) for n in colours], unit="ms"),
+            svg.time_chart("Run time", starts, step,
+                           [(n, points.run[n], colours[n]) for n in colours], unit="ms"),
+        ]
+        rows = history.totals(span, now, visible, queue)
+        return self.render(request, "charts.html", "History charts", charts=charts, span=span,
+                            ranges=history.RANGES.values(), queue=queue,
+                            handler=handler, rows=rows, total=points.total,
+                            table_since=history.table_since(span, now),
+                            queues=sorted(access.visible_queues(request)))
 
     def stuck(self, request: HttpRequest) -> HttpResponse:
         pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)

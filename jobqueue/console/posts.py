@@ -21,12 +21,12 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, Ht
 from django.views import View
 
 from ..api.registry import lookup
-from ..conf import get_config
 from ..cron import Entry
 from ..engine import layouts
 from ..engine.store import JobInfo, Queue
 from ..exceptions import InvalidName, JobQueueError, UnknownHandler
 from ..models import BulkOperation, Job, Shard
+from ..operations import stored_schedules
 from . import access, actions, bulk, readmodels
 from .site import ConsoleSite, console_reverse
 
@@ -266,15 +266,16 @@ class SetGlobalConcurrency(QueueAction):
 
 
 class ScheduleAction(ConsoleAction[Entry]):
-    """An action on one periodic job of `JOBQUEUE['SCHEDULE']` (`schedules/<name>/…`): logged
+    """An action on one periodic job, of `JOBQUEUE['SCHEDULE']` or the database
+    (`schedules/<name>/…`): logged
     under its name; back to the periodic jobs' page."""
 
     permission_required = actions.PERMISSIONS["run_schedule"]
 
     def target(self, site: ConsoleSite, **names: str) -> Entry:
-        entry = get_config().schedule.get(names["name"])
+        entry = stored_schedules.find(names["name"])
         if entry is None:
-            raise Http404(f"No periodic job {names['name']!r} in JOBQUEUE['SCHEDULE'].")
+            raise Http404(f"No periodic job {names['name']!r} in JOBQUEUE['SCHEDULE'] or the database.")
         return entry
 
     def queue_of(self, target: Entry) -> str:

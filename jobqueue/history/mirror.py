@@ -17,8 +17,11 @@ from django.db import transaction
 from ..conf import get_config
 from ..engine.store import Queue
 from ..records import mirror_columns
+from . import rollup
 
 GROUP = "mirror"
+PRUNE_EVERY = 600.0
+"""Seconds between a mirror's prunes of the charts' old rollup rows (`rollup.prune`)."""
 NOT_DURABLE = {"durable": False, "relayed": True, "run_after": None, "backoff_ms": None,
                "lease_ms": None, "timeout_ms": None, "expires_at": None, "reopened_after": None, "flow": None}
 """The outbox columns of a row the mirror creates (see outbox.py); it never updates them."""
@@ -28,7 +31,8 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
     """Write a batch of one shard's events as one multi-row upsert keyed by job id. A row only
     moves forward (`models.insert_jobs`): the newest event of a job wins, by its attempts, then
     its finish time on Valkey's clock, in the batch and against the row, so replays, re-runs
-    after an operator retry and a batch written late converge on the newest state."""
+    after an operator retry and a batch written late converge on the newest state. The batch's
+    finished jobs are added to the charts' rollup (rollup.py) in the same transaction."""
     from ..models import insert_jobs, stale_events, written_fields
 
     now = datetime.now(UTC)
@@ -42,12 +46,13 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
         seen = rows.get(row["id"])
         if seen is None or _order(row) >= _order(seen):
             rows[row["id"]] = row
-    if not options.durable:
-        return insert_jobs(rows.values(), update)
     with transaction.atomic():  # (an operator's retry must not commit between the two)
-        for job_id in stale_events(rows):
-            del rows[job_id]  # a retried run's event: its reopened row stays unfinished
-        return insert_jobs(rows.values(), update)
+        if options.durable:
+            for job_id in stale_events(rows):
+                del rows[job_id]  # a retried run's event: its reopened row stays unfinished
+        written = insert_jobs(rows.values(), update)
+        rollup.add(rows.values())  # (the charts' counts, in the same transaction)
+        return written
 
 
 def _order(row: Mapping[str, Any]) -> tuple[int, datetime]:
@@ -88,6 +93,8 @@ class Mirror:
         or more than a batch of them): the next step reads them first."""
         self._next_takeover = 0.0
         """When the next step looks for other consumers' idle entries (a dead worker's)."""
+        self._next_prune = 0.0
+        """When the next step drops the rollup's old rows."""
 
     def _streams(self) -> list[tuple[Any, str, str, int]]:
         """(client, stream key, queue name, shard index) of every shard that may hold events."""
@@ -139,6 +146,9 @@ class Mirror:
                 if len(entries) < self.batch:
                     break
         self._own_pending = more_own  # (a step that raised leaves it set: the next reads them)
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_EVERY
+            rollup.prune(datetime.now(UTC))
         return written
 
     def _write(self, client: Any, stream: str, entries: list[tuple[str, dict[str, str]]],

@@ -43,14 +43,19 @@ CONSOLE_HINT = ("See the console reference (docs/reference/console.md, \"Access 
                 "OPEN_BY_DEFAULT is True or False.")
 
 
-def _is_job(path: str) -> bool:
-    """Whether `path` names an @job handler, as the worker will look it up."""
+def autodiscover_jobs() -> None:
+    """Import every installed app's `jobs` module, as the worker does: its handlers register."""
     from django.utils.module_loading import autodiscover_modules
 
+    autodiscover_modules("jobs")
+
+
+def _is_job(path: str) -> bool:
+    """Whether `path` names an @job handler, as the worker will look it up."""
     from ..api.registry import lookup
     from ..exceptions import UnknownHandler
 
-    autodiscover_modules("jobs")
+    autodiscover_jobs()
     try:
         lookup(path)
     except UnknownHandler:

@@ -23,3 +23,10 @@ def console_url(context: Any, name: str, *args: Any) -> str:
 def last_line(text: str | None) -> str:
     """`{{ job.last_error|last_line }}`: a traceback's exception and message (console/errors.py)."""
     return errors.last_line(text)
+
+
+def duration(ms: float | None) -> str:
+    """Milliseconds as an operator reads them (850 ms, 1.2 s, 3.4 min)."""
+    from ..console.svg import duration as shown
+
+    return shown(ms)

@@ -6,7 +6,8 @@ last sweep saw (PROMOTE_GAP), the schedules' ticks, and the summary line.
 Owns those timers, when the next scheduled job is due, and the rate the console shows. It may
 change what the worker serves (`Served`: a queue created since it started, a shard count that
 changed), reads the held jobs and the counts of recorded outcomes, and calls the queues'
-maintenance transitions, `layouts`, `schedule`, `autoscale`, `relay` (flows' "member done"
+maintenance transitions, `layouts`, `schedule` (and `stored_schedules`, the database's periodic
+jobs), `autoscale`, `relay` (flows' "member done"
 entries across shards), `presence` and (to end a burst) `outbox`. It claims and records nothing.
 """
 
@@ -24,7 +25,7 @@ from ..engine import backlog, layouts
 from ..engine.store import Queue, known_queues
 from ..flows import relay
 from ..history import outbox
-from ..operations import autoscale, schedule
+from ..operations import autoscale, schedule, stored_schedules
 from . import presence
 from .mirror_thread import close_db
 from .outcomes import Outcomes
@@ -62,6 +63,8 @@ class Maintenance:
         self._advertised = (time.monotonic(), 0)
         """(when, jobs done) at the last advertisement: the rate the console shows."""
         self._burst_check = BURST_CHECK
+        self._stored = stored_schedules.Loader()
+        """The periodic jobs kept in the database, read again when one changes."""
 
     def hold(self) -> None:
         """Defer every timer for good: for a caller that drives the worker's turns itself (a
@@ -152,11 +155,14 @@ class Maintenance:
     def fire_schedule(self) -> None:
         """Enqueue the schedules' due ticks, and wake again just after the next one: an
         every-second entry must not lose a tick to a maintenance turn that ran late."""
-        entries = get_config().schedule
-        if not entries or self._config.burst:  # a --burst run drains; it does not start work
+        if self._config.burst:  # a --burst run drains; it does not start work
             self._next_fire = float("inf")
             return
         client = get_client()
+        entries = self._stored.entries(client, get_config().schedule)  # (and the database's)
+        if not entries:  # (a row added in the admin is seen at the next turn)
+            self._next_fire = time.monotonic() + self._config.maintenance_every
+            return
         schedule.fire_due(entries, client)
         now = schedule.server_now(client)  # (Valkey's clock, never this worker's)
         ticks = [tick for entry in entries.values() if (tick := entry.next_tick(now)) is not None]

@@ -62,26 +62,28 @@ def test_every_console_page_and_action_wants_view_job_even_from_staff(client: Cl
     counted = BulkOperation.objects.create(action="retry", query={"state": "dead"},
                                            status="counted", total=1)
     urls = every_console_url(job_id, flow.id, counted.pk)
-    assert len(urls) == 23 and sum(method == "POST" for method, _ in urls) == 13
+    assert len(urls) == 25 and sum(method == "POST" for method, _ in urls) == 13
+    enqueue = reverse("admin:jobqueue_enqueue")
+    urls.append(("POST", enqueue))  # (its form is a GET, the enqueue a POST)
     every_right = [p.codename for p in Permission.objects.filter(content_type__app_label="jobqueue")
                    if p.codename not in ("view_job", "change_job")]
     curious = user_with(client, *every_right)
     for method, path in urls:
         response = curious.get(path) if method == "GET" else curious.post(
             path, {"priority": "5", "count": "2", "confirm": "yes", "lane": "acme", "cap": "3",
-                   "action": "retry", "state": "dead"})
+                   "action": "retry", "state": "dead", "handler": "tests.jobapp.jobs.noop"})
         assert response.status_code == 403, (method, path)
         assert "k-123" not in response.content.decode()
     queue = Queue("default")
     assert queue.get(job_id).state == "dead" and not queue.is_paused()  # type: ignore[union-attr]
-    assert queue.layout(fresh=True).live == 1 and not LogEntry.objects.exists()
+    assert queue.layout(fresh=True).live == 1 and not LogEntry.objects.exists()  # (nor enqueued)
     assert list(BulkOperation.objects.values_list("status", flat=True)) == ["counted"]
     assert queue.client.get("emq:{default#cap}:limit") is None  # (no global cap set)
     assert not schedule.state(get_client()).get("beat", {}).get("paused")
     User.objects.all().delete()
     viewer = user_with(client, "view_job")
     for path in [path for method, path in urls if method == "GET"]:
-        assert viewer.get(path).status_code == 200, path
+        assert viewer.get(path).status_code == (403 if path == enqueue else 200), path
 
 
 def test_a_retry_through_another_queues_url_finds_no_job_and_logs_nothing(client: Client) -> None:

@@ -1,10 +1,11 @@
-"""`manage.py jobqueue resize|restore|stats|reseal|bulk`: operator commands (they parse, then
-call the library)."""
+"""`manage.py jobqueue resize|restore|stats|reseal|bulk|rollup`: operator commands (they parse,
+then call the library)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -26,7 +27,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True,
-                                        metavar="{resize,restore,stats,reseal,bulk}")
+                                        metavar="{resize,restore,stats,reseal,bulk,rollup}")
         resize = actions.add_parser("resize", help="set a queue's live shard count (1…1024) "
                                                    "without stopping anything")
         resize.add_argument("queue")
@@ -48,6 +49,9 @@ class Command(BaseCommand):
         bulk.add_argument("--no-wait", action="store_true",
                           help="leave operations another runner holds (by default, wait for a "
                                "dead runner's lease to lapse and resume them)")
+        rollup = actions.add_parser("rollup", help="build the history charts' counts again from "
+                                                   "the history rows (safe to run twice)")
+        rollup.add_argument("--days", type=_days, help="only the last N days (default: all)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -62,6 +66,8 @@ class Command(BaseCommand):
                 self.restore(queue_list(options["queues"]))
             elif options["action"] == "reseal":
                 self.reseal(max(1, options["chunk"]))
+            elif options["action"] == "rollup":
+                self.rollup(options["days"])
             else:
                 self.stats(as_json=options["json"])
         except JobQueueError as exc:
@@ -112,6 +118,18 @@ class Command(BaseCommand):
             self.stdout.write("0 value(s) still need an old key: keys other than the first may "
                               "be dropped")
 
+    def rollup(self, days: int | None) -> None:
+        from jobqueue.history import rollup
+
+        since = None if days is None else datetime.now(UTC) - timedelta(days=days)
+
+        def progress(read: int) -> None:
+            self.stderr.write(f"rollup: {read:,} history rows read")
+
+        read = rollup.backfill(since, progress=progress)
+        self.stdout.write(f"rollup rebuilt from {read:,} history row(s)"
+                          + ("" if days is None else f" of the last {days} day(s)"))
+
     def stats(self, as_json: bool) -> None:
         counts = {name: Queue(name).counts() for name in known_queues()}
         if as_json:
@@ -137,4 +155,10 @@ def _count(raw: str) -> int:
 def _chunk(raw: str) -> int:
     if not raw.isdecimal() or not 1 <= int(raw) <= 100_000:
         raise argparse.ArgumentTypeError(f"--chunk must be a whole number in 1…100000, got {raw!r}")
+    return int(raw)
+
+
+def _days(raw: str) -> int:
+    if not raw.isdecimal() or not 1 <= int(raw) <= 10_000:
+        raise argparse.ArgumentTypeError(f"--days must be a whole number in 1…10000, got {raw!r}")
     return int(raw)
