@@ -12,7 +12,7 @@ class JobQueueConfig(AppConfig):
         from django.core.signals import setting_changed
 
         from . import conf
-        from .operations import checks
+        from .operations import checks, stored_schedules  # noqa: F401 (its signals tell the workers)
 
         checks.register()
 

@@ -17,7 +17,6 @@ from django.db import transaction
 from ..conf import get_config
 from ..engine.store import Queue
 from ..records import mirror_columns
-from . import rollup
 
 GROUP = "mirror"
 PRUNE_EVERY = 600.0
@@ -34,6 +33,7 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
     after an operator retry and a batch written late converge on the newest state. The batch's
     finished jobs are added to the charts' rollup (rollup.py) in the same transaction."""
     from ..models import insert_jobs, stale_events, written_fields
+    from . import rollup  # (models: not before Django is set up)
 
     now = datetime.now(UTC)
     kept = {"id", *NOT_DURABLE}  # a durable row keeps its outbox columns
@@ -148,6 +148,8 @@ class Mirror:
         self._own_pending = more_own  # (a step that raised leaves it set: the next reads them)
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_EVERY
+            from . import rollup
+
             rollup.prune(datetime.now(UTC))
         return written
 

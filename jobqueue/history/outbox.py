@@ -82,7 +82,7 @@ def write(queue: Queue, prepared: Sequence[Prepared]) -> None:
 
 def _columns(queue: Queue, job: Prepared, shard: int, now: datetime) -> dict[str, Any]:
     """A durable job's row as enqueued: every column."""
-    from ..models import EncodedJSON
+    from ..records import EncodedJSON
 
     return {
         "id": job.job_id, "queue": queue.name, "shard": shard, "lane": job.lane,

@@ -11,8 +11,8 @@ The admin's form (admin.py's `ScheduleForm`) checks a row as a settings' entry i
 refuses a settings' entry's name (the settings' entry wins if one appears later). Disabled rows
 do not fire.
 
-May import: cron.py, conf.py and the leaves, never models (which imports this module, where
-the model lives) nor what imports models.
+The model, `Schedule`, is in jobqueue/models/console.py, read here inside functions only: a
+worker's pool process imports the worker's modules (and so this one) before Django is set up.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.db import models, transaction
+from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from .. import cron
 from ..cron import Entry
 from ..exceptions import JobQueueError
+
+if TYPE_CHECKING:
+    from ..models import Schedule
 
 log = logging.getLogger("jobqueue.schedule")
 VERSION_KEY = "emq:schedules:version"
@@ -36,58 +38,11 @@ RETRY_EVERY = 30.0
 """Seconds between a worker's tries to read the rows after a failed one (a database down)."""
 
 
-class Schedule(models.Model):
-    """One periodic job edited in the admin (the fields of a `JOBQUEUE["SCHEDULE"]` entry)."""
-
-    name = models.CharField(max_length=100, unique=True)
-    job = models.CharField(max_length=200, help_text="The dotted path of an @job handler.")
-    cron = models.CharField(
-        max_length=100,
-        blank=True,
-        help_text=("Five fields: minute hour day-of-month month day-of-week (or give 'every')."),
-    )
-    every = models.FloatField(null=True, blank=True, help_text="Seconds between ticks (or give 'cron').")
-    timezone = models.CharField(max_length=64, default="UTC", help_text="The cron's timezone.")
-    args = models.JSONField(default=list, blank=True, help_text="A JSON list.")
-    kwargs = models.JSONField(default=dict, blank=True, help_text="A JSON object.")
-    queue = models.CharField(max_length=64, blank=True, help_text="Blank: the handler's queue.")
-    lane = models.CharField(max_length=128, blank=True)
-    priority = models.SmallIntegerField(null=True, blank=True, help_text="−100…100; blank: the handler's.")
-    enabled = models.BooleanField(default=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        app_label = "jobqueue"
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
-
-    def spec(self) -> dict[str, Any]:
-        """The row as a `JOBQUEUE["SCHEDULE"]` entry."""
-        spec: dict[str, Any] = {
-            "job": self.job,
-            "timezone": self.timezone or "UTC",
-            "args": self.args,
-            "kwargs": self.kwargs,
-        }
-        if self.cron:
-            spec["cron"] = self.cron
-        if self.every is not None:
-            spec["every"] = self.every
-        for name in ("queue", "lane", "priority"):
-            if getattr(self, name) not in (None, ""):
-                spec[name] = getattr(self, name)
-        return spec
-
-    def entry(self) -> Entry:
-        """The row as an `Entry` (ConfigurationError when it is not a valid one)."""
-        return cron.parse({self.name: self.spec()})[self.name]
-
-
 def enabled_entries() -> dict[str, Entry]:
     """The enabled rows as entries (a row no longer valid, say its handler removed, is logged
     and left out: the others still fire)."""
+    from ..models import Schedule
+
     entries = {}
     for row in Schedule.objects.filter(enabled=True):
         try:
@@ -101,6 +56,7 @@ def listed() -> list[tuple[Entry, Schedule | None]]:
     """Every periodic job an operator sees: the settings' entries (None: not a row), then the
     valid rows, disabled ones too."""
     from ..conf import get_config
+    from ..models import Schedule
 
     settings = get_config().schedule
     found: list[tuple[Entry, Schedule | None]] = [(entry, None) for entry in settings.values()]
@@ -115,6 +71,7 @@ def listed() -> list[tuple[Entry, Schedule | None]]:
 def find(name: str) -> Entry | None:
     """The settings' entry named `name`, else the row's (enabled or not), else None."""
     from ..conf import get_config
+    from ..models import Schedule
 
     entry = get_config().schedule.get(name)
     if entry is not None:
@@ -143,8 +100,8 @@ def _changed(sender: Any, **_: Any) -> None:
     bump()
 
 
-post_save.connect(_changed, sender=Schedule, dispatch_uid="jobqueue.schedule.saved")
-post_delete.connect(_changed, sender=Schedule, dispatch_uid="jobqueue.schedule.deleted")
+post_save.connect(_changed, sender="jobqueue.Schedule", dispatch_uid="jobqueue.schedule.saved")
+post_delete.connect(_changed, sender="jobqueue.Schedule", dispatch_uid="jobqueue.schedule.deleted")
 
 
 class Loader:

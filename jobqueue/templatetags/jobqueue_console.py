@@ -1,6 +1,6 @@
 """`{% console_url 'jobqueue_job' queue id %}`: a console link that stays in the mount that
 served the page (the admin's, through `JobAdmin.get_urls()`, or a project's `console_urls`);
-`{{ error|last_line }}`: a traceback's exception and message."""
+`{{ error|last_line }}`: a traceback's exception and message; `{{ ms|duration }}`: a time as read."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def last_line(text: str | None) -> str:
     return errors.last_line(text)
 
 
+@register.filter
 def duration(ms: float | None) -> str:
     """Milliseconds as an operator reads them (850 ms, 1.2 s, 3.4 min)."""
     from ..console.svg import duration as shown

@@ -15,14 +15,13 @@ from django.test import Client
 from jobqueue import Queue, conf
 from jobqueue.history.mirror import upsert
 from jobqueue.models import Schedule
-from tests.console.test_console import admin_client, staff
+from tests.console.test_console import staff
 from tests.history.test_rollup import event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHARTS, ENQUEUE = "/admin/jobqueue/job/live/charts/", "/admin/jobqueue/job/live/enqueue/"
 
 
-__all__ = ["admin_client"]  # (the fixture, shared with test_console)
 
 
 def history_rows() -> None:

@@ -12,7 +12,8 @@ from django.db import IntegrityError, connection, transaction
 
 from jobqueue import Queue
 from jobqueue.history.mirror import Mirror, upsert
-from jobqueue.models import EncodedJSON, Job, insert_jobs
+from jobqueue.models import Job, insert_jobs
+from jobqueue.records import EncodedJSON
 from tests.jobapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
