@@ -250,3 +250,18 @@ def test_a_chord_over_two_queues_runs_once_flows_may_span_queues(
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_a_chord_called_with_a_bridged_callback_on_a_plain_header_is_refused_by_name(
+    plain_app: Celery,
+) -> None:
+    """`chord(header)(callback)`: the callback comes as an argument, after the chord was built;
+    a bridged one on Celery's own header is a mixed canvas, refused before anything runs."""
+
+    @plain_app.task(name="plain.triple")
+    def triple(x: int) -> int:
+        return x * 3
+
+    with pytest.raises(InvalidOption, match="plain.triple"):
+        chord([triple.s(1), triple.s(2)])(tsum.s())
+    assert Queue("default").counts()["pending"] == 0
