@@ -1,7 +1,8 @@
 """What an operator may do, shared by the console's pages, the admin's bulk action and
 `manage.py jobqueue`: each action is one call into `Queue` (or the schedule) and answers with the
 line the operator reads; a cancel then relays at once the "member done" it forwarded to a flow's
-jobs on other shards or queues (`cancel`), as `flows.cancel` does. Who may do it is the caller's business (`PERMISSIONS` names the Django
+jobs on other shards or queues (`cancel`), as `flows.cancel` does. Who may do it is the
+caller's business (`PERMISSIONS` names the Django
 permission each needs); `log_action` records it in the admin's history.
 """
 

@@ -261,7 +261,7 @@ def test_a_chord_called_with_a_bridged_callback_on_a_plain_header_is_refused_by_
     def triple(x: int) -> int:
         return x * 3
 
-    with pytest.raises(InvalidOption, match="plain.triple"):
+    with pytest.raises(InvalidOption, match=r"plain\.triple"):
         chord([triple.s(1), triple.s(2)])(tsum.s())
     assert Queue("default").counts()["pending"] == 0
 
