@@ -281,12 +281,26 @@ def job(func: Callable[..., Any] | None = None, /, *, queue: str = "default",
         dotted = name or f"{f.__module__}.{f.__qualname__}"
         if takes_context and next(iter(inspect.signature(f).parameters), None) != "ctx":
             raise InvalidOption(f"{dotted}: takes_context=True needs a first parameter named ctx")
+        if most is not None:
+            _check_batch_call(dotted, f, takes_context)
         handler = JobFunction(f, dotted, JobOptions(queue, takes_context, immediate, spec,
                                                     batch=most, batch_wait=wait))
         _registry[dotted] = handler
         return handler
 
     return register(func) if func is not None else register
+
+
+def _check_batch_call(name: str, func: Callable[..., Any], takes_context: bool) -> None:
+    """A batch handler is called with its items' list (after `ctx`): InvalidOption, naming
+    it, when its parameters cannot take that call (its every job would fail at its run)."""
+    try:
+        inspect.signature(func).bind(*((None,) if takes_context else ()), [])
+    except TypeError as exc:
+        raise InvalidOption(
+            f"{name}: a batch handler is called as {'f(ctx, items)' if takes_context else 'f(items)'} "
+            f"(items: a list of BatchItem), which it cannot take: {exc}"
+        ) from None
 
 
 def registered_batch(name: str) -> JobFunction | None:

@@ -1,6 +1,8 @@
 """What an operator may do, shared by the console's pages, the admin's bulk action and
 `manage.py jobqueue`: each action is one call into `Queue` (or the schedule) and answers with the
-line the operator reads. Who may do it is the caller's business (`PERMISSIONS` names the Django
+line the operator reads; a cancel then relays at once the "member done" it forwarded to a flow's
+jobs on other shards or queues (`cancel`), as `flows.cancel` does. Who may do it is the
+caller's business (`PERMISSIONS` names the Django
 permission each needs); `log_action` records it in the admin's history.
 """
 
@@ -13,6 +15,7 @@ from ..cron import Entry
 from ..engine import layouts
 from ..engine.store import Queue
 from ..exceptions import InvalidOption, InvalidPriority, InvalidTransition, JobNotFound
+from ..flows import relay
 from ..history import outbox
 from ..operations import schedule
 from ..spec import EVERY_LANE
@@ -86,8 +89,19 @@ def reprioritize_job(queue: Queue, job_id: str, raw: str) -> str:
     return f"Job {job_id} now has priority {priority}."
 
 
+def cancel(queue: Queue, job_id: str, call_id: str = "") -> str:
+    """`Queue.cancel`, then the relay of what it forwarded to the jobs waiting for this one on
+    other shards or queues (relay.py): the job's own queue may have no worker whose maintenance
+    turn would relay it (the reason an operator cancels its jobs), while theirs run."""
+    state = queue.cancel(job_id, call_id)
+    index = queue.locate(job_id)
+    if index is not None:
+        relay.relay_shard(queue, index)
+    return state
+
+
 def cancel_job(queue: Queue, job_id: str) -> str:
-    if queue.cancel(job_id) == State.ACTIVE:
+    if cancel(queue, job_id) == State.ACTIVE:
         return f"Job {job_id} is running: it will be recorded as cancelled when it stops."
     return f"Cancelled job {job_id}."
 

@@ -32,6 +32,7 @@ from django.db.models import F, Q
 
 from ..engine.store import Queue
 from ..exceptions import InvalidOption, JobQueueError
+from ..flows import relay
 from ..models import BulkOperation, Job
 from ..states import State
 from . import actions, search
@@ -146,6 +147,8 @@ class Bulk:
             queue = Queue(name)
             many = queue.retry_many if self.action == "retry" else queue.cancel_many
             answers += many(shard, calls)
+            if self.action == "cancel":  # (what the cancels forwarded: applied now, actions.cancel)
+                relay.relay_shard(queue, shard)
         skipped = sum(isinstance(answer, JobQueueError) for answer in answers)
         return len(answers) - skipped, skipped
 
@@ -154,7 +157,7 @@ class Bulk:
         try:
             if self.action == "retry":
                 return actions.retry_job(queue, job_id, call)
-            return queue.cancel(job_id, call)
+            return actions.cancel(queue, job_id, call)
         except JobQueueError as exc:  # (moved on since it matched: not pending any more, gone, …)
             return exc
 

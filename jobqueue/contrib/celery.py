@@ -178,15 +178,16 @@ class Errback:
 
     def _failure(self, outcome: Any) -> tuple[BaseException, str] | None:
         """The task's failure (JobFailed, its error text) when its run failed (dead), or, for a
-        chord's callback cancelled by a header task's failure, that one's (ChordError)."""
+        chord's callback cancelled by a header task that failed, expired or was cancelled (as
+        Celery's revoked), that one's (ChordError)."""
         if not (isinstance(outcome, dict) and outcome.get("job") == self.job_id):
             return None  # (it succeeded: its result is no error object of its own)
         error = str(outcome.get("error") or "")
         if outcome.get("state") == State.DEAD:
             return JobFailed(self.job_id, State.DEAD, error), error
         for member, queue in self.header if outcome.get("state") == State.CANCELLED else ():
-            info = get_job(member, queue)
-            if info is not None and info.state == State.DEAD:
+            info = get_job(member, queue)  # (Celery fails a chord whose header task was revoked)
+            if info is not None and info.state in (State.DEAD, State.EXPIRED, State.CANCELLED):
                 failed = JobFailed(member, info.state, info.last_error)
                 return ChordError(f"Dependency {member} raised {failed}"), info.last_error
         return None

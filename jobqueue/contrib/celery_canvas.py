@@ -350,9 +350,13 @@ def _holds_bridged(sig: Any) -> bool:
 
 
 def _diverted(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original` (a canvas class's apply_async) for a canvas of Celery's own tasks, `apply`
+    when it holds a bridged one (a chord's callback given as `chord(header)(callback)` too)."""
+
     @functools.wraps(original)
     def apply_async(self: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        if not _holds_bridged(self):
+        body = (kwargs or {}).get("body") if isinstance(self, celery._chord) else None
+        if not _holds_bridged(self) and not (body is not None and _holds_bridged(body)):
             return original(self, args, kwargs, **options)
         return apply(self, args or (), kwargs or {}, options)
 

@@ -20,9 +20,9 @@ back when its lease ends, as it would a job run alone.
 - Running (`BatchRunner.run`, batchcall.py): one runner thread (or its pool process under
   `--processes`) calls the handler once with the list of `BatchItem`s (an `async def`
   handler's coroutine runs to its end on an event loop of the call's own, as in a pool
-  process). First one script call per queue (batch.lua) notes on each job's row the batch it
-  runs in ('<n> <first id>': the console's job page shows it) and reads the jobs' lanes. The
-  outcomes: a value per job, an exception instance in the list failing that job alone; an
+  process). First one script call per shard of each queue (batch.lua) notes on each job's
+  row the batch it runs in ('<n> <first id>': the console's job page shows it) and reads the
+  jobs' lanes. The outcomes: a value per job, an exception instance in the list failing that job alone; an
   error raised, or an answer that is not a list of one result per job, fails every job of the
   batch. They are handed over together (`Outcomes.finished_many`), so the successes ride the
   worker's next claim in one call.

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.test import Client
 
 from jobqueue import Queue, chain, chord, conf, flows, group
+from jobqueue.console import actions
 from jobqueue.engine import layouts
 from jobqueue.exceptions import InvalidFlow, JobFailed
 from jobqueue.flows import relay
@@ -212,3 +213,16 @@ def test_a_flow_across_queues_with_a_durable_one_is_refused_and_stores_nothing(s
     assert Queue("durable").counts()["pending"] == Queue(B).counts()["pending"] == 0
     ref = chain(on("durable", jobs.add).s(1, 1), on("durable", jobs.mul).s(2)).enqueue()
     assert ref.queue == "durable"  # (one durable queue: as before)
+
+
+def test_an_operators_cancel_of_a_member_reaches_its_dependent_while_the_members_queue_has_no_worker(
+    valkey_url: str,
+) -> None:
+    """The callback's queue has workers, the members' queue none (the reason an operator cancels
+    its jobs): the cancel's "member done" is relayed at once, as `flows.cancel` relays, not left
+    for a maintenance turn of the members' queue's workers that do not run."""
+    ref = chord([on(A, jobs.add).s(i, i) for i in range(3)], jobs.total.s()).enqueue()
+    member = flows.members(ref.id, B)[0]
+    assert member.queue == A and actions.cancel_job(Queue(A), member.id).startswith("Cancelled")
+    assert run_queues(B) == 0
+    assert Queue(B).get(ref.id).state == "cancelled"  # type: ignore[union-attr]
