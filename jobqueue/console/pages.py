@@ -258,7 +258,7 @@ class Console(SearchPages):
         if not found.total:
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
         graph = flowgraph.read(Queue(queue), flow_id) if found.number == 1 else None
-        _veil(request, found, graph)
+        found, graph = _veiled(request, found, graph)
         drawn = graph and graph.drawn and flowgraph.svg(
             graph, console_reverse(request, "jobqueue_job", "QUEUE", "JOBID"),
             console_reverse(request, "jobqueue_flow", queue, flow_id))
@@ -269,20 +269,23 @@ class Console(SearchPages):
                             next_page=found.number + 1 if found.number < found.last else None)
 
 
-def _veil(request: HttpRequest, found: readmodels.FlowPage, graph: flowgraph.Graph | None) -> None:
+def _veiled(request: HttpRequest, found: readmodels.FlowPage, graph: flowgraph.Graph | None
+            ) -> tuple[readmodels.FlowPage, flowgraph.Graph | None]:
     """A flow across queues, seen by a user who may not see some of them: those queues' jobs keep
     their place, id and state, but not their handler, arguments, result, progress or error."""
     boxes = graph.nodes if graph else []
     shown = {row.queue for _, row, _ in found.jobs} | {box.queue for box in boxes}
     hidden = {name for name in shown if name and not access.may_view(request, name)}
     if not hidden:
-        return
-    found.jobs = [(at, replace(row, payload=None, result=None, last_error="", checkpoint=None,
-                               progress=None, history=()) if row.queue in hidden else row, waits)
-                  for at, row, waits in found.jobs]
-    for box in boxes:
-        if box.queue in hidden:
-            box.handler, box.error = "(a queue you may not see)", ""
+        return found, graph
+    jobs = [(at, replace(row, payload=None, result=None, last_error="", checkpoint=None,
+                         progress=None, history=()) if row.queue in hidden else row, waits)
+            for at, row, waits in found.jobs]
+    if graph is not None:
+        graph = replace(graph, nodes=[
+            replace(box, handler="(a queue you may not see)", error="") if box.queue in hidden
+            else box for box in boxes])
+    return replace(found, jobs=jobs), graph
 
 
 def _pretty(value: Any) -> str:
