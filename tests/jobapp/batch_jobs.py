@@ -103,3 +103,10 @@ async def aoverruns(items: list[BatchItem]) -> list[Any]:
 
     await asyncio.sleep(float(items[0].args[0]))
     return [None] * len(items)
+
+
+@job(queue=QUEUE, batch=100, batch_wait=30)
+def half_fails(items: list[BatchItem]) -> list[Any]:
+    """Fails each item whose argument is "fail" (an exception in the list), returns the others'.
+    Its `batch_wait` is long: a test enqueues whole batches before a worker starts."""
+    return [ValueError(f"item {item.id} fails") if item.args[0] == "fail" else item.args[0] for item in items]

@@ -10,6 +10,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -194,6 +195,77 @@ def test_a_thousand_jobs_in_batches_of_a_hundred_cost_few_script_calls(
     print("script calls", counted)
     assert 10 <= counted.get("batch", 0) <= 12, counted  # (one note per batch: batch.lua)
     assert sum(counted.values()) <= 30, counted  # claims, acks and notes: 0.03 a job
+
+
+def script_calls(client: Any, names: tuple[str, ...], run: Callable[[], Any]) -> dict[str, int]:
+    """The calls of these scripts the server ran while `run` ran, counted from its slow log
+    (every command logged)."""
+    shas = {source(name).sha: name for name in names}
+    for name in names:  # (a first call refused with NOSCRIPT would be logged too)
+        client.script_load(source(name).text)
+    client.config_set("slowlog-max-len", 100_000)
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    try:
+        run()
+        entries = client.slowlog_get(100_000)
+    finally:
+        client.config_set("slowlog-log-slower-than", 10_000)
+    counted: dict[str, int] = {}
+    for entry in entries:
+        raw = entry["command"]
+        command = (raw.decode() if isinstance(raw, bytes) else str(raw)).split()[:2]
+        if len(command) == 2 and command[0].upper() == "EVALSHA" and command[1] in shas:
+            counted[shas[command[1]]] = counted.get(shas[command[1]], 0) + 1
+    return counted
+
+
+def test_a_batch_records_its_fifty_failures_in_one_call_each_per_its_own_options(
+    valkey_server: ValkeyProcess, settings: Any
+) -> None:
+    """A batch of 100 of which 50 items are exception instances: its failures are recorded in
+    one script call (its successes ride a claim or one ack), each job fenced by its token and
+    retried or dead per its own options; the counters count each."""
+    settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **QUEUES}}
+    conf.reset()
+    handler = batch_jobs.half_fails
+    refs, dead, retried = [], [], []
+    for i in range(100):
+        if i % 2:
+            refs.append(handler.enqueue(i))
+        elif i % 4:
+            dead.append(handler.using(max_attempts=1).enqueue("fail"))
+        else:
+            retried.append(handler.using(max_attempts=3, backoff=600).enqueue("fail"))
+    queue = Queue(batch_jobs.QUEUE)
+    client = queue.client
+
+    def run() -> None:
+        proc = worker(valkey_server.url, "--concurrency", "2")
+        try:
+            wait_for(lambda: all(state(ref) == "dead" for ref in dead), timeout=60)
+            wait_for(lambda: all(state(ref) == "scheduled" for ref in retried), timeout=60)
+            wait_for(lambda: all(state(ref) == "succeeded" for ref in refs), timeout=60)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+    counted = script_calls(client, ("claim", "ack", "nack", "nack_many", "batch"), run)
+    print("script calls", counted)
+    assert calls_made() == [] and counted.get("batch") == 1, counted  # (one batch of 100)
+    assert counted.get("nack", 0) == 0 and counted.get("nack_many") == 1, counted
+    assert counted.get("ack", 0) <= 1, counted  # (else its successes rode a claim)
+    assert [ref.result(timeout=5) for ref in refs] == list(range(1, 100, 2))
+    for ref in dead:
+        info = queue.get(ref.id)
+        assert info is not None and info.attempts == 1 and "fails" in info.last_error
+    later = time.time() + 500
+    for ref in retried:
+        info = queue.get(ref.id)
+        assert info is not None and info.attempts == 1 and info.run_after is not None
+        assert info.run_after.timestamp() > later and len(info.history) == 1
+    meta = client.hgetall(queue.shard(0).key("meta"))
+    assert (meta.get("n_dead"), meta.get("n_failed"), meta.get("n_succeeded")) == ("25", "25", "50")
 
 
 @pytest.mark.parametrize(
