@@ -110,3 +110,9 @@ def half_fails(items: list[BatchItem]) -> list[Any]:
     """Fails each item whose argument is "fail" (an exception in the list), returns the others'.
     Its `batch_wait` is long: a test enqueues whole batches before a worker starts."""
     return [ValueError(f"item {item.id} fails") if item.args[0] == "fail" else item.args[0] for item in items]
+
+
+@job(queue=QUEUE, batch=100, batch_wait=60)
+def count_full(items: list[BatchItem]) -> list[int]:
+    """`count` whose batches always fill (a test enqueues whole batches)."""
+    return [item.args[0] for item in items]
