@@ -17,9 +17,12 @@ import pytest
 
 from jobqueue import BatchItem, Queue, chain, chord, conf, enqueue, job
 from jobqueue.engine.scripts import source
+from jobqueue.history.mirror import Mirror
+from jobqueue.models import Job
 from jobqueue.exceptions import InvalidOption, JobFailed
 from jobqueue.worker.batches import noted
 from tests.jobapp import batch_jobs
+from tests.jobapp.jobs import add
 from tests.servers import ValkeyProcess
 from tests.workers import run_burst, serving, start_worker, wait_for
 
@@ -327,6 +330,36 @@ def test_the_job_page_says_which_jobs_ran_together(
     page = admin_client.get(f"/admin/jobqueue/job/live/jobs/batches/{first}/").content.decode()
     assert "ran in a batch of 3, first of it" in page
     assert {ref.id for ref in refs} == {lease.job_id for lease in leases}
+
+
+def test_the_batch_a_job_ran_in_reaches_the_history_and_its_page_from_the_database(
+    admin_client: Any, settings: Any, valkey_server: ValkeyProcess
+) -> None:
+    """The batch note rides the job's terminal event into the `Job` table; once the Valkey row
+    is gone, the job page read from the database still says which jobs ran together. A job
+    run alone writes no `batch` field in its event."""
+    settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **QUEUES}}
+    conf.reset()
+    refs = batch_jobs.double.enqueue_many([(1,), (2,), (3,)])
+    alone = add.using(queue=batch_jobs.QUEUE).enqueue(1, 2)
+    assert run_burst(valkey_server.url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+    queue = Queue(batch_jobs.QUEUE)
+    events = {fields["id"]: fields for _, fields in queue.client.xrange(queue.shard(0).key("done"))}
+    marks = {events[ref.id]["batch"] for ref in refs}
+    assert len(marks) == 1 and marks.pop().startswith("3 ")
+    assert "batch" not in events[alone.id]
+    assert Mirror([queue], "test").step() == 4
+    first = events[refs[0].id]["batch"].split()[1]
+    for ref in (*refs, alone):
+        queue.client.delete(queue.shard(0).job(ref.id))
+    rows = {row.id: row.batch for row in Job.objects.filter(id__in=[*(ref.id for ref in refs), alone.id])}
+    assert rows == {**{ref.id: f"3 {first}" for ref in refs}, alone.id: None}
+    other = next(ref.id for ref in refs if ref.id != first)
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/batches/{other}/").content.decode()
+    assert "ran in a batch of 3 with" in page, page
+    assert f'/admin/jobqueue/job/live/jobs/batches/{first}/">{first}</a>' in page
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/batches/{alone.id}/").content.decode()
+    assert alone.id in page and "ran in a batch" not in page
 
 
 def test_a_batch_handlers_job_on_a_queue_of_plain_handlers_still_gets_a_list(url: str) -> None:
