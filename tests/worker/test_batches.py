@@ -389,3 +389,55 @@ def test_each_job_of_a_running_batch_has_its_lease_renewed(url: str) -> None:
         proc.terminate()
         proc.wait(60)
     assert reaped == 0 and [ref.result(timeout=5) for ref in refs] == [1] * 5
+
+
+def test_sigterm_hands_back_the_jobs_of_a_half_filled_batch_uncharged(url: str, tmp_path: Path) -> None:
+    """A worker stopped (SIGTERM) while a batch handler's buffer holds jobs that wait for more
+    (its batch_wait is a minute) hands each back at once, its attempt uncharged; nothing is
+    lost, and the attempt it was claimed for is not counted against its budget."""
+    refs = batch_jobs.count_full.enqueue_many([(1,), (2,), (3,)])
+    log = tmp_path / "worker.log"
+    proc = worker(url, "--concurrency", "2", log=log)
+    try:
+        wait_for(lambda: all(state(ref) == "active" for ref in refs), timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [state(ref) for ref in refs] == ["pending"] * 3
+    assert log.read_text().count("outcome=released") == 3
+    for ref in refs:
+        info = Queue(batch_jobs.QUEUE).get(ref.id)
+        assert info is not None and info.attempts == 1 and info.batch is None  # (never ran)
+        assert Queue(batch_jobs.QUEUE).client.hget(Queue(batch_jobs.QUEUE).shard(info.shard).job(ref.id), "uncharged") == "1"
+
+
+def test_a_failing_flow_member_in_a_batch_fails_its_flow_and_the_others_go_on(url: str) -> None:
+    """Two chains' first steps and 98 other jobs in one batch: the failures are recorded
+    together, a failing member's dependent is cancelled as for a member run alone, and the
+    succeeding member's dependent runs."""
+    handler = batch_jobs.half_fails.using(max_attempts=1)
+    broken = chain(handler.s("fail"), batch_jobs.double.s()).enqueue()
+    whole = chain(handler.s(5), batch_jobs.double.s()).enqueue()
+    others = handler.enqueue_many([("fail",)] + [(i,) for i in range(97)])
+    assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+    assert whole.result(timeout=10)["double"] == 10
+    with pytest.raises(JobFailed):
+        broken.result(timeout=10)
+    assert state(others[0]) == "dead" and [ref.result(timeout=10) for ref in others[1:]] == list(range(97))
+    assert state(broken) == "cancelled" and calls_made() == [1]  # (the whole chain's `double`)
+
+
+def test_a_worker_with_no_batch_handler_registered_runs_such_jobs_as_before(url: str) -> None:
+    """A worker whose project registers no batch handler (the test's handlers unimported) fails
+    a job named for one as it fails any job of an unknown handler, on the batches' queue too."""
+    named = enqueue("tests.jobapp.batch_jobs.double", args=[1], queue=batch_jobs.QUEUE)
+    unknown = enqueue("tests.jobapp.nowhere", args=[1], queue=batch_jobs.QUEUE)
+    env = {"JOBQUEUE_TEST_QUEUES": json.dumps(QUEUES)}
+    assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=env) == 0
+    infos = [Queue(batch_jobs.QUEUE).get(ref.id) for ref in (named, unknown)]
+    assert [info.state for info in infos if info] == ["dead", "dead"]
+    assert [info.attempts for info in infos if info] == [1, 1]
+    assert [info.batch for info in infos if info] == [None, None]
+    assert "tests.jobapp.batch_jobs.double" in infos[0].last_error  # type: ignore[union-attr]

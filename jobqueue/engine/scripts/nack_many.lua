@@ -1,7 +1,13 @@
 --[[ nack_many: record the failed runs of many claimed jobs (a batch's: worker/batches.py) in
 one call, each as nack.lua records one (its own token fences it; its own max_attempts and
 backoff, else the queue's), the counters written once per field at the end.
-KEYS[1] base      prefix  emq:{q}; derives what nack.lua's base derives
+KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
+                          base:lane:<l>, base:slots, base:capped, base:rated (a slot freed),
+                          and as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
+                          base:uniqs, base:notify:<id>, base:flow:<id>, and for its
+                          dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting;
+                          base:done STREAM terminal events, base:ring LIST lanes with ready
+                          work, base:wake LIST wake tokens
 KEYS[2] active    ZSET    id -> lease deadline ms
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] dead      ZSET    id -> finished ms
