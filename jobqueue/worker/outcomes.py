@@ -115,8 +115,9 @@ class Outcomes:
 
     def record(self, defer_acks: bool = False) -> list[Finished]:
         """Turn finished runs into transitions: failures in one nack call per queue, successes
-        in one ack call per queue, or, with `defer_acks`, handed back for the next claim to carry. The jobs are
-        forgotten either way: their slots are free for that claim. Only the main loop calls it.
+        in one ack call per queue, or, with `defer_acks`, handed back for the next claim to
+        carry. The jobs are forgotten either way: their slots are free for that claim. Only the
+        main loop calls it.
         A call that fails gives back what it did not record (see the module's docstring) and
         raises; successes to be carried are then acked at once, unless Valkey is down: a
         failure refused again and again must not keep them from their claim."""

@@ -35,8 +35,13 @@ def outcome(queue: Queue, lease: Any) -> tuple[Any, ...]:
     info = queue.get(lease.job_id)
     assert info is not None
     due = queue.client.zscore(queue.shard(lease.shard).key("schedule"), lease.job_id)
-    return (info.state, info.attempts, info.last_error, len(info.history),
-            None if due is None else round((due - time.time() * 1000) / 1000))
+    return (
+        info.state,
+        info.attempts,
+        info.last_error,
+        len(info.history),
+        None if due is None else round((due - time.time() * 1000) / 1000),
+    )
 
 
 def test_many_failures_in_one_call_end_as_each_nack_would(queue: Queue) -> None:
@@ -44,11 +49,15 @@ def test_many_failures_in_one_call_end_as_each_nack_would(queue: Queue) -> None:
     stale = together[0]._replace(token=together[0].token + 1)
     meta = queue.shard(0).key("meta")
     before = queue.client.hgetall(meta)
-    answers = [queue.leases.nack(lease, f"boom {i}", retry_in, fatal=fatal)
-               for i, (lease, (_, retry_in, fatal, _)) in enumerate(zip(alone, CASES, strict=True))]
+    answers = [
+        queue.leases.nack(lease, f"boom {i}", retry_in, fatal=fatal)
+        for i, (lease, (_, retry_in, fatal, _)) in enumerate(zip(alone, CASES, strict=True))
+    ]
     middle = queue.client.hgetall(meta)
-    items = [(lease, f"boom {i}", retry_in, fatal)
-             for i, (lease, (_, retry_in, fatal, _)) in enumerate(zip(together, CASES, strict=True))]
+    items = [
+        (lease, f"boom {i}", retry_in, fatal)
+        for i, (lease, (_, retry_in, fatal, _)) in enumerate(zip(together, CASES, strict=True))
+    ]
     assert queue.leases.nack_many([(stale, "late", None, False), *items]) == [Nacked(None, False), *answers]
     after = queue.client.hgetall(meta)
     assert [a.state for a in answers] == ["scheduled", "scheduled", "dead", "pending", "dead", "cancelled"]

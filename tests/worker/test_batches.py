@@ -9,17 +9,17 @@ import json
 import re
 import signal
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobqueue import BatchItem, Queue, chain, chord, conf, enqueue, job
 from jobqueue.engine.scripts import source
+from jobqueue.exceptions import InvalidOption, JobFailed
 from jobqueue.history.mirror import Mirror
 from jobqueue.models import Job
-from jobqueue.exceptions import InvalidOption, JobFailed
 from jobqueue.worker.batches import noted
 from tests.jobapp import batch_jobs
 from tests.jobapp.jobs import add
@@ -410,7 +410,12 @@ def test_sigterm_hands_back_the_jobs_of_a_half_filled_batch_uncharged(url: str, 
     for ref in refs:
         info = Queue(batch_jobs.QUEUE).get(ref.id)
         assert info is not None and info.attempts == 1 and info.batch is None  # (never ran)
-        assert Queue(batch_jobs.QUEUE).client.hget(Queue(batch_jobs.QUEUE).shard(info.shard).job(ref.id), "uncharged") == "1"
+        assert (
+            Queue(batch_jobs.QUEUE).client.hget(
+                Queue(batch_jobs.QUEUE).shard(info.shard).job(ref.id), "uncharged"
+            )
+            == "1"
+        )
 
 
 def test_a_failing_flow_member_in_a_batch_fails_its_flow_and_the_others_go_on(url: str) -> None:

@@ -14,7 +14,9 @@ HANDLER = batch_jobs.count_full  # (batch=100, batch_wait=60)
 
 def _leases(n: int, start: int = 0) -> list[Lease]:
     payload = {"handler": HANDLER.name, "args": [0]}
-    return [Lease(f"JOB{i:011d}", 1, payload, None, 30.0, batch_jobs.QUEUE, 0) for i in range(start, start + n)]
+    return [
+        Lease(f"JOB{i:011d}", 1, payload, None, 30.0, batch_jobs.QUEUE, 0) for i in range(start, start + n)
+    ]
 
 
 def test_the_jobs_a_full_batch_leaves_behind_wait_their_own_batch_wait() -> None:

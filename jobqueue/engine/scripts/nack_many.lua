@@ -1,17 +1,16 @@
 --[[ nack_many: record the failed runs of many claimed jobs (a batch's: worker/batches.py) in
 one call, each as nack.lua records one (its own token fences it; its own max_attempts and
 backoff, else the queue's), the counters written once per field at the end.
-KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
-                          base:lane:<l>, base:slots, base:capped, base:rated (a slot freed),
-                          and as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
-                          base:uniqs, base:notify:<id>, base:flow:<id>, and for its
-                          dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting;
-                          base:done STREAM terminal events, base:ring LIST lanes with ready
-                          work, base:wake LIST wake tokens
-KEYS[2] active    ZSET    id -> lease deadline ms
-KEYS[3] schedule  ZSET    id -> due ms
-KEYS[4] dead      ZSET    id -> finished ms
-KEYS[5] meta      HASH    counters
+KEYS[1] base      prefix  emq:{q}; the keys nack.lua derives from it: the rows (base:job:<id>),
+                          lanes and their caps (base:pending, base:lane:<l>, base:slots,
+                          base:capped, base:rated), what a finish writes (base:hist,
+                          base:m:<minute>, base:uniq:<key>, base:uniqs, base:notify:<id>,
+                          base:flow:<id>, base:done) and tells dependents (base:deps:<id>,
+                          base:results:<id>, base:forward, base:waiting), base:ring, base:wake
+KEYS[2] active    ZSET    jobs leased: id -> lease deadline ms
+KEYS[3] schedule  ZSET    retries waiting: id -> due ms
+KEYS[4] dead      ZSET    dead jobs: id -> finished ms
+KEYS[5] meta      HASH    the counters
 ARGV[1] retention       ms a finished row is kept
 ARGV[2] dead_retention  ms a dead row is kept
 ARGV[3] max_attempts    the queue's max_attempts (for a row that holds none)
