@@ -391,13 +391,20 @@ def test_each_job_of_a_running_batch_has_its_lease_renewed(url: str) -> None:
     assert reaped == 0 and [ref.result(timeout=5) for ref in refs] == [1] * 5
 
 
-def test_sigterm_hands_back_the_jobs_of_a_half_filled_batch_uncharged(url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "mode",
+    [("--concurrency", "2"), ("--concurrency", "1"), ("--processes",)],
+    ids=["threads", "one", "processes"],
+)
+def test_sigterm_hands_back_the_jobs_of_a_half_filled_batch_uncharged(
+    url: str, tmp_path: Path, mode: tuple[str, ...]
+) -> None:
     """A worker stopped (SIGTERM) while a batch handler's buffer holds jobs that wait for more
     (its batch_wait is a minute) hands each back at once, its attempt uncharged; nothing is
     lost, and the attempt it was claimed for is not counted against its budget."""
     refs = batch_jobs.count_full.enqueue_many([(1,), (2,), (3,)])
     log = tmp_path / "worker.log"
-    proc = worker(url, "--concurrency", "2", log=log)
+    proc = worker(url, *mode, log=log)
     try:
         wait_for(lambda: all(state(ref) == "active" for ref in refs), timeout=60)
         proc.send_signal(signal.SIGTERM)
@@ -446,3 +453,48 @@ def test_a_worker_with_no_batch_handler_registered_runs_such_jobs_as_before(url:
     assert [info.attempts for info in infos if info] == [1, 1]
     assert [info.batch for info in infos if info] == [None, None]
     assert "tests.jobapp.batch_jobs.double" in infos[0].last_error  # type: ignore[union-attr]
+
+
+def test_a_lane_cap_and_the_global_cap_count_each_job_of_a_batch(url: str) -> None:
+    """A lane capped at 3 and a queue capped at 4 (both set live): no batch holds more of the
+    lane's jobs than its cap nor more jobs than the queue's cap, and every job runs."""
+    queue = Queue(batch_jobs.QUEUE)
+    queue.set_lane_concurrency("narrow", 3)
+    queue.set_global_concurrency(4)
+    try:
+        narrow = [batch_jobs.double.using(lane="narrow").enqueue(i) for i in range(9)]
+        assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+        assert [ref.result(timeout=10)["double"] for ref in narrow] == [i * 2 for i in range(9)]
+        assert sum(calls_made()) == 9 and max(calls_made()) <= 3
+        queue.set_lane_concurrency("narrow", None)
+        Queue(batch_jobs.QUEUE).client.delete(batch_jobs.CALLS)
+        wide = batch_jobs.double.enqueue_many([(i,) for i in range(12)])
+        assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+        assert [ref.result(timeout=10)["double"] for ref in wide] == [i * 2 for i in range(12)]
+        assert sum(calls_made()) == 12 and max(calls_made()) <= 4
+    finally:
+        queue.set_lane_concurrency("narrow", None)
+        queue.set_global_concurrency(None)
+
+
+def test_sigterm_mid_batch_lets_the_batch_finish_and_records_each_job(url: str, tmp_path: Path) -> None:
+    """A worker stopped (SIGTERM) while a batch runs lets it finish within its grace period and
+    records each job's outcome before it exits: nothing runs twice."""
+    marker = tmp_path / "go"
+    refs = [batch_jobs.held_until.enqueue(str(marker)) for _ in range(10)]
+    proc = worker(url, "--concurrency", "2")
+    try:
+        wait_for(lambda: marker.with_suffix(".started").exists(), timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        marker.touch()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert sorted(ref.result(timeout=5) for ref in refs) == sorted(ref.id for ref in refs)
+    assert sorted(Queue(batch_jobs.QUEUE).client.lrange(batch_jobs.DONE, 0, -1)) == sorted(
+        ref.id for ref in refs
+    )
+    for ref in refs:
+        info = Queue(batch_jobs.QUEUE).get(ref.id)
+        assert info is not None and info.state == "succeeded" and info.attempts == 1
