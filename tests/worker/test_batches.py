@@ -80,31 +80,41 @@ def test_a_short_batch_waits_no_longer_than_its_batch_wait(url: str) -> None:
         proc.wait(60)
 
 
-def test_a_worker_killed_mid_batch_gives_every_job_back_and_each_runs_once_more(
-    url: str, tmp_path: Path
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+def test_a_worker_stopped_mid_batch_loses_no_job_and_records_each_once(
+    url: str, tmp_path: Path, stop: str
 ) -> None:
+    """Killed mid-batch, a worker gives every job back (its leases lapse) and each runs once
+    more; stopped by SIGTERM, it lets the batch finish within its grace period and records each
+    job's outcome before it exits."""
     marker = tmp_path / "go"
     refs = [batch_jobs.held_until.enqueue(str(marker)) for _ in range(10)]
     proc = worker(url, "--concurrency", "2")
     try:
         wait_for(lambda: marker.with_suffix(".started").exists(), timeout=60)
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(getattr(signal, stop))
+        if stop == "SIGTERM":
+            marker.touch()
+            assert proc.wait(60) == 0
         proc.wait(30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not Queue(batch_jobs.QUEUE).client.lrange(batch_jobs.DONE, 0, -1)
-    again = worker(url, "--concurrency", "2")
-    try:
-        assert sorted(ref.result(timeout=60) for ref in refs) == sorted(ref.id for ref in refs)
-    finally:
-        again.terminate()
-        again.wait(60)
+    if stop == "SIGKILL":
+        assert not Queue(batch_jobs.QUEUE).client.lrange(batch_jobs.DONE, 0, -1)
+        again = worker(url, "--concurrency", "2")
+        try:
+            assert sorted(ref.result(timeout=60) for ref in refs) == sorted(ref.id for ref in refs)
+        finally:
+            again.terminate()
+            again.wait(60)
+    assert sorted(ref.result(timeout=5) for ref in refs) == sorted(ref.id for ref in refs)
     done = Queue(batch_jobs.QUEUE).client.lrange(batch_jobs.DONE, 0, -1)
     assert sorted(done) == sorted(ref.id for ref in refs)  # each recorded exactly once
     for ref in refs:
         info = Queue(batch_jobs.QUEUE).get(ref.id)
-        assert info is not None and info.state == "succeeded" and info.attempts == 2
+        assert info is not None and info.state == "succeeded"
+        assert info.attempts == (2 if stop == "SIGKILL" else 1)
 
 
 def test_a_raise_or_a_wrong_answer_fails_every_job_of_the_batch(url: str) -> None:
@@ -475,26 +485,3 @@ def test_a_lane_cap_and_the_global_cap_count_each_job_of_a_batch(url: str) -> No
     finally:
         queue.set_lane_concurrency("narrow", None)
         queue.set_global_concurrency(None)
-
-
-def test_sigterm_mid_batch_lets_the_batch_finish_and_records_each_job(url: str, tmp_path: Path) -> None:
-    """A worker stopped (SIGTERM) while a batch runs lets it finish within its grace period and
-    records each job's outcome before it exits: nothing runs twice."""
-    marker = tmp_path / "go"
-    refs = [batch_jobs.held_until.enqueue(str(marker)) for _ in range(10)]
-    proc = worker(url, "--concurrency", "2")
-    try:
-        wait_for(lambda: marker.with_suffix(".started").exists(), timeout=60)
-        proc.send_signal(signal.SIGTERM)
-        marker.touch()
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert sorted(ref.result(timeout=5) for ref in refs) == sorted(ref.id for ref in refs)
-    assert sorted(Queue(batch_jobs.QUEUE).client.lrange(batch_jobs.DONE, 0, -1)) == sorted(
-        ref.id for ref in refs
-    )
-    for ref in refs:
-        info = Queue(batch_jobs.QUEUE).get(ref.id)
-        assert info is not None and info.state == "succeeded" and info.attempts == 1
