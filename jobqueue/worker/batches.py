@@ -25,7 +25,9 @@ back when its lease ends, as it would a job run alone.
   outcomes: a value per job, an exception instance in the list failing that job alone; an
   error raised, or an answer that is not a list of one result per job, fails every job of the
   batch. They are handed over together (`Outcomes.finished_many`), so the successes ride the
-  worker's next claim in one call.
+  worker's next claim in one call and the failures take one more (nack_many.lua), each job
+  fenced by its own token. A job's row keeps the batch note, and its terminal event carries
+  it into the database history (`Job.batch`).
 - Time limits: the batch's is the smallest `timeout` of its jobs, counted from the call's
   start; an async call is cancelled at it, a pool process killed, and a plain call's thread (which cannot be
   stopped) has its late answer replaced by every job's JobTimeout, while its leases, renewed
