@@ -281,6 +281,8 @@ class RowFields:
 
 
 INT_MAX = 2**31 - 1
+BATCH_LENGTH = 32
+"""The longest batch note kept in the history ('<n> <first job's id>' is at most 19)."""
 
 
 def _clamp(value: int, low: int, high: int) -> int:
@@ -306,6 +308,7 @@ def mirror_columns(event: Mapping[str, str], queue: str, shard: int,
         "started_at": fields.time("started_at"), "finished_at": fields.time("finished_at"),
         "changed_at": fields.time("finished_at") or fields.time("revived_at"),
         "history": fields.encoded_json("history"), "progress": fields.encoded_json("progress"),
+        "batch": fields.text("batch")[:BATCH_LENGTH] or None,
     }
     if fields.corrupt:
         note = f"corrupt field(s) in the row: {', '.join(fields.corrupt)}"

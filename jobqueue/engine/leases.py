@@ -236,6 +236,19 @@ class Leases:
                           dead_retention_ms(), queue.options.max_attempts,
                           round(queue.options.backoff * 1000))
 
+    def nack_many(self, items: Sequence[tuple[Lease, str, float | None, bool]]) -> list[Nacked]:
+        """Record many failures, (lease, error, retry_in, fatal) each, as `nack` records one,
+        with one script call per shard (a batch's: worker/batches.py)."""
+        queue = self.queue
+        if self.permits.running:
+            self.permits.ended(lease for lease, *_ in items)
+        jobs = [(lease, str(error)[:65_536], -1 if retry_in is None else round(
+            _seconds(retry_in, "retry_in", low=0, high=MAX_DELAY) * 1000), fatal)
+            for lease, error, retry_in, fatal in items]
+        return calls.nack_many(queue.client, queue.name, retention_ms(), dead_retention_ms(),
+                               queue.options.max_attempts, round(queue.options.backoff * 1000),
+                               jobs)
+
     def extend_many(self, leases: Sequence[Lease], seconds: float) -> list[Extended]:
         """Renew many leases for `seconds` from now (server clock), one call per shard; the
         permits their jobs hold under a global cap are renewed with them."""

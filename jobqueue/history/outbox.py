@@ -93,7 +93,7 @@ def _columns(queue: Queue, job: Prepared, shard: int, now: datetime) -> dict[str
         "durable": True, "relayed": False, "run_after": now + timedelta(milliseconds=job.delay_ms),
         "backoff_ms": job.backoff_ms, "lease_ms": job.lease_ms, "timeout_ms": job.timeout_ms or None,
         "expires_at": now + timedelta(milliseconds=job.expires_ms) if job.expires_ms else None,
-        "reopened_after": None, "history": None, "progress": None, "flow": None,
+        "reopened_after": None, "history": None, "progress": None, "flow": None, "batch": None,
     }
 
 

@@ -24,7 +24,7 @@ from django.db import connection, models, transaction
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 
-from ..records import EncodedJSON, JobInfo, attempt_history
+from ..records import BATCH_LENGTH, EncodedJSON, JobInfo, attempt_history
 from ..states import State
 
 UNFINISHED = (State.PENDING, State.SCHEDULED, State.WAITING)
@@ -107,6 +107,9 @@ class Job(models.Model):
     """A durable flow's job: its place in the flow, to write it again (outbox.py): `flow` (the
     flow's id, '' for `depends_on` alone), `position`, `members` ([id, slot, policy] each),
     `takes` and `slots` (what their outcomes become). None for any other job."""
+    batch = models.CharField(max_length=BATCH_LENGTH, null=True, blank=True)
+    """Its last run's batch, when a batch handler ran it with others: '<n> <first job's id>'
+    (None: it ran alone)."""
     handler = models.GeneratedField(
         expression=Left(KT("payload__handler"), HANDLER_LENGTH),
         output_field=models.CharField(max_length=HANDLER_LENGTH, null=True), db_persist=True)
@@ -152,7 +155,7 @@ class Job(models.Model):
             unique_key=self.unique_key or None, worker=self.worker, shard=self.shard,
             enqueued_at=self.enqueued_at, started_at=self.started_at,
             finished_at=self.finished_at, history=attempt_history(self.history),
-            progress=self.progress, source="mirror",
+            progress=self.progress, batch=self.batch, source="mirror",
         )
 
 

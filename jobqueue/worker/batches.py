@@ -25,7 +25,9 @@ back when its lease ends, as it would a job run alone.
   jobs' lanes. The outcomes: a value per job, an exception instance in the list failing that job alone; an
   error raised, or an answer that is not a list of one result per job, fails every job of the
   batch. They are handed over together (`Outcomes.finished_many`), so the successes ride the
-  worker's next claim in one call.
+  worker's next claim in one call and the failures take one more (nack_many.lua), each job
+  fenced by its own token. A job's row keeps the batch note, and its terminal event carries
+  it into the database history (`Job.batch`).
 - Time limits: the batch's is the smallest `timeout` of its jobs, counted from the call's
   start; an async call is cancelled at it, a pool process killed, and a plain call's thread (which cannot be
   stopped) has its late answer replaced by every job's JobTimeout, while its leases, renewed
@@ -173,8 +175,9 @@ class Gathering:
     """The claimed jobs of batch handlers waiting to make a batch, per handler; `ready(batch)`
     gets each batch once it is full or its oldest job waited the handler's `batch_wait`."""
 
-    def __init__(self, ready: Callable[[Batch], None]) -> None:
-        self._ready = ready
+    def __init__(self, ready: Callable[[Batch], None], clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: seconds, monotonic (a test may move it itself)."""
+        self._ready, self._clock = ready, clock
         self._buffers: dict[str, tuple[JobFunction, list[Lease], float]] = {}
         """Handler name -> (handler, jobs, when the first came: monotonic)."""
         self._changed = threading.Condition()
@@ -182,7 +185,7 @@ class Gathering:
 
     def add(self, jobs: list[tuple[JobFunction, Lease]]) -> None:
         """Buffer the claimed jobs of batch handlers (one claim's); hand on what is due."""
-        now = time.monotonic()
+        now = self._clock()
         with self._changed:
             for handler, lease in jobs:
                 kept = self._buffers.get(handler.name)
@@ -206,15 +209,24 @@ class Gathering:
             self._buffers.clear()
         return taken
 
+    def due(self) -> list[Batch]:
+        """Take out the batches due now (the timer hands them on; a test may take them)."""
+        with self._changed:
+            return self._due(self._clock())
+
     def _due(self, now: float) -> list[Batch]:
         """Take out the full buffers' batches and those that waited long enough (under the
-        condition's lock)."""
+        condition's lock). The jobs a full batch leaves behind came with the claim that filled
+        it (a buffer holds less than a batch between claims): their wait starts `now`."""
         due = []
         for name, (handler, leases, since) in list(self._buffers.items()):
             most = handler.options.batch or 1
-            while len(leases) >= most:
-                due.append(Batch(handler, leases[:most]))
-                del leases[:most]
+            if len(leases) >= most:
+                while len(leases) >= most:
+                    due.append(Batch(handler, leases[:most]))
+                    del leases[:most]
+                since = now
+                self._buffers[name] = (handler, leases, since)
             if leases and now - since >= handler.options.batch_wait:
                 due.append(Batch(handler, list(leases)))
                 leases.clear()
@@ -226,7 +238,7 @@ class Gathering:
         """Hand on each buffer whose oldest job waited its handler's `batch_wait`."""
         while True:
             with self._changed:
-                now = time.monotonic()
+                now = self._clock()
                 due = self._due(now)
                 if not due:
                     waits = [

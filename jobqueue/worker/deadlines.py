@@ -61,10 +61,12 @@ class Deadlines:
     deadline."""
 
     def __init__(self, done: Done, held: HeldJobs,
-                 queue: Callable[[str], Queue] | None = None) -> None:
+                 queue: Callable[[str], Queue] | None = None,
+                 done_many: Callable[[list[tuple[Lease, Outcome]]], None] | None = None) -> None:
         """`queue`: the worker's queue of a name (whose global cap's permits an overrunning
-        run keeps)."""
+        run keeps); `done_many`: where a batch's outcomes go together (batches.py)."""
         self._done, self._held, self._queue = done, held, queue
+        self._done_many = done_many
         self._runs: set[Run] = set()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -124,7 +126,10 @@ class Deadlines:
         try:
             if self._queue is not None:  # (before its failure is recorded, which frees it)
                 run.kept_permit = self._queue(lease.queue).leases.permits.overran(lease)
-            for each in run.batch or (lease,):
-                self._done(each, outcome)
+            if run.batch and self._done_many is not None:  # (recorded together)
+                self._done_many([(each, outcome) for each in run.batch])
+            else:
+                for each in run.batch or (lease,):
+                    self._done(each, outcome)
         except Exception:  # (a bug in the bookkeeping: said, and the timer goes on)
             log.exception("job=%s: its timeout could not be handed over", lease.job_id)

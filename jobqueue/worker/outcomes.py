@@ -70,6 +70,9 @@ class Outcomes:
         """Guards the successes waiting for a claim and the counts."""
         self._waiting: list[Finished] = []
         self._since = 0.0
+        self._handing = threading.Lock()
+        """Held while a batch's outcomes are put, and while `record` takes what was put: a
+        batch's failures are recorded together."""
 
     # -- from the runners ------------------------------------------------------------------
 
@@ -85,8 +88,9 @@ class Outcomes:
     def finished_many(self, items: list[Finished]) -> None:
         """Called by a runner thread with a batch's outcomes (batches.py): queued together,
         the main loop woken once, so its successes ride one claim."""
-        for item in items:
-            self._finished.put(item)
+        with self._handing:  # (`record` takes them all or none)
+            for item in items:
+                self._finished.put(item)
         if not self._wake.is_set():
             self._wake.set()
 
@@ -110,22 +114,24 @@ class Outcomes:
     # -- on the main loop --------------------------------------------------------------------
 
     def record(self, defer_acks: bool = False) -> list[Finished]:
-        """Turn finished runs into transitions: failures one by one, successes in one ack call
-        per queue, or, with `defer_acks`, handed back for the next claim to carry. The jobs are
-        forgotten either way: their slots are free for that claim. Only the main loop calls it.
+        """Turn finished runs into transitions: failures in one nack call per queue, successes
+        in one ack call per queue, or, with `defer_acks`, handed back for the next claim to
+        carry. The jobs are forgotten either way: their slots are free for that claim. Only the
+        main loop calls it.
         A call that fails gives back what it did not record (see the module's docstring) and
         raises; successes to be carried are then acked at once, unless Valkey is down: a
         failure refused again and again must not keep them from their claim."""
         pending: list[Finished] = []
-        while True:
-            try:
-                pending.append(self._finished.get_nowait())
-            except Empty:
-                break
+        with self._handing:
+            while True:
+                try:
+                    pending.append(self._finished.get_nowait())
+                except Empty:
+                    break
         if not pending:
             return []
         successes = [(lease, out) for lease, out in pending if out.ok]
-        failures = [[item] for item in pending if not item[1].ok]
+        failures = list(by_queue([item for item in pending if not item[1].ok]).values())
         acks = list(by_queue(successes).values())
         if not defer_acks:
             self._record(failures + acks)
@@ -142,35 +148,52 @@ class Outcomes:
         return successes
 
     def _record(self, units: list[list[Finished]]) -> None:
-        """Record each unit (a failure, or one queue's successes) with one call. A refused call
-        gives its unit back and the next one is tried (a full or read-only Valkey refuses each
-        at once); Valkey down (or anything else) gives back every unit left and stops. The first
+        """Record each unit (one queue's failures, or its successes) with one call. A refused
+        call gives its unit back and the next one is tried (a full or read-only Valkey refuses
+        each at once), its failures one by one (so one that keeps being refused holds up no
+        other); Valkey down (or anything else) gives back every unit left and stops. The first
         error is raised once every unit had its turn."""
         first: BaseException | None = None
-        for index, unit in enumerate(units):
+        index = 0
+        while index < len(units):
+            unit = units[index]
             try:
                 if unit[0][1].ok:
                     self.ack(self._served.queue(unit[0][0].queue), unit)
                 else:
-                    self._nack(*unit[0])
+                    self._nack(unit)
             except BaseException as exc:
                 if not refused(exc):
                     self.give_back([item for left in units[index:] for item in left])
                     raise
-                self.give_back(unit)  # (behind what finished meanwhile: tried after it)
-                first = first or exc
+                if len(unit) > 1 and not unit[0][1].ok:  # (each on its own, right away)
+                    units[index + 1 : index + 1] = [[item] for item in unit]
+                else:
+                    self.give_back(unit)  # (behind what finished meanwhile: tried after it)
+                    first = first or exc
+            index += 1
         if first is not None:
             raise first
 
-    def _nack(self, lease: Lease, out: Outcome) -> None:
-        state, forwarded = self._served.queue(lease.queue).leases.nack(
-            lease, out.error, out.retry_in, fatal=out.fatal)
-        _log(lease, out, state or "stale")
+    def _nack(self, items: list[Finished]) -> None:
+        """Record one queue's failures: one alone as ever (nack.lua), several (a batch's) in
+        one call (nack_many.lua)."""
+        leases = self._served.queue(items[0][0].queue).leases
+        if len(items) == 1:
+            lease, out = items[0]
+            answers = [leases.nack(lease, out.error, out.retry_in, fatal=out.fatal)]
+        else:
+            answers = leases.nack_many([(lease, out.error, out.retry_in, out.fatal)
+                                        for lease, out in items])
+        for (lease, out), answer in zip(items, answers, strict=True):
+            _log(lease, out, answer.state or "stale")
+        forwarded = [lease for (lease, _), answer in zip(items, answers, strict=True)
+                     if answer.forwarded]
         if forwarded:  # (a member's failure went to dependents on other shards)
-            relay.after(self._served, [lease])
-        self._held.forget((lease,))
+            relay.after(self._served, forwarded)
+        self._held.forget(lease for lease, _ in items)
         with self._lock:
-            self.failed += 1
+            self.failed += len(items)
 
     # -- on a claim --------------------------------------------------------------------------
 

@@ -98,7 +98,7 @@ class Runners:
         is gathered into batches: batches.py)."""
         self._inbox: SimpleQueue[Job | None] = SimpleQueue()
         self._held = held
-        self.deadlines = Deadlines(done, held, queue)
+        self.deadlines = Deadlines(done, held, queue, batches)
         """Plain runs with a time limit on the runner threads (deadlines.py)."""
         self._batches = (BatchRunner(self._batch_ready, batches, held.start, self.deadlines)
                          if batches is not None else None)

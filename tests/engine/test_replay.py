@@ -117,6 +117,19 @@ def test_nack(queue: Queue) -> None:
             queue.cancel(lease.job_id)
 
 
+def test_nack_many(queue: Queue) -> None:
+    leases = [claimed(queue, max_attempts=m) for m in (1, 3)]
+    args = [_retention_ms(), _dead_retention_ms(), queue.options.max_attempts, 1000, 2,
+            *(x for lease in leases for x in (lease.job_id, lease.token, "boom", -1, "0"))]
+    assert replayed(queue, "nack_many", 0, args) == ["dead", "scheduled"]
+
+
+def test_batch(queue: Queue) -> None:
+    leases = [claimed(queue, lane=lane) for lane in (None, "t1")]
+    args = [f"2 {leases[0].job_id}", 2, *(x for lease in leases for x in (lease.job_id, lease.token))]
+    assert replayed(queue, "batch", 0, args) == ["", "t1"]
+
+
 def test_extend_checkpoint_progress(queue: Queue) -> None:
     lease = claimed(queue)
     row = queue.shard(0).job(lease.job_id)
@@ -282,5 +295,5 @@ def test_every_transition_script_has_a_case() -> None:
                "promote", "retry", "reprioritize", "cancel", "counts", "heads",
                "set_lane_concurrency", "flow", "watch", "progress",
                "deliver",  # (tests/flows/test_flows_shards.py: a replayed delivery releases nothing twice)
-               "permits"}
+               "permits", "nack_many", "batch"}
     assert set(TRANSITIONS) == covered  # (a new script: add its case here)

@@ -117,3 +117,16 @@ def confide_batch(ctx: BatchContext, items: list[BatchItem]) -> list[Any]:
         else {"echo": item.args[0].upper(), "id": item.id}
         for item in items
     ]
+
+
+@job(queue=QUEUE, batch=100, batch_wait=30)
+def half_fails(items: list[BatchItem]) -> list[Any]:
+    """Fails each item whose argument is "fail" (an exception in the list), returns the others'.
+    Its `batch_wait` is long: a test enqueues whole batches before a worker starts."""
+    return [ValueError(f"item {item.id} fails") if item.args[0] == "fail" else item.args[0] for item in items]
+
+
+@job(queue=QUEUE, batch=100, batch_wait=60)
+def count_full(items: list[BatchItem]) -> list[int]:
+    """`count` whose batches always fill (a test enqueues whole batches)."""
+    return [item.args[0] for item in items]

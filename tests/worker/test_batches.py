@@ -9,6 +9,7 @@ import json
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,11 @@ import pytest
 from jobqueue import BatchItem, Queue, chain, chord, conf, enqueue, job
 from jobqueue.engine.scripts import source
 from jobqueue.exceptions import InvalidOption, JobFailed
+from jobqueue.history.mirror import Mirror
+from jobqueue.models import Job
 from jobqueue.worker.batches import noted
 from tests.jobapp import batch_jobs
+from tests.jobapp.jobs import add
 from tests.servers import ValkeyProcess
 from tests.workers import run_burst, serving, start_worker, wait_for
 
@@ -76,31 +80,41 @@ def test_a_short_batch_waits_no_longer_than_its_batch_wait(url: str) -> None:
         proc.wait(60)
 
 
-def test_a_worker_killed_mid_batch_gives_every_job_back_and_each_runs_once_more(
-    url: str, tmp_path: Path
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+def test_a_worker_stopped_mid_batch_loses_no_job_and_records_each_once(
+    url: str, tmp_path: Path, stop: str
 ) -> None:
+    """Killed mid-batch, a worker gives every job back (its leases lapse) and each runs once
+    more; stopped by SIGTERM, it lets the batch finish within its grace period and records each
+    job's outcome before it exits."""
     marker = tmp_path / "go"
     refs = [batch_jobs.held_until.enqueue(str(marker)) for _ in range(10)]
     proc = worker(url, "--concurrency", "2")
     try:
         wait_for(lambda: marker.with_suffix(".started").exists(), timeout=60)
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(getattr(signal, stop))
+        if stop == "SIGTERM":
+            marker.touch()
+            assert proc.wait(60) == 0
         proc.wait(30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not Queue(batch_jobs.QUEUE).client.lrange(batch_jobs.DONE, 0, -1)
-    again = worker(url, "--concurrency", "2")
-    try:
-        assert sorted(ref.result(timeout=60) for ref in refs) == sorted(ref.id for ref in refs)
-    finally:
-        again.terminate()
-        again.wait(60)
+    if stop == "SIGKILL":
+        assert not Queue(batch_jobs.QUEUE).client.lrange(batch_jobs.DONE, 0, -1)
+        again = worker(url, "--concurrency", "2")
+        try:
+            assert sorted(ref.result(timeout=60) for ref in refs) == sorted(ref.id for ref in refs)
+        finally:
+            again.terminate()
+            again.wait(60)
+    assert sorted(ref.result(timeout=5) for ref in refs) == sorted(ref.id for ref in refs)
     done = Queue(batch_jobs.QUEUE).client.lrange(batch_jobs.DONE, 0, -1)
     assert sorted(done) == sorted(ref.id for ref in refs)  # each recorded exactly once
     for ref in refs:
         info = Queue(batch_jobs.QUEUE).get(ref.id)
-        assert info is not None and info.state == "succeeded" and info.attempts == 2
+        assert info is not None and info.state == "succeeded"
+        assert info.attempts == (2 if stop == "SIGKILL" else 1)
 
 
 def test_a_raise_or_a_wrong_answer_fails_every_job_of_the_batch(url: str) -> None:
@@ -163,24 +177,34 @@ def test_a_thousand_jobs_in_batches_of_a_hundred_cost_few_script_calls(
 ) -> None:
     """At batch=100, the claims and acks of 1,000 jobs take at most 30 script calls (0.03 per
     job), and the batch notes one per batch, counted by the server (its slow log, every
-    command logged)."""
+    command logged). The handler's `batch_wait` is long, so each batch fills however slowly a
+    loaded machine claims: exactly ten notes."""
     settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **QUEUES}}
     conf.reset()
-    refs = batch_jobs.count.enqueue_many([(i,) for i in range(1000)])
-    client = Queue(batch_jobs.QUEUE).client
-    names = {source(name).sha: name for name in ("claim", "ack", "nack", "batch")}
-    for name in names.values():  # (a first call refused with NOSCRIPT would be logged too)
+    refs = batch_jobs.count_full.enqueue_many([(i,) for i in range(1000)])
+
+    def run() -> None:
+        args = ("--queues", batch_jobs.QUEUE, "--no-mirror", "--concurrency", "4")
+        assert run_burst(valkey_server.url, *args, env=ENV) == 0
+
+    counted = script_calls(Queue(batch_jobs.QUEUE).client, ("claim", "ack", "nack", "batch"), run)
+    assert sum(ref.result(timeout=10) for ref in refs) == sum(range(1000))
+    print("script calls", counted)
+    assert counted.get("batch", 0) == 10, counted  # (one note per batch: batch.lua)
+    assert sum(counted.values()) <= 30, counted  # claims, acks and notes: 0.03 a job
+
+
+def script_calls(client: Any, names: tuple[str, ...], run: Callable[[], Any]) -> dict[str, int]:
+    """The calls of these scripts the server ran while `run` ran, counted from its slow log
+    (every command logged)."""
+    shas = {source(name).sha: name for name in names}
+    for name in names:  # (a first call refused with NOSCRIPT would be logged too)
         client.script_load(source(name).text)
     client.config_set("slowlog-max-len", 100_000)
     client.config_set("slowlog-log-slower-than", 0)
     client.slowlog_reset()
     try:
-        assert (
-            run_burst(
-                valkey_server.url, "--queues", batch_jobs.QUEUE, "--no-mirror", "--concurrency", "4", env=ENV
-            )
-            == 0
-        )
+        run()
         entries = client.slowlog_get(100_000)
     finally:
         client.config_set("slowlog-log-slower-than", 10_000)
@@ -188,12 +212,57 @@ def test_a_thousand_jobs_in_batches_of_a_hundred_cost_few_script_calls(
     for entry in entries:
         raw = entry["command"]
         command = (raw.decode() if isinstance(raw, bytes) else str(raw)).split()[:2]
-        if len(command) == 2 and command[0].upper() == "EVALSHA" and command[1] in names:
-            counted[names[command[1]]] = counted.get(names[command[1]], 0) + 1
-    assert sum(ref.result(timeout=10) for ref in refs) == sum(range(1000))
+        if len(command) == 2 and command[0].upper() == "EVALSHA" and command[1] in shas:
+            counted[shas[command[1]]] = counted.get(shas[command[1]], 0) + 1
+    return counted
+
+
+def test_a_batch_records_its_fifty_failures_in_one_call_each_per_its_own_options(
+    valkey_server: ValkeyProcess, settings: Any
+) -> None:
+    """A batch of 100 of which 50 items are exception instances: its failures are recorded in
+    one script call (its successes ride a claim or one ack), each job fenced by its token and
+    retried or dead per its own options; the counters count each."""
+    settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **QUEUES}}
+    conf.reset()
+    handler = batch_jobs.half_fails
+    refs, dead, retried = [], [], []
+    for i in range(100):
+        if i % 2:
+            refs.append(handler.enqueue(i))
+        elif i % 4:
+            dead.append(handler.using(max_attempts=1).enqueue("fail"))
+        else:
+            retried.append(handler.using(max_attempts=3, backoff=600).enqueue("fail"))
+    queue = Queue(batch_jobs.QUEUE)
+    client = queue.client
+
+    def run() -> None:
+        proc = worker(valkey_server.url, "--concurrency", "2")
+        try:
+            wait_for(lambda: all(state(ref) == "dead" for ref in dead), timeout=60)
+            wait_for(lambda: all(state(ref) == "scheduled" for ref in retried), timeout=60)
+            wait_for(lambda: all(state(ref) == "succeeded" for ref in refs), timeout=60)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+    counted = script_calls(client, ("claim", "ack", "nack", "nack_many", "batch"), run)
     print("script calls", counted)
-    assert 10 <= counted.get("batch", 0) <= 12, counted  # (one note per batch: batch.lua)
-    assert sum(counted.values()) <= 30, counted  # claims, acks and notes: 0.03 a job
+    assert calls_made() == [] and counted.get("batch") == 1, counted  # (one batch of 100)
+    assert counted.get("nack", 0) == 0 and counted.get("nack_many") == 1, counted
+    assert counted.get("ack", 0) <= 1, counted  # (else its successes rode a claim)
+    assert [ref.result(timeout=5) for ref in refs] == list(range(1, 100, 2))
+    for ref in dead:
+        info = queue.get(ref.id)
+        assert info is not None and info.attempts == 1 and "fails" in info.last_error
+    later = time.time() + 500
+    for ref in retried:
+        info = queue.get(ref.id)
+        assert info is not None and info.attempts == 1 and info.run_after is not None
+        assert info.run_after.timestamp() > later and len(info.history) == 1
+    meta = client.hgetall(queue.shard(0).key("meta"))
+    assert (meta.get("n_dead"), meta.get("n_failed"), meta.get("n_succeeded")) == ("25", "25", "50")
 
 
 @pytest.mark.parametrize(
@@ -273,6 +342,36 @@ def test_the_job_page_says_which_jobs_ran_together(
     assert {ref.id for ref in refs} == {lease.job_id for lease in leases}
 
 
+def test_the_batch_a_job_ran_in_reaches_the_history_and_its_page_from_the_database(
+    admin_client: Any, settings: Any, valkey_server: ValkeyProcess
+) -> None:
+    """The batch note rides the job's terminal event into the `Job` table; once the Valkey row
+    is gone, the job page read from the database still says which jobs ran together. A job
+    run alone writes no `batch` field in its event."""
+    settings.JOBQUEUE = {"URL": valkey_server.url, "QUEUES": {"default": {}, **QUEUES}}
+    conf.reset()
+    refs = batch_jobs.double.enqueue_many([(1,), (2,), (3,)])
+    alone = add.using(queue=batch_jobs.QUEUE).enqueue(1, 2)
+    assert run_burst(valkey_server.url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+    queue = Queue(batch_jobs.QUEUE)
+    events = {fields["id"]: fields for _, fields in queue.client.xrange(queue.shard(0).key("done"))}
+    marks = {events[ref.id]["batch"] for ref in refs}
+    assert len(marks) == 1 and marks.pop().startswith("3 ")
+    assert "batch" not in events[alone.id]
+    assert Mirror([queue], "test").step() == 4
+    first = events[refs[0].id]["batch"].split()[1]
+    for ref in (*refs, alone):
+        queue.client.delete(queue.shard(0).job(ref.id))
+    rows = {row.id: row.batch for row in Job.objects.filter(id__in=[*(ref.id for ref in refs), alone.id])}
+    assert rows == {**{ref.id: f"3 {first}" for ref in refs}, alone.id: None}
+    other = next(ref.id for ref in refs if ref.id != first)
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/batches/{other}/").content.decode()
+    assert "ran in a batch of 3 with" in page, page
+    assert f'/admin/jobqueue/job/live/jobs/batches/{first}/">{first}</a>' in page
+    page = admin_client.get(f"/admin/jobqueue/job/live/jobs/batches/{alone.id}/").content.decode()
+    assert alone.id in page and "ran in a batch" not in page
+
+
 def test_a_batch_handlers_job_on_a_queue_of_plain_handlers_still_gets_a_list(url: str) -> None:
     """The worker serves only `default`, whose handlers take no batches: a batch handler's job
     enqueued there is still handed over as a list of items (a batch as large as a claim
@@ -300,3 +399,89 @@ def test_each_job_of_a_running_batch_has_its_lease_renewed(url: str) -> None:
         proc.terminate()
         proc.wait(60)
     assert reaped == 0 and [ref.result(timeout=5) for ref in refs] == [1] * 5
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [("--concurrency", "2"), ("--concurrency", "1"), ("--processes",)],
+    ids=["threads", "one", "processes"],
+)
+def test_sigterm_hands_back_the_jobs_of_a_half_filled_batch_uncharged(
+    url: str, tmp_path: Path, mode: tuple[str, ...]
+) -> None:
+    """A worker stopped (SIGTERM) while a batch handler's buffer holds jobs that wait for more
+    (its batch_wait is a minute) hands each back at once, its attempt uncharged; nothing is
+    lost, and the attempt it was claimed for is not counted against its budget."""
+    refs = batch_jobs.count_full.enqueue_many([(1,), (2,), (3,)])
+    log = tmp_path / "worker.log"
+    proc = worker(url, *mode, log=log)
+    try:
+        wait_for(lambda: all(state(ref) == "active" for ref in refs), timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [state(ref) for ref in refs] == ["pending"] * 3
+    assert log.read_text().count("outcome=released") == 3
+    for ref in refs:
+        info = Queue(batch_jobs.QUEUE).get(ref.id)
+        assert info is not None and info.attempts == 1 and info.batch is None  # (never ran)
+        assert (
+            Queue(batch_jobs.QUEUE).client.hget(
+                Queue(batch_jobs.QUEUE).shard(info.shard).job(ref.id), "uncharged"
+            )
+            == "1"
+        )
+
+
+def test_a_failing_flow_member_in_a_batch_fails_its_flow_and_the_others_go_on(url: str) -> None:
+    """Two chains' first steps and 98 other jobs in one batch: the failures are recorded
+    together, a failing member's dependent is cancelled as for a member run alone, and the
+    succeeding member's dependent runs."""
+    handler = batch_jobs.half_fails.using(max_attempts=1)
+    broken = chain(handler.s("fail"), batch_jobs.double.s()).enqueue()
+    whole = chain(handler.s(5), batch_jobs.double.s()).enqueue()
+    others = handler.enqueue_many([("fail",)] + [(i,) for i in range(97)])
+    assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+    assert whole.result(timeout=10)["double"] == 10
+    with pytest.raises(JobFailed):
+        broken.result(timeout=10)
+    assert state(others[0]) == "dead" and [ref.result(timeout=10) for ref in others[1:]] == list(range(97))
+    assert state(broken) == "cancelled" and calls_made() == [1]  # (the whole chain's `double`)
+
+
+def test_a_worker_with_no_batch_handler_registered_runs_such_jobs_as_before(url: str) -> None:
+    """A worker whose project registers no batch handler (the test's handlers unimported) fails
+    a job named for one as it fails any job of an unknown handler, on the batches' queue too."""
+    named = enqueue("tests.jobapp.batch_jobs.double", args=[1], queue=batch_jobs.QUEUE)
+    unknown = enqueue("tests.jobapp.nowhere", args=[1], queue=batch_jobs.QUEUE)
+    env = {"JOBQUEUE_TEST_QUEUES": json.dumps(QUEUES)}
+    assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=env) == 0
+    infos = [Queue(batch_jobs.QUEUE).get(ref.id) for ref in (named, unknown)]
+    assert [info.state for info in infos if info] == ["dead", "dead"]
+    assert [info.attempts for info in infos if info] == [1, 1]
+    assert [info.batch for info in infos if info] == [None, None]
+    assert "tests.jobapp.batch_jobs.double" in infos[0].last_error  # type: ignore[union-attr]
+
+
+def test_a_lane_cap_and_the_global_cap_count_each_job_of_a_batch(url: str) -> None:
+    """A lane capped at 3 and a queue capped at 4 (both set live): no batch holds more of the
+    lane's jobs than its cap nor more jobs than the queue's cap, and every job runs."""
+    queue = Queue(batch_jobs.QUEUE)
+    queue.set_lane_concurrency("narrow", 3)
+    queue.set_global_concurrency(4)
+    try:
+        narrow = [batch_jobs.double.using(lane="narrow").enqueue(i) for i in range(9)]
+        assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+        assert [ref.result(timeout=10)["double"] for ref in narrow] == [i * 2 for i in range(9)]
+        assert sum(calls_made()) == 9 and max(calls_made()) <= 3
+        queue.set_lane_concurrency("narrow", None)
+        Queue(batch_jobs.QUEUE).client.delete(batch_jobs.CALLS)
+        wide = batch_jobs.double.enqueue_many([(i,) for i in range(12)])
+        assert run_burst(url, "--queues", batch_jobs.QUEUE, "--no-mirror", env=ENV) == 0
+        assert [ref.result(timeout=10)["double"] for ref in wide] == [i * 2 for i in range(12)]
+        assert sum(calls_made()) == 12 and max(calls_made()) <= 4
+    finally:
+        queue.set_lane_concurrency("narrow", None)
+        queue.set_global_concurrency(None)

@@ -30,6 +30,7 @@ TRANSITIONS = {
     "claim": "claim.lua",
     "ack": "ack.lua",
     "nack": "nack.lua",
+    "nack_many": "nack_many.lua",
     "extend": "extend.lua",
     "checkpoint": "checkpoint.lua",
     "release": "release.lua",

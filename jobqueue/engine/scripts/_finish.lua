@@ -45,7 +45,8 @@ end
 
 -- The row's fields a terminal transition's `done` event carries (its non-empty ones).
 local EVENT_FIELDS = {'attempts', 'priority', 'lane', 'payload', 'result', 'last_error',
-  'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at', 'history', 'progress'}
+  'enqueued_at', 'unique_key', 'worker', 'max_attempts', 'started_at', 'history', 'progress',
+  'batch'}
 -- uses: EVENT_FIELDS
 local EVENT_AT = {}  -- field name -> its position in EVENT_FIELDS (and in the HMGET reply)
 for i, name in ipairs(EVENT_FIELDS) do EVENT_AT[name] = i end

@@ -223,6 +223,21 @@ def nack(client: Any, shard: ShardKeys, job_id: str, token: int, error: str, ret
     reply = caller.run(client, "nack", shard, [
         job_id, token, error, retry_ms, "1" if fatal else "0", retention, dead_retention,
         max_attempts, backoff_ms])
+    return _nacked(reply)
+
+
+@twin("nack_many")
+def nack_many(client: Any, queue: str, retention: int, dead_retention: int, max_attempts: int,
+              backoff_ms: int, jobs: Sequence[tuple[Lease, str, int, bool]]) -> list[Nacked]:
+    """Record failures (per job its error, retry_ms and fatal, as `nack` takes them), one call
+    per shard: per job its `Nacked`."""
+    return [_nacked(reply) for reply in caller.run_by_shard(
+        client, "nack_many", queue, [retention, dead_retention, max_attempts, backoff_ms],
+        [(lease.shard, [lease.job_id, lease.token, error, retry_ms, "1" if fatal else "0"])
+         for lease, error, retry_ms, fatal in jobs])]
+
+
+def _nacked(reply: Any) -> Nacked:
     state, _, flag = str(reply or "").partition(":")
     return Nacked(state or None, flag == "forwarded")
 
