@@ -17,7 +17,7 @@ from ..exceptions import InvalidOption, JobQueueError
 from ..models import BulkOperation
 from ..records import JobInfo
 from ..states import State
-from . import actions, bulk, hidden, search
+from . import actions, bulk, hidden, search, sealed
 from .query import Query
 from .site import ConsoleSite
 
@@ -67,7 +67,7 @@ class SearchPages(ConsoleSite):
                     (number - 1) * PER_PAGE : number * PER_PAGE + 1
                 ]
             )
-            jobs = [row.info() for row in found[:PER_PAGE]]
+            jobs = [sealed.masked(row.info()) for row in found[:PER_PAGE]]
             context.update(
                 next_url=f"?{base}&page={number + 1}" if len(found) > PER_PAGE else "",
                 prev_url=f"?{base}&page={number - 1}" if number > 1 else "",
