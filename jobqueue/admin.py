@@ -20,6 +20,7 @@ from django.utils.html import format_html
 
 from .engine.store import Queue
 from .exceptions import JobQueueError
+from .keys import validate_lane
 from .models import Job, Shard
 
 
@@ -42,7 +43,12 @@ class LaneFilter(admin.SimpleListFilter):
         yield {"keep": keep, "value": self.value() or ""}
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        return queryset.filter(lane=self.value()) if self.value() else queryset
+        if not self.value():
+            return queryset
+        try:
+            return queryset.filter(lane=validate_lane(self.value()))
+        except JobQueueError:  # (no lane has such a name: no row, rather than a database error)
+            return queryset.none()
 
 
 @admin.register(Job)
@@ -97,6 +103,8 @@ class JobAdmin(admin.ModelAdmin):
         (console/sealed.py)."""
         from .console import sealed
 
+        if "\x00" in object_id:  # (no id holds one; PostgreSQL refuses to compare with it)
+            return None
         row = super().get_object(request, object_id, from_field)
         return None if row is None else sealed.shown_row(row, request.user)
 

@@ -166,6 +166,9 @@ class Console(SearchPages):
         raw = request.GET.get("id", "").strip()
         if not raw:
             return self.render(request, "find.html", "Find a job", query="")
+        if "\x00" in raw:  # (no id, lane, key or handler holds one; PostgreSQL refuses it)
+            messages.error(request, "A job's id, lane, unique key or handler holds no NUL character.")
+            return self.render(request, "find.html", "Find a job", status=400, query="")
         try:
             job_id = ids.validate_job_id(raw)
         except InvalidJobId:

@@ -368,8 +368,8 @@ class BulkDecision(View):
 
     def post(self, request: HttpRequest, pk: int) -> HttpResponse:
         operation = BulkOperation.objects.filter(pk=pk).first()
-        if operation is None:
-            raise Http404(f"No bulk operation #{pk}.")
+        if operation is None or not self.site.covers(request, operation.scope):
+            raise Http404(f"No bulk operation #{pk}.")  # (as its page answers: `bulk_page`)
         _permitted(request, operation.action)
         if not self.site.covers(request, operation.scope, acting=True):
             raise PermissionDenied(f"bulk operation #{pk} reaches queues you may not act on")

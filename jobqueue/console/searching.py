@@ -119,6 +119,9 @@ class SearchPages(ConsoleSite):
         if bulk.stalled(operation):
             bulk.run_in_thread()
         work = bulk.Bulk.of_record(operation)
+        query = work.query  # (its record holds what its maker searched: maybe hidden arguments)
+        if not hidden.may_see(request):
+            query = query.masked(hidden.any_hidden(operation.scope), hidden.MASK)
         return self.render(
             request,
             "bulk.html",
@@ -126,7 +129,8 @@ class SearchPages(ConsoleSite):
             operation=operation,
             bulk=work,
             Status=BulkOperation.Status,
-            search_url="?" + urlencode(operation.query),
+            shown_query=query,
+            search_url="?" + urlencode(operation.query) if query is work.query else "",
             refresh=operation.status in bulk.UNDER_WAY,
             can_decide=request.user.has_perm(actions.PERMISSIONS[operation.action])
             and self.covers(request, operation.scope, acting=True),
