@@ -97,3 +97,44 @@ def test_a_bulk_operation_over_queues_a_user_may_not_see_is_a_404_to_them(
     assert sam.post(url + "decide/", {"confirm": "yes"}).status_code == 404
     assert sam.post(url + "decide/").status_code == 404
     assert BulkOperation.objects.get().status in ("counting", "counted")
+
+
+def test_a_bulk_retry_of_history_rows_resumed_after_a_crash_acts_once_per_job() -> None:
+    """A history row Valkey no longer holds is retried by creating its job again; the runner
+    crashes before it saves that it did; the job runs and dies again meanwhile; the runner that
+    resumes the operation acts on the chunk left in flight again, and must answer as the first
+    did (its call id) rather than retry the job a second time."""
+    from datetime import UTC, datetime, timedelta
+
+    import redis as redis_client
+    from django.conf import settings
+
+    from jobqueue.console import bulk
+    from jobqueue.console.query import Query
+    from jobqueue.history.mirror import Mirror
+    from tests.console.test_bulk import dead_jobs
+
+    [job_id] = dead_jobs(1)
+    assert Mirror([Queue("default")], consumer="t").step() >= 1
+    redis_client.Redis.from_url(settings.JOBQUEUE["URL"]).flushall()  # (Valkey no longer holds it)
+    user = User.objects.create_superuser("root", "root@example.com", "pw")
+    work = bulk.Bulk.of("retry", Query.parse({"where": "history", "state": "dead"}), None)
+    operation = work.start(user)
+    bulk.Runner().run()
+    operation.refresh_from_db()
+    assert (operation.status, operation.total) == ("counted", 1)
+    assert bulk.Bulk.confirm(operation, user)
+    # what a runner that crashed mid-chunk leaves: the chunk in flight, acted on, not counted
+    place = ("default", job_id, None)
+    assert work.act([place], f"bulk{operation.pk}") == (1, 0)
+    BulkOperation.objects.filter(pk=operation.pk).update(
+        inflight=[list(place)], cursor=job_id, runner="crashed",
+        lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    live = Queue("default")
+    [lease] = live.dequeue(count=1)  # the job ran again, and died again, meanwhile
+    live.nack(lease, "boom again")
+    assert live.get(job_id).state == "dead"  # type: ignore[union-attr]
+    assert bulk.Runner().run() == 1
+    operation.refresh_from_db()
+    assert (operation.status, operation.done, operation.skipped) == ("done", 1, 0)
+    assert live.get(job_id).state == "dead"  # type: ignore[union-attr]  (acted on once)
