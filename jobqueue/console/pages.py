@@ -155,7 +155,7 @@ class Console(SearchPages):
         sections = []
         for name in access.visible_queues(request):
             found = readmodels.stuck(Queue(name), pending_over, running_over)
-            sections.append((name, found))
+            sections.append((name, found, access.may_act(request, name)))
         return self.render(request, "stuck.html", "Stuck jobs", sections=sections,
                             pending_over=pending_over, running_over=running_over,
                             can_retry=posts.RetryJob.permitted(request),

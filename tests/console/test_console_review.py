@@ -138,3 +138,17 @@ def test_a_bulk_retry_of_history_rows_resumed_after_a_crash_acts_once_per_job() 
     operation.refresh_from_db()
     assert (operation.status, operation.done, operation.skipped) == ("done", 1, 0)
     assert live.get(job_id).state == "dead"  # type: ignore[union-attr]  (acted on once)
+
+
+def test_the_stuck_page_offers_no_action_on_a_queue_seen_only(client: Client, settings: Any) -> None:
+    """Its buttons would answer 403: a queue the user may only view shows its stuck jobs bare."""
+    from jobqueue import conf
+    from tests.console.test_access import dead_in
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "CONSOLE": {"ACCESS": {
+        "billing": {"view": ["support"]}, "ops": {"act": ["support"]}}}}
+    conf.reset()
+    seen, mine = dead_in("billing"), dead_in("ops")
+    page = member(client, "sam", "support").get(f"{LIVE}/stuck/").content.decode()
+    assert seen in page and mine in page
+    assert f"jobs/billing/{seen}/retry/" not in page and f"jobs/ops/{mine}/retry/" in page
