@@ -347,7 +347,10 @@ class BulkAction(View):
         back = console_reverse(request, "jobqueue_search")
         try:
             query = self.site.checked_query(request, request.POST)
-            work = bulk.Bulk.of(action, query, self.site.visible_queues(request, acting=True))
+            scope = self.site.acting_queues(request, query)
+            if scope == frozenset():
+                raise PermissionDenied("no queue this search reaches is one you may act on")
+            work = bulk.Bulk.of(action, query, scope)
         except JobQueueError as exc:
             messages.error(request, f"Bulk {action}: {exc}")
             return HttpResponseRedirect(back)

@@ -42,6 +42,12 @@ class SearchPages(ConsoleSite):
                 )
         return query
 
+    def acting_queues(self, request: HttpRequest, query: Query) -> frozenset[str] | None:
+        """The queues a bulk action on what `query` matches may reach for this user: those they
+        may act on, narrowed to the query's queue (None: every queue; empty: none)."""
+        mine = self.visible_queues(request, acting=True)
+        return mine if mine is None or not query.queue else mine & {query.queue}
+
     def search_page(self, request: HttpRequest) -> HttpResponse:
         """Live jobs or the history that match the query in the URL, a page at a time."""
         context: dict[str, Any] = {
@@ -93,6 +99,7 @@ class SearchPages(ConsoleSite):
             if where == query.where
             and (not query.state or query.state in states)
             and request.user.has_perm(actions.PERMISSIONS[action])
+            and self.acting_queues(request, query) != frozenset()
         ]
         return self.render(
             request,

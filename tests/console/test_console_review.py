@@ -152,3 +152,25 @@ def test_the_stuck_page_offers_no_action_on_a_queue_seen_only(client: Client, se
     page = member(client, "sam", "support").get(f"{LIVE}/stuck/").content.decode()
     assert seen in page and mine in page
     assert f"jobs/billing/{seen}/retry/" not in page and f"jobs/ops/{mine}/retry/" in page
+
+
+def test_a_bulk_action_where_the_user_may_act_on_no_queue_is_a_403(client: Client, settings: Any) -> None:
+    """A view-only user is offered no bulk button, and a bulk action they post anyway is refused
+    (403) rather than recorded as an operation over nothing."""
+    from jobqueue import conf
+    from tests.console.test_access import dead_in
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "CONSOLE": {"ACCESS": {
+        "billing": {"view": ["support"]}, "ops": {"act": ["support"]}}}}
+    conf.reset()
+    dead_in("billing"), dead_in("ops")
+    sam = member(client, "sam", "support")
+    page = sam.get(f"{LIVE}/search/", {"queue": "billing", "state": "dead"}).content.decode()
+    assert 'id="search-results"' in page and 'id="bulk-form"' not in page
+    assert 'id="bulk-form"' in sam.get(f"{LIVE}/search/", {"queue": "ops", "state": "dead"}).content.decode()
+    for form in ({"queue": "billing", "state": "dead"}, {"queue": "secret", "state": "dead"}):
+        response = sam.post(f"{LIVE}/search/bulk/", {**form, "where": "live", "action": "retry"})
+        assert response.status_code == 403, form
+    assert not BulkOperation.objects.exists()
+    response = sam.post(f"{LIVE}/search/bulk/", {"state": "dead", "where": "live", "action": "retry"})
+    assert response.status_code == 302 and BulkOperation.objects.get().scope == ["ops"]
