@@ -229,7 +229,9 @@ def _storable(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidOption(f"{what} holds a lone surrogate (such as \\ud800): a search cannot look for it") from None
+        raise InvalidOption(
+            f"{what} holds a lone surrogate (such as \\ud800): a search cannot look for it"
+        ) from None
 
 
 def _term(path_text: str, op: str, value_text: str, token: str) -> Term:

@@ -17,7 +17,7 @@ from ..exceptions import InvalidOption, JobQueueError
 from ..models import BulkOperation
 from ..records import JobInfo
 from ..states import State
-from . import actions, bulk, hidden, search, sealed
+from . import actions, bulk, hidden, sealed, search
 from .query import Query
 from .site import ConsoleSite
 

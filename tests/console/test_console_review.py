@@ -21,14 +21,24 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LIVE = "/admin/jobqueue/job/live"
 
 
-@pytest.mark.parametrize("q", [
-    "\x00", "kwargs.a=\x00", "kwargs.a~x\x00",  # (PostgreSQL's text holds no NUL)
-    '"\\u0000"', 'kwargs.a="\\u0000"', 'kwargs.a~"\\u0000"',
-    '"\\ud800"', 'kwargs.a="\\ud800"', 'kwargs.a~"\\ud800"',  # (a lone surrogate: no UTF-8)
-])
+@pytest.mark.parametrize(
+    "q",
+    [
+        "\x00",
+        "kwargs.a=\x00",
+        "kwargs.a~x\x00",  # (PostgreSQL's text holds no NUL)
+        '"\\u0000"',
+        'kwargs.a="\\u0000"',
+        'kwargs.a~"\\u0000"',
+        '"\\ud800"',
+        'kwargs.a="\\ud800"',
+        'kwargs.a~"\\ud800"',  # (a lone surrogate: no UTF-8)
+    ],
+)
 @pytest.mark.parametrize("where", ["live", "history"])
 def test_a_search_with_text_no_database_stores_is_one_clear_error(
-        admin_client: Client, q: str, where: str) -> None:
+    admin_client: Client, q: str, where: str
+) -> None:
     row("JOBhist0000001", 42, order={"id": 42})
     response = admin_client.get(f"{LIVE}/search/", {"q": q, "where": where})
     assert response.status_code == 400, response.content.decode()[-2000:]
@@ -36,41 +46,49 @@ def test_a_search_with_text_no_database_stores_is_one_clear_error(
 
 
 @pytest.mark.parametrize("params", [{"handler": "a\x00"}, {"lane": "a\x00"}, {"queue": "a\x00"}])
-def test_a_search_field_with_a_nul_is_one_clear_error(admin_client: Client,
-                                                      params: dict[str, str]) -> None:
+def test_a_search_field_with_a_nul_is_one_clear_error(admin_client: Client, params: dict[str, str]) -> None:
     response = admin_client.get(f"{LIVE}/search/", {**params, "where": "history"})
     assert response.status_code == 400, response.content.decode()[-2000:]
 
 
-@pytest.mark.parametrize("url", [
-    f"{LIVE}/find/?id=%00", f"{LIVE}/find/?id=a%00b",
-    "/admin/jobqueue/job/%00/change/", "/admin/jobqueue/job/%00/history/",
-    "/admin/jobqueue/job/?lane=%00",
-    f"{LIVE}/bulk/99999999999999999999999/", f"{LIVE}/jobs/default/%00/",
-    f"{LIVE}/flows/default/%00/", f"{LIVE}/search/?q=args.99999999999999999999999%3D1&where=history",
-])
-def test_an_id_no_job_can_have_typed_into_a_url_is_never_a_500(admin_client: Client,
-                                                                url: str) -> None:
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"{LIVE}/find/?id=%00",
+        f"{LIVE}/find/?id=a%00b",
+        "/admin/jobqueue/job/%00/change/",
+        "/admin/jobqueue/job/%00/history/",
+        "/admin/jobqueue/job/?lane=%00",
+        f"{LIVE}/bulk/99999999999999999999999/",
+        f"{LIVE}/jobs/default/%00/",
+        f"{LIVE}/flows/default/%00/",
+        f"{LIVE}/search/?q=args.99999999999999999999999%3D1&where=history",
+    ],
+)
+def test_an_id_no_job_can_have_typed_into_a_url_is_never_a_500(admin_client: Client, url: str) -> None:
     row("JOBhist0000001", 42)
     assert admin_client.get(url).status_code in (200, 302, 400, 403, 404)
-    assert admin_client.post(f"{LIVE}/bulk/99999999999999999999999/decide/",
-                             {"confirm": "yes"}).status_code == 404
+    assert (
+        admin_client.post(f"{LIVE}/bulk/99999999999999999999999/decide/", {"confirm": "yes"}).status_code
+        == 404
+    )
 
 
-def test_a_bulk_operations_page_masks_a_hidden_argument_in_its_filter(
-        client: Client, hiding: None) -> None:  # noqa: F811
+def test_a_bulk_operations_page_masks_a_hidden_argument_in_its_filter(client: Client, hiding: None) -> None:  # noqa: F811
     """Who may see hidden arguments searched by one and acted on what it matched; the page of
     that operation, seen by one who may not, shows the filter with the value masked."""
     row("JOBpaid0000001", "bob", queue="payments", card="5511-1111")
     boss = member(client, "boss", superuser=True)
-    response = boss.post(f"{LIVE}/search/bulk/", {"q": "kwargs.card=5511-1111", "where": "history",
-                                                  "action": "delete"})
+    response = boss.post(
+        f"{LIVE}/search/bulk/", {"q": "kwargs.card=5511-1111", "where": "history", "action": "delete"}
+    )
     assert response.status_code == 302 and "/bulk/" in response["Location"], response
     url = response["Location"]
     assert "5511-1111" in boss.get(url).content.decode()  # (they may see it)
     op = member(Client(), "op")  # every jobqueue permission ...
     User.objects.get(username="op").user_permissions.remove(  # ... but this one
-        Permission.objects.get(codename="view_hidden_args"))
+        Permission.objects.get(codename="view_hidden_args")
+    )
     page = op.get(url)
     assert page.status_code == 200
     assert "5511-1111" not in page.content.decode() and "kwargs.card=•••" in page.content.decode()
@@ -79,17 +97,19 @@ def test_a_bulk_operations_page_masks_a_hidden_argument_in_its_filter(
 
 
 def test_a_bulk_operation_over_queues_a_user_may_not_see_is_a_404_to_them(
-        client: Client, settings: Any) -> None:
+    client: Client, settings: Any
+) -> None:
     """Its page and its decision both: the same answer as for an operation that does not exist."""
     from jobqueue import conf
 
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "CONSOLE": {"ACCESS": {
-        "billing": {"view": ["support"]}, "secret": {"act": ["ops"]}}}}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "CONSOLE": {"ACCESS": {"billing": {"view": ["support"]}, "secret": {"act": ["ops"]}}},
+    }
     conf.reset()
     Queue("secret").enqueue({"handler": "tests.jobapp.jobs.add", "args": [1, 1]})
     ops = member(client, "olga", "ops")
-    response = ops.post(f"{LIVE}/search/bulk/", {"queue": "secret", "where": "live",
-                                                 "action": "cancel"})
+    response = ops.post(f"{LIVE}/search/bulk/", {"queue": "secret", "where": "live", "action": "cancel"})
     assert response.status_code == 302 and "/bulk/" in response["Location"], response
     url = response["Location"]
     sam = member(Client(), "sam", "support")
@@ -128,8 +148,11 @@ def test_a_bulk_retry_of_history_rows_resumed_after_a_crash_acts_once_per_job() 
     place = ("default", job_id, None)
     assert work.act([place], f"bulk{operation.pk}") == (1, 0)
     BulkOperation.objects.filter(pk=operation.pk).update(
-        inflight=[list(place)], cursor=job_id, runner="crashed",
-        lease_until=datetime.now(UTC) - timedelta(seconds=1))
+        inflight=[list(place)],
+        cursor=job_id,
+        runner="crashed",
+        lease_until=datetime.now(UTC) - timedelta(seconds=1),
+    )
     live = Queue("default")
     [lease] = live.dequeue(count=1)  # the job ran again, and died again, meanwhile
     live.nack(lease, "boom again")
@@ -145,8 +168,10 @@ def test_the_stuck_page_offers_no_action_on_a_queue_seen_only(client: Client, se
     from jobqueue import conf
     from tests.console.test_access import dead_in
 
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "CONSOLE": {"ACCESS": {
-        "billing": {"view": ["support"]}, "ops": {"act": ["support"]}}}}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "CONSOLE": {"ACCESS": {"billing": {"view": ["support"]}, "ops": {"act": ["support"]}}},
+    }
     conf.reset()
     seen, mine = dead_in("billing"), dead_in("ops")
     page = member(client, "sam", "support").get(f"{LIVE}/stuck/").content.decode()
@@ -160,8 +185,10 @@ def test_a_bulk_action_where_the_user_may_act_on_no_queue_is_a_403(client: Clien
     from jobqueue import conf
     from tests.console.test_access import dead_in
 
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "CONSOLE": {"ACCESS": {
-        "billing": {"view": ["support"]}, "ops": {"act": ["support"]}}}}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "CONSOLE": {"ACCESS": {"billing": {"view": ["support"]}, "ops": {"act": ["support"]}}},
+    }
     conf.reset()
     dead_in("billing"), dead_in("ops")
     sam = member(client, "sam", "support")
