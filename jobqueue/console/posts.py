@@ -350,6 +350,7 @@ class BulkAction(View):
             scope = self.site.acting_queues(request, query)
             if scope == frozenset():
                 raise PermissionDenied("no queue this search reaches is one you may act on")
+            self.site.checked_bulk(request, query, scope)
             work = bulk.Bulk.of(action, query, scope)
         except JobQueueError as exc:
             messages.error(request, f"Bulk {action}: {exc}")

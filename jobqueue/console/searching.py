@@ -48,6 +48,19 @@ class SearchPages(ConsoleSite):
         mine = self.visible_queues(request, acting=True)
         return mine if mine is None or not query.queue else mine & {query.queue}
 
+    def checked_bulk(self, request: HttpRequest, query: Query, scope: frozenset[str] | None) -> None:
+        """InvalidOption when a bulk action on `query` would look for its text in arguments this
+        user may not see: a bulk operation matches arguments whole, and its count would tell."""
+        if hidden.may_see(request) or not (query.text or any(t.op == "~" for t in query.terms)):
+            return
+        hiding = hidden.any_hidden({query.queue} if query.queue else scope)
+        if hiding:
+            raise InvalidOption(
+                f"a bulk action by plain text or ~ looks into arguments some of these queues hide "
+                f"({', '.join(map(str, hiding))}): that needs the {hidden.PERMISSION} permission "
+                f"(or name a queue that hides none, or use = terms)"
+            )
+
     def search_page(self, request: HttpRequest) -> HttpResponse:
         """Live jobs or the history that match the query in the URL, a page at a time."""
         context: dict[str, Any] = {
@@ -93,13 +106,18 @@ class SearchPages(ConsoleSite):
                 next_url=f"?{base}&{urlencode({'cursor': page.next})}" if page.next else "",
                 first_url=f"?{base}" if request.GET.get("cursor") else "",
             )
+        acting = self.acting_queues(request, query)
+        try:
+            self.checked_bulk(request, query, acting)
+        except InvalidOption:
+            acting = frozenset()  # (no bulk action offered)
         offered = [
             (action, bulk.VERBS[action])
             for (where, action), states in bulk.Bulk.STATES.items()
             if where == query.where
             and (not query.state or query.state in states)
             and request.user.has_perm(actions.PERMISSIONS[action])
-            and self.acting_queues(request, query) != frozenset()
+            and acting != frozenset()
         ]
         return self.render(
             request,

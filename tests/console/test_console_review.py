@@ -201,3 +201,37 @@ def test_a_bulk_action_where_the_user_may_act_on_no_queue_is_a_403(client: Clien
     assert not BulkOperation.objects.exists()
     response = sam.post(f"{LIVE}/search/bulk/", {"state": "dead", "where": "live", "action": "retry"})
     assert response.status_code == 302 and BulkOperation.objects.get().scope == ["ops"]
+
+
+@pytest.mark.parametrize("where", ["live", "history"])
+@pytest.mark.parametrize("q", ["5511-1111", "kwargs.customer~5611"])
+def test_a_bulk_actions_count_tells_nothing_of_hidden_arguments(
+    client: Client,
+    hiding: None,  # noqa: F811
+    where: str,
+    q: str,
+) -> None:
+    """Plain text and contains-terms of a user who may not see hidden arguments do not look into
+    them in a search; nor may they in a bulk action, whose count would tell the value."""
+    Queue("payments").enqueue(
+        {
+            "handler": "tests.jobapp.jobs.echo",
+            "args": ["bob"],
+            "kwargs": {"card": "5511-1111", "customer": {"card": "5611-1111"}},
+        }
+    )
+    row("JOBpaid0000001", "bob", queue="payments", card="5511-1111", customer={"card": "5611-1111"})
+    op = member(client, "op")
+    User.objects.get(username="op").user_permissions.remove(
+        Permission.objects.get(codename="view_hidden_args")
+    )
+    action = "cancel" if where == "live" else "delete"
+    page = op.get(f"{LIVE}/search/", {"q": q, "where": where}).content.decode()
+    assert 'id="search-results"' in page and 'id="bulk-form"' not in page
+    response = op.post(f"{LIVE}/search/bulk/", {"q": q, "where": where, "action": action})
+    assert response.status_code == 302 and "/bulk/" not in response["Location"]
+    assert not BulkOperation.objects.exists()
+    assert "hidden_args" in op.get(response["Location"]).content.decode()  # (the message says why)
+    # where no queue it reaches hides arguments, a bulk action by text is theirs to take
+    response = op.post(f"{LIVE}/search/bulk/", {"q": q, "queue": "default", "where": where, "action": action})
+    assert response.status_code == 302 and "/bulk/" in response["Location"]
