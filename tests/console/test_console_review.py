@@ -235,3 +235,42 @@ def test_a_bulk_actions_count_tells_nothing_of_hidden_arguments(
     # where no queue it reaches hides arguments, a bulk action by text is theirs to take
     response = op.post(f"{LIVE}/search/bulk/", {"q": q, "queue": "default", "where": where, "action": action})
     assert response.status_code == 302 and "/bulk/" in response["Location"]
+
+
+def test_every_console_action_is_a_csrf_protected_post() -> None:
+    """Without the form's CSRF token a POST is refused (403) and changes nothing; a GET never
+    acts (405). Bulk actions and decisions included."""
+    from django.urls import reverse
+
+    from tests.console.test_access import dead_in
+
+    job_id = dead_in("default")
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    browser = Client(enforce_csrf_checks=True)
+    browser.login(username="root", password="pw")
+    operation = BulkOperation.objects.create(
+        action="retry", query={"state": "dead"}, status="counted", total=1
+    )
+    names = {
+        "jobqueue_search_bulk": (),
+        "jobqueue_bulk_decide": (operation.pk,),
+        "jobqueue_job_retry": ("default", job_id),
+        "jobqueue_job_cancel": ("default", job_id),
+        "jobqueue_job_reprioritize": ("default", job_id),
+        "jobqueue_queue_pause": ("default",),
+        "jobqueue_queue_resume": ("default",),
+        "jobqueue_queue_resize": ("default",),
+        "jobqueue_queue_set_lane_concurrency": ("default",),
+        "jobqueue_queue_set_global_concurrency": ("default",),
+        "jobqueue_schedule_run": ("tick",),
+        "jobqueue_schedule_pause": ("tick",),
+        "jobqueue_schedule_resume": ("tick",),
+    }
+    form = {"state": "dead", "action": "retry", "confirm": "yes", "count": "2", "cap": "1", "lane": "x"}
+    for name, args in names.items():
+        url = reverse(f"admin:{name}", args=args)
+        assert browser.post(url, form).status_code == 403, name
+        assert browser.get(url).status_code == 405, name
+    assert Queue("default").get(job_id).state == "dead"  # type: ignore[union-attr]
+    assert not Queue("default").is_paused() and BulkOperation.objects.get().status == "counted"
+    assert BulkOperation.objects.count() == 1
