@@ -20,7 +20,6 @@ from django.utils.html import format_html
 
 from .engine.store import Queue
 from .exceptions import JobQueueError
-from .keys import validate_lane
 from .models import Job, Shard
 
 
@@ -43,6 +42,8 @@ class LaneFilter(admin.SimpleListFilter):
         yield {"keep": keep, "value": self.value() or ""}
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        from .keys import validate_lane
+
         if not self.value():
             return queryset
         try:
