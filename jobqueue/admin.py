@@ -45,7 +45,14 @@ class LaneFilter(admin.SimpleListFilter):
         yield {"keep": keep, "value": self.value() or ""}
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        return queryset.filter(lane=self.value()) if self.value() else queryset
+        from .keys import validate_lane
+
+        if not self.value():
+            return queryset
+        try:
+            return queryset.filter(lane=validate_lane(self.value()))
+        except JobQueueError:  # (no lane has such a name: no row, rather than a database error)
+            return queryset.none()
 
 
 @admin.register(Job)
@@ -100,6 +107,8 @@ class JobAdmin(admin.ModelAdmin):
         (console/sealed.py)."""
         from .console import sealed
 
+        if "\x00" in object_id:  # (no id holds one; PostgreSQL refuses to compare with it)
+            return None
         row = super().get_object(request, object_id, from_field)
         return None if row is None else sealed.shown_row(row, request.user)
 

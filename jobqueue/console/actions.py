@@ -13,6 +13,7 @@ from typing import Any
 from ..conf import get_client
 from ..cron import Entry
 from ..engine import layouts
+from ..engine.scripts import operator_calls
 from ..engine.store import Queue
 from ..exceptions import InvalidOption, InvalidPriority, InvalidTransition, JobNotFound
 from ..flows import relay
@@ -72,6 +73,9 @@ def retry_job(queue: Queue, job_id: str, call_id: str = "") -> State:
     if row.state not in JOB_STATES["retry"]:
         raise InvalidTransition(f"cannot retry job {job_id}: it is {row.state}")
     outbox.recreate(queue, row)
+    index = queue.locate(job_id)
+    if call_id and index is not None:  # (the same call again, a resumed bulk retry's: no second run)
+        operator_calls.keep_answer(queue.client, queue.shard(index), call_id, f"ok:{State.PENDING}")
     return State.PENDING
 
 

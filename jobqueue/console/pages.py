@@ -192,7 +192,7 @@ class Console(SearchPages):
         sections = []
         for name in access.visible_queues(request):
             found = readmodels.stuck(Queue(name), pending_over, running_over)
-            sections.append((name, found))
+            sections.append((name, found, access.may_act(request, name)))
         return self.render(request, "stuck.html", "Stuck jobs", sections=sections,
                             pending_over=pending_over, running_over=running_over,
                             can_retry=posts.RetryJob.permitted(request),
@@ -203,6 +203,9 @@ class Console(SearchPages):
         raw = request.GET.get("id", "").strip()
         if not raw:
             return self.render(request, "find.html", "Find a job", query="")
+        if "\x00" in raw:  # (no id, lane, key or handler holds one; PostgreSQL refuses it)
+            messages.error(request, "A job's id, lane, unique key or handler holds no NUL character.")
+            return self.render(request, "find.html", "Find a job", status=400, query="")
         try:
             job_id = ids.validate_job_id(raw)
         except InvalidJobId:

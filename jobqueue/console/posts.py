@@ -348,7 +348,11 @@ class BulkAction(View):
         back = console_reverse(request, "jobqueue_search")
         try:
             query = self.site.checked_query(request, request.POST)
-            work = bulk.Bulk.of(action, query, self.site.visible_queues(request, acting=True))
+            scope = self.site.acting_queues(request, query)
+            if scope == frozenset():
+                raise PermissionDenied("no queue this search reaches is one you may act on")
+            self.site.checked_bulk(request, query, scope)
+            work = bulk.Bulk.of(action, query, scope)
         except JobQueueError as exc:
             messages.error(request, f"Bulk {action}: {exc}")
             return HttpResponseRedirect(back)
@@ -369,8 +373,8 @@ class BulkDecision(View):
 
     def post(self, request: HttpRequest, pk: int) -> HttpResponse:
         operation = BulkOperation.objects.filter(pk=pk).first()
-        if operation is None:
-            raise Http404(f"No bulk operation #{pk}.")
+        if operation is None or not self.site.covers(request, operation.scope):
+            raise Http404(f"No bulk operation #{pk}.")  # (as its page answers: `bulk_page`)
         _permitted(request, operation.action)
         if not self.site.covers(request, operation.scope, acting=True):
             raise PermissionDenied(f"bulk operation #{pk} reaches queues you may not act on")

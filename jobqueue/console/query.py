@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -107,6 +107,8 @@ class Query:
         """The query GET parameters ask for; InvalidOption saying what is wrong."""
         raw = {name: str(params.get(name, "")).strip() for name in FIELDS}
         raw = {name: value for name, value in raw.items() if value}
+        for name, value in raw.items():
+            _storable(value, name)
         terms, text = _terms(raw.get("q", ""))
         state = raw.get("state", "")
         if state and state not in State.values:
@@ -147,6 +149,20 @@ class Query:
             if (term.path[0] == "args" and len(term.path) > 1 and term.path[1] in positions)
             or any(isinstance(key, str) and key in names for key in term.path[1:])
         ]
+
+    def masked(self, keys: tuple[str | int, ...], mask: str) -> Query:
+        """This query with the value of each term through a hidden key shown as `mask`: how it
+        reads to one who may not see hidden arguments (a record of a search made by one who may)."""
+        refused = set(self.hidden_terms(keys))
+        if not refused:
+            return self
+        shown = []
+        for token in TOKEN.findall(self.raw.get("q", "")):
+            found = PATH_TERM.fullmatch(token)
+            if found and str(_term(found["path"], found["op"], found["value"], token)) in refused:
+                token = f"{found['path']}{found['op']}{mask}"
+            shown.append(token)
+        return replace(self, raw={**self.raw, "q": " ".join(shown)})
 
     def matches(self, info: Any, states: frozenset[str] | None = None, shown_payload: Any = None) -> bool:
         """Whether a live job (a JobInfo, or what a search reads of its row: `search.Seen`)
@@ -200,7 +216,22 @@ def _terms(q: str) -> tuple[tuple[Term, ...], tuple[str, ...]]:
             text.append(word)
             continue
         terms.append(_term(found["path"], found["op"], found["value"], token))
+    for value in (*(term.value for term in terms), *text):
+        _storable(value, "a search term")
     return tuple(terms), tuple(text)
+
+
+def _storable(text: str, what: str) -> None:
+    """InvalidOption unless `text` is text a database holds: no NUL (PostgreSQL's text holds
+    none), no lone surrogate (a JSON escape such as "\\ud800": no UTF-8 encodes it)."""
+    if "\x00" in text:
+        raise InvalidOption(f"{what} holds a NUL character (\\x00 or \\u0000): a search cannot look for it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidOption(
+            f"{what} holds a lone surrogate (such as \\ud800): a search cannot look for it"
+        ) from None
 
 
 def _term(path_text: str, op: str, value_text: str, token: str) -> Term:

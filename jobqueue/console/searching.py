@@ -17,7 +17,7 @@ from ..exceptions import InvalidOption, JobQueueError
 from ..models import BulkOperation
 from ..records import JobInfo
 from ..states import State
-from . import actions, bulk, hidden, search
+from . import actions, bulk, hidden, sealed, search
 from .query import Query
 from .site import ConsoleSite
 
@@ -41,6 +41,25 @@ class SearchPages(ConsoleSite):
                     f"{refused[0]} searches a hidden argument: that needs the {hidden.PERMISSION} permission"
                 )
         return query
+
+    def acting_queues(self, request: HttpRequest, query: Query) -> frozenset[str] | None:
+        """The queues a bulk action on what `query` matches may reach for this user: those they
+        may act on, narrowed to the query's queue (None: every queue; empty: none)."""
+        mine = self.visible_queues(request, acting=True)
+        return mine if mine is None or not query.queue else mine & {query.queue}
+
+    def checked_bulk(self, request: HttpRequest, query: Query, scope: frozenset[str] | None) -> None:
+        """InvalidOption when a bulk action on `query` would look for its text in arguments this
+        user may not see: a bulk operation matches arguments whole, and its count would tell."""
+        if hidden.may_see(request) or not (query.text or any(t.op == "~" for t in query.terms)):
+            return
+        hiding = hidden.any_hidden({query.queue} if query.queue else scope)
+        if hiding:
+            raise InvalidOption(
+                f"a bulk action by plain text or ~ looks into arguments some of these queues hide "
+                f"({', '.join(map(str, hiding))}): that needs the {hidden.PERMISSION} permission "
+                f"(or name a queue that hides none, or use = terms)"
+            )
 
     def search_page(self, request: HttpRequest) -> HttpResponse:
         """Live jobs or the history that match the query in the URL, a page at a time."""
@@ -67,7 +86,7 @@ class SearchPages(ConsoleSite):
                     (number - 1) * PER_PAGE : number * PER_PAGE + 1
                 ]
             )
-            jobs = [row.info() for row in found[:PER_PAGE]]
+            jobs = [sealed.masked(row.info()) for row in found[:PER_PAGE]]
             context.update(
                 next_url=f"?{base}&page={number + 1}" if len(found) > PER_PAGE else "",
                 prev_url=f"?{base}&page={number - 1}" if number > 1 else "",
@@ -87,12 +106,18 @@ class SearchPages(ConsoleSite):
                 next_url=f"?{base}&{urlencode({'cursor': page.next})}" if page.next else "",
                 first_url=f"?{base}" if request.GET.get("cursor") else "",
             )
+        acting = self.acting_queues(request, query)
+        try:
+            self.checked_bulk(request, query, acting)
+        except InvalidOption:
+            acting = frozenset()  # (no bulk action offered)
         offered = [
             (action, bulk.VERBS[action])
             for (where, action), states in bulk.Bulk.STATES.items()
             if where == query.where
             and (not query.state or query.state in states)
             and request.user.has_perm(actions.PERMISSIONS[action])
+            and acting != frozenset()
         ]
         return self.render(
             request,
@@ -119,6 +144,9 @@ class SearchPages(ConsoleSite):
         if bulk.stalled(operation):
             bulk.run_in_thread()
         work = bulk.Bulk.of_record(operation)
+        query = work.query  # (its record holds what its maker searched: maybe hidden arguments)
+        if not hidden.may_see(request):
+            query = query.masked(hidden.any_hidden(operation.scope), hidden.MASK)
         return self.render(
             request,
             "bulk.html",
@@ -126,7 +154,8 @@ class SearchPages(ConsoleSite):
             operation=operation,
             bulk=work,
             Status=BulkOperation.Status,
-            search_url="?" + urlencode(operation.query),
+            shown_query=query,
+            search_url="?" + urlencode(operation.query) if query is work.query else "",
             refresh=operation.status in bulk.UNDER_WAY,
             can_decide=request.user.has_perm(actions.PERMISSIONS[operation.action])
             and self.covers(request, operation.scope, acting=True),

@@ -121,3 +121,17 @@ def test_a_flow_page_across_a_sealed_queue_shows_its_errors_and_progress_sealed(
     label = f"🔒 sealed (key {kid(NEW)})"
     assert table.count(label) >= 3  # (each member's progress, the failed one's error)
     assert label in graph  # (the failed member's error, on its box)
+
+
+def test_a_history_search_lists_a_sealed_rows_error_and_arguments_sealed(
+    client: Client, sealed_jobs: tuple[str, str]
+) -> None:
+    """Search results are a list: a sealed row's error shows as sealed, never as its token."""
+    _mirrored(sealed_jobs)
+    _staff(client, "view_job")
+    for where in ("history", "live"):
+        page = client.get(f"{LIVE}/search/", {"queue": "vault", "state": "dead", "where": where})
+        text = page.content.decode()
+        assert page.status_code == 200 and sealed_jobs[1] in text, where
+        assert "jq1." not in text and SECRET not in text, where
+        assert f"🔒 sealed (key {kid(NEW)})" in text, where

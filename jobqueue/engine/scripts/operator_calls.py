@@ -33,6 +33,14 @@ def call_id() -> str:
     return secrets.token_hex(8)
 
 
+def keep_answer(client: Any, shard: ShardKeys, call_id: str, answer: str) -> None:
+    """Keep `answer` a minute as call `call_id`'s, where `_operator.lua` keeps a script's: a
+    transition made outside the scripts (an operator's retry that creates its job again from
+    the history) answers so when the same call comes again, as a script's transition would."""
+    if call_id:
+        client.set(shard.key(f"op:{call_id}"), answer, px=60_000)
+
+
 @twin("retry")
 def retry(client: Any, shard: ShardKeys, job_id: str, call_id: str) -> str:
     """A dead, cancelled or expired job back to pending (or waiting): the state it is in now;
