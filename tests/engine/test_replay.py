@@ -130,6 +130,15 @@ def test_batch(queue: Queue) -> None:
     assert replayed(queue, "batch", 0, args) == ["", "t1"]
 
 
+def test_reseal(queue: Queue) -> None:
+    lease = claimed(queue)
+    row = queue.shard(0).job(lease.job_id)
+    queue.client.hset(row, "result", "old")
+    args = ["job", lease.job_id, 2, "result", "old", "new", "progress", "gone", "x"]
+    assert replayed(queue, "reseal", 0, args) == 1  # (a field that moved on is left alone)
+    assert queue.client.hget(row, "result") == "new"
+
+
 def test_extend_checkpoint_progress(queue: Queue) -> None:
     lease = claimed(queue)
     row = queue.shard(0).job(lease.job_id)
@@ -295,5 +304,5 @@ def test_every_transition_script_has_a_case() -> None:
                "promote", "retry", "reprioritize", "cancel", "counts", "heads",
                "set_lane_concurrency", "flow", "watch", "progress",
                "deliver",  # (tests/flows/test_flows_shards.py: a replayed delivery releases nothing twice)
-               "permits", "nack_many", "batch"}
+               "permits", "nack_many", "batch", "reseal"}
     assert set(TRANSITIONS) == covered  # (a new script: add its case here)
