@@ -6,7 +6,7 @@ rooms left of it, never one to its right:
     leaves  <-  models  <-  engine  <-  flows  <-  history  <-  api  <-  operations  <-  worker  <-  console
 
 The leaves are the modules at the top level that every room may use: `_compat`, `exceptions`,
-`states`, `signals`, `ids`, `keys`, `records`, `spec`, `cron`, `grants`, `sealing`, `conf`,
+`states`, `signals`, `ids`, `keys`, `records`, `options`, `spec`, `cron`, `grants`, `sealing`, `conf`,
 `embedded`, `tracing`, `collector` and `debug`. `models` is `jobqueue/models.py`, where Django
 looks for it. Each room's `__init__` says what the room owns and imports nothing (but `flows`,
 for the names the docs call). The other modules left at the top level are anchors that Django,

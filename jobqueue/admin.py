@@ -213,7 +213,7 @@ class ScheduleForm(forms.ModelForm):
         from .cron import Cron
         from .keys import validate_lane, validate_queue
         from .operations.checks import autodiscover_jobs
-        from .spec import validate_priority
+        from .options import validate_priority
 
         data = super().clean() or self.cleaned_data
         if data.get("name") in get_config().schedule:

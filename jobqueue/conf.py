@@ -22,7 +22,7 @@ from .cron import Entry
 from .cron import parse as parse_schedule
 from .exceptions import ConfigurationError, JobQueueError
 from .keys import validate_queue
-from .spec import QueueOptions, did_you_mean, queue_options
+from .options import QueueOptions, did_you_mean, queue_options
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 

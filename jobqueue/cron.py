@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .exceptions import ConfigurationError, JobQueueError
 from .keys import validate_lane, validate_queue
-from .spec import validate_priority
+from .options import validate_priority
 
 ENTRY_KEYS = ("job", "cron", "every", "timezone", "args", "kwargs", "queue", "lane", "priority")
 _FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),

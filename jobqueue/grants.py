@@ -23,7 +23,7 @@ from typing import Any
 
 from .exceptions import ConfigurationError, JobQueueError
 from .keys import validate_queue
-from .spec import did_you_mean
+from .options import did_you_mean
 
 VIEW, ACT = "view", "act"
 """The two levels: `view` shows a queue and its jobs; `act` also lets the user's Django

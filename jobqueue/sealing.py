@@ -165,8 +165,8 @@ _ring: Keyring | None = None
 def keyring() -> Keyring:
     """The keyring of the current settings, made once (again after `forget`: conf.reset, as the
     settings change); ConfigurationError when they are malformed. Read from the settings
-    themselves, not through conf.py's config: conf.py validates a queue's options with
-    spec.py, which seals through here."""
+    themselves, not through conf.py's config: conf.py imports this module (and spec.py
+    seals through here)."""
     global _ring
     ring = _ring
     if ring is None:

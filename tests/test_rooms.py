@@ -22,8 +22,8 @@ ORDER = ("leaves", "models", "engine", "flows", "history", "api", "operations", 
 """The rooms, each importing only those before it."""
 ROOMS = ("engine", "flows", "history", "api", "operations", "worker", "console")
 """The rooms that are folders: a module's room is its folder."""
-LEAVES = {"_compat", "exceptions", "states", "signals", "ids", "keys", "records", "spec", "cron", "grants",
-          "sealing", "conf", "embedded", "tracing", "collector", "debug"}
+LEAVES = {"_compat", "exceptions", "states", "signals", "ids", "keys", "records", "options", "spec", "cron",
+          "grants", "sealing", "conf", "embedded", "tracing", "collector", "debug"}
 """Top-level modules every room may import."""
 ANCHORS = {"jobqueue", "apps", "admin", "urls", "metrics", "tasks", "contrib", "management",
            "templatetags"}

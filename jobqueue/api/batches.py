@@ -16,8 +16,8 @@ from redis.exceptions import RedisError
 
 from ..engine.store import Queue
 from ..exceptions import InvalidOption, JobTimeout
+from ..options import seconds, whole_number
 from ..records import Lease
-from ..spec import seconds, whole_number
 from .handler import JobCancelled, JobContext, timeout_error
 
 MAX_BATCH = 1000

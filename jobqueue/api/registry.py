@@ -23,8 +23,9 @@ from ..engine.store import Queue, Template
 from ..exceptions import InvalidFlow, InvalidOption, UnknownHandler
 from ..flows import graph
 from ..keys import validate_queue
+from ..options import validate_timeout
 from ..records import JobInfo, Lease
-from ..spec import JobSpec, encode_payload, prepare, validate_timeout
+from ..spec import JobSpec, encode_payload, prepare
 from .batches import DEFAULT_BATCH_WAIT, check_options
 from .dispatch import Route, submit, submit_flow
 

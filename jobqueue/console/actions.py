@@ -19,7 +19,7 @@ from ..exceptions import InvalidOption, InvalidPriority, InvalidTransition, JobN
 from ..flows import relay
 from ..history import outbox
 from ..operations import schedule
-from ..spec import EVERY_LANE
+from ..options import EVERY_LANE
 from ..states import State
 
 PERMISSIONS = {"retry": "jobqueue.retry_job", "reprioritize": "jobqueue.reprioritize_job",

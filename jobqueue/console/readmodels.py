@@ -18,7 +18,7 @@ from ..engine.store import JobInfo, Queue
 from ..exceptions import JobQueueError
 from ..flows.members import spots as flow_spots
 from ..keys import ShardKeys
-from ..spec import rate as spec_rate
+from ..options import rate as spec_rate
 from ..states import State
 from . import sealed
 

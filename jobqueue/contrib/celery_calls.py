@@ -21,7 +21,7 @@ from .. import ids
 from ..api.registry import get_job
 from ..engine.refs import JobRef
 from ..exceptions import InvalidJobId, InvalidOption, JobFailed
-from ..spec import MAX_ATTEMPTS, MAX_SECONDS, seconds
+from ..options import MAX_ATTEMPTS, MAX_SECONDS, seconds
 from ..states import State
 
 PREFIX = "celery:"

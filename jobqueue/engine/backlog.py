@@ -8,7 +8,7 @@ hours) that the console's charts read; everything else here only reads.
 
 from __future__ import annotations
 
-from ..spec import rate as spec_rate
+from ..options import rate as spec_rate
 from .scripts import operator_calls
 from .scripts.answers import Head
 from .store import Queue

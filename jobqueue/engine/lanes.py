@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..keys import ShardKeys, validate_lane
-from ..spec import EVERY_LANE, QueueOptions, lane_cap
+from ..options import EVERY_LANE, QueueOptions, lane_cap
 from .scripts import operator_calls
 
 

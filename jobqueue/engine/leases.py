@@ -15,13 +15,13 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from .. import spec
 from ..conf import get_config
 from ..exceptions import VALKEY_DOWN, InvalidOption
 from ..keys import ShardKeys
+from ..options import MAX_DELAY, QueueOptions, claim_policy, validate_lease
+from ..options import seconds as _seconds
 from ..records import Lease
-from ..spec import MAX_DELAY, QueueOptions, dumps, validate_lease
-from ..spec import seconds as _seconds
+from ..spec import dumps
 from .claims import LostClaims
 from .permits import Permits, mark_shards
 from .scripts import calls
@@ -89,7 +89,7 @@ class Leases:
             return kept[2]
         head = calls.claim_head(self.lease_ms(lease), override, worker, dead_retention_ms(),
                                 retention_ms(),
-                                (*spec.claim_policy(self.queue.options, live), mark))
+                                (*claim_policy(self.queue.options, live), mark))
         self.claim_head = (config, key, head)
         return head
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..keys import ShardKeys, cap_keys
+from ..options import QueueOptions, global_cap, validate_lease
 from ..records import Lease
-from ..spec import QueueOptions, global_cap, validate_lease
 from .scripts import calls
 
 LEASE_MARGIN = 1.5

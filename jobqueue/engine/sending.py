@@ -19,7 +19,8 @@ from typing import Any
 from .. import ids
 from ..exceptions import NotReplicated
 from ..keys import ShardKeys
-from ..spec import Prepared, QueueOptions
+from ..options import QueueOptions
+from ..spec import Prepared
 from . import layouts
 from .refs import JobRef
 from .scripts import calls

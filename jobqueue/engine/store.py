@@ -21,8 +21,9 @@ from typing import Any
 from .. import ids, signals
 from ..conf import get_client, get_config
 from ..keys import ShardKeys, validate_queue
+from ..options import validate_priority
 from ..records import COUNT_FIELDS, JobInfo, Lease, ms_to_dt
-from ..spec import JobSpec, Prepared, prepare, sealed, validate_priority
+from ..spec import JobSpec, Prepared, prepare, sealed
 from . import lanes, layouts, permits, sending
 from .claims import LostClaims
 from .layouts import known_queues

@@ -54,7 +54,8 @@ from ..engine.refs import JobRef
 from ..engine.scripts import calls
 from ..engine.store import Queue
 from ..exceptions import InvalidFlow
-from ..spec import JobSpec, Prepared, did_you_mean, prepare
+from ..options import did_you_mean
+from ..spec import JobSpec, Prepared, prepare
 from . import relay
 
 POLICIES = {"fail": "f", "ignore": "i", "continue": "c"}

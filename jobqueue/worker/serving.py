@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import AuthenticationError
 
-from .. import spec
 from ..engine.store import Queue, known_queues
 from ..exceptions import VALKEY_DOWN, ConfigurationError
+from ..options import seconds, validate_lease, whole_number
 from ..records import Lease
 from .recycling import MEMORY_FLOOR_MB
 
@@ -55,16 +55,16 @@ class WorkerConfig:
     """Resident MB past which a worker process (and a pool process) makes way for a fresh one."""
 
     def __post_init__(self) -> None:
-        spec.whole_number(self.concurrency, "concurrency", 1)
+        whole_number(self.concurrency, "concurrency", 1)
         if self.max_jobs is not None:
-            spec.whole_number(self.max_jobs, "max_jobs", 1)
+            whole_number(self.max_jobs, "max_jobs", 1)
         if self.max_memory is not None:
-            spec.whole_number(self.max_memory, "max_memory (MB)", MEMORY_FLOOR_MB)
+            whole_number(self.max_memory, "max_memory (MB)", MEMORY_FLOOR_MB)
         if self.prefetch is not None:
-            spec.whole_number(self.prefetch, "prefetch", 0)
+            whole_number(self.prefetch, "prefetch", 0)
         if self.lease is not None:
-            spec.validate_lease(self.lease)
-        spec.seconds(self.grace, "grace", low=0, high=86_400)
+            validate_lease(self.lease)
+        seconds(self.grace, "grace", low=0, high=86_400)
 
     @property
     def capacity(self) -> int:

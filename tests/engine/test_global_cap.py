@@ -17,8 +17,9 @@ from jobqueue import Queue, conf
 from jobqueue.engine import permits
 from jobqueue.exceptions import InvalidOption
 from jobqueue.keys import cap_keys
+from jobqueue.options import queue_options
 from jobqueue.records import Lease
-from jobqueue.spec import JobSpec, queue_options
+from jobqueue.spec import JobSpec
 from tests.workers import wait_for
 
 Make = Callable[..., Queue]

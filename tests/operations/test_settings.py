@@ -184,7 +184,7 @@ def test_deploy_checks_say_when_valkey_is_unreachable_or_too_old(settings: Any) 
 @pytest.mark.parametrize("raw", ["²/s", "٣x/s", "1²/m"])
 def test_a_rate_with_digits_int_refuses_is_a_clear_error(raw: str) -> None:
     from jobqueue.exceptions import InvalidOption
-    from jobqueue.spec import rate
+    from jobqueue.options import rate
 
     with pytest.raises(InvalidOption, match="N/s"):
         rate(raw)

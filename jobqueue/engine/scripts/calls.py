@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ...keys import ShardKeys
+from ...options import QueueOptions
 from ...records import Lease
-from ...spec import Prepared, QueueOptions
+from ...spec import Prepared
 from . import caller
 from .answers import (
     ACKED,
