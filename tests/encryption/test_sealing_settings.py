@@ -20,7 +20,8 @@ def _errors() -> str:
     return "\n".join(e.msg for e in run_checks(tags=["jobqueue"]) if isinstance(e, Error))
 
 
-@pytest.mark.parametrize("keys", [["not a key"], [NEW[:20]], [NEW, NEW], [NEW, 42], NEW])
+@pytest.mark.parametrize("keys", [["not a key"], [NEW[:20]], [NEW, NEW], [NEW, 42], NEW],
+                         ids=["not-base64", "short", "twice", "not-a-string", "not-a-list"])
 def test_a_malformed_key_list_fails_check_naming_the_setting(settings: Any, keys: Any) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "ENCRYPTION_KEYS": keys}
     errors = _errors()
