@@ -248,6 +248,9 @@ def main() -> None:
         os.environ.update(DATABASE_URL=DATABASE_URL, DJANGO_SETTINGS_MODULE="bench_settings",
                           PYTHONPATH=f"{HERE}:{roots[0]}")
         prepare_database(DATABASE_URL, roots[0])
+        for root in roots[1:]:  # (each root's migrations: a newer root's mirror writes its columns)
+            subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=root, check=True,
+                           env=dict(os.environ, PYTHONPATH=f"{HERE}:{root}"))
     if args.latency:
         if args.handler == "anoop":
             args.handler = "astamp"
