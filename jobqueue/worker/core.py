@@ -111,6 +111,9 @@ class Worker:
         self.runners: Runners | None = None
         """The runner threads (and event loop) that run the claimed jobs, once started."""
         self._mirror: MirrorThread | None = None
+        self.unmirrored = False
+        """A burst's mirror gave up its final pass (its own thread's, or the mirror process's
+        that runs it: runworker sets it then): events it ran wait in Valkey."""
         self._batches = False
         """Whether it serves batch handlers (`_fit_batches`)."""
 
@@ -129,8 +132,9 @@ class Worker:
 
     @property
     def exit_code(self) -> int:
-        """The exit code its process ends with: RECYCLE_EXIT when it recycled, else 0."""
-        return RECYCLE_EXIT if self.recycle_reason else 0
+        """The exit code its process ends with: RECYCLE_EXIT when it recycled, 1 when its burst
+        ran jobs its mirror could not record (`unmirrored`), else 0."""
+        return RECYCLE_EXIT if self.recycle_reason else 1 if self.unmirrored else 0
 
     def _loop(self) -> EventLoop | None:
         return self.runners.loop if self.runners else None
@@ -345,7 +349,9 @@ class Worker:
                     self.waiters.unblock(every=True)
                 thread.join(timeout=0.2)
         if self._mirror is not None:
-            self._mirror.final_pass(insist=self.config.burst, abort=self._abort)
+            if not self._mirror.final_pass(insist=self.config.burst, abort=self._abort,
+                                           limit=self.config.grace):
+                self.unmirrored = True
         if self.runners is not None:
             # (an overrunning run's thread may never return: the process's exit ends it)
             self.runners.stop(wait=not self.abandoned and not self.held.overrunning)

@@ -107,26 +107,42 @@ class MirrorThread:
             for client in {id(q.client): q.client for q in self.mirror.queues}.values():
                 rediscover(client)
 
-    def final_pass(self, insist: bool, abort: threading.Event) -> None:
+    def final_pass(self, insist: bool, abort: threading.Event, limit: float = 30.0) -> bool:
         """Mirror what is left. Insisting (a burst run), take over dead mirrors' entries too and
-        go on until the streams are empty (or `abort`); else try three times and leave the rest
-        in Valkey for the next worker."""
+        go on until the streams are empty, `abort`, or `limit` seconds pass (a database that
+        refuses every row, say never migrated, must not hold the exit forever); else try three
+        times and leave the rest in Valkey for the next worker. False when it gave up insisting
+        (the burst's exit code says so)."""
         self.mirror.queues = self.queues()
-        delay, tries = 0.2, 0
+        delay, tries, ends, failure = 0.2, 0, time.monotonic() + limit, ""
         while not abort.is_set():
             try:
                 self.mirror.step(take_over_all=insist)
                 if self.mirror.backlog() == 0:
-                    return
+                    return True
             except (DatabaseError, *VALKEY_DOWN) as exc:
+                failure = str(exc)
                 log.warning("mirror (final pass %d): %s; retrying", tries + 1, exc)
                 close_db()
                 self._rediscover()
             tries += 1
             if not insist and tries >= 3:
-                return
+                return True
+            if insist and time.monotonic() + delay > ends:
+                log.error("mirror gave up after %.0f s (--grace): %s; %s wait in Valkey for the "
+                          "next worker's mirror", limit, failure or "entries still pending",
+                          self._left())
+                return False
             abort.wait(delay)
             delay = min(delay * 2, 5.0)
+        return not insist
+
+    def _left(self) -> str:
+        """How many events the streams still hold, for a message."""
+        try:
+            return f"{self.mirror.backlog()} event(s)"
+        except (RedisError, *VALKEY_DOWN):
+            return "its events"
 
 
 class MirrorProcess:
@@ -146,14 +162,16 @@ class MirrorProcess:
         connections.close_all()  # (the mirror opens its own)
         return cls(fork(partial(_serve, config)))
 
-    def finish(self, abort: bool) -> None:
+    def finish(self, abort: bool) -> bool:
         """The worker has stopped: let the mirror make its final pass (`abort`: cut it short)
-        and wait for it to exit."""
+        and wait for it to exit. False when it did not end well (a burst's final pass gave up)."""
         self.proc.send_signal(signal.SIGTERM)
         if abort:
             self.abort()
         if self.proc.wait():
             log.warning("mirror process exited with code %d", self.proc.returncode)
+            return False
+        return True
 
     def abort(self) -> None:
         """Cut the final pass short (the worker was told to stop a second time)."""
@@ -172,11 +190,12 @@ def _serve(config: WorkerConfig) -> int:
     stop, abort = threading.Event(), threading.Event()
     mirror = MirrorThread(_served(config), config.name, stop)
     waiting = threading.get_ident()  # (the thread that waits for the signals: PASSED is for it)
+    passed = [False]
 
     def work() -> None:
         try:
             mirror.run()
-            mirror.final_pass(insist=config.burst, abort=abort)
+            passed[0] = mirror.final_pass(insist=config.burst, abort=abort, limit=config.grace)
         finally:
             signal.pthread_kill(waiting, PASSED)
 
@@ -190,7 +209,7 @@ def _serve(config: WorkerConfig) -> int:
             thread.join(0.1)  # (on its way out; a hint only: the loop looks again)
         elif got is not None:
             abort.set()
-    return 0
+    return 0 if passed[0] or abort.is_set() else 1
 
 
 def _served(config: WorkerConfig) -> Callable[[], list[Queue]]:

@@ -485,3 +485,20 @@ def test_a_busy_worker_still_serves_a_queue_it_found_empty_moments_ago(
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
+
+
+def test_a_burst_whose_database_refuses_the_rows_gives_up_after_its_grace(
+        valkey_server: ValkeyProcess, tmp_path: Path) -> None:
+    """A burst run insists on mirroring what is left, but not forever: a database that refuses
+    every row (here: never migrated) is given up after `--grace`, saying why and what waits."""
+    ref = jobs.add.using(immediate=True).enqueue(2, 3)
+    log = tmp_path / "worker.log"
+    started = time.monotonic()
+    code = run_burst(valkey_server.url, "--queues", "default", "--grace", "2", db_url=f"sqlite:///{tmp_path / 'empty.db'}",
+                     log=log, timeout=60)
+    assert time.monotonic() - started < 45
+    assert Queue("default").get(ref.id).state == "succeeded"  # type: ignore[union-attr]
+    text = log.read_text()
+    assert "mirror gave up" in text and "1 event(s) wait in Valkey" in text, text[-2000:]
+    assert code == 1  # a burst that could not record what it ran is not a success
+    assert Queue("default").client.xlen("emq:{default}:done") == 1  # for the next mirror

@@ -204,8 +204,8 @@ class Command(BaseCommand):
         except JobQueueError as exc:  # e.g. wrong credentials: one line, no traceback
             raise CommandError(str(exc)) from None
         finally:
-            if mirror is not None:
-                mirror.finish(abort=aborted.is_set())
+            if mirror is not None and not mirror.finish(abort=aborted.is_set()):
+                worker.unmirrored = config.burst
         return worker
 
     def _child(self, config: WorkerConfig, index: int, workers: int) -> int:
