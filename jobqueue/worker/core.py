@@ -348,10 +348,9 @@ class Worker:
                 with contextlib.suppress(RedisError):  # (again: a wait that began after the last)
                     self.waiters.unblock(every=True)
                 thread.join(timeout=0.2)
-        if self._mirror is not None:
-            if not self._mirror.final_pass(insist=self.config.burst, abort=self._abort,
-                                           limit=self.config.grace):
-                self.unmirrored = True
+        if self._mirror is not None and not self._mirror.final_pass(
+                insist=self.config.burst, abort=self._abort, limit=self.config.grace):
+            self.unmirrored = True
         if self.runners is not None:
             # (an overrunning run's thread may never return: the process's exit ends it)
             self.runners.stop(wait=not self.abandoned and not self.held.overrunning)

@@ -494,8 +494,8 @@ def test_a_burst_whose_database_refuses_the_rows_gives_up_after_its_grace(
     ref = jobs.add.using(immediate=True).enqueue(2, 3)
     log = tmp_path / "worker.log"
     started = time.monotonic()
-    code = run_burst(valkey_server.url, "--queues", "default", "--grace", "2", db_url=f"sqlite:///{tmp_path / 'empty.db'}",
-                     log=log, timeout=60)
+    code = run_burst(valkey_server.url, "--queues", "default", "--grace", "2",
+                     db_url=f"sqlite:///{tmp_path / 'empty.db'}", log=log, timeout=60)
     assert time.monotonic() - started < 45
     assert Queue("default").get(ref.id).state == "succeeded"  # type: ignore[union-attr]
     text = log.read_text()
