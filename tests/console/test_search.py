@@ -206,3 +206,22 @@ def test_hidden_arguments_are_shown_with_the_permission(client: Client, hiding: 
 def test_a_bad_hidden_args_option_is_one_clear_error(value: Any) -> None:
     with pytest.raises(ConfigurationError, match="hidden_args must be a list of at most 100"):
         conf.parse({"QUEUES": {"payments": {"hidden_args": value}}})
+
+
+def test_a_results_error_reads_as_its_last_line_live_and_in_the_history(admin_client: Client) -> None:
+    """As every other list of jobs: the exception and its message, not a traceback's first line
+    (the whole text, on the job's page)."""
+    traceback = ('Traceback (most recent call last):\n  File "shop/jobs.py", line 41, in send\n'
+                 "    smtp.send_message(message)\nsmtplib.SMTPRecipientsRefused: mailbox unavailable\n")
+    Job.objects.create(id="JOB0000000000t", queue="default", state="dead", lane="",
+                       payload={"handler": ECHO, "args": [1]}, last_error=traceback,
+                       enqueued_at=NOW, finished_at=NOW)
+    live = Queue("default")
+    live.enqueue({"handler": ECHO, "args": [2]}, max_attempts=1)
+    [lease] = live.dequeue(count=1)
+    live.nack(lease, traceback)
+    for where in ("history", "live"):
+        page = admin_client.get(SEARCH, {"state": "dead", "where": where}).content.decode()
+        results = page[page.index('id="search-results"'):]
+        assert '">smtplib.SMTPRecipientsRefused: mailbox unavailable</span>' in results, where
+        assert ">Traceback" not in results, where  # (whole, only in the cell's title)
