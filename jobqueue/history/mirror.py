@@ -26,13 +26,16 @@ NOT_DURABLE = {"durable": False, "relayed": True, "run_after": None, "backoff_ms
 """The outbox columns of a row the mirror creates (see outbox.py); it never updates them."""
 
 
-def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> int:
+def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0,
+           replayed: bool = False) -> int:
     """Write a batch of one shard's events as one multi-row upsert keyed by job id. A row only
     moves forward (`models.insert_jobs`): the newest event of a job wins, by its attempts, then
     its finish time on Valkey's clock, in the batch and against the row, so replays, re-runs
     after an operator retry and a batch written late converge on the newest state. The batch's
-    finished jobs are added to the charts' rollup (rollup.py) in the same transaction."""
-    from ..models import insert_jobs, stale_events, written_fields
+    finished jobs are added to the charts' rollup (rollup.py) in the same transaction; a
+    `replayed` batch (entries delivered before: a mirror may have died between its commit and
+    its XACK) leaves out the rows the history already holds as they are, counted then."""
+    from ..models import counted_rows, insert_jobs, stale_events, written_fields
     from . import rollup  # (models: not before Django is set up)
 
     now = datetime.now(UTC)
@@ -50,8 +53,9 @@ def upsert(events: Sequence[Mapping[str, str]], queue: str, shard: int = 0) -> i
         if options.durable:
             for job_id in stale_events(rows):
                 del rows[job_id]  # a retried run's event: its reopened row stays unfinished
+        known = counted_rows(rows.values()) if replayed else frozenset()
         written = insert_jobs(rows.values(), update)
-        rollup.add(rows.values())  # (the charts' counts, in the same transaction)
+        rollup.add(row for row in rows.values() if row["id"] not in known)  # (the charts' counts)
         return written
 
 
@@ -130,13 +134,13 @@ class Mirror:
             if own:
                 reply = client.xreadgroup(GROUP, self.consumer, {stream: "0"}, count=self.batch)
                 entries = reply[0][1] if reply else []
-                written += self._write(client, stream, entries, *where)
+                written += self._write(client, stream, entries, *where, replayed=True)
                 more_own = more_own or len(entries) == self.batch
             if takeover:
                 idle = 0 if take_over_all else self.claim_idle_ms
                 claimed = client.xautoclaim(stream, GROUP, self.consumer, idle, "0-0",
                                             count=self.batch)
-                written += self._write(client, stream, claimed[1], *where)
+                written += self._write(client, stream, claimed[1], *where, replayed=True)
                 if len(claimed[1]) == self.batch:
                     self._next_takeover = 0.0
             while True:
@@ -154,13 +158,13 @@ class Mirror:
         return written
 
     def _write(self, client: Any, stream: str, entries: list[tuple[str, dict[str, str]]],
-               queue: str, shard: int) -> int:
+               queue: str, shard: int, replayed: bool = False) -> int:
         if not entries:
             return 0
         # Scripts write every event with an id and a state; an entry without them (deleted,
         # or added by hand) is acknowledged and dropped rather than blocking the stream.
         events = [fields for _, fields in entries if fields and fields.get("id") and fields.get("state")]
-        written = upsert(events, queue, shard) if events else 0
+        written = upsert(events, queue, shard, replayed) if events else 0
         ids = [entry_id for entry_id, _ in entries]
         # One MULTI: an entry acknowledged but not deleted (a crash between two calls) would stay
         # in the stream forever, and a --burst worker waiting for an empty stream with it.

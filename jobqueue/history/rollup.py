@@ -9,8 +9,9 @@ drops rows older than KEEP_DAYS says for their resolution. A bucket's histogram 
 BINS bins on a log scale, √2 apart (bin 0: under a millisecond; the last: everything from
 about 37 hours), so a percentile read from it (`percentile`) is within a factor 2^(1/4) of the
 true one. Wait time is from enqueue to the start of the job's last run; run time from that
-start to its finish. A batch the mirror writes twice (the process died between its commit and
-Valkey's acknowledgement) is counted twice: rare, and only in the counts.
+start to its finish. A batch the mirror writes again (its process died between its commit and
+Valkey's acknowledgement) is not counted again: the mirror leaves out the rows the history
+already holds as they are (`models.counted_rows`).
 
 May import: models (where the table is, `Rollup`) and the leaves.
 """

@@ -15,6 +15,7 @@ from .history import (
                       Job,
                       Shard,
                       _quotes_values,
+                      counted_rows,
                       insert_jobs,
                       reopened,
                       stale_events,
@@ -23,5 +24,5 @@ from .history import (
 
 __all__ = ["ALL_COUNTS", "BINS", "COUNTS", "HANDLER_LENGTH", "OUTCOMES", "RUN", "STATEMENT_BYTES",
            "UNFINISHED", "WAIT", "BulkOperation", "CaseSensitiveCharField", "Job", "Rollup",
-           "Schedule", "Shard", "_quotes_values", "insert_jobs", "reopened", "stale_events",
-           "written_fields"]
+           "Schedule", "Shard", "_quotes_values", "counted_rows", "insert_jobs", "reopened",
+           "stale_events", "written_fields"]

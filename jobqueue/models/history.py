@@ -348,6 +348,16 @@ def reopened(job_id: str, after: datetime | None) -> Iterator[None]:
         yield
 
 
+def counted_rows(rows: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The ids among a replayed mirror batch (`Job` columns each) whose history row already
+    holds that very finish (its state, attempts and finish time): the batch was written before,
+    and its jobs counted in the charts' rollup then."""
+    wanted = {row["id"]: (row["state"], row["attempts"], row["finished_at"]) for row in rows}
+    held = Job.objects.filter(pk__in=list(wanted)).values_list(
+        "pk", "state", "attempts", "finished_at")
+    return frozenset(pk for pk, *now in held if tuple(now) == wanted[pk])
+
+
 def stale_events(rows: Mapping[str, Mapping[str, Any]]) -> set[str]:
     """The ids among a mirror batch (`Job` columns by id) whose event belongs to a run an
     operator retried since: the durable row is unfinished again and the event ended no later

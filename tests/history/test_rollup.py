@@ -141,3 +141,29 @@ def test_jobs_a_worker_runs_are_counted_as_its_mirror_writes_them(valkey_server:
     failed = rows["tests.jobapp.jobs.always_fails"]
     assert (failed["dead"], failed["retried"]) == (1, 1)  # max_attempts=2: one retried run
     assert rows["tests.jobapp.jobs.add"]["run_p50"] is not None
+
+
+def test_a_batch_written_again_after_a_crash_is_counted_once(valkey_server: Any) -> None:
+    """A mirror that died between its commit and its XACK leaves its entries pending: the mirror
+    that takes them over writes the same rows again (the history converges), and the charts'
+    counts must not add them a second time."""
+    from jobqueue import Queue
+    from jobqueue.history.mirror import GROUP, Mirror
+
+    queue = Queue("default")
+    stream = queue.shard(0).key("done")
+    batch = [event(i, "app.jobs.send", "succeeded", 5, 5, NOW) for i in range(30)]
+    batch.append(event(99, "app.jobs.send", "dead", 5, 5, NOW, attempts=2))
+    for fields in batch:
+        queue.client.xadd(stream, fields)
+    dead = Mirror([queue], consumer="dead-one")
+    dead._ensure_group(queue.client, stream)
+    entries = queue.client.xreadgroup(GROUP, "dead-one", {stream: ">"}, count=100)[0][1]
+    upsert([fields for _, fields in entries], "default")  # committed; then killed before XACK
+    later = {**event(99, "app.jobs.send", "succeeded", 5, 5, NOW, attempts=3)}
+    queue.client.xadd(stream, later)  # an operator's retry ran it again: a new finish to count
+
+    Mirror([queue], consumer="heir").step(take_over_all=True)
+    assert queue.client.xlen(stream) == 0 and Job.objects.count() == 31
+    totals = Rollup.objects.filter(resolution=rollup.DAY, handler=rollup.TOTAL, queue="default")
+    assert sum(r.succeeded for r in totals) == 31 and sum(r.dead for r in totals) == 1
