@@ -207,6 +207,9 @@ class ScheduleForm(forms.ModelForm):
         fields = ("name", "job", "cron", "every", "timezone", "args", "kwargs", "queue", "lane",
                   "priority", "enabled")
 
+    request: HttpRequest | None = None
+    """The request of the user who fills it (`ScheduleAdmin.get_form`)."""
+
     def clean(self) -> dict[str, Any]:
         from .api.registry import lookup
         from .conf import get_config
@@ -239,6 +242,13 @@ class ScheduleForm(forms.ModelForm):
         if not self.errors:  # (whatever else the settings' parser refuses)
             row = Schedule(**{f: data.get(f) for f in self.Meta.fields})
             self._check(None, row.entry)
+        if not self.errors and self.request is not None:  # (its jobs go where the user acts)
+            from .console import access, posts
+
+            queue = posts.schedule_queue(Schedule(job=data["job"], queue=data.get("queue") or ""))
+            if not access.may_act(self.request, queue):
+                self.add_error("queue", f"you may not act on queue {queue!r}: its periodic jobs "
+                                        f"are not yours to add or change")
         return data
 
     def _check(self, field: str | None, test: Any, *args: Any) -> None:
@@ -266,6 +276,46 @@ class ScheduleAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
                         ) -> HttpResponse:
         from .conf import get_config
+        from .operations.checks import autodiscover_jobs
 
+        autodiscover_jobs()  # (a blank queue is its handler's)
+        entries = [e for e in get_config().schedule.values() if _schedule_seen(request, e)]
         return super().changelist_view(request, {**(extra_context or {}),
-                                                 "settings_entries": get_config().schedule.values()})
+                                                 "settings_entries": entries})
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        """Only the periodic jobs whose jobs go to a queue the user may see (console/access.py)."""
+        from .console import access
+        from .operations.checks import autodiscover_jobs
+
+        rows = super().get_queryset(request)
+        if access.scope(request).unrestricted():
+            return rows
+        autodiscover_jobs()  # (a blank queue is its handler's)
+        return rows.filter(pk__in=[row.pk for row in rows.only("pk", "job", "queue")
+                                   if _schedule_seen(request, row)])
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
+                 **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        return type(form.__name__, (form,), {"request": request})
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and _schedule_acted(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and _schedule_acted(request, obj)
+
+
+def _schedule_seen(request: HttpRequest, entry: Any) -> bool:
+    """Whether the user may see the queue a periodic job (`Entry` or `Schedule`) fills."""
+    from .console import access, posts
+
+    return access.may_view(request, posts.schedule_queue(entry))
+
+
+def _schedule_acted(request: HttpRequest, row: Schedule | None) -> bool:
+    """Whether the user may act on the queue a periodic job's row fills (None: any row)."""
+    from .console import access, posts
+
+    return row is None or access.may_act(request, posts.schedule_queue(row))

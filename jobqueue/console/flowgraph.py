@@ -228,6 +228,14 @@ def _box(node: Box, job_url: str, list_url: str) -> SafeString:
             f"{node.members:,}", node.x + 6, node.y + 31, _cut(counts, 32))
     doing = f"waits for {node.waits}" if node.waits else node.state
     error = last_line(node.error) if node.error else ""
+    if not node.queue:  # (a job of a queue the user may not see: console/veil.py)
+        return format_html(
+            '<g class="jq-node jq-veiled" data-state="{}"><title>{}</title>'
+            '<rect x="{}" y="{}" width="{}" height="{}" rx="5" fill="{}" stroke="#555"/>'
+            '<text x="{}" y="{}" font-weight="bold">{}</text><text x="{}" y="{}">{}</text></g>',
+            node.state, f"{node.handler} · {doing}", node.x, node.y, WIDTH, HEIGHT,
+            COLORS.get(node.state, "#eee"), node.x + 6, node.y + 15, _cut(node.handler, 28),
+            node.x + 6, node.y + 31, _cut(doing, 32))
     return format_html(
         '<a href="{}"><g class="jq-node" data-job="{}" data-state="{}"><title>{}</title>'
         '<rect x="{}" y="{}" width="{}" height="{}" rx="5" fill="{}" stroke="#555"/>'
