@@ -197,6 +197,19 @@ class ShardAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and _acts_on(request, obj and obj.queue)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and _acts_on(request, obj and obj.queue)
+
+
+def _acts_on(request: HttpRequest, queue: str | None) -> bool:
+    """Whether the user may act on `queue` (None: a changelist, no row yet: its rows decide)."""
+    from .console import access
+
+    return queue is None or access.may_act(request, queue)
+
 
 class ScheduleForm(forms.ModelForm):
     """A periodic job's row, checked as a settings' entry is (`cron.parse`, and a registered
@@ -316,6 +329,6 @@ def _schedule_seen(request: HttpRequest, entry: Any) -> bool:
 
 def _schedule_acted(request: HttpRequest, row: Schedule | None) -> bool:
     """Whether the user may act on the queue a periodic job's row fills (None: any row)."""
-    from .console import access, posts
+    from .console import posts
 
-    return row is None or access.may_act(request, posts.schedule_queue(row))
+    return _acts_on(request, None if row is None else posts.schedule_queue(row))

@@ -206,3 +206,21 @@ def test_a_view_only_user_posts_no_action_at_all(granted: None) -> None:
                                              "action": "cancel"}).status_code == 403
     assert Queue("billing").get(ref.id).priority == 0  # type: ignore[union-attr]
     assert Queue("billing").get("JOB0000000000b") is None
+
+
+def test_a_shard_row_is_changed_or_deleted_only_by_who_acts_on_its_queue(granted: None) -> None:
+    from jobqueue.models import Shard
+
+    billing = Shard.objects.create(queue="billing", index=0)
+    secret = Shard.objects.create(queue="secret", index=0)
+    sam = member("sam", "support")
+    assert "secret" not in sam.get("/admin/jobqueue/shard/").content.decode()
+    assert sam.get(f"/admin/jobqueue/shard/{secret.pk}/change/").status_code == 302  # not found
+    sam.post(f"/admin/jobqueue/shard/{billing.pk}/delete/", {"post": "yes"})
+    sam.post(f"/admin/jobqueue/shard/{billing.pk}/change/",
+             {"queue": "billing", "index": "0", "status": "retired", "pending": "0",
+              "scheduled": "0", "active": "0", "dead": "0"})
+    assert Shard.objects.get(pk=billing.pk).status == "active"
+    olga = member("olga", "billing-ops")
+    assert olga.post(f"/admin/jobqueue/shard/{billing.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not Shard.objects.filter(pk=billing.pk).exists()
