@@ -142,15 +142,27 @@ def history(request: HttpRequest, queryset: Any) -> Any:
     return queryset.filter(queue__in=[q for q in named if q != "*" and q not in hidden])
 
 
+VEILED = "—"
+"""A worker's count shown to a user who may not see every queue it serves."""
+
+
 def workers(request: HttpRequest, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The workers' entries, each showing only the queues (and running jobs) the user may see;
-    a worker serving none of them is left out."""
+    a worker serving none of them is left out. One that also serves a queue the user may not
+    see shows none of its counts over every queue it serves (processed, failed, rate,
+    overrunning), and as running only the jobs it shows."""
     if scope(request).unrestricted():
         return found
     shown = []
     for entry in found:
-        queues = visible_queues(request, entry.get("queues") or [])
-        if queues:
-            jobs = [(queue, job) for queue, job in entry.get("jobs") or [] if may_view(request, queue)]
-            shown.append({**entry, "queues": queues, "jobs": jobs})
+        serves = entry.get("queues") or []
+        queues = visible_queues(request, serves)
+        if not queues:
+            continue
+        jobs = [(queue, job) for queue, job in entry.get("jobs") or [] if may_view(request, queue)]
+        entry = {**entry, "queues": queues, "jobs": jobs}
+        if len(queues) < len(serves):
+            entry.update(dict.fromkeys(("processed", "failed", "rate"), VEILED),
+                         running=len(jobs), overrunning=0)
+        shown.append(entry)
     return shown

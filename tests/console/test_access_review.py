@@ -4,6 +4,8 @@ Valkey has forgotten, charts, console enqueue, periodic jobs in the admin)."""
 
 from __future__ import annotations
 
+import json
+import signal
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +18,7 @@ from jobqueue.flows.members import members
 from jobqueue.history.mirror import upsert
 from jobqueue.history.rollup import TOTAL
 from jobqueue.models import Job, Rollup, Schedule
+from tests import workers
 from tests.jobapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -224,3 +227,26 @@ def test_a_shard_row_is_changed_or_deleted_only_by_who_acts_on_its_queue(granted
     olga = member("olga", "billing-ops")
     assert olga.post(f"/admin/jobqueue/shard/{billing.pk}/delete/", {"post": "yes"}).status_code == 302
     assert not Shard.objects.filter(pk=billing.pk).exists()
+
+
+def test_a_worker_serving_a_queue_not_granted_too_shows_no_counts_of_it(
+        settings: Any, valkey_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "URL": valkey_server.url,
+                         "CONSOLE": {"ACCESS": ACCESS}}
+    conf.reset()
+    monkeypatch.setenv("JOBQUEUE_TEST_QUEUES", json.dumps({"secret": {}, "billing": {}}))
+    for _ in range(7):
+        jobs.noop.using(queue="secret").enqueue()
+    worker = workers.start_worker(valkey_server.url, "--queues", "secret,billing")
+    sam, boss = member("sam", "support"), member("boss", superuser=True)
+    try:
+        workers.wait_for(lambda: '<td>7</td>' in boss.get(f"{LIVE}/workers/").content.decode(),
+                         timeout=60)
+        for url in (f"{LIVE}/workers/", f"{LIVE}/"):
+            shown = sam.get(url).content.decode()
+            entry = shown[shown.index("jq-workers"):]
+            entry = entry[:entry.index("</table>")]
+            assert "billing" in entry and "secret" not in entry and "<td>7</td>" not in entry
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
