@@ -9,6 +9,7 @@ periodic jobs) is in `console/pages.py`; `JobAdmin.get_urls()` mounts it at
 from __future__ import annotations
 
 import json
+from copy import copy
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -104,13 +105,22 @@ class JobAdmin(admin.ModelAdmin):
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
         """A row as its page shows it: a sealed job's data sealed, unless the user may read it
-        (console/sealed.py)."""
-        from .console import sealed
+        (console/sealed.py); hidden arguments its errors quote masked (console/hidden.py)."""
+        from .console import hidden, sealed
 
         if "\x00" in object_id:  # (no id holds one; PostgreSQL refuses to compare with it)
             return None
         row = super().get_object(request, object_id, from_field)
-        return None if row is None else sealed.shown_row(row, request.user)
+        if row is None:
+            return None
+        row = sealed.shown_row(row, request.user)
+        found = hidden.unseen(request, row.queue, row.payload)
+        if found:  # (a copy: the row itself is never saved here)
+            row = copy(row)
+            row.last_error = hidden.mask_text(row.last_error, found)
+            if isinstance(row.history, list):
+                row.history = hidden.mask_attempts(row.history, found)
+        return row
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -226,7 +226,7 @@ class Console(SearchPages):
 
     def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
         access.require_view(request, queue)
-        info = sealed.shown(self.job(queue, job_id), request.user)
+        info = hidden.shown_errors(request, sealed.shown(self.job(queue, job_id), request.user))
         allowed = {action.verb for action in posts.JOB_ACTIONS
                    if info.state in action.states and action.permitted(request)
                    and access.may_act(request, queue)}

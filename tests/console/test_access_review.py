@@ -250,3 +250,34 @@ def test_a_worker_serving_a_queue_not_granted_too_shows_no_counts_of_it(
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(20) == 0
+
+
+def test_a_hidden_argument_quoted_in_an_error_is_masked_where_the_error_is_shown(
+        settings: Any) -> None:
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "QUEUES": {
+        **settings.JOBQUEUE["QUEUES"], "payments": {"hidden_args": ["card", 1]}}}
+    conf.reset()
+    error = "ValueError: card '5500-0000-1234' declined for 4111-1111-9876 (amount 12)"
+    payments = Queue("payments")
+    ref = payments.enqueue({"handler": ADD, "args": ["alice", "4111-1111-9876"],
+                            "kwargs": {"card": "5500-0000-1234", "amount": 12}})
+    [lease] = payments.dequeue(count=1)
+    payments.nack(lease, error, fatal=True)
+    Job.objects.create(id="JOBpaid0000001", queue="payments", state="dead", attempts=1,
+                       payload={"handler": ADD, "args": ["bob", "4111-1111-9876"],
+                                "kwargs": {"card": "5500-0000-1234"}},
+                       last_error=error, history=[{"attempt": 1, "error": error}],
+                       finished_at=datetime.now(UTC))
+    op = member("op")
+    User.objects.get(username="op").user_permissions.remove(
+        Permission.objects.get(codename="view_hidden_args"))
+    pages = [op.get(f"{LIVE}/jobs/payments/{ref.id}/"),
+             op.get(f"{LIVE}/search/?queue=payments&where=live"),
+             op.get(f"{LIVE}/search/?queue=payments&where=history"),
+             op.get("/admin/jobqueue/job/JOBpaid0000001/change/")]
+    for page in pages:
+        text = page.content.decode()
+        assert page.status_code == 200 and "declined" in text
+        assert "5500-0000-1234" not in text and "4111-1111-9876" not in text, page.request
+    boss = member("boss", superuser=True).get(f"{LIVE}/jobs/payments/{ref.id}/").content.decode()
+    assert "5500-0000-1234" in boss and "(amount 12)" in boss
