@@ -262,7 +262,7 @@ class Console(SearchPages):
             # (a flow none of whose jobs the user may see: as if there were none)
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
         graph = flowgraph.read(Queue(queue), flow_id) if found.number == 1 else None
-        found, graph = veil.flow(request, found, graph)
+        found, graph = veil.flow_errors(request, *veil.flow(request, found, graph))
         drawn = graph and graph.drawn and flowgraph.svg(
             graph, console_reverse(request, "jobqueue_job", "QUEUE", "JOBID"),
             console_reverse(request, "jobqueue_flow", queue, flow_id))

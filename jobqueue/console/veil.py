@@ -1,5 +1,6 @@
 """What a page shows of the jobs of a queue the user may not see, where it cannot leave them out:
-a flow may span queues, and a job may wait for jobs of other queues.
+a flow may span queues, and a job may wait for jobs of other queues; and of the hidden arguments
+a flow's errors quote (`flow_errors`: hidden.py decides what is hidden).
 
 Such a job keeps its place in its flow, its state and how many jobs it waits for (the flow's
 counts tell as much); its id, queue, handler, arguments, result, progress, errors, and the ids
@@ -15,7 +16,7 @@ from dataclasses import replace
 from django.http import HttpRequest
 
 from ..records import JobInfo
-from . import access, flowgraph, readmodels
+from . import access, flowgraph, hidden, readmodels
 
 LABEL = "(a queue you may not see)"
 
@@ -59,3 +60,16 @@ def _graph(graph: flowgraph.Graph | None, hidden: set[str]) -> flowgraph.Graph |
              if box.key in keys and box.members == 1 else box for box in graph.nodes]
     edges = {(keys.get(a, a), keys.get(b, b)) for a, b in graph.edges}
     return replace(graph, nodes=nodes, edges=edges)
+
+
+def flow_errors(request: HttpRequest, found: readmodels.FlowPage, graph: flowgraph.Graph | None
+                ) -> tuple[readmodels.FlowPage, flowgraph.Graph | None]:
+    """A flow's page and graph with the hidden arguments their errors quote masked, unless the
+    user may see hidden arguments."""
+    if hidden.may_see(request):
+        return found, graph
+    jobs = [(at, hidden.shown_errors(request, row), w) for at, row, w in found.jobs]
+    if graph is not None:
+        graph = replace(graph, nodes=[replace(box, error=hidden.mask_text(box.error, list(box.quoted)))
+                                      if box.quoted else box for box in graph.nodes])
+    return replace(found, jobs=jobs), graph

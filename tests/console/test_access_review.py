@@ -259,8 +259,9 @@ def test_a_hidden_argument_quoted_in_an_error_is_masked_where_the_error_is_shown
     conf.reset()
     error = "ValueError: card '5500-0000-1234' declined for 4111-1111-9876 (amount 12)"
     payments = Queue("payments")
-    ref = payments.enqueue({"handler": ADD, "args": ["alice", "4111-1111-9876"],
-                            "kwargs": {"card": "5500-0000-1234", "amount": 12}})
+    echo = jobs.echo.using(queue="payments")
+    flow = chain(echo.s("alice", "4111-1111-9876", card="5500-0000-1234", amount=12),
+                 echo.s()).enqueue()
     [lease] = payments.dequeue(count=1)
     payments.nack(lease, error, fatal=True)
     Job.objects.create(id="JOBpaid0000001", queue="payments", state="dead", attempts=1,
@@ -271,13 +272,14 @@ def test_a_hidden_argument_quoted_in_an_error_is_masked_where_the_error_is_shown
     op = member("op")
     User.objects.get(username="op").user_permissions.remove(
         Permission.objects.get(codename="view_hidden_args"))
-    pages = [op.get(f"{LIVE}/jobs/payments/{ref.id}/"),
+    pages = [op.get(f"{LIVE}/jobs/payments/{lease.job_id}/"),
              op.get(f"{LIVE}/search/?queue=payments&where=live"),
              op.get(f"{LIVE}/search/?queue=payments&where=history"),
-             op.get("/admin/jobqueue/job/JOBpaid0000001/change/")]
+             op.get("/admin/jobqueue/job/JOBpaid0000001/change/"),
+             op.get(f"{LIVE}/flows/payments/{flow.id}/")]
     for page in pages:
         text = page.content.decode()
         assert page.status_code == 200 and "declined" in text
         assert "5500-0000-1234" not in text and "4111-1111-9876" not in text, page.request
-    boss = member("boss", superuser=True).get(f"{LIVE}/jobs/payments/{ref.id}/").content.decode()
+    boss = member("boss", superuser=True).get(f"{LIVE}/jobs/payments/{lease.job_id}/").content.decode()
     assert "5500-0000-1234" in boss and "(amount 12)" in boss
