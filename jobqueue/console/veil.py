@@ -22,8 +22,11 @@ LABEL = "(a queue you may not see)"
 
 
 def waits(request: HttpRequest, found: readmodels.Waits) -> readmodels.Waits:
-    """`found` without the ids of jobs on queues the user may not see (or found nowhere)."""
-    kept = [(job_id, queue) for job_id, queue in found.shown if queue and access.may_view(request, queue)]
+    """`found` without the ids of jobs on queues the user may not see (and, unless they see
+    every queue, of jobs found on none: their queue is unknown)."""
+    every = access.scope(request).unrestricted()
+    kept = [(job_id, queue) for job_id, queue in found.shown
+            if (access.may_view(request, queue) if queue else every)]
     if len(kept) == len(found.ids):
         return found
     return replace(found, ids=tuple(i for i, _ in kept), queues=tuple(q for _, q in kept))
