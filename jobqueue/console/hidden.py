@@ -1,9 +1,9 @@
 """Hidden arguments: the argument keys a queue's `hidden_args` option names, shown as `•••` to a
 user without the `jobqueue.view_hidden_args` permission, wherever the console shows a job's
 arguments (its page, search results, the history list), and kept out of the searches such a
-user may make (a search by a hidden key would tell its value by probing). Where a page shows a
-job's errors beside its payload (its page, its history row's, search results), a hidden value
-an error quotes is masked there too (`shown_errors`).
+user may make (a search by a hidden key would tell its value by probing). Where a page reads a
+job's errors with its payload (its page, its history row's, search results, a flow's, the find
+page's history rows), a hidden value an error quotes is masked there too (`shown_errors`).
 
 A name hides that key wherever it stands in the job's kwargs or in a dict among its args, at any
 depth; a whole number hides that position of its args. Reads settings only; touches nothing.

@@ -214,7 +214,8 @@ class Console(SearchPages):
             if not found:
                 messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
             return self.render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
-                                jobs=found, searched=True, sealed_queues=sealed.sealed_queues())
+                                jobs=[hidden.shown_errors(request, job) for job in found],
+                                searched=True, sealed_queues=sealed.sealed_queues())
         for name in access.visible_queues(request):
             if Queue(name).locate(job_id) is not None:
                 return HttpResponseRedirect(console_reverse(request, "jobqueue_job", name, job_id))

@@ -166,6 +166,9 @@ def test_the_periodic_jobs_admin_keeps_to_the_granted_queues(granted: None, sett
              {"name": "db-bill", "job": "tests.jobapp.jobs.noop", "every": "5", "timezone": "UTC",
               "args": "[]", "kwargs": "{}", "queue": "billing", "lane": "", "enabled": "on"})
     assert Schedule.objects.get(pk=shown.pk).every == 60
+    sam.post("/admin/jobqueue/schedule/", {"action": "delete_selected", "post": "yes",
+                                           "_selected_action": [shown.pk, hidden.pk]})
+    assert Schedule.objects.count() == 2
     new = {"job": "tests.jobapp.jobs.noop", "every": "60", "timezone": "UTC", "args": "[]",
            "kwargs": "{}", "lane": "", "enabled": "on"}
     sam.post("/admin/jobqueue/schedule/add/", {**new, "name": "sams", "queue": "billing"})
@@ -264,7 +267,7 @@ def test_a_hidden_argument_quoted_in_an_error_is_masked_where_the_error_is_shown
                  echo.s()).enqueue()
     [lease] = payments.dequeue(count=1)
     payments.nack(lease, error, fatal=True)
-    Job.objects.create(id="JOBpaid0000001", queue="payments", state="dead", attempts=1,
+    Job.objects.create(id="JOBpaid0000001", queue="payments", state="dead", attempts=1, lane="acme",
                        payload={"handler": ADD, "args": ["bob", "4111-1111-9876"],
                                 "kwargs": {"card": "5500-0000-1234"}},
                        last_error=error, history=[{"attempt": 1, "error": error}],
@@ -276,7 +279,8 @@ def test_a_hidden_argument_quoted_in_an_error_is_masked_where_the_error_is_shown
              op.get(f"{LIVE}/search/?queue=payments&where=live"),
              op.get(f"{LIVE}/search/?queue=payments&where=history"),
              op.get("/admin/jobqueue/job/JOBpaid0000001/change/"),
-             op.get(f"{LIVE}/flows/payments/{flow.id}/")]
+             op.get(f"{LIVE}/flows/payments/{flow.id}/"),
+             op.get(f"{LIVE}/find/?id=acme")]  # (a history row found by its lane)
     for page in pages:
         text = page.content.decode()
         assert page.status_code == 200 and "declined" in text
