@@ -9,6 +9,7 @@ periodic jobs) is in `console/pages.py`; `JobAdmin.get_urls()` mounts it at
 from __future__ import annotations
 
 import json
+from copy import copy
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -104,13 +105,22 @@ class JobAdmin(admin.ModelAdmin):
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
         """A row as its page shows it: a sealed job's data sealed, unless the user may read it
-        (console/sealed.py)."""
-        from .console import sealed
+        (console/sealed.py); hidden arguments its errors quote masked (console/hidden.py)."""
+        from .console import hidden, sealed
 
         if "\x00" in object_id:  # (no id holds one; PostgreSQL refuses to compare with it)
             return None
         row = super().get_object(request, object_id, from_field)
-        return None if row is None else sealed.shown_row(row, request.user)
+        if row is None:
+            return None
+        row = sealed.shown_row(row, request.user)
+        found = hidden.unseen(request, row.queue, row.payload)
+        if found:  # (a copy: the row itself is never saved here)
+            row = copy(row)
+            row.last_error = hidden.mask_text(row.last_error, found)
+            if isinstance(row.history, list):
+                row.history = hidden.mask_attempts(row.history, found)
+        return row
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -197,6 +207,19 @@ class ShardAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and _acts_on(request, obj and obj.queue)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and _acts_on(request, obj and obj.queue)
+
+
+def _acts_on(request: HttpRequest, queue: str | None) -> bool:
+    """Whether the user may act on `queue` (None: a changelist, no row yet: its rows decide)."""
+    from .console import access
+
+    return queue is None or access.may_act(request, queue)
+
 
 class ScheduleForm(forms.ModelForm):
     """A periodic job's row, checked as a settings' entry is (`cron.parse`, and a registered
@@ -206,6 +229,9 @@ class ScheduleForm(forms.ModelForm):
         model = Schedule
         fields = ("name", "job", "cron", "every", "timezone", "args", "kwargs", "queue", "lane",
                   "priority", "enabled")
+
+    request: HttpRequest | None = None
+    """The request of the user who fills it (`ScheduleAdmin.get_form`)."""
 
     def clean(self) -> dict[str, Any]:
         from .api.registry import lookup
@@ -239,6 +265,13 @@ class ScheduleForm(forms.ModelForm):
         if not self.errors:  # (whatever else the settings' parser refuses)
             row = Schedule(**{f: data.get(f) for f in self.Meta.fields})
             self._check(None, row.entry)
+        if not self.errors and self.request is not None:  # (its jobs go where the user acts)
+            from .console import access, posts
+
+            queue = posts.schedule_queue(Schedule(job=data["job"], queue=data.get("queue") or ""))
+            if not access.may_act(self.request, queue):
+                self.add_error("queue", f"you may not act on queue {queue!r}: its periodic jobs "
+                                        f"are not yours to add or change")
         return data
 
     def _check(self, field: str | None, test: Any, *args: Any) -> None:
@@ -266,6 +299,46 @@ class ScheduleAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
                         ) -> HttpResponse:
         from .conf import get_config
+        from .operations.checks import autodiscover_jobs
 
+        autodiscover_jobs()  # (a blank queue is its handler's)
+        entries = [e for e in get_config().schedule.values() if _schedule_seen(request, e)]
         return super().changelist_view(request, {**(extra_context or {}),
-                                                 "settings_entries": get_config().schedule.values()})
+                                                 "settings_entries": entries})
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        """Only the periodic jobs whose jobs go to a queue the user may see (console/access.py)."""
+        from .console import access
+        from .operations.checks import autodiscover_jobs
+
+        rows = super().get_queryset(request)
+        if access.scope(request).unrestricted():
+            return rows
+        autodiscover_jobs()  # (a blank queue is its handler's)
+        return rows.filter(pk__in=[row.pk for row in rows.only("pk", "job", "queue")
+                                   if _schedule_seen(request, row)])
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
+                 **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        return type(form.__name__, (form,), {"request": request})
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and _schedule_acted(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and _schedule_acted(request, obj)
+
+
+def _schedule_seen(request: HttpRequest, entry: Any) -> bool:
+    """Whether the user may see the queue a periodic job (`Entry` or `Schedule`) fills."""
+    from .console import access, posts
+
+    return access.may_view(request, posts.schedule_queue(entry))
+
+
+def _schedule_acted(request: HttpRequest, row: Schedule | None) -> bool:
+    """Whether the user may act on the queue a periodic job's row fills (None: any row)."""
+    from .console import posts
+
+    return _acts_on(request, None if row is None else posts.schedule_queue(row))

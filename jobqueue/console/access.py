@@ -4,7 +4,10 @@ Every page, action, search, list and admin changelist of the console asks here, 
 else; a new page or action must too:
 
 - `visible_queues(request, names=None)`: the queues (of `names`, else every known queue) the
-  user may see, for a page that lists queues (dashboard, stuck jobs, search, …);
+  user may see, for a page that lists queues (dashboard, stuck jobs, …);
+- `reach(request, acting=False)`: the queue names a search (live or history), its bulk action or
+  the charts may read for the user (act on): None for every queue, else a set that a bulk
+  operation records and its runner keeps to, however often it is resumed;
 - `may_view(request, queue)` / `may_act(request, queue)`: one queue (`act` is what an action
   needs on top of its own Django permission);
 - `require_view(request, queue)`: a page or action naming a queue in its URL; a queue the user
@@ -35,7 +38,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
 from ..conf import get_config
-from ..grants import ACT, VIEW, Grants
+from ..grants import ACT, EVERY_QUEUE, VIEW, Grants
 
 CACHE = "_jobqueue_access"
 """The request attribute holding the user's `Scope` for the rest of the request."""
@@ -98,6 +101,22 @@ def visible_queues(request: HttpRequest, names: Iterable[str] | None = None) -> 
     return [name for name in names if VIEW in found.levels(name)]
 
 
+def reach(request: HttpRequest, acting: bool = False) -> frozenset[str] | None:
+    """The queue names the user may see (`acting`: act on) in a search, its bulk action and the
+    charts: None for every queue; else the queues Valkey knows that they may see (act on), and
+    every queue `ACCESS` grants them by name, whose history stays theirs once Valkey has
+    forgotten the queue (a name granted to nobody, or gone and unnamed, is not reached)."""
+    found = scope(request)
+    if found.superuser or (found.grants.open_by_default and not found.grants.access) or (
+            not acting and found.unrestricted()):
+        return None  # (no grant configured: every console user sees and acts everywhere)
+    from ..engine.store import known_queues
+
+    level = ACT if acting else VIEW
+    names = set(known_queues()) | {name for name in found.grants.access if name != EVERY_QUEUE}
+    return frozenset(name for name in names if level in found.levels(name))
+
+
 def require_view(request: HttpRequest, queue: str) -> None:
     """Http404 unless the user may see `queue` (the same answer as for a job that is not there)."""
     if not may_view(request, queue):
@@ -123,15 +142,27 @@ def history(request: HttpRequest, queryset: Any) -> Any:
     return queryset.filter(queue__in=[q for q in named if q != "*" and q not in hidden])
 
 
+VEILED = "—"
+"""A worker's count shown to a user who may not see every queue it serves."""
+
+
 def workers(request: HttpRequest, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The workers' entries, each showing only the queues (and running jobs) the user may see;
-    a worker serving none of them is left out."""
+    a worker serving none of them is left out. One that also serves a queue the user may not
+    see shows none of its counts over every queue it serves (processed, failed, rate,
+    overrunning), and as running only the jobs it shows."""
     if scope(request).unrestricted():
         return found
     shown = []
     for entry in found:
-        queues = visible_queues(request, entry.get("queues") or [])
-        if queues:
-            jobs = [(queue, job) for queue, job in entry.get("jobs") or [] if may_view(request, queue)]
-            shown.append({**entry, "queues": queues, "jobs": jobs})
+        serves = entry.get("queues") or []
+        queues = visible_queues(request, serves)
+        if not queues:
+            continue
+        jobs = [(queue, job) for queue, job in entry.get("jobs") or [] if may_view(request, queue)]
+        entry = {**entry, "queues": queues, "jobs": jobs}
+        if len(queues) < len(serves):
+            entry.update(dict.fromkeys(("processed", "failed", "rate"), VEILED),
+                         running=len(jobs), overrunning=0)
+        shown.append(entry)
     return shown

@@ -21,7 +21,7 @@ from ..exceptions import InvalidJobId, InvalidOption, JobQueueError, UnknownHand
 from ..models import Job
 from ..operations.checks import autodiscover_jobs
 from ..states import State
-from . import actions
+from . import access, actions
 from .site import ConsoleSite, console_reverse
 
 NUMBERS = {
@@ -151,13 +151,10 @@ class EnqueueJob(PermissionRequiredMixin, View):
         return site.render(request, "enqueue.html", "Enqueue a job", status=400, form=form)
 
     def _check_queue(self, request: HttpRequest, handler: str, queue: str | None) -> None:
-        """A user enqueues only into the queues they may see."""
-        visible = self._site().visible_queues(request)
-        if visible is None:
-            return
+        """A user enqueues only into the queues they may act on (`access.may_act`)."""
         try:
             target = queue or lookup(handler).options.queue
         except UnknownHandler:
             target = queue or "default"
-        if target not in visible:
+        if not access.may_act(request, target):
             raise InvalidOption(f"queue: you may not enqueue into {target!r}")

@@ -27,7 +27,7 @@ from .. import ids
 from ..engine.store import Queue
 from ..flows.members import spots as flow_spots
 from ..states import State
-from . import sealed
+from . import hidden, sealed
 from .errors import last_line
 from .readmodels import FLOW_PAGE
 
@@ -57,6 +57,9 @@ class Box:
     handler: str = ""
     waits: int = 0
     error: str = ""
+    quoted: tuple[str, ...] = ()
+    """The values its queue hides among its arguments (`hidden.values`): masked in its error
+    for a user who may not see them."""
     members: int = 1
     states: Counter[str] = field(default_factory=Counter)
     layer: int = 0
@@ -173,9 +176,12 @@ def _details(queue: Queue, shown: list[Box], spot_of: dict[str, tuple[Queue, int
     replies = pipe.execute()
     for node, (payload, error), waits in zip(shown, replies[0::2], replies[1::2], strict=True):
         try:
-            node.handler = str(json.loads(payload or "{}").get("handler", ""))
+            body = json.loads(payload or "{}")
+            node.handler = str(body.get("handler", ""))
         except (ValueError, AttributeError):
-            node.handler = "?"
+            node.handler, body = "?", None
+        if error:
+            node.quoted = tuple(hidden.values(body, hidden.hidden_for(node.queue)))
         node.waits = int(waits) if node.state == State.WAITING else 0
         node.error = sealed.label(error or "")  # (a sealed error is never opened here)
 
@@ -228,6 +234,14 @@ def _box(node: Box, job_url: str, list_url: str) -> SafeString:
             f"{node.members:,}", node.x + 6, node.y + 31, _cut(counts, 32))
     doing = f"waits for {node.waits}" if node.waits else node.state
     error = last_line(node.error) if node.error else ""
+    if not node.queue:  # (a job of a queue the user may not see: console/veil.py)
+        return format_html(
+            '<g class="jq-node jq-veiled" data-state="{}"><title>{}</title>'
+            '<rect x="{}" y="{}" width="{}" height="{}" rx="5" fill="{}" stroke="#555"/>'
+            '<text x="{}" y="{}" font-weight="bold">{}</text><text x="{}" y="{}">{}</text></g>',
+            node.state, f"{node.handler} · {doing}", node.x, node.y, WIDTH, HEIGHT,
+            COLORS.get(node.state, "#eee"), node.x + 6, node.y + 15, _cut(node.handler, 28),
+            node.x + 6, node.y + 31, _cut(doing, 32))
     return format_html(
         '<a href="{}"><g class="jq-node" data-job="{}" data-state="{}"><title>{}</title>'
         '<rect x="{}" y="{}" width="{}" height="{}" rx="5" fill="{}" stroke="#555"/>'

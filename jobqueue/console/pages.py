@@ -9,7 +9,6 @@ lists the pages and actions; `console_reverse` links within the mount that serve
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,7 +28,7 @@ from ..models import Job
 from ..operations import schedule, stored_schedules
 from ..states import State
 from ..worker import presence
-from . import access, flowgraph, hidden, history, posts, readmodels, sealed, svg
+from . import access, flowgraph, hidden, history, posts, readmodels, sealed, svg, veil
 from .searching import SearchPages
 from .site import console_reverse
 
@@ -158,6 +157,7 @@ class Console(SearchPages):
         handler: finished jobs, failures, wait and run times (from the rollup)."""
         span = history.RANGES.get(request.GET.get("range", ""), history.RANGES["day"])
         visible = self.visible_queues(request)
+        offered = sorted(visible if visible is not None else access.visible_queues(request))
         queue, handler = request.GET.get("queue", "")[:64], request.GET.get("handler", "")[:200]
         if visible is not None and queue and queue not in visible:
             visible = frozenset()  # (a queue the user may not see: nothing, as for one unused)
@@ -184,7 +184,7 @@ class Console(SearchPages):
                             ranges=history.RANGES.values(), queue=queue,
                             handler=handler, rows=rows, total=points.total,
                             table_since=history.table_since(span, now),
-                            queues=sorted(access.visible_queues(request)))
+                            queues=offered)
 
     def stuck(self, request: HttpRequest) -> HttpResponse:
         pending_over = _int(request.GET.get("pending_over"), 300, 1, 10**7)
@@ -214,7 +214,8 @@ class Console(SearchPages):
             if not found:
                 messages.warning(request, f"No job has the id, lane, unique key or handler {raw!r}.")
             return self.render(request, "find.html", f"Jobs matching {raw[:60]!r}", query=raw,
-                                jobs=found, searched=True, sealed_queues=sealed.sealed_queues())
+                                jobs=[hidden.shown_errors(request, job) for job in found],
+                                searched=True, sealed_queues=sealed.sealed_queues())
         for name in access.visible_queues(request):
             if Queue(name).locate(job_id) is not None:
                 return HttpResponseRedirect(console_reverse(request, "jobqueue_job", name, job_id))
@@ -226,7 +227,7 @@ class Console(SearchPages):
 
     def job_page(self, request: HttpRequest, queue: str, job_id: str) -> HttpResponse:
         access.require_view(request, queue)
-        info = sealed.shown(self.job(queue, job_id), request.user)
+        info = hidden.shown_errors(request, sealed.shown(self.job(queue, job_id), request.user))
         allowed = {action.verb for action in posts.JOB_ACTIONS
                    if info.state in action.states and action.permitted(request)
                    and access.may_act(request, queue)}
@@ -244,7 +245,7 @@ class Console(SearchPages):
             payload=_pretty(hidden.shown_payload(request, info.queue, info.payload)),
             result=_pretty(info.result),
             checkpoint=_pretty(info.checkpoint), progress=_pretty(info.progress),
-            waits=readmodels.waits_of(Queue(info.queue), [info]).get(info.id)
+            waits=veil.waits(request, readmodels.waits_of(Queue(info.queue), [info])[info.id])
             if info.state == State.WAITING and info.source == "valkey" else None,
             mirror_url=reverse(f"{self.admin_site.name}:jobqueue_job_changelist") + f"?q={job_id}",
         )
@@ -258,10 +259,11 @@ class Console(SearchPages):
             found = readmodels.flow_page(Queue(validate_queue(queue)), flow_id, number)
         except JobQueueError as exc:
             raise Http404(str(exc)) from None
-        if not found.total:
+        if not found.total or not access.visible_queues(request, sorted(found.queues)):
+            # (a flow none of whose jobs the user may see: as if there were none)
             raise Http404(f"No flow {flow_id} in queue {queue!r} (or its jobs have expired).")
         graph = flowgraph.read(Queue(queue), flow_id) if found.number == 1 else None
-        found, graph = _veiled(request, found, graph)
+        found, graph = veil.flow_errors(request, *veil.flow(request, found, graph))
         drawn = graph and graph.drawn and flowgraph.svg(
             graph, console_reverse(request, "jobqueue_job", "QUEUE", "JOBID"),
             console_reverse(request, "jobqueue_flow", queue, flow_id))
@@ -270,25 +272,6 @@ class Console(SearchPages):
                             max_drawn=flowgraph.MAX_DRAWN,
                             prev_page=found.number - 1 if found.number > 1 else None,
                             next_page=found.number + 1 if found.number < found.last else None)
-
-
-def _veiled(request: HttpRequest, found: readmodels.FlowPage, graph: flowgraph.Graph | None
-            ) -> tuple[readmodels.FlowPage, flowgraph.Graph | None]:
-    """A flow across queues, seen by a user who may not see some of them: those queues' jobs keep
-    their place, id and state, but not their handler, arguments, result, progress or error."""
-    boxes = graph.nodes if graph else []
-    shown = {row.queue for _, row, _ in found.jobs} | {box.queue for box in boxes}
-    hidden = {name for name in shown if name and not access.may_view(request, name)}
-    if not hidden:
-        return found, graph
-    jobs = [(at, replace(row, payload=None, result=None, last_error="", checkpoint=None,
-                         progress=None, history=()) if row.queue in hidden else row, waits)
-            for at, row, waits in found.jobs]
-    if graph is not None:
-        graph = replace(graph, nodes=[
-            replace(box, handler="(a queue you may not see)", error="") if box.queue in hidden
-            else box for box in boxes])
-    return replace(found, jobs=jobs), graph
 
 
 def _pretty(value: Any) -> str:

@@ -318,8 +318,9 @@ class ResumeSchedule(PauseSchedule):
     refused, paused = "Resume {}", False
 
 
-def schedule_queue(entry: Entry) -> str:
-    """The queue a periodic job's jobs go to: its own, else its handler's (its @job's)."""
+def schedule_queue(entry: Any) -> str:
+    """The queue a periodic job's jobs go to (of an `Entry`, or a `Schedule` row): its own,
+    else its handler's (its @job's)."""
     if entry.queue:
         return entry.queue
     try:

@@ -336,6 +336,8 @@ class FlowPage:
     """The job the flow ends with (the flow's id is its id), unless the flow ends in a group."""
     number: int
     last: int
+    queues: frozenset[str] = frozenset()
+    """The queues holding some of the flow's jobs."""
 
 
 def flow_page(queue: Queue, flow_id: str, number: int, per_page: int = FLOW_PAGE) -> FlowPage:
@@ -370,7 +372,8 @@ def flow_page(queue: Queue, flow_id: str, number: int, per_page: int = FLOW_PAGE
     callback = [(*spots[n], flow_id) for n in held if callback_at[n] is not None]
     return FlowPage([(where[row.id], row, waits.get(row.id, Waits())) for row in rows],
                     sum(sizes), dict(by_state), len(counted),
-                    next(iter(rows_at(queue, callback[:1])), None), number, last)
+                    next(iter(rows_at(queue, callback[:1])), None), number, last,
+                    frozenset(spots[n][0].name for n in held))
 
 
 def _by_position(queue: Queue, keys: list[str], held: list[int], low: int, high: int
@@ -388,24 +391,23 @@ def _by_position(queue: Queue, keys: list[str], held: list[int], low: int, high:
 def waits_of(queue: Queue, jobs: list[JobInfo], where: Mapping[str, str] | None = None
              ) -> dict[str, Waits]:
     """What each of these waiting jobs still waits for (how many, and up to WAITS_SHOWN ids,
-    each with its queue: `where`'s, else the waiting job's when one of its shards holds it,
-    else '': a job of another queue, linked through the find page), in two pipelines."""
+    each with its queue: `where`'s, else the one whose shard holds it, the waiting job's or any
+    other a flow may span; '' for one found nowhere), in two pipelines."""
     pipe = queue.client.pipeline(transaction=False)
     for job in jobs:
         key = ShardKeys(job.queue, job.shard).key(f"deps:{job.id}")
         pipe.scard(key).srandmember(key, WAITS_SHOWN)
     replies = pipe.execute()
     shown = {job.id: tuple(sorted(ids)) for job, ids in zip(jobs, replies[1::2], strict=True)}
-    where = where or {}
-    widths = {name: Queue(name, client=queue.client).all_shards() for name in {j.queue for j in jobs}}
-    asked = [(job.queue, index, member) for job in jobs for member in shown[job.id]
-             if member not in where for index in range(widths[job.queue])]
-    pipe = queue.client.pipeline(transaction=False)
-    for name, index, member in asked:
-        pipe.exists(ShardKeys(name, index).job(member))
-    held = {(name, member) for (name, _, member), there in zip(asked, pipe.execute(), strict=True)
-            if there}
-    return {job.id: Waits(int(count), shown[job.id],
-                          tuple(where.get(i, job.queue if (job.queue, i) in held else "")
-                                for i in shown[job.id]))
+    where = dict(where or {})
+    unplaced = {member for job in jobs for member in shown[job.id] if member not in where}
+    if unplaced:
+        asked = [(q.name, index, member) for q, index in flow_spots(queue) for member in unplaced]
+        pipe = queue.client.pipeline(transaction=False)
+        for name, index, member in asked:
+            pipe.exists(ShardKeys(name, index).job(member))
+        for (name, _, member), there in zip(asked, pipe.execute(), strict=True):
+            if there:
+                where.setdefault(member, name)
+    return {job.id: Waits(int(count), shown[job.id], tuple(where.get(i, "") for i in shown[job.id]))
             for job, count in zip(jobs, replies[0::2], strict=True)}

@@ -124,7 +124,7 @@ class SearchPages(ConsoleSite):
             "search.html",
             f"Jobs matching {query.describe()[:80]}",
             search=query,
-            rows=[(job, self.arguments(request, job)) for job in jobs],
+            rows=[(hidden.shown_errors(request, job), self.arguments(request, job)) for job in jobs],
             bulk_actions=offered,
             hidden_fields=sorted(query.raw.items()),
             **context,

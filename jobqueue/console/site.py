@@ -75,12 +75,8 @@ class ConsoleSite:
 
     def visible_queues(self, request: HttpRequest, acting: bool = False) -> frozenset[str] | None:
         """The queues this user may see (`acting`: act on) in a search and its bulk actions:
-        None for every queue; else the known queues access.py lets them see (act on)."""
-        found = access.scope(request)
-        if found.superuser or not found.grants.access or (found.unrestricted() and not acting):
-            return None  # (no grant configured: every console user sees and acts everywhere)
-        names = access.visible_queues(request)
-        return frozenset(n for n in names if not acting or access.may_act(request, n))
+        None for every queue (`access.reach`)."""
+        return access.reach(request, acting)
 
     def covers(self, request: HttpRequest, scope: list[str] | None, acting: bool = False) -> bool:
         """Whether this user may see (act on) every queue of a recorded scope (None: all)."""

@@ -225,7 +225,7 @@ def test_search_and_bulk_actions_keep_to_the_granted_queues(client: Client,
                                                  "action": "retry"})
     if response.status_code == 302 and "/bulk/" in response["Location"]:
         url = response["Location"]
-        workers.wait_for(lambda: "match" in sam.get(url).content.decode(), timeout=30)
+        workers.wait_for(lambda: 'id="bulk-count"' in sam.get(url).content.decode(), timeout=30)
         sam.post(url + "decide/", {"confirm": "yes"})
     assert {Queue(q).get(granted[q]).state for q in granted} == {"dead"}  # type: ignore[union-attr]
     # an operator of billing retries billing's dead jobs alone
@@ -234,7 +234,7 @@ def test_search_and_bulk_actions_keep_to_the_granted_queues(client: Client,
                                                 "action": "retry"})
     assert response.status_code == 302 and "/bulk/" in response["Location"], response
     url = response["Location"]
-    workers.wait_for(lambda: "match" in bo.get(url).content.decode(), timeout=30)
+    workers.wait_for(lambda: 'id="bulk-count"' in bo.get(url).content.decode(), timeout=30)
     bo.post(url + "decide/", {"confirm": "yes"})
     workers.wait_for(lambda: Queue("billing").get(granted["billing"]).state == "pending",  # type: ignore[union-attr]
                      timeout=30)

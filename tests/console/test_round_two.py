@@ -74,11 +74,7 @@ def test_the_charts_follow_the_queues_a_user_may_see(admin_client: Client, monke
     page = admin_client.get(CHARTS, {"range": "week"}).content.decode()
     assert "5 job(s) finished" in page and 'data-queue="default"' not in page
     page = admin_client.get(CHARTS, {"range": "week", "queue": "default"}).content.decode()
-    assert "0 job(s) finished" in page
-    response = admin_client.post(ENQUEUE, {"handler": "tests.jobapp.jobs.noop", "args": "[]", "kwargs": "{}"})
-    assert response.status_code == 400 and "you may not enqueue into &#x27;default&#x27;" in (
-        response.content.decode()
-    )
+    assert "0 job(s) finished" in page  # (enqueue asks `access.may_act`: test_access_review.py)
 
 
 def test_the_charts_page_needs_the_view_permission(client: Client) -> None:
