@@ -39,7 +39,13 @@ def scoped(rows: QuerySet[Job], scope: frozenset[str] | None) -> QuerySet[Job]:
 def history(query: Query, scope: frozenset[str] | None, may_see: bool = True) -> QuerySet[Job]:
     """The history rows that match, newest first; `may_see`: whether plain text and
     contains-terms may match hidden arguments (if not, they look only into the arguments of
-    queues that hide none)."""
+    queues that hide none). A page reads them through historyscan.py, a chunk at a time."""
+    return matched(narrowed(query, scope), query, may_see).order_by("-finished_at", "-id")
+
+
+def narrowed(query: Query, scope: frozenset[str] | None) -> QuerySet[Job]:
+    """The rows the query's indexed columns allow (queue, state, handler, lane, finished_at):
+    what a search reads the payloads of."""
     rows = scoped(Job.objects.all(), scope)
     for column, value in (
         ("queue", query.queue),
@@ -53,6 +59,12 @@ def history(query: Query, scope: frozenset[str] | None, may_see: bool = True) ->
         rows = rows.filter(finished_at__gte=query.since)
     if query.until:
         rows = rows.filter(finished_at__lt=query.until)
+    return rows
+
+
+def matched(rows: QuerySet[Job], query: Query, may_see: bool = True) -> QuerySet[Job]:
+    """Those of `rows` whose payload matches the query's terms and plain text (the database's
+    own JSON operators)."""
     for i, term in enumerate(query.terms):
         name = f"jq_arg{i}"
         found = _term_q(term, name)  # (text contained in a dict may be a hidden key's value)
@@ -65,7 +77,7 @@ def history(query: Query, scope: frozenset[str] | None, may_see: bool = True) ->
         )
         for word in query.text:
             rows = rows.filter(_text_q(word, may_see))
-    return rows.order_by("-finished_at", "-id")
+    return rows
 
 
 def _path(term: Term) -> Any:

@@ -17,7 +17,7 @@ from ..exceptions import InvalidOption, JobQueueError
 from ..models import BulkOperation
 from ..records import JobInfo
 from ..states import State
-from . import actions, bulk, hidden, sealed, search
+from . import actions, bulk, hidden, historyscan, sealed, search
 from .query import Query
 from .site import ConsoleSite
 
@@ -75,22 +75,20 @@ class SearchPages(ConsoleSite):
             return self.render(request, "search.html", "Search jobs", **context)
         try:
             query = self.checked_query(request, request.GET)
+            if query.where == "history":
+                historyscan.Place.parse(request.GET.get("cursor", ""))
         except JobQueueError as exc:
             return self.render(request, "search.html", "Search jobs", status=400, error=str(exc), **context)
         scope = self.visible_queues(request)
         base = urlencode(query.raw)
         if query.where == "history":
-            number = _page_number(request.GET.get("page"))
-            found = list(
-                search.history(query, scope, hidden.may_see(request))[
-                    (number - 1) * PER_PAGE : number * PER_PAGE + 1
-                ]
-            )
-            jobs = [sealed.masked(row.info()) for row in found[:PER_PAGE]]
+            cursor = request.GET.get("cursor", "")
+            found = historyscan.page(query, scope, hidden.may_see(request), cursor, PER_PAGE)
+            jobs = [sealed.masked(row.info()) for row in found.jobs]
             context.update(
-                next_url=f"?{base}&page={number + 1}" if len(found) > PER_PAGE else "",
-                prev_url=f"?{base}&page={number - 1}" if number > 1 else "",
-                number=number,
+                scanned=found,
+                next_url=f"?{base}&{urlencode({'cursor': found.next})}" if found.next else "",
+                first_url=f"?{base}" if request.GET.get("cursor") else "",
             )
         else:
             page = search.live(
@@ -169,7 +167,3 @@ def arguments_text(payload: Any) -> str:
     text = json.dumps(shown, ensure_ascii=False, default=str) if shown else ""
     return text if len(text) <= ARGS_SHOWN else text[:ARGS_SHOWN] + "…"
 
-
-def _page_number(raw: str | None) -> int:
-    text = (raw or "1").strip()
-    return min(max(int(text), 1), 10**6) if text.isdecimal() and len(text) < 8 else 1

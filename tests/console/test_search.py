@@ -4,6 +4,7 @@ arguments (masked, and not searchable, without their permission)."""
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -85,8 +86,11 @@ def test_history_search_pages_newest_first(admin_client: Client) -> None:
         row(f"JOBpage{i:07d}", i, ago=1000 - i)
     page = admin_client.get(SEARCH, {"where": "history", "state": "dead"}).content.decode()
     assert len(ids(page)) == 50 and ids(page)[0] == "JOBpage0000054" and "next ›" in page
-    second = admin_client.get(SEARCH, {"where": "history", "state": "dead", "page": "2"})
+    link = re.search(r'<a href="\?([^"]+)" id="search-next"', page)
+    assert link is not None and "cursor=" in link[1]  # (the place the page stopped: shareable)
+    second = admin_client.get(SEARCH + "?" + html.unescape(link[1]))
     assert ids(second.content.decode()) == [f"JOBpage{i:07d}" for i in range(4, -1, -1)]
+    assert "the search is complete" in second.content.decode()
 
 
 def test_live_search_by_path_and_text_pages_and_says_when_the_scan_stopped_short(
