@@ -75,7 +75,7 @@ def history_pages(client: Any, rows: int, history_id: str) -> None:
     print(f"\nhistory pages ({rows:,} rows)")
     page(client, "history list (admin changelist)", "/admin/jobqueue/job/")
     page(client, "history list, one queue and state",
-         "/admin/jobqueue/job/?queue__exact=q1&state__exact=dead")
+         "/admin/jobqueue/job/?queue=q1&state__exact=dead")
     page(client, "history row (admin change page)", f"/admin/jobqueue/job/{history_id}/change/")
 
 

@@ -6,7 +6,8 @@ range) are read newest first in keyset chunks: first the unfinished rows (a dura
 on the index alone (the chunk's last row: `LIMIT 1 OFFSET size - 1`), then the database's own
 JSON operators (`search.matched`) look at the payloads inside the chunk only. Chunks grow from
 CHUNK_FIRST to CHUNK_MAX rows. The page stops once it holds `per_page` matches, or once it has
-read ROW_BUDGET rows or spent TIME_BUDGET seconds (always one chunk at least): then it says so,
+read ROW_BUDGET rows or spent TIME_BUDGET seconds (always one chunk at least; a chunk is cut to
+the time left at the last one's pace): then it says so,
 how far back it searched, and its `next` cursor (in the URL: shareable) searches older rows.
 
 A cursor is the place the page stopped: `u.<id>` (after that unfinished row), `f` (the finished
@@ -30,7 +31,11 @@ from .query import Query
 CHUNK_FIRST = 1_000
 """Rows the first chunk of a page reads (a common match answers at once)."""
 CHUNK_MAX = 10_000
-"""Rows a chunk reads at most (each chunk doubles the last)."""
+"""Rows a chunk reads at most (each chunk doubles the last, unless the time left at the last
+chunk's pace allows fewer rows)."""
+CHUNK_LEAST = 100
+"""Rows a chunk reads at least, however little time is left (one after the first, cut to the time
+left, costs that much more than the budget at most)."""
 ROW_BUDGET = 500_000
 """Rows a page reads at most before it stops short and says so."""
 TIME_BUDGET = 0.25
@@ -108,17 +113,22 @@ def page(
     size, looked, reached = CHUNK_FIRST, 0, None
     started = time.monotonic()
     while True:
+        began = time.monotonic()
         read, after, found = _chunk(rows, query, may_see, place, size, per_page - len(jobs))
         jobs += found
         looked += read
-        size = min(size * 2, CHUNK_MAX)
         if after is None or len(jobs) >= per_page:
             break
         place = after
         if read and place.at is not None:
             reached = place.at
-        if looked >= ROW_BUDGET or time.monotonic() - started >= TIME_BUDGET:
+        now = time.monotonic()
+        if looked >= ROW_BUDGET or now - started >= TIME_BUDGET:
             return HistoryPage(jobs, place.token(), looked, True, reached, _since(cursor))
+        size = min(size * 2, CHUNK_MAX, ROW_BUDGET - looked)
+        if read:  # (no larger than the time left allows, at the pace of the last chunk)
+            pace = read / max(now - began, 1e-6)
+            size = min(size, max(int((TIME_BUDGET - (now - started)) * pace), CHUNK_LEAST))
     return HistoryPage(jobs, after.token() if after else None, looked, False, reached, _since(cursor))
 
 
