@@ -45,7 +45,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
-class Place:
+class Cursor:
     """Where a scan stands: after an unfinished row (`finished` False), or at the newest
     finished row (`at` None) or after one."""
 
@@ -54,7 +54,7 @@ class Place:
     id: str = ""
 
     @classmethod
-    def parse(cls, text: str) -> Place:
+    def parse(cls, text: str) -> Cursor:
         """The place a cursor names ("": the start); InvalidOption when it is malformed."""
         if not text:
             return cls(False)
@@ -105,9 +105,9 @@ def page(
     query: Query, scope: frozenset[str] | None, may_see: bool = True, cursor: str = "", per_page: int = 50
 ) -> HistoryPage:
     """A page of the history rows that match `query`, newest first, from `cursor` on."""
-    place = Place.parse(cursor)
+    place = Cursor.parse(cursor)
     if not place.finished and (query.since or query.until):
-        place = Place(True)  # (a time range holds finished rows only)
+        place = Cursor(True)  # (a time range holds finished rows only)
     rows = search.narrowed(query, scope)
     jobs: list[Job] = []
     size, looked, reached = CHUNK_FIRST, 0, None
@@ -133,16 +133,16 @@ def page(
 
 
 def _since(cursor: str) -> datetime | None:
-    return Place.parse(cursor).at
+    return Cursor.parse(cursor).at
 
 
-def _after(job: Job) -> Place:
-    return Place(job.finished_at is not None, job.finished_at, job.pk)
+def _after(job: Job) -> Cursor:
+    return Cursor(job.finished_at is not None, job.finished_at, job.pk)
 
 
 def _chunk(
-    rows: QuerySet[Job], query: Query, may_see: bool, place: Place, size: int, wanted: int
-) -> tuple[int, Place | None, list[Job]]:
+    rows: QuerySet[Job], query: Query, may_see: bool, place: Cursor, size: int, wanted: int
+) -> tuple[int, Cursor | None, list[Job]]:
     """Read one chunk after `place`: (rows read, the place after what it took (None: no row
     left), up to `wanted` matches: the page fills inside the chunk when more match)."""
     if place.finished:
@@ -159,16 +159,16 @@ def _chunk(
         if place.id:
             after = after.filter(id__lt=place.id)
     edge = list(after.order_by(*order).values_list("finished_at", "id")[size - 1 : size])
-    end: Place | None
+    end: Cursor | None
     if edge:
         at, last = edge[0]
         chunk = after.filter(id__gte=last) if not place.finished else after.filter(
             Q(finished_at__gt=at) | Q(finished_at=at, id__gte=last), finished_at__gte=at
         )
-        read, end = size, Place(place.finished, at, last)
+        read, end = size, Cursor(place.finished, at, last)
     else:
         chunk, read = after, after.count()
-        end = Place(True) if not place.finished else None
+        end = Cursor(True) if not place.finished else None
     found = list(search.matched(chunk, query, may_see).order_by(*order)[: wanted + 1])
     if len(found) > wanted:  # (the page is full inside this chunk: the next starts after it)
         return read, _after(found[wanted - 1]), found[:wanted]

@@ -76,7 +76,7 @@ class SearchPages(ConsoleSite):
         try:
             query = self.checked_query(request, request.GET)
             if query.where == "history":
-                historyscan.Place.parse(request.GET.get("cursor", ""))
+                historyscan.Cursor.parse(request.GET.get("cursor", ""))
         except JobQueueError as exc:
             return self.render(request, "search.html", "Search jobs", status=400, error=str(exc), **context)
         scope = self.visible_queues(request)
