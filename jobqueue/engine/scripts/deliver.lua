@@ -11,6 +11,8 @@ KEYS[1] base    prefix  emq:{q#k}; derives rows base:job:<id>, base:deps:<id>, b
                         cancelled base:hist, base:m:<minute>, base:uniq:<key>, base:uniqs,
                         base:notify:<id>, base:flow:<id>; base:done STREAM terminal events (a
                         job cancelled by its member's failure, or waiting again)
+                        (a released dependent handed to an idle worker: base:idle,
+                        base:hand:<name>, base:active; _handoff.lua)
 KEYS[2] meta    HASH    counters n_<state>
 ARGV[1] retention  ms a finished row is kept
 ARGV[2..] entries  n, then 7 per entry: dependent id, slot, policy ('f' | 'i' | 'c'), member id,

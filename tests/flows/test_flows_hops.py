@@ -1,0 +1,108 @@
+"""The hops between a flow's last member and the job waiting for it, in-process against a real
+server: a success whose ack releases the next job claims it in the same call, though the
+worker's last claim found the queue empty (no wake token, no second claim between)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobqueue import Queue, chain, chord
+from jobqueue.engine import handoff
+from jobqueue.exceptions import InvalidFlow
+from jobqueue.flows import relay
+from jobqueue.worker import Worker, WorkerConfig
+from tests.jobapp import jobs
+from tests.workers import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def _worker(*queues: str, **options: Any) -> Worker:
+    """A worker serving `queues`, driven turn by turn by the test (no waiter, no maintenance)."""
+    worker = Worker(WorkerConfig(queues=queues, mirror=False, name="w-1", **options))
+    for name in queues:
+        worker.served.add(Queue(name), Queue(name).claim_shards())
+    worker.start_runners()
+    worker.maintenance.hold()
+    return worker
+
+
+def test_the_ack_of_a_chains_step_claims_the_next_step_though_the_queue_looked_empty(
+        valkey_url: str) -> None:
+    ref = chain(jobs.add.s(2, 3), jobs.mul.s(4)).enqueue()
+    worker = _worker("default", concurrency=2)
+    try:
+        assert worker.turn()  # the first step (and the claim came back short: the queue is
+        wait_for(worker.outcomes.unrecorded)  # skipped a moment by the main loop's claims)
+        # Its success rides a claim all the same, which takes the step its ack released.
+        assert worker.turn()  # main: False (acked alone; the next step waited for a token)
+        wait_for(worker.outcomes.unrecorded)
+        worker.turn()
+        assert ref.result(timeout=10) == 20
+    finally:
+        assert worker.runners is not None
+        worker.runners.stop(wait=True)
+
+
+def test_a_chord_of_more_members_than_one_read_takes_calls_back_with_every_result_in_order(
+        valkey_url: str) -> None:
+    # Its release reads the members' outcomes SLOTS_AT_ONCE (1000) at a time (_flows.lua).
+    members = 2345
+    ref = chord([jobs.add.s(i, 1) for i in range(members)], jobs.total.s()).enqueue()
+    queue = Queue("default")
+    while (leases := queue.dequeue(count=500)) and leases[0].job_id != ref.id:
+        queue.ack_encoded([(lease, str(lease.payload["args"][0] + 1)) for lease in leases])
+    assert [lease.job_id for lease in leases] == [ref.id]  # released once every member is done
+    assert leases[0].payload["args"][0] == list(range(1, members + 1))
+
+
+def test_a_chord_across_queues_whose_callbacks_id_is_taken_writes_nothing(two: Queue) -> None:
+    taken = jobs.add.using(queue="two").enqueue(1, 1)
+    with pytest.raises(InvalidFlow, match=f"job id {taken.id} is taken"):
+        chord([jobs.add.s(i, 1) for i in range(20)],
+              jobs.total.using(queue="two", job_id=taken.id).s()).enqueue()
+    assert Queue("default").counts()["pending"] == 0 and two.counts()["pending"] == 1
+
+
+def _offer(queue: Queue, index: int, worker: str = "w") -> None:
+    """An idle worker's offer on shard `index` of `queue` (as its waiter makes it)."""
+    wait = handoff.wait_commands(queue.shard(index), 5, worker,
+                                 handoff.offer(queue.lease_ms(), False))
+    queue.client.execute_command(*wait[0])
+
+
+def _finish_members(count: int) -> None:
+    """Claim and ack a chord's `count` members on `default`, then relay what they forwarded."""
+    default = Queue("default")
+    leases = default.dequeue(count=count + 1)
+    assert len(leases) == count
+    default.ack_encoded([(lease, str(lease.payload["args"][0])) for lease in leases])
+    relay.relay_queue(default)
+
+
+@pytest.mark.parametrize("paused", [False, True])
+def test_a_callback_its_last_member_releases_goes_to_an_idle_worker_of_its_queue_leased(
+        two: Queue, paused: bool) -> None:
+    ref = chord([jobs.add.s(i, 0) for i in range(3)], jobs.total.using(queue="two").s()
+                ).enqueue()
+    index = two.locate(ref.id)
+    assert index is not None
+    shard = two.shard(index)
+    _offer(two, index)
+    if paused:
+        two.pause()
+    _finish_members(3)
+    if paused:  # (paused: its offer stands, the callback waits for a claim as any job)
+        assert two.get(ref.id).state == "pending"  # type: ignore[union-attr]
+        assert two.client.hexists(shard.key("idle"), "w")
+        return
+    # Handed over as an enqueue hands a lone new job: leased (token 1), no wake token pushed.
+    (lease,) = handoff.withdraw(two.client, shard, "w")  # main: [] (pending, a wake token)
+    assert (lease.job_id, lease.token, lease.payload["args"]) == (ref.id, 1, [[0, 1, 2]])
+    row = two.client.hgetall(shard.job(ref.id))
+    assert (row["state"], row["attempts"], row["worker"]) == ("active", "1", "w")
+    assert two.client.zscore(shard.key("active"), ref.id) == float(row["lease_until"])
+    assert two.client.llen(shard.key("wake")) == 0 and two.counts()["pending"] == 0
+    assert two.ack(lease, 3) and two.get(ref.id).state == "succeeded"  # type: ignore[union-attr]
