@@ -10,6 +10,7 @@ import pytest
 
 from jobqueue import Queue, chain, chord
 from jobqueue.engine import handoff
+from jobqueue.engine.scripts import caller
 from jobqueue.exceptions import InvalidFlow
 from jobqueue.flows import relay
 from jobqueue.worker import Worker, WorkerConfig
@@ -106,3 +107,47 @@ def test_a_callback_its_last_member_releases_goes_to_an_idle_worker_of_its_queue
     assert two.client.zscore(shard.key("active"), ref.id) == float(row["lease_until"])
     assert two.client.llen(shard.key("wake")) == 0 and two.counts()["pending"] == 0
     assert two.ack(lease, 3) and two.get(ref.id).state == "succeeded"  # type: ignore[union-attr]
+
+
+def _forwarded(members: int) -> tuple[str, list[list[str]]]:
+    """A chord of `members` on `default` whose callback is on `two`, its members acked: the
+    callback's id and the entries they forwarded (as deliver takes them, token last)."""
+    ref = chord([jobs.add.s(i, 0) for i in range(members)], jobs.total.using(queue="two").s()
+                ).enqueue()
+    default = Queue("default")
+    leases = default.dequeue(count=members)
+    default.ack_encoded([(lease, str(10 + lease.payload["args"][0])) for lease in leases])
+    entries = [[*(fields[name] for name in relay.FIELDS), fields["token"]] for _, fields
+               in default.client.xrange(default.shard(0).key("forward"))]
+    return ref.id, sorted(entries, key=lambda entry: int(entry[1]))
+
+
+def _deliver(queue: Queue, callback: str, entries: list[list[str]]) -> list[int]:
+    index = queue.locate(callback)
+    assert index is not None
+    flat = [field for entry in entries for field in entry]
+    return caller.run(queue.client, "deliver", queue.shard(index), [60_000, len(entries), *flat])
+
+
+def test_one_delivery_of_a_jobs_outcomes_applies_each_in_turn(two: Queue) -> None:
+    # A relay delivers a run of entries for one job at once: replays in it change nothing, an
+    # outcome older than its slot's changes nothing, and the job is released once, when the
+    # last member's entry empties its set: what comes after in the run finds it released.
+    callback, (e0, e1, e2) = _forwarded(3)
+    older = [*e1[:5], "999", "0"]  # (token 0: older than the member's attempt 1)
+    newer = [*e2[:5], "555", "5"]  # (after the release: too late)
+    run = [e0, e0, older, e1, older, e2, newer, e1]
+    assert _deliver(two, callback, run) == [0] + [1] * len(run)
+    assert _deliver(two, callback, run) == [0] + [1] * len(run)  # (a replay of the whole)
+    assert two.counts()["pending"] == 1 and two.counts()["waiting"] == 0
+    [lease] = two.dequeue(count=5)
+    assert lease.job_id == callback and lease.payload["args"] == [[10, 11, 12]]
+
+
+def test_a_delivery_of_part_of_a_jobs_outcomes_leaves_it_waiting_for_the_rest(two: Queue) -> None:
+    callback, (e0, e1, e2) = _forwarded(3)
+    assert _deliver(two, callback, [e2, e0, e2]) == [0, 1, 1, 1]
+    assert two.get(callback).state == "waiting"  # type: ignore[union-attr]
+    assert _deliver(two, callback, [[*e0[:5], "7", "0"], e1]) == [0, 1, 1]  # (e0's again: older)
+    [lease] = two.dequeue(count=5)
+    assert lease.payload["args"] == [[10, 11, 12]]

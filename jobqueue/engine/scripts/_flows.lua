@@ -206,6 +206,50 @@ local function edge_done(base, id, state, slot, dep, index, policy, now, retenti
   return false
 end
 
+-- Successes delivered for one job `dep` waiting on this shard (state 'waiting': not one kept
+-- while cancelled), `run` = {member, slot, value, token} in the stream's order, applied as
+-- edge_done applies each in turn but with a few calls for the whole run: the slots' tokens and
+-- failure marks and the members' presence in its set read at once, the writes made at once. A
+-- run whose slots hold a failure mark goes the one-by-one way (false: nothing done). Once an
+-- entry empties its set, the job is released and the rest of the run finds it so (no-ops).
+-- uses: release_job
+local function successes_done(base, dep, run, now)
+  local rk, pending = base .. ':results:' .. dep, base .. ':deps:' .. dep
+  local tfields, ffields, ids = {}, {}, {}
+  for i, e in ipairs(run) do
+    tfields[i], ffields[i], ids[i] = 't' .. e[2], 'f' .. e[2], e[1]
+  end
+  local marks = redis.call('HMGET', rk, unpack(ffields))
+  for i = 1, #run do
+    if marks[i] then return false end
+  end
+  local seen = redis.call('HMGET', rk, unpack(tfields))
+  local present = redis.call('SMISMEMBER', pending, unpack(ids))
+  local left = redis.call('SCARD', pending)
+  local tokens, writes, gone, drop = {}, {}, {}, {}
+  local released = false
+  for i, e in ipairs(run) do
+    local slot, t = e[2], tonumber(e[4])
+    local last = tokens[slot]
+    if last == nil then last = tonumber(seen[i]) or false end
+    if not (t and last and last > t) then  -- (else fenced: older than the slot's last)
+      if t then tokens[slot] = t end
+      writes[#writes + 1] = slot; writes[#writes + 1] = e[3]
+      if present[i] == 1 and not gone[e[1]] then
+        gone[e[1]] = true
+        drop[#drop + 1] = e[1]
+        left = left - 1
+        if left == 0 then released = true; break end
+      end
+    end
+  end
+  for slot, t in pairs(tokens) do writes[#writes + 1] = 't' .. slot; writes[#writes + 1] = t end
+  if #writes > 0 then redis.call('HSET', rk, unpack(writes)) end
+  if #drop > 0 then redis.call('SREM', pending, unpack(drop)) end
+  if released then release_job(base, dep, now) end
+  return true
+end
+
 -- A member of a flow finished: each job waiting on it (`dependents`: '<id>:<slot>:<policy>' for
 -- one on this shard, '<id>:<slot>:<policy>:<shard>' for one on another shard of the queue, or
 -- of another queue: '<shard>' is then '<queue>#<index>', as in base:forward) has
