@@ -1,9 +1,13 @@
-"""The hops between a flow's last member and the job waiting for it, in-process against a real
-server: a success whose ack releases the next job claims it in the same call, though the
-worker's last claim found the queue empty (no wake token, no second claim between)."""
+"""The hops between a flow's last member and the job waiting for it, against a real server
+(standalone and cluster): a success whose ack releases the next job claims it in the same call,
+though the worker's last claim found the queue empty; a chord's callback reads every slot; a
+released job goes straight to an idle worker of its queue, leased; one delivery applies a run
+of a job's outcomes as one by one would; a chord across queues with a taken id writes nothing;
+the relay runs on the worker's thread, or on the caller's when that thread does not run."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -13,7 +17,10 @@ from jobqueue.engine import handoff
 from jobqueue.engine.scripts import caller
 from jobqueue.exceptions import InvalidFlow
 from jobqueue.flows import relay
+from jobqueue.records import Lease
 from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.worker.relaying import Relayer
+from jobqueue.worker.serving import Served
 from tests.jobapp import jobs
 from tests.workers import wait_for
 
@@ -151,3 +158,52 @@ def test_a_delivery_of_part_of_a_jobs_outcomes_leaves_it_waiting_for_the_rest(tw
     assert _deliver(two, callback, [[*e0[:5], "7", "0"], e1]) == [0, 1, 1]  # (e0's again: older)
     [lease] = two.dequeue(count=5)
     assert lease.payload["args"] == [[10, 11, 12]]
+
+
+def test_a_stopping_worker_relays_what_its_last_runs_forwarded_before_it_ends(two: Queue) -> None:
+    # The member still runs when the worker is asked to stop: its ack, recorded by the drain,
+    # forwards its outcome, which the worker's relay thread (stopped only after the drain)
+    # delivers before the worker ends (its maintenance turn comes only at the start here).
+    ref = chord([jobs.square_slowly.s(3, 0.5)], jobs.total.using(queue="two").s()).enqueue()
+    default = Queue("default")
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=2, mirror=False, name="w-1",
+                                 maintenance_every=3600))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: default.counts()["active"] == 1)
+        worker.request_stop()
+        thread.join(30)
+        assert not thread.is_alive() and worker.processed == 1
+        assert default.client.xlen(default.shard(0).key("forward")) == 0
+        assert two.get(ref.id).state == "pending"  # type: ignore[union-attr]
+    finally:
+        worker.request_stop()
+        thread.join(30)
+
+
+def test_the_relayer_relays_on_the_callers_thread_before_its_thread_runs_and_once_it_ended(
+        two: Queue) -> None:
+    default = Queue("default")
+    served, stop = Served(), threading.Event()
+    served.add(default, 1)
+    relayer = Relayer(served, stop)
+
+    def finished_member() -> tuple[str, Lease]:
+        ref = chord([jobs.add.s(1, 2)], jobs.total.using(queue="two").s()).enqueue()
+        [lease] = default.dequeue(count=2)
+        assert default.ack_encoded([(lease, "3")]) == [2]  # (it forwarded)
+        return ref.id, lease
+
+    for when in ("before", "after"):
+        if when == "after":  # (its thread ran, and ended with the worker's stop)
+            thread = threading.Thread(target=relayer.run)
+            thread.start()
+            stop.set()
+            relayer.wake()
+            thread.join(10)
+            assert not thread.is_alive()
+        callback, lease = finished_member()
+        relayer.after([lease])  # (no thread runs: relayed here and now)
+        assert default.client.xlen(default.shard(0).key("forward")) == 0
+        assert two.get(callback).state == "pending"  # type: ignore[union-attr]
