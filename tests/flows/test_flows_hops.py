@@ -7,7 +7,9 @@ the relay runs on the worker's thread, or on the caller's when that thread does 
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -168,18 +170,26 @@ def test_a_stopping_worker_relays_what_its_last_runs_forwarded_before_it_ends(tw
     default = Queue("default")
     worker = Worker(WorkerConfig(queues=("default",), concurrency=2, mirror=False, name="w-1",
                                  maintenance_every=3600))
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with _running(worker) as thread:
         wait_for(lambda: default.counts()["active"] == 1)
         worker.request_stop()
         thread.join(30)
-        assert not thread.is_alive() and worker.processed == 1
-        assert default.client.xlen(default.shard(0).key("forward")) == 0
-        assert two.get(ref.id).state == "pending"  # type: ignore[union-attr]
+    assert worker.processed == 1
+    assert default.client.xlen(default.shard(0).key("forward")) == 0
+    assert two.get(ref.id).state == "pending"  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def _running(worker: Worker) -> Iterator[threading.Thread]:
+    """`worker.run` on a thread of its own, stopped and joined on the way out."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield thread
     finally:
         worker.request_stop()
         thread.join(30)
+        assert not thread.is_alive()
 
 
 def test_the_relayer_relays_on_the_callers_thread_before_its_thread_runs_and_once_it_ended(
