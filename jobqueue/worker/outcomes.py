@@ -193,7 +193,7 @@ class Outcomes:
         forwarded = [lease for (lease, _), answer in zip(items, answers, strict=True)
                      if answer.forwarded]
         if forwarded:  # (a member's failure went to dependents on other shards)
-            self._relayer.after(forwarded)
+            self._relay(forwarded)
         self._held.forget(lease for lease, _ in items)
         with self._lock:
             self.failed += len(items)
@@ -244,12 +244,21 @@ class Outcomes:
             _log(lease, out, answer.state)
         if any(answer.forwarded for answer in answers):
             pairs = zip(items, answers, strict=True)
-            self._relayer.after(lease for (lease, _), answer in pairs if answer.forwarded)
+            self._relay([lease for (lease, _), answer in pairs if answer.forwarded])
         # (most were forgotten already: their slots went to the claim)
         self._held.forget(lease for lease, _ in items)
         if items:
             with self._lock:
                 self.processed += len(items)
+
+
+    def _relay(self, leases: list[Lease]) -> None:
+        """Relay what the outcomes of `leases` forwarded: at once, here, when the worker holds
+        no other job (its last ones: the dependent waits for this relay, and nothing for this
+        thread), else on the relay thread (relaying.py)."""
+        ours = {(lease.job_id, lease.token) for lease in leases}
+        alone = all(held in ours for held in list(self._held.jobs))
+        self._relayer.after(leases, now=alone)
 
 
 def refused(exc: BaseException) -> bool:

@@ -5,7 +5,11 @@ The main loop records outcomes; an ack or nack whose answer says it forwarded na
 here (`after`), and the relay thread delivers that shard's `:forward` entries right away. The
 main loop does not wait for the three calls a relay makes (read, deliver, delete): it claims
 on. While a relay runs, the shards named meanwhile gather, and the next pass reads each once:
-a busy fan-out's many acks make a few relays of many entries each, not one relay per ack.
+a busy fan-out's many acks make a few relays of many entries each, not one relay per ack. The
+outcomes of a worker that holds nothing else (a fan-out's last members) are relayed at once on
+the caller's thread instead: nothing waits for its main loop then, and the dependent's start
+waits for that relay (not for a pass in flight, nor for the thread's turn). A pass in flight
+may then deliver some entries that relay delivers too: a delivery is idempotent.
 Before its thread starts (a test that drives the worker's turns itself), and once it stopped,
 a shard is relayed on the caller's thread, as before.
 
@@ -42,12 +46,17 @@ class Relayer:
         self._wake = threading.Event()
         self._running = False
 
-    def after(self, leases: Iterable[Lease]) -> None:
+    @property
+    def running(self) -> bool:
+        """Whether its thread runs (else `after` relays on the caller's thread)."""
+        return self._running
+
+    def after(self, leases: Iterable[Lease], now: bool = False) -> None:
         """Relay the shards of `leases` (their outcomes forwarded entries): on the thread
-        when it runs, else here and now."""
+        when it runs, else (or `now`) here and now."""
         shards = {(lease.queue, lease.shard) for lease in leases}
         with self._lock:
-            if self._running:
+            if self._running and not now:
                 self._due |= shards
                 self._wake.set()
                 return

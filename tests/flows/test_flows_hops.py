@@ -192,7 +192,7 @@ def _running(worker: Worker) -> Iterator[threading.Thread]:
         assert not thread.is_alive()
 
 
-def test_the_relayer_relays_on_the_callers_thread_before_its_thread_runs_and_once_it_ended(
+def test_the_relayer_relays_on_the_callers_thread_when_its_thread_does_not_run_or_now(
         two: Queue) -> None:
     default = Queue("default")
     served, stop = Served(), threading.Event()
@@ -205,15 +205,21 @@ def test_the_relayer_relays_on_the_callers_thread_before_its_thread_runs_and_onc
         assert default.ack_encoded([(lease, "3")]) == [2]  # (it forwarded)
         return ref.id, lease
 
-    for when in ("before", "after"):
-        if when == "after":  # (its thread ran, and ended with the worker's stop)
-            thread = threading.Thread(target=relayer.run)
-            thread.start()
-            stop.set()
-            relayer.wake()
-            thread.join(10)
-            assert not thread.is_alive()
-        callback, lease = finished_member()
-        relayer.after([lease])  # (no thread runs: relayed here and now)
-        assert default.client.xlen(default.shard(0).key("forward")) == 0
-        assert two.get(callback).state == "pending"  # type: ignore[union-attr]
+    thread = threading.Thread(target=relayer.run, daemon=True)
+    try:
+        for when in ("before", "now", "after"):
+            if when == "now":  # (its thread runs: `now`, the worker's last outcomes, here)
+                thread.start()
+                wait_for(lambda: relayer.running)
+            if when == "after":  # (its thread ended with the worker's stop)
+                stop.set()
+                relayer.wake()
+                thread.join(10)
+                assert not thread.is_alive()
+            callback, lease = finished_member()
+            relayer.after([lease], now=when == "now")  # (relayed here, before it returns)
+            assert default.client.xlen(default.shard(0).key("forward")) == 0
+            assert two.get(callback).state == "pending"  # type: ignore[union-attr]
+    finally:
+        stop.set()
+        relayer.wake()
