@@ -9,6 +9,14 @@ return when they finished; the callback compares with its own start). For jobque
 and the same chord with its callback on another queue (`report`, served by a worker of its own:
 a flow across queues, each member's "done" relayed to the callback's queue).
 
+The chord across queues is measured as issue 36 describes its usual shape: the fan-out on a
+worker pool of its own (`runworker --queues default`), the callback on another queue served by
+other workers (a second `runworker --queues report`, a process of its own, idle until the
+callback comes). Both rows count the same span (the chord's enqueue to its callback's start),
+on the same machine: the second pays for the relay (each member's outcome written to its shard's
+`:forward` stream, delivered on `report` by the members' worker's relay thread) and for the
+second process.
+
     .venv/bin/python bench/flows.py [--members 1000] [--rounds 5] [--concurrency 16] [--no-peers]
 """
 

@@ -240,11 +240,20 @@ class Writing:
 
     def held(self) -> dict[str, Place]:
         """The jobs still to write that a shard of their queue holds already, and where (one
-        pipelined read of every shard each queue ever had)."""
+        pipelined read of every shard each queue ever had: one EXISTS per shard of all the
+        ids that may be there, and only when one is, one per id and shard)."""
         ids = [str(job.job_id) for _, job in self.todo]
         spots = {name: [Place(name, i) for i in range(q.all_shards())]
                  for name, q in self.queues.items()}
         client = next(iter(self.queues.values())).client
+        pipe = client.pipeline(transaction=False)
+        for name, places in spots.items():
+            mine = [job_id for job_id in ids if self.home[job_id] == name]
+            for place in places if mine else ():
+                shard = self.queues[name].shard(place.shard)
+                pipe.exists(*(shard.job(job_id) for job_id in mine))
+        if not any(pipe.execute()):
+            return {}
         pipe = client.pipeline(transaction=False)
         for job_id in ids:
             for place in spots[self.home[job_id]]:

@@ -9,16 +9,17 @@ streams, whichever queue the entries go to: the dependent's queue's workers clai
 released, as any job.
 
 Who relays: the worker that recorded the outcome, right after (its ack's or terminal nack's
-answer flags a job that forwarded: `after`); the writer of a flow whose link found a member
-finished already (graph.py); `flows.cancel`; and every worker's maintenance turn, for the shards
-it claims from (`relay_queue`; a resize settles only once its retiring shards' streams are
-empty), so an entry left by a finisher killed before its relay, or found after a restart from
-the AOF (entries are plain keys), is delivered all the same. Two relays may deliver one entry:
-the delivery is idempotent (a set, not a counter) and fenced (an outcome older than the
-slot's last one changes nothing: `fenced` in `_flows.lua`). A dependent is written before any
-of its members can forward to it (graph.py writes dependents first), so an entry whose dependent
-is not on its shard names one that expired or was deleted, or a node that lost data: it is
-kept until it is stale (see `_stale`), then dropped with a warning.
+answer flags a job that forwarded: `after`, on the worker's relay thread: worker/relaying.py);
+the writer of a flow whose link found a member finished already (graph.py); `flows.cancel`; and
+every worker's maintenance turn, for the shards it claims from (`relay_queue`; a resize settles
+only once its retiring shards' streams are empty), so an entry left by a finisher killed before
+its relay, or found after a restart from the AOF (entries are plain keys), is delivered all the
+same. Two relays may deliver one entry: the delivery is idempotent (a set, not a counter) and
+fenced (an outcome older than the slot's last one changes nothing: `fenced` in `_flows.lua`). A
+dependent is written before any of its members can forward to it (graph.py writes dependents
+first), so an entry whose dependent is not on its shard names one that expired or was deleted,
+or a node that lost data: it is kept until it is stale (see `_stale`), then dropped with a
+warning.
 
 A delivery that brings back a job a member's failure had cancelled (its member, retried by an
 operator, succeeded) makes the workers claim from its shard again (`layouts.reopen`), should a
@@ -157,8 +158,14 @@ class Queues(Protocol):
 
 def after(queues: Queues, leases: Iterable[Lease]) -> None:
     """The finisher's relay: the shards of `leases` (whose outcomes forwarded entries),
-    each once. A failure is left to the next maintenance turn (the entries stay)."""
-    for name, index in {(lease.queue, lease.shard) for lease in leases}:
+    each once."""
+    after_shards(queues, {(lease.queue, lease.shard) for lease in leases})
+
+
+def after_shards(queues: Queues, shards: Iterable[tuple[str, int]]) -> None:
+    """Relay each of `shards` ((queue, index)). A failure is left to the next maintenance turn
+    (the entries stay)."""
+    for name, index in shards:
         try:
             relay_shard(queues.queue(name), index)
         except RedisError as exc:

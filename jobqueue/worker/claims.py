@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 
 from redis.exceptions import RedisError
@@ -163,8 +163,15 @@ class Claims:
         # busy queue cannot take every slot from the others (Pacer's isolation).
         limit = queue.options.concurrency or self._config.capacity
         take = min(room, limit - self._held.per_queue[queue.name])
-        if take <= 0 or (only is None and self._drained.skip(queue.name, now)):
-            return 0  # (its successes are acked with the rest)
+        if only is None and self._drained.skip(queue.name, now):
+            # Skipped a moment, but successes go there anyway: their call claims too, from
+            # their shard only (what their acks released, a flow's next job, starts at once).
+            # Not under a global cap: its permits would cost calls of their own.
+            if not items or queue.options.global_concurrency:
+                return 0  # (its successes are acked with the rest)
+            only = riding_shard(items)
+        if take <= 0:
+            return 0
         answers, leases = queue.ack_and_dequeue(
             [(lease, outcome.result) for lease, outcome in items],
             count=take, lease=self._config.lease, worker=self._config.name,
@@ -190,6 +197,11 @@ class Claims:
             self.spent()
         if fell_busy and self._held.jobs:  # busy still: its idle offers on other shards go
             self.fell_busy()
+
+
+def riding_shard(items: list[Finished]) -> int:
+    """The shard most of `items` were claimed from (their acks ride its claim)."""
+    return Counter(lease.shard for lease, _ in items).most_common(1)[0][0]
 
 
 def release(served: Served, leases: list[Lease]) -> None:

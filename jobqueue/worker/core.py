@@ -14,6 +14,8 @@ Threads, each with one job:
 - a heartbeat renews the lease of every held job at a third of its length (`heartbeat.py`);
 - a progress writer writes what handlers gave `ctx.progress`, a few times a second
   (`handler.ProgressBoard`);
+- a relay thread delivers what recorded outcomes forwarded to flows' jobs on other shards or
+  queues, so the main loop does not wait for it (`relaying.py`);
 - one waiter per shard blocks on the shard's `wake` list while the worker has room
   (`waiters.py`: kept connections, idle offers, hand-offs, unblocking; on the event loop, a
   wait goes through `waitline.py`); a token makes the waiter claim at once (`claims.py`:
@@ -46,6 +48,7 @@ from .maintenance import Maintenance
 from .mirror_thread import MirrorThread
 from .outcomes import Outcomes
 from .recycling import RECYCLE_EXIT, Recycler
+from .relaying import Relayer
 from .runners import EventLoop, Runners
 from .serving import HeldJobs, Served, WorkerConfig, find_queues
 from .threads import Threads
@@ -84,10 +87,12 @@ class Worker:
         self.held = HeldJobs(config.capacity, config.concurrency)
         self.wake = threading.Event()
         """Wakes the main loop (a stop, an outcome to record)."""
-        self.outcomes = Outcomes(self.held, self.served, config.batch, self.wake)
-        self.maintenance = Maintenance(config, self.served, self.held, self.outcomes)
         self._stop_claiming = threading.Event()
         self._threads_stop = threading.Event()
+        self.relayer = Relayer(self.served, self._threads_stop)
+        """Relays what its recorded outcomes forwarded, on a thread of its own."""
+        self.outcomes = Outcomes(self.held, self.served, config.batch, self.wake, self.relayer)
+        self.maintenance = Maintenance(config, self.served, self.held, self.outcomes)
         self.claims = Claims(config, self.served, self.held, self.outcomes,
                              stop_claiming=self._stop_claiming, threads_stop=self._threads_stop,
                              wake=self.wake)
@@ -216,6 +221,7 @@ class Worker:
                               default_lease=self.config.lease or 30.0)
         self._threads.start(heartbeat.run, "heartbeat")
         self._threads.start(PROGRESS.run, "progress", self._threads_stop)
+        self._threads.start(self.relayer.run, "relay")
         if self.config.mirror:
             self._mirror = MirrorThread(lambda: list(self.served.queues), self.config.name,
                                         self._threads_stop)
@@ -342,6 +348,7 @@ class Worker:
         self._threads_stop.set()
         self.held.wake()
         PROGRESS.wake()
+        self.relayer.wake()
         deadline = time.monotonic() + 15
         for thread in self._threads.started:
             while thread.is_alive() and time.monotonic() < deadline:

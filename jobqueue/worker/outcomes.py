@@ -9,7 +9,7 @@ puts what it did not record back on the hand-off, whichever thread made it, so a
 never dropped nor held in two places; a refused outcome goes back behind the others, so one that
 keeps being refused holds up no other. It touches the held jobs (forgetting what was recorded),
 the queues' ack and nack, the `job_finished` signal, and relays what a recorded outcome forwarded
-to another shard (relay.py); it claims nothing.
+to another shard (through the relay thread: relaying.py); it claims nothing.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from .. import signals
 from ..engine.scripts.answers import Acked
 from ..engine.store import Queue
 from ..exceptions import VALKEY_DOWN
-from ..flows import relay
 from ..records import Lease
 from ..states import State
 from .executor import Outcome
+from .relaying import Relayer
 from .serving import HeldJobs, Served
 
 log = logging.getLogger("jobqueue.worker")
@@ -61,10 +61,13 @@ class Carried:
 class Outcomes:
     """Outcomes from the runners to Valkey (see the module's docstring)."""
 
-    def __init__(self, held: HeldJobs, served: Served, batch: int, wake: threading.Event) -> None:
+    def __init__(self, held: HeldJobs, served: Served, batch: int, wake: threading.Event,
+                 relayer: Relayer) -> None:
+        """`relayer` relays what the recorded outcomes forwarded (relaying.py)."""
         self.processed = 0
         self.failed = 0
         self._held, self._served, self._batch, self._wake = held, served, batch, wake
+        self._relayer = relayer
         self._finished: SimpleQueue[Finished] = SimpleQueue()
         self._lock = threading.Lock()
         """Guards the successes waiting for a claim and the counts."""
@@ -190,7 +193,7 @@ class Outcomes:
         forwarded = [lease for (lease, _), answer in zip(items, answers, strict=True)
                      if answer.forwarded]
         if forwarded:  # (a member's failure went to dependents on other shards)
-            relay.after(self._served, forwarded)
+            self._relay(forwarded)
         self._held.forget(lease for lease, _ in items)
         with self._lock:
             self.failed += len(items)
@@ -241,13 +244,21 @@ class Outcomes:
             _log(lease, out, answer.state)
         if any(answer.forwarded for answer in answers):
             pairs = zip(items, answers, strict=True)
-            relay.after(self._served, [lease for (lease, _), answer in pairs
-                                       if answer.forwarded])
+            self._relay([lease for (lease, _), answer in pairs if answer.forwarded])
         # (most were forgotten already: their slots went to the claim)
         self._held.forget(lease for lease, _ in items)
         if items:
             with self._lock:
                 self.processed += len(items)
+
+
+    def _relay(self, leases: list[Lease]) -> None:
+        """Relay what the outcomes of `leases` forwarded: at once, here, when the worker holds
+        no other job (its last ones: the dependent waits for this relay, and nothing for this
+        thread), else on the relay thread (relaying.py)."""
+        ours = {(lease.job_id, lease.token) for lease in leases}
+        alone = all(held in ours for held in list(self._held.jobs))
+        self._relayer.after(leases, now=alone)
 
 
 def refused(exc: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""The flow tests' queue of four shards, and where its lanes and forwarded entries are."""
+"""The flow tests' queues of four and of two shards, where the lanes and forwarded entries are."""
 
 from __future__ import annotations
 
@@ -20,6 +20,15 @@ def four(valkey_url: str, settings: Any) -> Queue:
                          "QUEUES": {**settings.JOBQUEUE["QUEUES"], FOUR: {"shards": 4}}}
     conf.reset()
     return Queue(FOUR)
+
+
+@pytest.fixture
+def two(valkey_url: str, settings: Any) -> Queue:
+    """A queue of 2 shards next to the `valkey_url` fixture's queues."""
+    settings.JOBQUEUE = {**settings.JOBQUEUE,
+                         "QUEUES": {**settings.JOBQUEUE["QUEUES"], "two": {"shards": 2}}}
+    conf.reset()
+    return Queue("two")
 
 
 def lane_on(index: int) -> str:

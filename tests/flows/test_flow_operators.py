@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue import Queue, chain, chord, conf, flows
+from jobqueue import Queue, chain, chord, flows
 from jobqueue.engine import layouts
 from jobqueue.flows import relay
 from jobqueue.history.mirror import Mirror
@@ -127,50 +127,41 @@ def test_a_waiting_job_takes_a_new_priority_for_when_it_is_released(valkey_url: 
     assert queue.get(other.id).state == "active"  # type: ignore[union-attr]
 
 
-@pytest.fixture
-def pair(valkey_url: str, settings: Any) -> Queue:
-    """A queue of 2 shards next to the `valkey_url` fixture's queues."""
-    settings.JOBQUEUE = {**settings.JOBQUEUE,
-                         "QUEUES": {**settings.JOBQUEUE["QUEUES"], "pair": {"shards": 2}}}
-    conf.reset()
-    return Queue("pair")
-
-
-def test_a_dependent_that_comes_back_on_a_retired_shard_is_claimed_there(pair: Queue) -> None:
+def test_a_dependent_that_comes_back_on_a_retired_shard_is_claimed_there(two: Queue) -> None:
     lane = {index: next(f"l{n}" for n in range(1000) if layouts.placement_hash(f"l{n}") % 2 == index)
             for index in (0, 1)}
-    m = jobs.fails_with.using(queue="pair", lane=lane[0]).enqueue("x")
-    d = jobs.add.using(queue="pair", lane=lane[1], depends_on=[m]).enqueue(1, 2)
-    assert pair.locate(d.id) == 1
-    [lease] = pair.dequeue(count=5)
-    pair.nack(lease, "x", fatal=True)
-    relay.relay_shard(pair, 0)
-    assert state(pair, d.id) == "cancelled"
-    pair.resize(1)
-    assert layouts.settle(pair.client, "pair", 2) is not None  # shard 1 holds nothing live
-    assert pair.claim_shards() == 1
-    pair.retry(m.id)
-    [again] = pair.dequeue(count=5)
-    assert pair.ack_encoded([(again, "1")]) == [2] and relay.relay_shard(pair, 0) == 1
-    run_all(pair)
+    m = jobs.fails_with.using(queue="two", lane=lane[0]).enqueue("x")
+    d = jobs.add.using(queue="two", lane=lane[1], depends_on=[m]).enqueue(1, 2)
+    assert two.locate(d.id) == 1
+    [lease] = two.dequeue(count=5)
+    two.nack(lease, "x", fatal=True)
+    relay.relay_shard(two, 0)
+    assert state(two, d.id) == "cancelled"
+    two.resize(1)
+    assert layouts.settle(two.client, "two", 2) is not None  # shard 1 holds nothing live
+    assert two.claim_shards() == 1
+    two.retry(m.id)
+    [again] = two.dequeue(count=5)
+    assert two.ack_encoded([(again, "1")]) == [2] and relay.relay_shard(two, 0) == 1
+    run_all(two)
     assert d.result(timeout=5) == 3
 
 
 def test_a_job_made_to_wait_for_a_dead_job_on_another_shard_runs_once_its_retry_succeeds(
-        pair: Queue) -> None:
+        two: Queue) -> None:
     # (Found by test_flow_machine.py: the link to a member that had ended already applied its
     # outcome without writing the edge on its row, so its retry's success reached no one.)
     lane = {index: next(f"l{n}" for n in range(1000) if layouts.placement_hash(f"l{n}") % 2 == index)
             for index in (0, 1)}
-    m = jobs.fails_with.using(queue="pair", lane=lane[0]).enqueue("x")
-    [lease] = pair.dequeue(count=5)
-    assert pair.nack(lease, "x", fatal=True) == "dead"
-    d = jobs.add.using(queue="pair", lane=lane[1], depends_on=[m]).enqueue(1, 2)
-    assert state(pair, d.id) == "cancelled"  # (its member had failed already)
-    assert pair.retry(m.id) == "pending"
-    [again] = pair.dequeue(count=5)
-    assert pair.ack_encoded([(again, "1")]) == [2] and relay.relay_shard(pair, 0) == 1
-    run_all(pair)
+    m = jobs.fails_with.using(queue="two", lane=lane[0]).enqueue("x")
+    [lease] = two.dequeue(count=5)
+    assert two.nack(lease, "x", fatal=True) == "dead"
+    d = jobs.add.using(queue="two", lane=lane[1], depends_on=[m]).enqueue(1, 2)
+    assert state(two, d.id) == "cancelled"  # (its member had failed already)
+    assert two.retry(m.id) == "pending"
+    [again] = two.dequeue(count=5)
+    assert two.ack_encoded([(again, "1")]) == [2] and relay.relay_shard(two, 0) == 1
+    run_all(two)
     assert d.result(timeout=5) == 3
 
 

@@ -3,11 +3,7 @@ does not stop it, nor make it read on from a wrong id."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
-from jobqueue import Queue, conf
+from jobqueue import Queue
 from jobqueue.flows import relay
 from tests.flows.conftest import FOUR, forward_entries, lane_on
 from tests.jobapp import jobs
@@ -39,14 +35,6 @@ def test_an_entry_behind_a_full_batch_of_kept_entries_is_delivered(four: Queue) 
     assert four.ack_encoded([(lease, "3")]) == [2]
     relay.relay_shard(four, 0)
     assert four.get(d.id).state == "pending"  # type: ignore[union-attr]  (main: 'waiting')
-
-
-@pytest.fixture
-def two(valkey_url: str, settings: Any) -> Queue:
-    settings.JOBQUEUE = {**settings.JOBQUEUE,
-                         "QUEUES": {**settings.JOBQUEUE["QUEUES"], "two": {"shards": 2}}}
-    conf.reset()
-    return Queue("two")
 
 
 def test_cancelling_a_wide_chord_over_two_shards_does_not_raise(two: Queue) -> None:

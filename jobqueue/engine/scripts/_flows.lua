@@ -12,7 +12,8 @@ retry (retry.lua).
                           '<queue>#<index>' for a shard of another queue (no queue name holds
                           '#', so neither is taken for the other)
 A released job goes on its lane and base:ring, and wakes a worker through base:wake
-(_lanes.lua); a job that comes back waiting writes its event in base:done (STREAM) and keeps
+(_lanes.lua), or straight to an idle worker (base:idle, base:hand:<name>, base:active:
+_handoff.lua); a job that comes back waiting writes its event in base:done (STREAM) and keeps
 its flow's index base:flow:<id> (ZSET a flow's jobs on this shard -> their position in it: the
 console's flow page merges every shard's) for good again.
 ]]
@@ -54,32 +55,44 @@ local function with_first_arg(payload, arg)
   return string.sub(payload, 1, b) .. arg .. ',' .. rest
 end
 
+-- A chord's callback reads its members' outcomes in HMGETs of so many fields (unpack's bound).
+local SLOTS_AT_ONCE = 1000
+
 -- A waiting job whose dependencies are done becomes pending: its members' outcomes go in as its
 -- first argument ('first': the one slot, a chain's step; 'list': every slot in order, a
--- chord's callback), and its flow keys go. (Also an operator's retry of a job cancelled while it
--- waited, once its members are done.)
--- uses: job_key, count_field, with_first_arg, make_ready, wake_workers
+-- chord's callback), and its flow keys go; it goes straight to an idle worker of its shard when
+-- one waits (hand_released in _handoff.lua: no wake token, no claim call). (Also an operator's
+-- retry of a job cancelled while it waited, once its members are done.)
+-- uses: job_key, count_field, with_first_arg, make_ready, wake_workers, SLOTS_AT_ONCE
+-- uses: hand_released
 local function release_job(base, dep, now)
   local dk = job_key(base, dep)
   local row = redis.call('HMGET', dk, 'payload', 'takes', 'slots')
   local rk = base .. ':results:' .. dep
+  local payload = row[1] or '{}'
   if row[2] == 'first' or row[2] == 'list' then
     local arg = redis.call('HGET', rk, '0') or 'null'
-    if row[2] == 'list' then
-      local slots = {}
-      for i = 0, (count_field(row[3]) or 0) - 1 do
-        slots[#slots + 1] = redis.call('HGET', rk, tostring(i)) or 'null'
+    if row[2] == 'list' then  -- (a HGET per slot cost twice as much)
+      local slots, total = {}, count_field(row[3]) or 0
+      for first = 0, total - 1, SLOTS_AT_ONCE do
+        local names = {}
+        for i = first, math.min(first + SLOTS_AT_ONCE, total) - 1 do names[#names + 1] = i end
+        local values = redis.call('HMGET', rk, unpack(names))
+        for i = 1, #names do slots[#slots + 1] = values[i] or 'null' end
       end
       arg = '[' .. table.concat(slots, ',') .. ']'
     end
-    redis.call('HSET', dk, 'payload', with_first_arg(row[1] or '{}', arg))
+    payload = with_first_arg(payload, arg)
+    redis.call('HSET', dk, 'payload', payload)
   end
   redis.call('HDEL', dk, 'takes', 'slots', 'blocked_by', 'waited', 'finished_at')
   redis.call('PERSIST', dk)
   redis.call('DEL', rk, base .. ':deps:' .. dep)
   redis.call('SREM', base .. ':waiting', dep)
-  make_ready(base, base .. ':ring', dk, dep, now)
-  wake_workers(base .. ':wake', 1)
+  if not hand_released(base, dk, dep, payload, now) then
+    make_ready(base, base .. ':ring', dk, dep, now)
+    wake_workers(base .. ':wake', 1)
+  end
 end
 
 -- A finished member's outcome as it goes in a dependent's slot: its result (JSON), or for a
@@ -191,6 +204,50 @@ local function edge_done(base, id, state, slot, dep, index, policy, now, retenti
     redis.call('PEXPIRE', pending, ttl)
   end
   return false
+end
+
+-- Successes delivered for one job `dep` waiting on this shard (state 'waiting': not one kept
+-- while cancelled), `run` = {member, slot, value, token} in the stream's order, applied as
+-- edge_done applies each in turn but with a few calls for the whole run: the slots' tokens and
+-- failure marks and the members' presence in its set read at once, the writes made at once. A
+-- run whose slots hold a failure mark goes the one-by-one way (false: nothing done). Once an
+-- entry empties its set, the job is released and the rest of the run finds it so (no-ops).
+-- uses: release_job
+local function successes_done(base, dep, run, now)
+  local rk, pending = base .. ':results:' .. dep, base .. ':deps:' .. dep
+  local tfields, ffields, ids = {}, {}, {}
+  for i, e in ipairs(run) do
+    tfields[i], ffields[i], ids[i] = 't' .. e[2], 'f' .. e[2], e[1]
+  end
+  local marks = redis.call('HMGET', rk, unpack(ffields))
+  for i = 1, #run do
+    if marks[i] then return false end
+  end
+  local seen = redis.call('HMGET', rk, unpack(tfields))
+  local present = redis.call('SMISMEMBER', pending, unpack(ids))
+  local left = redis.call('SCARD', pending)
+  local tokens, writes, gone, drop = {}, {}, {}, {}
+  local released = false
+  for i, e in ipairs(run) do
+    local slot, t = e[2], tonumber(e[4])
+    local last = tokens[slot]
+    if last == nil then last = tonumber(seen[i]) or false end
+    if not (t and last and last > t) then  -- (else fenced: older than the slot's last)
+      if t then tokens[slot] = t end
+      writes[#writes + 1] = slot; writes[#writes + 1] = e[3]
+      if present[i] == 1 and not gone[e[1]] then
+        gone[e[1]] = true
+        drop[#drop + 1] = e[1]
+        left = left - 1
+        if left == 0 then released = true; break end
+      end
+    end
+  end
+  for slot, t in pairs(tokens) do writes[#writes + 1] = 't' .. slot; writes[#writes + 1] = t end
+  if #writes > 0 then redis.call('HSET', rk, unpack(writes)) end
+  if #drop > 0 then redis.call('SREM', pending, unpack(drop)) end
+  if released then release_job(base, dep, now) end
+  return true
 end
 
 -- A member of a flow finished: each job waiting on it (`dependents`: '<id>:<slot>:<policy>' for

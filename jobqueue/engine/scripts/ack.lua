@@ -9,6 +9,8 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         lanes with ready work (a lane held at its cap comes back when a slot
                         frees), base:wake LIST wake tokens (for such lanes: one push per call,
                         however many came back)
+                        (a released dependent handed to an idle worker: base:idle,
+                        base:hand:<name>; _handoff.lua)
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] meta    HASH    counters n_<state>
 ARGV[1] retention  ms a finished row is kept

@@ -13,6 +13,9 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           base:notify:<id>, base:flow:<id>, base:wake (a dependent released);
                           base:ring LIST lanes with ready work, base:done STREAM terminal
                           events
+                          (a released dependent handed to an idle
+                          worker: base:idle, base:hand:<name>,
+                          base:active; _handoff.lua)
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] meta      HASH    counters
 ARGV[1] job_id     the job

@@ -13,6 +13,8 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         lane -> its active jobs that hold a slot of its cap; base:capped SET
                         lanes held off the ring at their cap; base:rated ZSET lanes held off
                         the ring by their rate: lane -> ms their next token is due
+                        (a released dependent handed to an idle worker: base:idle,
+                        base:hand:<name>; _handoff.lua)
 KEYS[2] active  ZSET    id -> lease deadline ms (server clock)
 KEYS[3] meta    HASH    paused; caps = '1' while base:caps holds a cap set live; gcap = the
                         queue's global cap set live (permits.lua), absent while none is

@@ -58,7 +58,7 @@ Returns: 1 when the shard's meta says 'listed', else 0; then per job two entries
         neither the lane nor the key is here; place it on its live shard)
 ]]
 -- uses: now_ms, job_key, unready, uniq_key, lane_key, uniqs_key, lane_push, wake_workers
--- uses: lease_field
+-- uses: idle_taker, hand_lease, hand_push
 local base, ring, schedule, wake, meta, active, idle = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6], KEYS[7]
 local prior, n = ARGV[1] == 'prior', tonumber(ARGV[2])
@@ -77,14 +77,8 @@ end
 
 -- An idle worker to hand a lone ready job to (see above): {name, lease ms, overrides}, or nil.
 local function idle_worker()
-  if n ~= 1 or prior or flags[2] == '1' or flags[4] == '1' then return nil end
-  if flags[5] and flags[5] ~= '0' then return nil end
-  local pick = redis.call('HRANDFIELD', idle, 1, 'WITHVALUES')
-  if not pick[1] or redis.call('LLEN', ring) > 0 then return nil end
-  redis.call('HDEL', idle, pick[1])
-  local lease, force = string.match(pick[2], '^(%d+):([01])$')
-  if not lease then return nil end
-  return {pick[1], tonumber(lease), force == '1'}
+  if n ~= 1 or prior then return nil end
+  return idle_taker(idle, ring, flags[2], flags[4], flags[5])
 end
 
 -- Add a field to a row's HSET arguments unless it holds the default.
@@ -162,9 +156,7 @@ for i = 0, n - 1 do
     if ARGV[o + 11] ~= '0' then put(row, 'expires_at', at() + tonumber(ARGV[o + 11]), nil) end
     local lease, limit = nil, 0  -- (read only for a job handed over)
     if taker then  -- leased as claim.lua leases a job (attempts 1: the fencing token)
-      lease, limit = lease_field(ARGV[o + 6])
-      if taker[3] or lease <= 0 then lease = taker[2] end
-      if limit > 0 then lease = math.min(lease, limit + 1000) end
+      lease, limit = hand_lease(taker, ARGV[o + 6])
       for _, v in ipairs({'attempts', 1, 'started_at', at(), 'lease_until', at() + lease,
           'worker', taker[1]}) do row[#row + 1] = v end
     end
@@ -174,11 +166,7 @@ for i = 0, n - 1 do
       redis.call('SADD', uniqs_key(base), unique)
     end
     if taker then
-      redis.call('ZADD', active, at() + lease, id)
-      local hand = base .. ':hand:' .. taker[1]
-      local leased = limit > 0 and (lease .. ':' .. limit) or lease
-      redis.call('RPUSH', hand, id .. '|' .. leased .. '|' .. ARGV[o + 1])
-      redis.call('PEXPIRE', hand, lease + 600000)
+      hand_push(base, active, id, taker, lease, limit, ARGV[o + 1], at())
     elseif delay > 0 then
       redis.call('ZADD', schedule, at() + delay, id)
     else

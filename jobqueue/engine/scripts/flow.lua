@@ -22,6 +22,9 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           work, base:wake LIST wake tokens, base:done STREAM terminal events (a
                           job cancelled at once: a member had failed), base:waiting SET jobs
                           waiting for their dependencies
+                          (a released dependent handed to an idle
+                          worker: base:idle, base:hand:<name>,
+                          base:active; _handoff.lua)
 KEYS[2] schedule  ZSET    id -> due ms
 KEYS[3] meta      HASH    'draining' (the shard takes no new jobs), 'listed'
 ARGV[1] flow_id    the flow's id ('' = none: no base:flow:<id> index)

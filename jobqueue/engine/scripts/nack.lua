@@ -6,6 +6,9 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting;
                           base:done STREAM terminal events, base:ring LIST lanes with ready
                           work, base:wake LIST wake tokens
+                          (a released dependent handed to an idle
+                          worker: base:idle, base:hand:<name>;
+                          _handoff.lua)
 KEYS[2] active    ZSET    id -> lease deadline ms
 KEYS[3] schedule  ZSET    id -> due ms
 KEYS[4] dead      ZSET    id -> finished ms

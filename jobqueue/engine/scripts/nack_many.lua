@@ -7,6 +7,9 @@ KEYS[1] base      prefix  emq:{q}; the keys nack.lua derives from it: the rows (
                           base:m:<minute>, base:uniq:<key>, base:uniqs, base:notify:<id>,
                           base:flow:<id>, base:done) and tells dependents (base:deps:<id>,
                           base:results:<id>, base:forward, base:waiting), base:ring, base:wake
+                          (a released dependent handed to an idle
+                          worker: base:idle, base:hand:<name>;
+                          _handoff.lua)
 KEYS[2] active    ZSET    jobs leased: id -> lease deadline ms
 KEYS[3] schedule  ZSET    retries waiting: id -> due ms
 KEYS[4] dead      ZSET    dead jobs: id -> finished ms

@@ -12,6 +12,8 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:done STREAM terminal events, base:ring LIST lanes with ready
                         work, base:wake LIST wake tokens, base:schedule ZSET a timed-out run's
                         retry after its backoff
+                        (a released dependent handed to an idle worker: base:idle,
+                        base:hand:<name>; _handoff.lua)
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] dead    ZSET    id -> finished ms
 KEYS[4] meta    HASH    counters

@@ -7,6 +7,8 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:deps:<id>, base:results:<id>, base:forward, base:waiting (_flows.lua);
                         base:ring LIST lanes with ready work, base:wake LIST wake tokens,
                         base:done STREAM terminal events
+                        (a released dependent handed to an idle worker: base:idle,
+                        base:hand:<name>; _handoff.lua)
 KEYS[2] active  ZSET    id -> lease deadline ms
 KEYS[3] meta    HASH    counters
 ARGV[1] retention  ms a finished row is kept

@@ -10,6 +10,8 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:lane:<l>, unique keys base:uniq:<key>, base:uniqs, and a flow's
                         base:deps:<id>, base:results:<id>, base:waiting; base:ring LIST lanes
                         with ready work, base:wake LIST wake tokens
+                        (a released dependent handed to an idle worker: base:idle,
+                        base:hand:<name>, base:active, base:meta; _handoff.lua)
 KEYS[2] dead    ZSET    id -> finished ms
 ARGV[1] job_id     the job
 ARGV[2] call_id    the call's own id ('' = none): its answer is kept a minute in

@@ -1,0 +1,225 @@
+"""The hops between a flow's last member and the job waiting for it, against a real server
+(standalone and cluster): a success whose ack releases the next job claims it in the same call,
+though the worker's last claim found the queue empty; a chord's callback reads every slot; a
+released job goes straight to an idle worker of its queue, leased; one delivery applies a run
+of a job's outcomes as one by one would; a chord across queues with a taken id writes nothing;
+the relay runs on the worker's thread, or on the caller's when that thread does not run."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobqueue import Queue, chain, chord
+from jobqueue.engine import handoff
+from jobqueue.engine.scripts import caller
+from jobqueue.exceptions import InvalidFlow
+from jobqueue.flows import relay
+from jobqueue.records import Lease
+from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.worker.relaying import Relayer
+from jobqueue.worker.serving import Served
+from tests.jobapp import jobs
+from tests.workers import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def _worker(*queues: str, **options: Any) -> Worker:
+    """A worker serving `queues`, driven turn by turn by the test (no waiter, no maintenance)."""
+    worker = Worker(WorkerConfig(queues=queues, mirror=False, name="w-1", **options))
+    for name in queues:
+        worker.served.add(Queue(name), Queue(name).claim_shards())
+    worker.start_runners()
+    worker.maintenance.hold()
+    return worker
+
+
+def test_the_ack_of_a_chains_step_claims_the_next_step_though_the_queue_looked_empty(
+        valkey_url: str) -> None:
+    ref = chain(jobs.add.s(2, 3), jobs.mul.s(4)).enqueue()
+    worker = _worker("default", concurrency=2)
+    try:
+        assert worker.turn()  # the first step (and the claim came back short: the queue is
+        wait_for(worker.outcomes.unrecorded)  # skipped a moment by the main loop's claims)
+        # Its success rides a claim all the same, which takes the step its ack released.
+        assert worker.turn()  # main: False (acked alone; the next step waited for a token)
+        wait_for(worker.outcomes.unrecorded)
+        worker.turn()
+        assert ref.result(timeout=10) == 20
+    finally:
+        assert worker.runners is not None
+        worker.runners.stop(wait=True)
+
+
+def test_a_chord_of_more_members_than_one_read_takes_calls_back_with_every_result_in_order(
+        valkey_url: str) -> None:
+    # Its release reads the members' outcomes SLOTS_AT_ONCE (1000) at a time (_flows.lua).
+    members = 2345
+    ref = chord([jobs.add.s(i, 1) for i in range(members)], jobs.total.s()).enqueue()
+    queue = Queue("default")
+    while (leases := queue.dequeue(count=500)) and leases[0].job_id != ref.id:
+        queue.ack_encoded([(lease, str(lease.payload["args"][0] + 1)) for lease in leases])
+    assert [lease.job_id for lease in leases] == [ref.id]  # released once every member is done
+    assert leases[0].payload["args"][0] == list(range(1, members + 1))
+
+
+def test_a_chord_across_queues_whose_callbacks_id_is_taken_writes_nothing(two: Queue) -> None:
+    taken = jobs.add.using(queue="two").enqueue(1, 1)
+    with pytest.raises(InvalidFlow, match=f"job id {taken.id} is taken"):
+        chord([jobs.add.s(i, 1) for i in range(20)],
+              jobs.total.using(queue="two", job_id=taken.id).s()).enqueue()
+    assert Queue("default").counts()["pending"] == 0 and two.counts()["pending"] == 1
+
+
+def _offer(queue: Queue, index: int, worker: str = "w") -> None:
+    """An idle worker's offer on shard `index` of `queue` (as its waiter makes it)."""
+    wait = handoff.wait_commands(queue.shard(index), 5, worker,
+                                 handoff.offer(queue.lease_ms(), False))
+    queue.client.execute_command(*wait[0])
+
+
+def _finish_members(count: int) -> None:
+    """Claim and ack a chord's `count` members on `default`, then relay what they forwarded."""
+    default = Queue("default")
+    leases = default.dequeue(count=count + 1)
+    assert len(leases) == count
+    default.ack_encoded([(lease, str(lease.payload["args"][0])) for lease in leases])
+    relay.relay_queue(default)
+
+
+@pytest.mark.parametrize("paused", [False, True])
+def test_a_callback_its_last_member_releases_goes_to_an_idle_worker_of_its_queue_leased(
+        two: Queue, paused: bool) -> None:
+    ref = chord([jobs.add.s(i, 0) for i in range(3)], jobs.total.using(queue="two").s()
+                ).enqueue()
+    index = two.locate(ref.id)
+    assert index is not None
+    shard = two.shard(index)
+    _offer(two, index)
+    if paused:
+        two.pause()
+    _finish_members(3)
+    if paused:  # (paused: its offer stands, the callback waits for a claim as any job)
+        assert two.get(ref.id).state == "pending"  # type: ignore[union-attr]
+        assert two.client.hexists(shard.key("idle"), "w")
+        return
+    # Handed over as an enqueue hands a lone new job: leased (token 1), no wake token pushed.
+    (lease,) = handoff.withdraw(two.client, shard, "w")  # main: [] (pending, a wake token)
+    assert (lease.job_id, lease.token, lease.payload["args"]) == (ref.id, 1, [[0, 1, 2]])
+    row = two.client.hgetall(shard.job(ref.id))
+    assert (row["state"], row["attempts"], row["worker"]) == ("active", "1", "w")
+    assert two.client.zscore(shard.key("active"), ref.id) == float(row["lease_until"])
+    assert two.client.llen(shard.key("wake")) == 0 and two.counts()["pending"] == 0
+    assert two.ack(lease, 3) and two.get(ref.id).state == "succeeded"  # type: ignore[union-attr]
+
+
+def _forwarded(members: int) -> tuple[str, list[list[str]]]:
+    """A chord of `members` on `default` whose callback is on `two`, its members acked: the
+    callback's id and the entries they forwarded (as deliver takes them, token last)."""
+    ref = chord([jobs.add.s(i, 0) for i in range(members)], jobs.total.using(queue="two").s()
+                ).enqueue()
+    default = Queue("default")
+    leases = default.dequeue(count=members)
+    default.ack_encoded([(lease, str(10 + lease.payload["args"][0])) for lease in leases])
+    entries = [[*(fields[name] for name in relay.FIELDS), fields["token"]] for _, fields
+               in default.client.xrange(default.shard(0).key("forward"))]
+    return ref.id, sorted(entries, key=lambda entry: int(entry[1]))
+
+
+def _deliver(queue: Queue, callback: str, entries: list[list[str]]) -> list[int]:
+    index = queue.locate(callback)
+    assert index is not None
+    flat = [field for entry in entries for field in entry]
+    return caller.run(queue.client, "deliver", queue.shard(index), [60_000, len(entries), *flat])
+
+
+def test_one_delivery_of_a_jobs_outcomes_applies_each_in_turn(two: Queue) -> None:
+    # A relay delivers a run of entries for one job at once: replays in it change nothing, an
+    # outcome older than its slot's changes nothing, and the job is released once, when the
+    # last member's entry empties its set: what comes after in the run finds it released.
+    callback, (e0, e1, e2) = _forwarded(3)
+    older = [*e1[:5], "999", "0"]  # (token 0: older than the member's attempt 1)
+    newer = [*e2[:5], "555", "5"]  # (after the release: too late)
+    run = [e0, e0, older, e1, older, e2, newer, e1]
+    assert _deliver(two, callback, run) == [0] + [1] * len(run)
+    assert _deliver(two, callback, run) == [0] + [1] * len(run)  # (a replay of the whole)
+    assert two.counts()["pending"] == 1 and two.counts()["waiting"] == 0
+    [lease] = two.dequeue(count=5)
+    assert lease.job_id == callback and lease.payload["args"] == [[10, 11, 12]]
+
+
+def test_a_delivery_of_part_of_a_jobs_outcomes_leaves_it_waiting_for_the_rest(two: Queue) -> None:
+    callback, (e0, e1, e2) = _forwarded(3)
+    assert _deliver(two, callback, [e2, e0, e2]) == [0, 1, 1, 1]
+    assert two.get(callback).state == "waiting"  # type: ignore[union-attr]
+    assert _deliver(two, callback, [[*e0[:5], "7", "0"], e1]) == [0, 1, 1]  # (e0's again: older)
+    [lease] = two.dequeue(count=5)
+    assert lease.payload["args"] == [[10, 11, 12]]
+
+
+def test_a_stopping_worker_relays_what_its_last_runs_forwarded_before_it_ends(two: Queue) -> None:
+    # The member still runs when the worker is asked to stop: its ack, recorded by the drain,
+    # forwards its outcome, which the worker's relay thread (stopped only after the drain)
+    # delivers before the worker ends (its maintenance turn comes only at the start here).
+    ref = chord([jobs.square_slowly.s(3, 0.5)], jobs.total.using(queue="two").s()).enqueue()
+    default = Queue("default")
+    worker = Worker(WorkerConfig(queues=("default",), concurrency=2, mirror=False, name="w-1",
+                                 maintenance_every=3600))
+    with _running(worker) as thread:
+        wait_for(lambda: default.counts()["active"] == 1)
+        worker.request_stop()
+        thread.join(30)
+    assert worker.processed == 1
+    assert default.client.xlen(default.shard(0).key("forward")) == 0
+    assert two.get(ref.id).state == "pending"  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def _running(worker: Worker) -> Iterator[threading.Thread]:
+    """`worker.run` on a thread of its own, stopped and joined on the way out."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.request_stop()
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def test_the_relayer_relays_on_the_callers_thread_when_its_thread_does_not_run_or_now(
+        two: Queue) -> None:
+    default = Queue("default")
+    served, stop = Served(), threading.Event()
+    served.add(default, 1)
+    relayer = Relayer(served, stop)
+
+    def finished_member() -> tuple[str, Lease]:
+        ref = chord([jobs.add.s(1, 2)], jobs.total.using(queue="two").s()).enqueue()
+        [lease] = default.dequeue(count=2)
+        assert default.ack_encoded([(lease, "3")]) == [2]  # (it forwarded)
+        return ref.id, lease
+
+    thread = threading.Thread(target=relayer.run, daemon=True)
+    try:
+        for when in ("before", "now", "after"):
+            if when == "now":  # (its thread runs: `now`, the worker's last outcomes, here)
+                thread.start()
+                wait_for(lambda: relayer.running)
+            if when == "after":  # (its thread ended with the worker's stop)
+                stop.set()
+                relayer.wake()
+                thread.join(10)
+                assert not thread.is_alive()
+            callback, lease = finished_member()
+            relayer.after([lease], now=when == "now")  # (relayed here, before it returns)
+            assert default.client.xlen(default.shard(0).key("forward")) == 0
+            assert two.get(callback).state == "pending"  # type: ignore[union-attr]
+    finally:
+        stop.set()
+        relayer.wake()
