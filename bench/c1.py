@@ -4,7 +4,7 @@ worker's CPU per job (its rusage), each the marginal cost of a job: a `runworker
 --concurrency 1` run over N jobs minus one over none (start-up and stop cancel out).
 
     .venv/bin/python bench/c1.py [--jobs 20000] [--handler anoop] [--rounds 2] [--mirror]
-                                 [--roots /work/main,.]   # checkouts, alternating, each round
+                                 [--roots ../other-checkout,.]   # checkouts, alternating, each round
 
 `--latency S`: instead, an idle worker per checkout and the raw floor, each on its own Valkey,
 their jobs taking turns every 10 ms, S jobs each: p50 / p90 ms from enqueue to handler start, and

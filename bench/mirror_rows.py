@@ -6,7 +6,7 @@ count too). Each time puts the same events back into the stream and empties the 
 time inserts the same rows.
 
     .venv/bin/python bench/mirror_rows.py [--rows 20000] [--batches 1000,50] [--rounds 3]
-                                          [--repeat 3] [--roots /work/main,.] [--profile 50]
+                                          [--repeat 3] [--roots ../other-checkout,.] [--profile 50]
 
 `--roots`: checkouts measured in turn, alternating, each round (each in a process of its own).
 `--profile B`: instead, a cProfile of one round at batch B in this checkout.
