@@ -118,6 +118,21 @@ def test_a_callback_its_last_member_releases_goes_to_an_idle_worker_of_its_queue
     assert two.ack(lease, 3) and two.get(ref.id).state == "succeeded"  # type: ignore[union-attr]
 
 
+def test_a_callback_handed_over_says_it_became_ready_at_its_release_as_one_claimed_does(
+        two: Queue) -> None:
+    # A released job that goes to a lane gets its `run_after` then (make_ready): the console's
+    # "ready / due" says when it could run, not when its flow was written. One handed straight
+    # to an idle worker became ready in the same call that started it.
+    ref = chord([jobs.add.s(i, 0) for i in range(2)], jobs.total.using(queue="two").s()
+                ).enqueue()
+    index = two.locate(ref.id)
+    assert index is not None
+    _offer(two, index)
+    _finish_members(2)
+    row = two.client.hgetall(two.shard(index).job(ref.id))
+    assert row["state"] == "active" and row.get("run_after") == row["started_at"]
+
+
 def _forwarded(members: int) -> tuple[str, list[list[str]]]:
     """A chord of `members` on `default` whose callback is on `two`, its members acked: the
     callback's id and the entries they forwarded (as deliver takes them, token last)."""

@@ -64,8 +64,8 @@ local function hand_released(base, jk, id, payload, now)
   local taker = idle_taker(base .. ':idle', base .. ':ring', flags[1], flags[2], flags[3])
   if not taker then return false end
   local lease, limit = hand_lease(taker, row[3] or '0')
-  redis.call('HSET', jk, 'state', 'active', 'attempts', 1, 'started_at', now,
-    'lease_until', now + lease, 'worker', taker[1])
+  redis.call('HSET', jk, 'state', 'active', 'attempts', 1, 'run_after', now, 'started_at', now,
+    'lease_until', now + lease, 'worker', taker[1])  -- (ready now, as make_ready says it)
   hand_push(base, base .. ':active', id, taker, lease, limit, payload, now)
   return true
 end
