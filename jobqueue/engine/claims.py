@@ -31,6 +31,11 @@ and of the API's claims without one (`Queue.dequeue`), whichever process makes t
 os.register_at_fork(after_in_child=lambda: _tag.__setitem__(0, secrets.token_hex(3)))
 
 
+def new_claim_id() -> str:
+    """A claim's id (also an idle offer's: handoff.py)."""
+    return f"{_tag[0]}{next(_count)}"
+
+
 class LostClaims:
     """The claims of one queue whose reply was lost: (shard, worker, claim id)."""
 
@@ -44,7 +49,7 @@ class LostClaims:
         back: its answer, or the error that lost it (then it is remembered)."""
         if self.lost:
             self.recover(client, shard.queue)
-        claim_id = f"{_tag[0]}{next(_count)}"
+        claim_id = new_claim_id()
         try:
             return calls.claim(client, shard, count, head, claim_id, successes)
         except VALKEY_DOWN:

@@ -3,9 +3,10 @@
 An idle worker offers itself on the shard (`idle`, a hash field expiring on the server clock
 when its wait would end) and blocks on its own hand-off list and the shard's `wake` list. An
 enqueue that finds nothing else ready there leases the job to it and pushes it onto its list
-(see enqueue.lua): the job reaches the worker already leased, with no claim call. These
-functions build the wait's commands and read its replies; the worker's waiters send them on
-connections of their own.
+(see enqueue.lua): the job reaches the worker already leased, with no claim call. An offer
+carries an id, which the job handed over keeps as a claimed job keeps its claim's: a wait whose
+reply was lost gives that job back uncharged (`recover`). These functions build the wait's
+commands and read its replies; the worker's waiters send them on connections of their own.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from ..conf import get_config
 from ..keys import ShardKeys
 from ..records import Lease
+from .scripts import calls
 
 
-def offer(lease_ms: int, override: bool) -> str:
-    """An idle worker's offer: the lease a job handed to it gets, and whether that lease
-    overrides the job's own (`runworker --lease`)."""
-    return f"{lease_ms}:{int(override)}"
+def offer(lease_ms: int, override: bool, offer_id: str = "") -> str:
+    """An idle worker's offer: the lease a job handed to it gets, whether that lease overrides
+    the job's own (`runworker --lease`), and the offer's id (a claim's id: the job handed over
+    carries it as `claim`, so that a wait whose reply was lost hands it back as a lost claim's
+    jobs go back: `LostClaims`)."""
+    return f"{lease_ms}:{int(override)}" + (f":{offer_id}" if offer_id else "")
 
 
 def wait_commands(shard: ShardKeys, timeout: int, worker: str,
@@ -64,3 +69,12 @@ def withdraw(client: Any, shard: ShardKeys, worker: str) -> list[Lease]:
         pipe.lpop(shard.hand(worker), 1000)
         _, taken = pipe.execute()
     return [handed(shard, value) for value in taken or ()]
+
+
+def recover(client: Any, shard: ShardKeys, worker: str, offer_id: str) -> int:
+    """The job handed over during a wait of `worker` whose reply was lost (its offer's id),
+    handed back uncharged and taken off the worker's list (release.lua): nobody ran it, and
+    it is no job of this worker's. Call it before the worker's next wait on `shard` (which
+    would take it from the list); how many it handed back."""
+    return calls.release_lost(client, shard, round(get_config().retention * 1000), worker,
+                              offer_id)

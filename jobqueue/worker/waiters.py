@@ -10,9 +10,10 @@ job starts on the thread that received it. A busy worker waits without an offer 
 over then would wait for room): when it falls busy, the offers of its waits on other shards go
 and those waits end (`withdraw_offers`, once the jobs that made it busy are on its runners);
 when it falls idle, the main loop ends its waits without an offer (`unblock`) so the next wait
-makes the offer. A queue whose limits only the claim script
-enforces (a `concurrency` cap, a rate, lane caps or lane rates: `QueueOptions.claim_only`) never
-offers.
+makes the offer. A wait with an offer whose reply was lost hands back, before the next wait, the
+job handed over in it (`handoff.recover`: by the offer's id). A queue whose limits only the
+claim script enforces (a `concurrency` cap, a rate, lane caps or lane rates:
+`QueueOptions.claim_only`) never offers.
 On a cluster the kept connection is to the node that holds the shard, found again after an
 error (a failover moves the shard); a burst run waits the plain way (1 s BLPOPs on the client).
 On a kept connection a wait lasts up to IDLE_WAIT.
@@ -41,6 +42,7 @@ from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from ..engine import handoff, wire
+from ..engine.claims import new_claim_id
 from ..engine.store import READ_SLACK, Queue
 from ..keys import ShardKeys
 from ..records import Lease
@@ -95,6 +97,12 @@ class Lines:
     line: WaitLine | bool | None = None
     """Its connection for the waits on the event loop, once opened; False when there can be
     none."""
+    offer_id: str = ""
+    """The id of the offer its wait in progress made, until the wait's reply arrives."""
+    lost_offer: str = ""
+    """An offer whose wait's reply was lost: a job handed over then (leased to the worker,
+    maybe taken off its list by the lost BLPOP) goes back before the next wait
+    (`handoff.recover`)."""
 
 
 class Waiters:
@@ -145,9 +153,13 @@ class Waiters:
                     self._threads_stop.wait(0.5)  # (until the worker, due, stops)
                     continue
                 try:
+                    if lines.lost_offer:
+                        self._recover(lines)
                     woke = self.wait(lines)
                 except RedisError as exc:
                     log.debug("wait on %s shard %d: %r", queue.name, index, exc)
+                    lines.lost_offer = lines.lost_offer or lines.offer_id
+                    lines.offer_id = ""
                     self.drop(lines)  # (taken anew: on a cluster, maybe on another node)
                     self._threads_stop.wait(1.0)
                     continue
@@ -156,6 +168,16 @@ class Waiters:
         finally:
             self._withdraw(lines)
             self.drop(lines)
+
+    def _recover(self, lines: Lines) -> None:
+        """Hand back what an offer whose wait's reply was lost brought (see `Lines`)."""
+        queue = lines.queue
+        back = handoff.recover(queue.client, queue.shard(lines.index), self._config.name,
+                               lines.lost_offer)
+        lines.lost_offer = ""
+        if back:
+            log.info("queue=%s shard %d: a job handed over in a wait whose reply was lost went "
+                     "back uncharged", queue.name, lines.index)
 
     def _claim_after_token(self, queue: Queue, index: int) -> None:
         """Claim from a shard whose token arrived. A claim that fails gave back the outcomes it
@@ -185,7 +207,9 @@ class Waiters:
             lines.conn_id = wire.call_on(lines.conn, [("CLIENT", "ID")])[0]
         idle = lines.hand_off and self._held.idle  # (not while every thread overruns)
         lease = self._config.lease
-        offer = handoff.offer(queue.lease_ms(lease), lease is not None) if idle else None
+        lines.offer_id = new_claim_id() if idle else ""
+        offer = (handoff.offer(queue.lease_ms(lease), lease is not None, lines.offer_id)
+                 if idle else None)
         commands = handoff.wait_commands(queue.shard(index), IDLE_WAIT, self._config.name, offer)
         lines.offered = lines.offered or idle
         loop = self._loop()
@@ -217,6 +241,7 @@ class Waiters:
         `offered`: the wait began with an offer, whose reply comes first (the wait is over: it
         is no offer `withdraw_offers` should end)."""
         self._offered_waits.pop((lines.queue.name, lines.index), None)
+        lines.offer_id = ""  # (its reply arrived: nothing handed over was lost)
         got = handoff.after_wait(lines.queue.shard(lines.index),
                                  self._past_offer(lines, replies) if offered else replies)
         if isinstance(got, list):
@@ -258,6 +283,8 @@ class Waiters:
             return
         try:
             queue = lines.queue
+            if lines.lost_offer:
+                self._recover(lines)
             self._take(queue, handoff.withdraw(queue.client, queue.shard(lines.index),
                                                self._config.name))
         except RedisError:

@@ -4,6 +4,7 @@ script holds the server, a SIGKILL, a port nobody listens on."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -16,10 +17,13 @@ import redis
 
 from jobqueue import Queue, chain, conf, ids
 from jobqueue.engine import wire
+from jobqueue.engine.scripts import caller
+from jobqueue.engine.store import READ_SLACK
 from jobqueue.history import outbox
 from jobqueue.keys import ShardKeys, placement_hash
 from jobqueue.models import Job
 from jobqueue.spec import JobSpec
+from jobqueue.worker.waiters import IDLE_WAIT
 from tests.jobapp import jobs
 from tests.servers import ValkeyProcess
 from tests.workers import start_worker, wait_for
@@ -142,6 +146,41 @@ def test_a_job_handed_to_a_worker_killed_while_its_offer_stood_costs_no_run(
     assert info is not None and info.state == "pending", info  # not `dead`: it never ran
     [lease] = queue.dequeue(worker="w2")
     assert queue.nack(lease, "a real run fails") == "dead"  # its one run is still its to spend
+
+
+def test_a_job_handed_over_in_a_wait_whose_reply_is_lost_goes_back_uncharged(
+        slow_server: ValkeyProcess) -> None:
+    # The hand-off pops the job in the idle worker's BLPOP, then the server stalls (DEBUG SLEEP
+    # pipelined after the enqueue, so it runs before the reply goes out) longer than the worker
+    # waits for the reply: the reply is lost, the job leased to the worker by its offer. The
+    # waiter hands it back uncharged before its next wait, so its one run is still its own
+    # (else its lease lapses and the reaper counts a run nobody made: dead, never run; a lease
+    # shorter than the stall would lapse first, as a lost claim's does).
+    client = conf.client_for_url(slow_server.url)
+    queue = Queue("default", client=client)
+    assert queue.enqueue("loads the script") and queue.dequeue(count=5)
+    client.delete(queue.shard(0).key("wake"))  # (its token: the worker's first wait offers)
+    worker = start_worker(slow_server.url, "--queues", "default", "--concurrency", "1")
+    shard = queue.shard(0)
+    job_id = ids.new_id()
+    try:
+        wait_for(lambda: client.hlen(shard.key("idle")) > 0)
+        sender = redis.Redis.from_url(slow_server.url, socket_timeout=60, decode_responses=True)
+        with sender.pipeline(transaction=False) as pipe:
+            pipe.execute_command(*caller.head("enqueue", shard), "", 1, job_id,
+                                 json.dumps({"args": [1, 2], "handler": "tests.jobapp.jobs.add"}),
+                                 "0", "", "1", "", "20000", "0", "", "0", "0", "0")
+            pipe.execute_command("DEBUG", "SLEEP", IDLE_WAIT + READ_SLACK + 1)
+            assert pipe.execute()[0][1:] == [job_id, "new"]
+        sender.close()
+        wait_for(lambda: (info := queue.get(job_id)) is not None
+                 and info.state in ("succeeded", "dead"), timeout=60)
+        info = queue.get(job_id)
+        assert info is not None and (info.state, info.attempts, info.result) == (
+            "succeeded", 2, 3), info  # (attempt 1: handed over, lost, given back uncharged)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
 
 
 def test_an_outage_leaves_the_fast_path_its_room(settings: Any) -> None:

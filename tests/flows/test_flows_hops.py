@@ -76,11 +76,22 @@ def test_a_chord_across_queues_whose_callbacks_id_is_taken_writes_nothing(two: Q
     assert Queue("default").counts()["pending"] == 0 and two.counts()["pending"] == 1
 
 
-def _offer(queue: Queue, index: int, worker: str = "w") -> None:
+def _offer(queue: Queue, index: int, worker: str = "w", offer_id: str = "") -> None:
     """An idle worker's offer on shard `index` of `queue` (as its waiter makes it)."""
     wait = handoff.wait_commands(queue.shard(index), 5, worker,
-                                 handoff.offer(queue.lease_ms(), False))
+                                 handoff.offer(queue.lease_ms(), False, offer_id))
     queue.client.execute_command(*wait[0])
+
+
+def _chord_offered(two: Queue, members: int, offer_id: str = "") -> tuple[str, int]:
+    """A chord of `members` on `default` whose callback is on `two`, where a worker "w" offers
+    itself: the callback's id and shard."""
+    ref = chord([jobs.add.s(i, 0) for i in range(members)], jobs.total.using(queue="two").s()
+                ).enqueue()
+    index = two.locate(ref.id)
+    assert index is not None
+    _offer(two, index, offer_id=offer_id)
+    return ref.id, index
 
 
 def _finish_members(count: int) -> None:
@@ -95,27 +106,56 @@ def _finish_members(count: int) -> None:
 @pytest.mark.parametrize("paused", [False, True])
 def test_a_callback_its_last_member_releases_goes_to_an_idle_worker_of_its_queue_leased(
         two: Queue, paused: bool) -> None:
-    ref = chord([jobs.add.s(i, 0) for i in range(3)], jobs.total.using(queue="two").s()
-                ).enqueue()
-    index = two.locate(ref.id)
-    assert index is not None
+    callback, index = _chord_offered(two, 3)
     shard = two.shard(index)
-    _offer(two, index)
     if paused:
         two.pause()
     _finish_members(3)
     if paused:  # (paused: its offer stands, the callback waits for a claim as any job)
-        assert two.get(ref.id).state == "pending"  # type: ignore[union-attr]
+        assert two.get(callback).state == "pending"  # type: ignore[union-attr]
         assert two.client.hexists(shard.key("idle"), "w")
         return
     # Handed over as an enqueue hands a lone new job: leased (token 1), no wake token pushed.
     (lease,) = handoff.withdraw(two.client, shard, "w")  # main: [] (pending, a wake token)
-    assert (lease.job_id, lease.token, lease.payload["args"]) == (ref.id, 1, [[0, 1, 2]])
-    row = two.client.hgetall(shard.job(ref.id))
+    assert (lease.job_id, lease.token, lease.payload["args"]) == (callback, 1, [[0, 1, 2]])
+    row = two.client.hgetall(shard.job(callback))
     assert (row["state"], row["attempts"], row["worker"]) == ("active", "1", "w")
-    assert two.client.zscore(shard.key("active"), ref.id) == float(row["lease_until"])
+    assert two.client.zscore(shard.key("active"), callback) == float(row["lease_until"])
     assert two.client.llen(shard.key("wake")) == 0 and two.counts()["pending"] == 0
-    assert two.ack(lease, 3) and two.get(ref.id).state == "succeeded"  # type: ignore[union-attr]
+    assert two.ack(lease, 3) and two.get(callback).state == "succeeded"  # type: ignore[union-attr]
+
+
+def test_a_callback_handed_over_says_it_became_ready_at_its_release_as_one_claimed_does(
+        two: Queue) -> None:
+    # A released job that goes to a lane gets its `run_after` then (make_ready): the console's
+    # "ready / due" says when it could run, not when its flow was written. One handed straight
+    # to an idle worker became ready in the same call that started it.
+    callback, index = _chord_offered(two, 2)
+    _finish_members(2)
+    row = two.client.hgetall(two.shard(index).job(callback))
+    assert row["state"] == "active" and row.get("run_after") == row["started_at"]
+
+
+@pytest.mark.parametrize("popped", [True, False])
+def test_a_hand_off_whose_wait_lost_its_reply_goes_back_uncharged_by_its_offers_id(
+        two: Queue, popped: bool) -> None:
+    # The waiter's connection failed during a wait with an offer: a job handed over then may
+    # have been popped by its BLPOP (the reply lost) or still be on its list. The job carries
+    # the offer's id as a claim's does, and the worker hands it back as it does a lost claim's
+    # jobs (its budget counts runs: nobody ran it), off the list too (else a later wait would
+    # run it a second time).
+    callback, index = _chord_offered(two, 2, "o1")
+    shard = two.shard(index)
+    _finish_members(2)
+    if popped:
+        assert two.client.lpop(shard.hand("w"))  # (its BLPOP took it; the reply never came)
+    assert handoff.recover(two.client, shard, "w", "o1") == 1  # (the worker's, before its next wait)
+    row = two.client.hgetall(shard.job(callback))
+    assert (row["state"], row["attempts"], row["uncharged"]) == ("pending", "1", "1")
+    assert two.client.llen(shard.hand("w")) == 0
+    [lease] = two.dequeue(count=5)  # (its one attempt is whole: max_attempts 1)
+    assert lease.job_id == callback and lease.token == 2
+    assert two.nack(lease, "boom") == "dead"  # (the run it had counted, not the lost one)
 
 
 def _forwarded(members: int) -> tuple[str, list[list[str]]]:

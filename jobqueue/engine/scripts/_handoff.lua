@@ -1,8 +1,11 @@
 --[[ _handoff: a ready job handed straight to an idle worker of its shard, leased, with no claim
 call: a lone new job (enqueue.lua) or a flow's job its last member released (release_job in
 _flows.lua).
-  base:idle         HASH  idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>',
-                          each field expiring when the worker's wait ends (handoff.py)
+  base:idle         HASH  idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>'
+                          and ':<offer id>' (a job handed over carries it as `claim`, as a
+                          claimed one its claim's id: release.lua hands back the jobs of a
+                          wait whose reply was lost by it), each field expiring when the
+                          worker's wait ends (handoff.py)
   base:hand:<name>  LIST  the jobs handed to that worker: '<id>|<lease ms>|<payload>', or
                           '<id>|<lease ms>:<run time limit ms>|<payload>'; its BLPOP takes them
   base:active       ZSET  id -> lease deadline ms (a job handed over is leased there)
@@ -12,16 +15,17 @@ cap set live holds (only the claim counts slots and permits); a queue with lane 
 rates in its settings has no idle entries (its workers never offer).
 ]]
 
--- An idle worker to hand a lone ready job to, its offer taken: {name, lease ms, overrides}, or
--- nil. `paused`, `caps`, `gcap`: those fields of the shard's meta.
+-- An idle worker to hand a lone ready job to, its offer taken: {name, lease ms, overrides,
+-- offer id ('' = none)}, or nil. `paused`, `caps`, `gcap`: those fields of the shard's meta.
 local function idle_taker(idle, ring, paused, caps, gcap)
   if paused == '1' or caps == '1' or (gcap and gcap ~= '0') then return nil end
   local pick = redis.call('HRANDFIELD', idle, 1, 'WITHVALUES')
   if not pick[1] or redis.call('LLEN', ring) > 0 then return nil end
   redis.call('HDEL', idle, pick[1])
-  local lease, force = string.match(pick[2], '^(%d+):([01])$')
+  local lease, force, id = string.match(pick[2], '^(%d+):([01])$')
+  if not lease then lease, force, id = string.match(pick[2], '^(%d+):([01]):(%w+)$') end
   if not lease then return nil end
-  return {pick[1], tonumber(lease), force == '1'}
+  return {pick[1], tonumber(lease), force == '1', id or ''}
 end
 
 -- The lease of a job handed to `taker`, as claim.lua leases one: its own (`lease_ms`, the row's
@@ -64,8 +68,9 @@ local function hand_released(base, jk, id, payload, now)
   local taker = idle_taker(base .. ':idle', base .. ':ring', flags[1], flags[2], flags[3])
   if not taker then return false end
   local lease, limit = hand_lease(taker, row[3] or '0')
-  redis.call('HSET', jk, 'state', 'active', 'attempts', 1, 'started_at', now,
-    'lease_until', now + lease, 'worker', taker[1])
+  redis.call('HSET', jk, 'state', 'active', 'attempts', 1, 'run_after', now, 'started_at', now,
+    'lease_until', now + lease, 'worker', taker[1])  -- (ready now, as make_ready says it)
+  if taker[4] ~= '' then redis.call('HSET', jk, 'claim', taker[4]) end
   hand_push(base, base .. ':active', id, taker, lease, limit, payload, now)
   return true
 end

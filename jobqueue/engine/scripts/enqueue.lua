@@ -12,8 +12,9 @@ KEYS[5] meta      HASH    'draining' set: the shard takes no new jobs (a resize 
                           'caps': a lane cap was set live; 'gcap': a global cap was (unless
                           '0': lifted); either stops hand-offs
 KEYS[6] active    ZSET    id -> lease deadline ms (a job handed to an idle worker is leased here)
-KEYS[7] idle      HASH    idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>',
-                          each field expiring when its worker's wait does
+KEYS[7] idle      HASH    idle workers: name -> '<lease ms>:<1 = it overrides the job's lease>'
+                          and ':<offer id>' (the job handed over keeps it as `claim`:
+                          _handoff.lua), each field expiring when its worker's wait does
 ARGV[1] mode       '' = place here; 'prior' = the shard the job's lane or unique key had
         before a resize, which takes it only while that lane holds ready jobs here (its order
         holds) and returns the live job of its unique key (one live job per key)
@@ -159,6 +160,7 @@ for i = 0, n - 1 do
       lease, limit = hand_lease(taker, ARGV[o + 6])
       for _, v in ipairs({'attempts', 1, 'started_at', at(), 'lease_until', at() + lease,
           'worker', taker[1]}) do row[#row + 1] = v end
+      put(row, 'claim', taker[4], '')  -- (the offer's id: see _handoff.lua)
     end
     redis.call('HSET', jk, unpack(row))
     if unique ~= '' then

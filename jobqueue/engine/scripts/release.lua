@@ -14,7 +14,10 @@ KEYS[3] meta    HASH    counters
 ARGV[1] retention  ms a finished row is kept
 ARGV[2..] jobs     n, then 2 per job: id, token; or n = 0, then a worker's name and a claim's
         id: every job that claim leased to that worker (claim.lua marks them), which never
-        reached it (the claim's reply was lost): the budget counts runs, and nobody ran them
+        reached it (the claim's reply was lost): the budget counts runs, and nobody ran them;
+        or an idle wait's offer id, whose reply was lost: the job handed over then
+        (_handoff.lua marks it so) also leaves the worker's list base:hand:<name>, if its
+        BLPOP did not take it (a later wait would run it again)
 Returns: per job 1 (released, or cancelled when flagged; also when this release already did:
         a replay after a lost reply) or 0 (stale); for a lost claim, how many it handed back
 ]]
@@ -29,6 +32,16 @@ if n == 0 and ARGV[4] then  -- (rare: a scan of the shard's leases)
   for _, id in ipairs(redis.call('ZRANGE', active, 0, -1)) do
     local r = redis.call('HMGET', job_key(base, id), 'worker', 'claim', 'attempts')
     if r[1] == ARGV[3] and r[2] == ARGV[4] then jobs[#jobs + 1] = {id, r[3]} end
+  end
+  if #jobs > 0 then
+    local hand = base .. ':hand:' .. ARGV[3]
+    for _, entry in ipairs(redis.call('LRANGE', hand, 0, -1)) do
+      for _, job in ipairs(jobs) do
+        if string.sub(entry, 1, #job[1] + 1) == job[1] .. '|' then
+          redis.call('LREM', hand, 1, entry)
+        end
+      end
+    end
   end
 else
   for i = 0, n - 1 do jobs[#jobs + 1] = {ARGV[3 + i * 2], ARGV[4 + i * 2]} end
