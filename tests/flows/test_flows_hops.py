@@ -263,3 +263,67 @@ def test_the_relayer_relays_on_the_callers_thread_when_its_thread_does_not_run_o
     finally:
         stop.set()
         relayer.wake()
+
+
+def _callback_active(two: Queue, handed: bool) -> tuple[str, Lease]:
+    """A chord's callback on `two`, its members done, active: handed straight to the idle worker
+    "w" (offer "o1"), or claimed as any job is (no offer stood). Its id and its lease."""
+    if handed:
+        callback, index = _chord_offered(two, 2, "o1")
+        _finish_members(2)
+        (lease,) = handoff.withdraw(two.client, two.shard(index), "w")
+        return callback, lease
+    ref = chord([jobs.add.s(i, 0) for i in range(2)], jobs.total.using(queue="two").s()).enqueue()
+    _finish_members(2)
+    (lease,) = two.dequeue(count=5, worker="w")
+    return ref.id, lease
+
+
+def _act(two: Queue, action: str, callback: str) -> Any:
+    """An operator's action on the active callback: its answer, or the refusal's type."""
+    from jobqueue import flows
+
+    try:
+        if action == "cancel":
+            return two.cancel(callback)
+        if action == "retry":
+            return two.retry(callback)
+        if action == "reprioritize":
+            return two.reprioritize(callback, 7)
+        if action == "flows.cancel":
+            return flows.cancel(callback, "two")
+        assert action == "resize"
+        return two.resize(3).shards
+    except Exception as exc:  # noqa: BLE001 - a refusal is part of what is compared
+        return type(exc).__name__
+
+
+def _ends(two: Queue, callback: str) -> tuple[Any, ...]:
+    info = two.get(callback)
+    assert info is not None
+    return info.state, info.attempts, info.priority, info.result
+
+
+@pytest.mark.parametrize("finish", ["acked", "lost reply"])
+@pytest.mark.parametrize("action", ["cancel", "retry", "reprioritize", "flows.cancel", "resize"])
+def test_a_handed_over_callback_meets_each_operator_action_as_a_claimed_one_does(
+        two: Queue, action: str, finish: str) -> None:
+    # The hand-off is a new way for a flow's job to become active (no claim call): every
+    # operator action on it, and then its end (the worker's ack, or a wait whose reply was
+    # lost handing it back), must come out as for the same callback claimed the usual way.
+    seen = []
+    for handed in (False, True):
+        two.client.flushall()
+        two.resize(2)
+        callback, lease = _callback_active(two, handed)
+        answer = _act(two, action, callback)
+        if finish == "acked":
+            acked = two.ack(lease, 21)
+        else:  # (the job never reached the worker: handed back uncharged, or its lease lapses)
+            index = two.locate(callback)
+            assert index is not None
+            acked = two.release(lease) if not handed else handoff.recover(
+                two.client, two.shard(index), "w", "o1")
+        seen.append((answer if action != "resize" else "resized", bool(acked),
+                     _ends(two, callback)))
+    assert seen[0] == seen[1], seen
