@@ -335,9 +335,9 @@ def reopen(client: Any, name: str, configured: int, index: int) -> None:
 
 def settle(client: Any, name: str, configured: int) -> Layout | None:
     """Finish a resize once it has been worked off: no draining shard holds waiting or running
-    jobs or entries to relay (a flow's :forward), and no lane with ready jobs or live unique key
-    sits on a shard other than its live one. Returns the settled layout, or None (not yet, or
-    nothing to settle)."""
+    jobs or entries to relay (a flow's :outcomes, or an earlier version's :forward), and no
+    lane with ready jobs or live unique key sits on a shard other than its live one. Returns the
+    settled layout, or None (not yet, or nothing to settle)."""
     now = read(client, name, configured, fresh=True)
     if not now.settling:
         return None
@@ -358,7 +358,7 @@ def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
         # relay the shards they claim from, so a retired shard's entries would wait forever)
         counts = operator_calls.counts(client, shard)
         return (not any(counts[state] for state in LIVE_STATES)
-                and not client.xlen(shard.key("forward")))
+                and not any(client.xlen(shard.key(stream)) for stream in ("outcomes", "forward")))
     if not now.prior:
         return True
     if any(lane and placement_hash(lane) % now.live != shard.index

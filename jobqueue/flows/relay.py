@@ -1,10 +1,12 @@
 """Delivers "member done" across shards: a flow's member that finished on one shard of a queue
 while a job waiting for it lives on another, of its queue or of another queue (graph.py), left,
-in the same script call that recorded its outcome, an entry in its shard's `:forward` STREAM
+in the same script call that recorded its outcome, an entry in its shard's `:outcomes` STREAM
 (`forward` in `_flows.lua`; its `shard` the other shard's index, or '<queue>#<index>' for a
-shard of another queue). `relay_shard` applies each entry on the dependent's shard
-(`deliver.lua`) and only then deletes it; a delivery that ends jobs there (a cascade of
-cancels) may forward in turn, from that shard, and is relayed on. A queue's workers relay its
+shard of another queue). An entry is a pack: the outcomes one script call sent to one shard (a
+worker's batch of acks sends a chord's callback one entry, not one per member). `relay_shard`
+applies each entry on the dependent's shard (`deliver.lua`) and only then deletes it; a
+delivery that ends jobs there (a cascade of cancels) may forward in turn, from that shard, and
+is relayed on. A queue's workers relay its
 streams, whichever queue the entries go to: the dependent's queue's workers claim it once
 released, as any job.
 
@@ -25,11 +27,13 @@ A delivery that brings back a job a member's failure had cancelled (its member, 
 operator, succeeded) makes the workers claim from its shard again (`layouts.reopen`), should a
 resize have retired that shard meanwhile, as an operator's retry of a job there does.
 
-Touches `:forward` (read, delete) and, through `deliver`, the dependents' shards (of any queue).
+Touches `:outcomes` and an earlier version's `:forward` (read, delete) and, through
+`deliver`, the dependents' shards (of any queue).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import defaultdict
@@ -41,7 +45,7 @@ from redis.exceptions import RedisError
 from ..conf import get_config
 from ..engine import layouts
 from ..engine.scripts import calls
-from ..engine.scripts.answers import Applied, Delivered
+from ..engine.scripts.answers import Delivered
 from ..engine.store import Queue
 from ..keys import QUEUE_NAME, ShardKeys
 from ..records import Lease
@@ -49,25 +53,31 @@ from ..records import Lease
 log = logging.getLogger("jobqueue.relay")
 BATCH = 200
 """Entries read from a stream at a time."""
+STREAM = "outcomes"
+"""Where a finish writes the outcomes it sends to other shards: an entry a pack of them."""
+LEGACY = "forward"
+"""Where workers of an earlier version write them, an entry an outcome in fields of its own
+(`FIELDS`, `token`): relayed by the maintenance turns (`relay_queue`) during a rolling
+upgrade."""
 FIELDS = ("dep", "slot", "policy", "member", "state", "value")
 AOF_WAIT_MS = 2000
 """How long a relay waits for another node's AOF to hold a delivery (everysec: about 1 s)."""
 
 
-def relay_shard(queue: Queue, index: int) -> int:
-    """Deliver the entries of shard `index`'s stream (and of the shards, of any queue, their
+def relay_shard(queue: Queue, index: int, streams: tuple[str, ...] = (STREAM,)) -> int:
+    """Deliver the entries of shard `index`'s `streams` (and of the shards, of any queue, their
     deliveries forwarded to); how many it took off (delivered, or dropped: see
     `_relay_batch`)."""
     queues = {queue.name: queue}
-    delivered, todo = 0, [(queue.name, index, "-")]
+    delivered, todo = 0, [(queue.name, index, stream, "-") for stream in streams]
     while todo:
-        name, shard, start = todo.pop()
-        count, onward, last = _relay_batch(queues[name], shard, start, queues)
+        name, shard, stream, start = todo.pop()
+        count, onward, last = _relay_batch(queues[name], shard, stream, start, queues)
         delivered += count
-        todo.extend((q, i, "-") for q, i in onward
-                    if all((q, i) != (tq, ts) for tq, ts, _ in todo))
+        todo.extend((q, i, STREAM, "-") for q, i in onward
+                    if all((q, i, STREAM) != (tq, ts, tst) for tq, ts, tst, _ in todo))
         if last is not None:  # (a full batch: read on after it)
-            todo.append((name, shard, "(" + last))
+            todo.append((name, shard, stream, "(" + last))
     return delivered
 
 
@@ -81,21 +91,32 @@ def target(queue: Queue, raw: str) -> tuple[str, int] | None:
     return None
 
 
-def _relay_batch(queue: Queue, index: int, start: str, queues: dict[str, Queue]
+def pack_of(fields: dict[str, str]) -> str | None:
+    """An entry's outcomes as deliver takes them (JSON: a list of [dep, slot, policy, member,
+    state, value, token]): its `pack`, or the one outcome of an earlier version's entry; None
+    when it has neither (deliver checks what a pack holds)."""
+    if "pack" in fields:
+        return fields["pack"]
+    if all(name in fields for name in FIELDS):  # (one written before tokens has none)
+        return json.dumps([[*(fields[name] for name in FIELDS), fields.get("token", "")]])
+    return None
+
+
+def _relay_batch(queue: Queue, index: int, stream: str, start: str, queues: dict[str, Queue]
                  ) -> tuple[int, set[tuple[str, int]], str | None]:
     """One batch of a stream from `start`: (delivered, shards that forwarded in turn, the last
     entry's id when the batch was full). `queues`: the queues met so far, by name (one more
     is added for a delivery to another queue)."""
-    client, key = queue.client, queue.shard(index).key("forward")
+    client, key = queue.client, queue.shard(index).key(stream)
     entries = client.xrange(key, min=start, count=BATCH)
     if not entries:
         return 0, set(), None
-    by_shard: dict[tuple[str, int], list[tuple[str, dict[str, str]]]] = defaultdict(list)
+    by_shard: dict[tuple[str, int], list[tuple[str, str]]] = defaultdict(list)
     gone, onward = [], set()
     for entry_id, fields in entries:
-        aim = target(queue, str(fields.get("shard", "")))
-        if aim is not None and all(name in fields for name in FIELDS):
-            by_shard[aim].append((entry_id, fields))
+        aim, pack = target(queue, str(fields.get("shard", ""))), pack_of(fields)
+        if aim is not None and pack is not None:
+            by_shard[aim].append((entry_id, pack))
         else:  # (hand-written or corrupt: it could never be delivered)
             log.warning("queue=%s shard %d: dropped a malformed entry %s", queue.name, index,
                         entry_id)
@@ -103,35 +124,37 @@ def _relay_batch(queue: Queue, index: int, start: str, queues: dict[str, Queue]
     retention = round(get_config().retention * 1000)
     for (name, shard), batch in by_shard.items():
         there = queues.get(name) or queues.setdefault(name, Queue(name, client=client))
-        # (an entry written before tokens has none: applied as is)
-        items = [(*(fields[field] for field in FIELDS), fields.get("token", ""))
-                 for _, fields in batch]
-        reply, kept = _deliver(queue.shard(index), there, shard, retention, items)
+        reply, kept = _deliver(queue.shard(index), there, shard, retention,
+                               [pack for _, pack in batch])
         if reply.forwarded:
             onward.add((name, shard))
-        if Applied.WAITS_AGAIN in reply.applied:  # (claimed from there, retired or not)
+        if reply.waits_again:  # (claimed from there, retired or not)
             layouts.reopen(client, name, there.configured, shard)
-        for (entry_id, fields), applied in zip(batch, reply.applied, strict=True):
-            if (applied and kept) or _stale(entry_id, retention):
+        for (entry_id, pack), applied in zip(batch, reply.applied, strict=True):
+            if applied is None:
+                log.warning("queue=%s shard %d: dropped entry %s, whose outcomes are malformed",
+                            queue.name, index, entry_id)
+                gone.append(entry_id)
+            elif (applied and kept) or _stale(entry_id, retention):
                 gone.append(entry_id)
                 if not applied:
-                    log.warning("queue=%s: job %s never reached shard %d of queue %s; dropped "
-                                "its member %s's outcome", queue.name, fields["dep"], shard,
-                                name, fields["member"])
+                    log.warning("queue=%s: a job of entry %s never reached shard %d of queue "
+                                "%s; dropped what it holds for it: %s", queue.name, entry_id,
+                                shard, name, pack[:500])
     if gone:
         client.xdel(key, *gone)
     return len(gone), onward, entries[-1][0] if len(entries) == BATCH else None
 
 
 def _deliver(source: ShardKeys, queue: Queue, target: int, retention: int,
-             entries: list[tuple[str, ...]]) -> tuple[Delivered, bool]:
+             packs: list[str]) -> tuple[Delivered, bool]:
     """The deliver call on shard `target` of `queue`: (its reply, whether its writes are safe
     to delete the entries for). On a cluster whose node of `target` is not `source`'s, that
     node's AOF must hold the delivery first (WAITAOF): were it to restart from an everysec AOF
     without it while `source`'s node kept the delete, the dependent would wait forever. (One
     server writes its AOF in order: a lost delivery loses the later delete too.) Not confirmed
     in time: the entries stay, delivered again (idempotent) at the next relay."""
-    reply, kept = calls.deliver(queue.client, queue.shard(target), retention, entries,
+    reply, kept = calls.deliver(queue.client, queue.shard(target), retention, packs,
                                 source=source, aof_wait_ms=AOF_WAIT_MS)
     if not kept:
         log.warning("queue=%s shard %d: its node's AOF did not confirm a delivery within %d "
@@ -146,8 +169,10 @@ def _stale(entry_id: str, retention_ms: int) -> bool:
 
 
 def relay_queue(queue: Queue, shards: int | None = None) -> int:
-    """Deliver the entries of every shard of `queue` (`shards`: how many; else all it has)."""
-    return sum(relay_shard(queue, index) for index in range(shards or queue.all_shards()))
+    """Deliver the entries of every shard of `queue` (`shards`: how many; else all it has), an
+    earlier version's too."""
+    return sum(relay_shard(queue, index, (STREAM, LEGACY))
+               for index in range(shards or queue.all_shards()))
 
 
 class Queues(Protocol):

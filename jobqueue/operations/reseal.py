@@ -11,7 +11,7 @@ has, and a row that went is never written again); in the database it reseals `Jo
 value already under the first key is left as it is, so a second run changes nothing and an
 interrupted run is resumed by running it again. A value whose
 key is no longer listed, or that does not open, is counted, never changed. Entries in streams
-(the done stream the mirror reads, the relay's forward stream) are not resealed: they are read
+(the done stream the mirror reads, the relay's outcomes stream) are not resealed: they are read
 and deleted within seconds.
 """
 

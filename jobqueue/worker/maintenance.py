@@ -119,7 +119,7 @@ class Maintenance:
             shards = self._served.shards[queue.name]
             queue.reap(shards=shards)
             relay.relay_queue(queue, shards)  # (what a finisher recorded but did not relay;
-            # a shard being retired keeps its place here until its :forward is empty: layouts)
+            # a shard being retired keeps its place here until its :outcomes is empty: layouts)
         self._relist()
         self.advertise()
 

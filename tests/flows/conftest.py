@@ -37,5 +37,7 @@ def lane_on(index: int) -> str:
 
 
 def forward_entries(queue: Queue) -> int:
-    """The entries waiting in the 4 shards' `forward` streams (flows' outcomes to relay)."""
-    return sum(queue.client.xlen(queue.shard(i).key("forward")) for i in range(4))
+    """The entries waiting in the 4 shards' `outcomes` streams (flows' outcomes to relay), and
+    in their `forward` streams (an earlier version's)."""
+    return sum(queue.client.xlen(queue.shard(i).key(stream)) for i in range(4)
+               for stream in ("outcomes", "forward"))

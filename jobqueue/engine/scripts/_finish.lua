@@ -67,7 +67,7 @@ end
 -- attempt ran until this end (ack, nack, reap), so its duration goes in the histogram; a job
 -- ended while it waited (expired, cancelled, buried) keeps `started_at` from an earlier run,
 -- which would count the wait as a run. `tallies`: a batch's counters (_counters.lua), nil to
--- count at once. Returns how many outcomes went to dependents on other shards (base:forward):
+-- count at once. Returns how many outcomes went to dependents on other shards (base:outcomes):
 -- this job's, and those of the jobs its end cancelled.
 -- uses: FINISH_FIELDS, EVENT_FIELDS, tally, observe, EVENT_AT, count_minute, uniq_key, uniqs_key
 -- uses: FOLLOW_AT, notify_waiters, keep_flow, member_done, job_key

@@ -5,12 +5,16 @@ retry (retry.lua).
   base:deps:<id>    SET   a waiting job's members not yet done
   base:results:<id> HASH  a waiting job's members' outcomes by slot (JSON: a result, or an
                           error object for a member that failed under 'ignore' / 'continue')
-  base:forward      STREAM "member done" entries for dependents on other shards of the queue
-                          or on another queue's shards (dep, shard, slot, policy, member,
-                          state, value, token), until a relay delivers them (deliver.lua,
-                          relay.py); `shard` is the index of the queue's other shard, or
-                          '<queue>#<index>' for a shard of another queue (no queue name holds
-                          '#', so neither is taken for the other)
+  base:outcomes     STREAM "member done" for dependents on other shards of the queue or on
+                          another queue's shards, until a relay delivers them (deliver.lua,
+                          relay.py): each entry a `shard` and a `pack`, the outcomes one script
+                          call sent to that shard (JSON: a list of [dep, slot, policy, member,
+                          state, value, token]); `shard` is the index of the queue's other
+                          shard, or '<queue>#<index>' for a shard of another queue (no queue
+                          name holds '#', so neither is taken for the other)
+  base:forward      STREAM the same, one outcome an entry in fields of its own (dep, shard,
+                          slot, policy, member, state, value, token): written by workers of an
+                          earlier version only (during a rolling upgrade), still relayed
 A released job goes on its lane and base:ring, and wakes a worker through base:wake
 (_lanes.lua), or straight to an idle worker (base:idle, base:hand:<name>, base:active:
 _handoff.lua); a job that comes back waiting writes its event in base:done (STREAM) and keeps
@@ -73,14 +77,19 @@ local function release_job(base, dep, now)
   if row[2] == 'first' or row[2] == 'list' then
     local arg = redis.call('HGET', rk, '0') or 'null'
     if row[2] == 'list' then  -- (a HGET per slot cost twice as much)
-      local slots, total = {}, count_field(row[3]) or 0
+      local parts, total = {}, count_field(row[3]) or 0
       for first = 0, total - 1, SLOTS_AT_ONCE do
-        local names = {}
-        for i = first, math.min(first + SLOTS_AT_ONCE, total) - 1 do names[#names + 1] = i end
+        local names, last = {}, math.min(first + SLOTS_AT_ONCE, total) - 1
+        for i = first, last do names[i - first + 1] = i end  -- (not #names: a third the cost)
         local values = redis.call('HMGET', rk, unpack(names))
-        for i = 1, #names do slots[#slots + 1] = values[i] or 'null' end
+        local whole, text = pcall(table.concat, values, ',')  -- (no loop over the values...)
+        if not whole then  -- (...unless a slot is empty: false, which concat refuses)
+          for i = 1, #names do values[i] = values[i] or 'null' end
+          text = table.concat(values, ',')
+        end
+        parts[#parts + 1] = text
       end
-      arg = '[' .. table.concat(slots, ',') .. ']'
+      arg = '[' .. table.concat(parts, ',') .. ']'
     end
     payload = with_first_arg(payload, arg)
     redis.call('HSET', dk, 'payload', payload)
@@ -105,14 +114,41 @@ local function outcome_slot(base, id, state, result, err)
 end
 
 
+-- Outcomes being gathered for other shards: while `open` (a batch of acks: ack_jobs), forward
+-- adds each to its target shard's pack, written as one entry a shard when the batch ends
+-- (close_forwards); else each is written at once, a pack of one.
+local PACKS = {open = false, by_shard = {}, order = {}}
+
 -- A member finished and a job waiting on it lives on another shard (`shard`) of the queue, or on
--- a shard of another queue (`shard` '<queue>#<index>'): the
--- outcome waits in this shard's base:forward STREAM (written in the member's own script call, so
--- it is as durable as the outcome) until a relay delivers it there (deliver.lua) and deletes it.
--- `token`: the member's attempts when it ended (see fenced).
+-- a shard of another queue (`shard` '<queue>#<index>'): the outcome waits in this shard's
+-- base:outcomes STREAM (written in the member's own script call, so it is as durable as the
+-- outcome) until a relay delivers it there (deliver.lua) and deletes it. `token`: the member's
+-- attempts when it ended (see fenced).
+-- uses: PACKS
 local function forward(base, dep, shard, index, policy, id, state, slot, token)
-  redis.call('XADD', base .. ':forward', '*', 'dep', dep, 'shard', shard, 'slot', index,
-    'policy', policy, 'member', id, 'state', state, 'value', slot, 'token', token or '')
+  local outcome = {dep, index, policy, id, state, slot, token or ''}
+  if not PACKS.open then
+    redis.call('XADD', base .. ':outcomes', '*', 'shard', shard, 'pack', cjson.encode({outcome}))
+    return
+  end
+  local pack = PACKS.by_shard[shard]
+  if not pack then
+    pack = {}
+    PACKS.by_shard[shard] = pack
+    PACKS.order[#PACKS.order + 1] = shard
+  end
+  pack[#pack + 1] = outcome
+end
+
+-- Write the packs gathered since the batch opened (one entry a target shard, in the order the
+-- shards were first met; each pack in the order its outcomes came), and write at once again.
+-- uses: PACKS
+local function close_forwards(base)
+  for _, shard in ipairs(PACKS.order) do
+    redis.call('XADD', base .. ':outcomes', '*', 'shard', shard, 'pack',
+      cjson.encode(PACKS.by_shard[shard]))
+  end
+  PACKS.open, PACKS.by_shard, PACKS.order = false, {}, {}
 end
 
 -- Whether an outcome for slot `index` of a dependent (its results hash `rk`) is older than the
@@ -252,7 +288,7 @@ end
 
 -- A member of a flow finished: each job waiting on it (`dependents`: '<id>:<slot>:<policy>' for
 -- one on this shard, '<id>:<slot>:<policy>:<shard>' for one on another shard of the queue, or
--- of another queue: '<shard>' is then '<queue>#<index>', as in base:forward) has
+-- of another queue: '<shard>' is then '<queue>#<index>', as in base:outcomes) has
 -- the outcome applied here, in the member's own script call (edge_done), or forwarded to its
 -- shard (forward). Returns the jobs of this shard to cancel, and how many outcomes it forwarded
 -- (an ack's answer flags them, so the worker relays at once: relay.py). `err`: a failed

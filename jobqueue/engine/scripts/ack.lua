@@ -4,7 +4,7 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:lane:<l>, base:slots, base:capped, base:rated (a slot freed), and
                         as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                         base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
-                        base:deps:<id>, base:results:<id>, base:forward, base:waiting (_flows.lua);
+                        base:deps:<id>, base:results:<id>, base:outcomes, base:waiting (_flows.lua);
                         base:done STREAM terminal events for the MySQL mirror, base:ring LIST
                         lanes with ready work (a lane held at its cap comes back when a slot
                         frees), base:wake LIST wake tokens (for such lanes: one push per call,
@@ -16,7 +16,7 @@ KEYS[3] meta    HASH    counters n_<state>
 ARGV[1] retention  ms a finished row is kept
 ARGV[2..] jobs     n, then 3 per job: id, token, result (JSON)
 Returns: per job 1 (recorded succeeded), 3 (recorded cancelled: an operator flagged it), each
-        plus 1 when outcomes were forwarded to dependents on other shards in base:forward
+        plus 1 when outcomes were forwarded to dependents on other shards in base:outcomes
         (relay.py), or 0 (stale)
 ]]
 -- uses: ack_jobs, wake_workers

@@ -57,20 +57,6 @@ class Extended(IntEnum):
 EXTENDED: tuple[Extended, ...] = tuple(Extended)
 
 
-class Applied(IntEnum):
-    """A delivery's answer for one "member done" entry (deliver.lua)."""
-
-    ABSENT = 0
-    """No such job on the shard (expired, deleted, or a node that lost data)."""
-    APPLIED = 1
-    """Applied, or nothing left to apply (a replay, an older outcome)."""
-    WAITS_AGAIN = 2
-    """Applied, and a job a member's failure had cancelled waits again."""
-
-
-APPLIED: tuple[Applied, ...] = tuple(Applied)
-
-
 class Placed(StrEnum):
     """What an enqueue did with one job (enqueue.lua); the reply's text is compared as is."""
 
@@ -140,13 +126,20 @@ class Flowed(NamedTuple):
     """The shard is draining: nothing written; place the jobs again."""
     written: int
     forwarded: bool
-    """A link met a member that had finished: its outcome waits in base:forward (relay)."""
+    """A link met a member that had finished: its outcome waits in base:outcomes (relay)."""
 
 
 class Delivered(NamedTuple):
+    """A delivery's answer (deliver.lua)."""
+
     forwarded: bool
     """The deliveries forwarded in turn (relay from this shard)."""
-    applied: list[Applied]
+    waits_again: bool
+    """A job a member's failure had cancelled waits again."""
+    applied: list[bool | None]
+    """Per pack: every outcome applied (or nothing left to apply: a replay, an older outcome);
+    False: some outcome's job is not on the shard (expired, deleted, or a node that lost data),
+    the others applied; None: not a list of outcomes, nothing applied."""
 
 
 class Watched(NamedTuple):

@@ -24,7 +24,6 @@ from ...spec import Prepared
 from . import caller
 from .answers import (
     ACKED,
-    APPLIED,
     EXTENDED,
     Acked,
     Claimed,
@@ -168,19 +167,18 @@ def flow(client: Any, shard: ShardKeys, flow_id: str, retention: int, mode: str,
 
 
 @twin("deliver")
-def deliver(client: Any, shard: ShardKeys, retention: int, entries: Sequence[Sequence[Any]], *,
+def deliver(client: Any, shard: ShardKeys, retention: int, packs: Sequence[str], *,
             source: ShardKeys, aof_wait_ms: int) -> tuple[Delivered, bool]:
-    """Apply "member done" entries from `source`'s stream on `shard`: (the answer, whether the
-    writes are safe to delete the entries for: where `shard` lives on another node than
-    `source`, that node's AOF must hold them, waited for up to `aof_wait_ms`)."""
-    args: list[Any] = [retention, len(entries)]
-    for entry in entries:
-        args += entry
+    """Apply the packs of "member done" outcomes from `source`'s stream on `shard`: (the answer,
+    whether the writes are safe to delete the entries for: where `shard` lives on another node
+    than `source`, that node's AOF must hold them, waited for up to `aof_wait_ms`)."""
+    args = [retention, len(packs), *packs]
     if caller.same_server(client, source, shard):
         reply, kept = caller.run(client, "deliver", shard, args), True
     else:
         reply, kept = caller.run_on_disk(client, "deliver", shard, args, aof_wait_ms)
-    return Delivered(bool(int(reply[0])), [APPLIED[int(a)] for a in reply[1:]]), kept
+    applied = [None if int(a) < 0 else bool(int(a)) for a in reply[2:]]
+    return Delivered(bool(int(reply[0])), bool(int(reply[1])), applied), kept
 
 
 # -- worker ---------------------------------------------------------------------------------

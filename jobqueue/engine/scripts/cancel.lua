@@ -8,7 +8,7 @@ member's failure cancelled (`blocked_by`) would come back once an operator's ret
 succeeds (edge_done in _flows.lua): an operator's cancel of it makes its cancel final.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                           base:lane:<l>, base:turns, base:capped, base:rated (a lane emptied),
-                          base:waiting, base:deps:<id>, base:results:<id>, base:forward; as a
+                          base:waiting, base:deps:<id>, base:results:<id>, base:outcomes; as a
                           job finishes base:hist, base:m:<minute>, base:uniq:<key>, base:uniqs,
                           base:notify:<id>, base:flow:<id>, base:wake (a dependent released);
                           base:ring LIST lanes with ready work, base:done STREAM terminal

@@ -5,7 +5,7 @@ moveToFinished fetches the next job.
 KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                         base:lane:<l>, and as a job finishes base:hist, base:m:<minute>,
                         base:uniq:<key>, base:uniqs, base:notify:<id>, base:flow:<id>, and for
-                        its dependents base:deps:<id>, base:results:<id>, base:forward,
+                        its dependents base:deps:<id>, base:results:<id>, base:outcomes,
                         base:waiting; base:ring LIST lanes with ready work, rotated one step
                         per turn with LMOVE; base:done STREAM terminal events; base:wake LIST
                         wake tokens (for lanes the successes bring back from their cap and this

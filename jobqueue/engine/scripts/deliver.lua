@@ -1,15 +1,15 @@
---[[ deliver: "member done" entries relayed from another shard's base:forward STREAM (a member
-finished there; see forward and member_done in _flows.lua) applied to the jobs of this shard
+--[[ deliver: "member done" entries relayed from another shard's base:outcomes STREAM (members
+finished there; see forward and member_done in _flows.lua), each a pack of outcomes, applied to the jobs of this shard
 that wait for it, as member_done applies them on the member's own shard: the outcome goes in the
 job's slot, the member leaves the job's set of pending members (SREM: a replayed entry finds it
 gone and changes nothing), the job is released once when its set empties, and a failed member's
 policy is applied ('f' cancels the job, and what waits for it, here or forwarded on; 'i' leaves an
 error object; 'c' releases it). Consecutive successes for one waiting job (a chord's callback
 gets runs of them) are applied together, to the same end (successes_done in _flows.lua).
-relay.py deletes an entry from its stream once this answered 1.
+relay.py deletes an entry from its stream once this answered 1 for its pack.
 KEYS[1] base    prefix  emq:{q#k}; derives rows base:job:<id>, base:deps:<id>, base:results:<id>,
                         base:waiting, lanes base:pending / base:lane:<l>, base:ring, base:wake (a
-                        job released), base:forward (a cancel forwarded on), and as a job is
+                        job released), base:outcomes (a cancel forwarded on), and as a job is
                         cancelled base:hist, base:m:<minute>, base:uniq:<key>, base:uniqs,
                         base:notify:<id>, base:flow:<id>; base:done STREAM terminal events (a
                         job cancelled by its member's failure, or waiting again)
@@ -17,63 +17,85 @@ KEYS[1] base    prefix  emq:{q#k}; derives rows base:job:<id>, base:deps:<id>, b
                         base:hand:<name>, base:active; _handoff.lua)
 KEYS[2] meta    HASH    counters n_<state>
 ARGV[1] retention  ms a finished row is kept
-ARGV[2..] entries  n, then 7 per entry: dependent id, slot, policy ('f' | 'i' | 'c'), member id,
-        member's state ('succeeded' | 'dead' | 'cancelled' | 'expired'), value (the slot's JSON:
-        its result, or an error object), token (the member's attempts when it ended; '' none:
-        an entry written before tokens, applied as it is): an outcome older than the slot's last
-        applied one changes nothing (fenced in _flows.lua)
-Returns: {entries this call forwarded in turn (to relay from this shard), then per entry 1
-        (applied, or nothing left to apply: a replay, an older outcome, a job no longer waiting),
-        2 (applied, and the job a member's failure had cancelled waits again: the relay claims
-        from this shard again, should a resize have retired it) or 0 (no such job here: one
-        expired or deleted, or a node that lost data; the relay keeps the entry until it is
-        stale)}
+ARGV[2..] packs    n, then n packs (an entry's `pack`: JSON, a list of outcomes, each [dependent
+        id, slot, policy ('f' | 'i' | 'c'), member id, member's state ('succeeded' | 'dead' |
+        'cancelled' | 'expired'), value (the slot's JSON: its result, or an error object),
+        token (the member's attempts when it ended; '' none: an outcome written before tokens,
+        applied as it is)]): an outcome older than the slot's last applied one changes nothing
+        (fenced in _flows.lua)
+Returns: {entries this call forwarded in turn (to relay from this shard), 1 when a job a member's
+        failure had cancelled waits again (the relay claims from this shard again, should a
+        resize have retired it) else 0, then per pack 1 (each outcome applied, or nothing left
+        to apply: a replay, an older outcome, a job no longer waiting), 0 (some outcome's job is
+        not here: one expired or deleted, or a node that lost data; the relay keeps the entry
+        until it is stale; the others were applied) or -1 (not a list of outcomes: nothing
+        applied; the relay drops it)}
 ]]
 -- uses: now_ms, job_key, edge_done, finish, successes_done
 local base, meta = KEYS[1], KEYS[2]
 local done = base .. ':done'
-local retention, n = tonumber(ARGV[1]), tonumber(ARGV[2])
-local now, out, sent = now_ms(), {0}, 0
+local retention, npacks = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, sent, revived = now_ms(), 0, 0
 
--- The entries from `i` on that are successes for the same job as entry `i` (a chord's
--- callback gets many in a row): their count.
-local function run_length(i)
-  local dep, j = ARGV[3 + i * 7], i
-  while j < n and ARGV[3 + j * 7] == dep and ARGV[3 + j * 7 + 4] == 'succeeded' do j = j + 1 end
-  return j - i
+-- A pack decoded: its outcomes, or nil when it is not a list of outcomes of 7 strings.
+local function decoded(text)
+  local ok, pack = pcall(cjson.decode, text)
+  if not ok or type(pack) ~= 'table' or #pack == 0 then return nil end
+  for _, e in ipairs(pack) do
+    if type(e) ~= 'table' or #e ~= 7 then return nil end
+    for k = 1, 7 do
+      if type(e[k]) ~= 'string' then return nil end
+    end
+  end
+  return pack
 end
 
-local i = 0
-while i < n do
-  local a = 3 + i * 7
-  local dep, index, policy = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+-- Every pack's outcomes in one list, in order (`from`: each outcome's pack).
+local E, from, out = {}, {}, {sent, revived}
+for p = 1, npacks do
+  local pack = decoded(ARGV[2 + p])
+  out[2 + p] = pack and 1 or -1
+  for _, e in ipairs(pack or {}) do
+    E[#E + 1] = e
+    from[#E] = p
+  end
+end
+
+-- The outcomes from `i` on that are successes for the same job as outcome `i` (a chord's
+-- callback gets many in a row): their count.
+local function run_length(i)
+  local dep, j = E[i][1], i
+  while j < #E and E[j + 1][1] == dep and E[j + 1][5] == 'succeeded' do j = j + 1 end
+  return j - i + 1
+end
+
+local i = 1
+while i <= #E do
+  local dep, index, policy, member, state, value, token = unpack(E[i])
   local dk = job_key(base, dep)
-  local count = run_length(i)
+  local count = (state == 'succeeded') and run_length(i) or 1
   local bulk = false
   if count > 1 and redis.call('HGET', dk, 'state') == 'waiting' then
     local run = {}
-    for k = 0, count - 1 do
-      local b = a + k * 7
-      run[#run + 1] = {ARGV[b + 3], ARGV[b + 1], ARGV[b + 5], ARGV[b + 6]}
-    end
+    for k = i, i + count - 1 do run[#run + 1] = {E[k][4], E[k][2], E[k][6], E[k][7]} end
     bulk = successes_done(base, dep, run, now)
   end
   if bulk then
-    for _ = 1, count do out[#out + 1] = 1 end
     i = i + count
   else
     if redis.call('EXISTS', dk) == 0 then
-      out[#out + 1] = 0
+      out[2 + from[i]] = 0
     else
-      local applied = edge_done(base, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], dep, index, policy,
-        now, retention, ARGV[a + 6])
+      local applied = edge_done(base, member, state, value, dep, index, policy, now, retention,
+        token)
       if applied == 'cancel' then
         sent = sent + finish(base, done, meta, dk, dep, 'cancelled', now, retention)
+      elseif applied == 'revived' then
+        revived = 1
       end
-      out[#out + 1] = (applied == 'revived') and 2 or 1
     end
     i = i + 1
   end
 end
-out[1] = sent
+out[1], out[2] = sent, revived
 return out

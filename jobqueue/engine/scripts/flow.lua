@@ -10,13 +10,13 @@ its own shard (graph.py sends that call once the dependent is written). A link a
 '<dep>:<slot>:<policy>:<shard>' (`shard`: another shard's index, or '<queue>#<index>' for a
 shard of another queue: a flow across queues) to a member of this shard (written in this call, or held here,
 finished or not: a retry of it may succeed; once only), and for a member that finished already
-(or has a given outcome) forwards that outcome at once (base:forward, relay.py). A link whose
+(or has a given outcome) forwards that outcome at once (base:outcomes, relay.py). A link whose
 dependent's shard is '' names a dependent of this shard written by an earlier call (the member
 was placed here after a resize turned its first call away): its edge is a same-shard one, its
 outcome applied here.
 KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending /
                           base:lane:<l>, base:flow:<id>, base:deps:<id>, base:results:<id>,
-                          base:forward (outcomes for dependents on other shards), and
+                          base:outcomes (outcomes for dependents on other shards), and
                           as a job finishes at once base:hist, base:m:<minute>, base:uniq:<key>,
                           base:uniqs, base:notify:<id>; base:ring LIST lanes with ready
                           work, base:wake LIST wake tokens, base:done STREAM terminal events (a

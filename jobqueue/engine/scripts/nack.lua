@@ -3,7 +3,7 @@ KEYS[1] base      prefix  emq:{q}; derives rows base:job:<id>, lanes base:pendin
                           base:lane:<l>, base:slots, base:capped, base:rated (a slot freed),
                           and as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                           base:uniqs, base:notify:<id>, base:flow:<id>, and for its
-                          dependents base:deps:<id>, base:results:<id>, base:forward, base:waiting;
+                          dependents base:deps:<id>, base:results:<id>, base:outcomes, base:waiting;
                           base:done STREAM terminal events, base:ring LIST lanes with ready
                           work, base:wake LIST wake tokens
                           (a released dependent handed to an idle
@@ -24,7 +24,7 @@ ARGV[8] max_attempts    the queue's max_attempts (for a row that holds none)
 ARGV[9] backoff_ms      the queue's backoff ms (for a row that holds none)
 Returns: the new state ('pending', 'scheduled', 'dead', 'cancelled'), or '' when stale; 'dead'
         and 'cancelled' end in ':forwarded' when the outcome went to dependents on other shards
-        in base:forward (the worker relays it at once: relay.py). A nack this attempt's own nack
+        in base:outcomes (the worker relays it at once: relay.py). A nack this attempt's own nack
         recorded already (sent again after its reply was lost: the row's `nacked` is its token)
         answers as that one did.
 ]]

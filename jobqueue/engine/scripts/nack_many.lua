@@ -6,7 +6,7 @@ KEYS[1] base      prefix  emq:{q}; the keys nack.lua derives from it: the rows (
                           base:capped, base:rated), what a finish writes (base:hist,
                           base:m:<minute>, base:uniq:<key>, base:uniqs, base:notify:<id>,
                           base:flow:<id>, base:done) and tells dependents (base:deps:<id>,
-                          base:results:<id>, base:forward, base:waiting), base:ring, base:wake
+                          base:results:<id>, base:outcomes, base:waiting), base:ring, base:wake
                           (a released dependent handed to an idle
                           worker: base:idle, base:hand:<name>;
                           _handoff.lua)

@@ -7,7 +7,7 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:lane:<l>, base:slots, base:capped, base:rated (a slot freed), and
                         as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                         base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
-                        base:deps:<id>, base:results:<id>, base:forward, base:waiting
+                        base:deps:<id>, base:results:<id>, base:outcomes, base:waiting
                         (_flows.lua); an idle worker's hand-off list base:hand:<name>;
                         base:done STREAM terminal events, base:ring LIST lanes with ready
                         work, base:wake LIST wake tokens, base:schedule ZSET a timed-out run's

@@ -4,7 +4,7 @@ KEYS[1] base    prefix  emq:{q}; derives rows base:job:<id>, lanes base:pending 
                         base:lane:<l>, base:slots, base:capped, base:rated (a slot freed), and
                         as a job finishes base:hist, base:m:<minute>, base:uniq:<key>,
                         base:uniqs, base:notify:<id>, base:flow:<id>, and for its dependents
-                        base:deps:<id>, base:results:<id>, base:forward, base:waiting (_flows.lua);
+                        base:deps:<id>, base:results:<id>, base:outcomes, base:waiting (_flows.lua);
                         base:ring LIST lanes with ready work, base:wake LIST wake tokens,
                         base:done STREAM terminal events
                         (a released dependent handed to an idle worker: base:idle,
