@@ -195,10 +195,11 @@ class JobResult(AsyncResult):
 
 
 class JobGroupResult(GroupResult):
-    """Celery's GroupResult for a group's jobs (its id is the flow's): `get` is the list of
+    """Celery's GroupResult for a group's jobs (its id is the flow's; None for a group nested
+    in a canvas, which has no id of its own): `get` is the list of
     their results, in order; `ready`, `successful`, `failed`, `completed_count` ask each job."""
 
-    def __init__(self, id: str, results: list[JobResult], app: Any = None) -> None:
+    def __init__(self, id: str | None, results: list[JobResult], app: Any = None) -> None:
         # (Celery's barrier waits for its result backend to fulfil each member: an empty one,
         # never fulfilled, as jobqueue answers `get` and `ready`)
         super().__init__(id, results, app=app, ready_barrier=barrier())

@@ -18,6 +18,7 @@ bridged and Celery tasks, …) is refused by name with InvalidOption before anyt
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,6 +154,10 @@ class Canvas:
         self.app = app
         self.tasks: list[tuple[str, str]] = []
         """The tasks compiled so far (job id, queue), in order."""
+        self._results: dict[int, Any] = {}
+        """What Celery would return for each part compiled (by the part's id()): a JobResult
+        whose `parent` is the step before (a chain's), or the header (a chord's), as Celery
+        links them; a JobGroupResult for a group."""
 
     def part(
         self,
@@ -186,17 +191,21 @@ class Canvas:
         built = self._composite(sig, args, kwargs, scope)
         if not links:
             return built
-        return Linked((built,), links=self._links(links, scope))
+        return self._same(Linked((built,), links=self._links(links, scope)), built)
 
     def _composite(
         self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Inherited
     ) -> Part:
         if isinstance(sig, celery._chain):
             steps = _members(sig.tasks, "chain")
-            first = self.part(steps[0], args, kwargs, scope)
-            return chain(first, *(self.part(step, scope=scope.later()) for step in steps[1:]))
+            parts = [self.part(steps[0], args, kwargs, scope),
+                     *(self.part(step, scope=scope.later()) for step in steps[1:])]
+            for earlier, step in itertools.pairwise(parts):
+                _first(self._results[id(step)]).parent = self._results[id(earlier)]
+            return self._same(chain(*parts), parts[-1])
         if isinstance(sig, celery.group):
-            return group([self.part(member, args, kwargs, scope) for member in _members(sig.tasks, "group")])
+            parts = [self.part(member, args, kwargs, scope) for member in _members(sig.tasks, "group")]
+            return self._keep(group(parts), self._together(parts))
         tasks = sig.tasks.tasks if isinstance(sig.tasks, celery.group) else sig.tasks
         if sig.body is None:
             raise InvalidOption(
@@ -214,7 +223,8 @@ class Canvas:
             for member in _members(tasks, "chord's header")
         ]
         body = self.part(sig.body, scope=scope.later(header=tuple(self.tasks[before:])))
-        return chord(members, body)
+        _first(self._results[id(body)]).parent = self._together(members)
+        return self._same(chord(members, body), body)
 
     def _task(self, sig: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], scope: Inherited) -> Part:
         task = self._bridged(sig)
@@ -227,15 +237,16 @@ class Canvas:
         call = task.job_call(args, kwargs, own)
         job = (call.spec.setdefault("job_id", ids.new_id()), call.queue)
         self.tasks.append(job)
-        built = TaskSignature.of(task, call, task.run, immutable=bool(sig.immutable))
+        built = self._keep(TaskSignature.of(task, call, task.run, immutable=bool(sig.immutable)),
+                           JobResult(*job, app=self.app))
         watching = [self._errback(errback, job, scope) for errback in (*scope.errbacks, *errbacks)]
         if not links and not watching:
             return built
-        return Linked(
+        return self._same(Linked(
             (built,),
             links=self._links(links, scope),
             errbacks=tuple(watching),
-        )
+        ), built)
 
     def _links(self, links: list[Any], scope: Inherited) -> tuple[Part, ...]:
         """Link callbacks as parts (with no errbacks of the canvas's), not counted among the
@@ -282,13 +293,32 @@ class Canvas:
             )
         return task
 
-    def result(self, ref: JobRef | GroupRef) -> JobResult | JobGroupResult:
-        """What Celery's apply_async returns, answered by jobqueue."""
-        if isinstance(ref, JobRef):
-            return JobResult(ref.id, ref.queue, app=self.app)
-        return JobGroupResult(
-            ref.id, [JobResult(each.id, each.queue, app=self.app) for each in ref.refs], app=self.app
-        )
+    def _keep(self, part: Any, result: Any) -> Any:
+        """`part`, whose result (as Celery returns it) is `result`."""
+        self._results[id(part)] = result
+        return part
+
+    def _same(self, part: Any, inner: Any) -> Any:
+        """`part`, whose result is that of `inner` (a part it wraps or ends with)."""
+        return self._keep(part, self._results[id(inner)])
+
+    def _together(self, parts: list[Any]) -> JobGroupResult:
+        """A group's result: its members' (its id is the flow's at the top, else unknown)."""
+        return JobGroupResult(None, [self._results[id(part)] for part in parts], app=self.app)
+
+    def result(self, part: Part, ref: JobRef | GroupRef) -> JobResult | JobGroupResult:
+        """What Celery's apply_async returns for the canvas compiled as `part` and enqueued as
+        `ref`, answered by jobqueue: the result job's JobResult, its `parent` the one before
+        it, and so on back to the start (a chord's callback's parent is its header's
+        JobGroupResult), or a group's JobGroupResult (its id the flow's)."""
+        made = self._results[id(part)]
+        if isinstance(ref, JobRef):  # (the flow's result job is the canvas's last)
+            return made if made.id == ref.id else JobResult(ref.id, ref.queue, app=self.app)
+        if [each.id for each in made.results] != [each.id for each in ref.refs]:  # (nested
+            made = JobGroupResult(None, [JobResult(each.id, each.queue, app=self.app)  # groups:
+                                         for each in ref.refs], app=self.app)  # one flat list)
+        made.id = ref.id
+        return made
 
 
 def apply(
@@ -306,7 +336,14 @@ def apply(
     canvas.options.update({k: v for k, v in (options or {}).items() if v is not None})
     compiler = Canvas(canvas.app)
     part = compiler.part(canvas, tuple(args), kwargs)
-    return compiler.result((chain(part) if isinstance(part, Signature) else part).enqueue())
+    return compiler.result(part, (chain(part) if isinstance(part, Signature) else part).enqueue())
+
+
+def _first(result: Any) -> Any:
+    """The earliest result `result`'s parents lead back to (itself when it has none)."""
+    while result.parent is not None:
+        result = result.parent
+    return result
 
 
 def _takes_anything(*args: Any, **kwargs: Any) -> None:

@@ -48,6 +48,7 @@ def by_task(flow: str, task: Any) -> list[Any]:
 def test_chain_group_and_chord_give_the_results_celery_would(worker: Path) -> None:
     chained = chain(add.s(2, 2), add.s(4), add.s(8)).apply_async()
     assert isinstance(chained, AsyncResult) and chained.get(timeout=60) == 16
+    assert chained.parent.get(timeout=60) == 8 and chained.parent.parent.get(timeout=60) == 4
     assert chained.ready() and chained.successful() and chained.state == "SUCCESS"
     assert get_job(chained.id).flow == chained.id  # (the last step's id is the flow's)
     assert (add.s(1, 1) | add.s(2) | add.s(3))().get(timeout=60) == 7  # (the pipe builds a chain)
@@ -60,6 +61,7 @@ def test_chain_group_and_chord_give_the_results_celery_would(worker: Path) -> No
 
     summed = chord([add.s(i, i) for i in range(10)])(tsum.s())
     assert summed.get(timeout=60) == 90
+    assert summed.parent.get(timeout=60) == [i * 2 for i in range(10)]
     assert chord([add.s(1, 2), add.s(3, 4)], tsum.s()).apply_async().get(timeout=60) == 10
     # a group in a chain hands its list on, as Celery's group | task chord does
     assert chain(add.s(1, 1), group(add.s(1), add.s(2)), tsum.s()).delay().get(timeout=60) == 7
@@ -170,6 +172,29 @@ def test_a_canvas_queue_and_priority_go_to_each_task_that_sets_none() -> None:
     assert jobs[0].payload == {"handler": f"celery:{shout.name}", "args": ["a"]}
     fanned = group(shout.s("b"), shout.s("c")).set(queue="reports", soft_time_limit=5).delay()
     assert [get_job(r.id, "reports").payload["soft_time_limit"] for r in fanned.results] == [5, 5]
+
+
+def test_results_lead_back_through_their_parents_as_celerys_do() -> None:
+    """A chain's result's `parent` is the step before (and so on back to its first, whose
+    parent is None); a chord's callback's is its header's GroupResult; a group's, the step
+    before it; a link's result is no parent."""
+    three = chain(shout.s("a"), echo.s(), echo.s().set(link=echo.s())).delay()
+    ids = [info.id for info in flows.members(three.id)]
+    assert [three.id, three.parent.id, three.parent.parent.id] == ids[2::-1]
+    assert three.parent.parent.parent is None and isinstance(three.parent, AsyncResult)
+
+    summed = chain(echo.s("a"), chord([echo.s("b"), echo.s("c")], echo.s())).delay()
+    header = summed.parent
+    assert isinstance(header, GroupResult) and header.parent.parent is None
+    first, *members, callback = flows.members(summed.id)
+    assert [r.id for r in header.results] == [m.id for m in members] and callback.id == summed.id
+    assert header.parent.id == first.id
+
+    fanned = chain(echo.s("a"), group(chain(echo.s("b"), echo.s()), echo.s("c"))).delay()
+    assert isinstance(fanned, GroupResult) and fanned.parent.parent is None
+    ends = fanned.results
+    assert ends[0].parent is not None and ends[0].parent.parent is None and ends[1].parent is None
+    assert fanned.parent.id == flows.members(fanned.id)[0].id and fanned.id != fanned.parent.id
 
 
 def test_a_canvas_in_a_transaction_is_written_at_its_commit_and_not_on_rollback() -> None:
