@@ -14,7 +14,7 @@ worker pool of its own (`runworker --queues default`), the callback on another q
 other workers (a second `runworker --queues report`, a process of its own, idle until the
 callback comes). Both rows count the same span (the chord's enqueue to its callback's start),
 on the same machine: the second pays for the relay (each member's outcome written to its shard's
-`:forward` stream, delivered on `report` by the members' worker's relay thread) and for the
+`:outcomes` stream, delivered on `report` by the members' worker's relay thread) and for the
 second process.
 
     .venv/bin/python bench/flows.py [--members 1000] [--rounds 5] [--concurrency 16] [--no-peers]

@@ -303,8 +303,14 @@ class Canvas:
         return self._keep(part, self._results[id(inner)])
 
     def _together(self, parts: list[Any]) -> JobGroupResult:
-        """A group's result: its members' (its id is the flow's at the top, else unknown)."""
-        return JobGroupResult(None, [self._results[id(part)] for part in parts], app=self.app)
+        """A group's result: its members', a nested group's spliced in (as jobqueue hands on
+        their results, and Celery unrolls a chord's header); its id is the flow's at the top,
+        else unknown."""
+        results: list[Any] = []
+        for part in parts:
+            made = self._results[id(part)]
+            results += made.results if isinstance(made, JobGroupResult) else [made]
+        return JobGroupResult(None, results, app=self.app)
 
     def result(self, part: Part, ref: JobRef | GroupRef) -> JobResult | JobGroupResult:
         """What Celery's apply_async returns for the canvas compiled as `part` and enqueued as
@@ -314,9 +320,10 @@ class Canvas:
         made = self._results[id(part)]
         if isinstance(ref, JobRef):  # (the flow's result job is the canvas's last)
             return made if made.id == ref.id else JobResult(ref.id, ref.queue, app=self.app)
-        if [each.id for each in made.results] != [each.id for each in ref.refs]:  # (nested
-            made = JobGroupResult(None, [JobResult(each.id, each.queue, app=self.app)  # groups:
-                                         for each in ref.refs], app=self.app)  # one flat list)
+        if [each.id for each in made.results] != [each.id for each in ref.refs]:  # (unforeseen:
+            flat = JobGroupResult(None, [JobResult(each.id, each.queue, app=self.app)  # what
+                                         for each in ref.refs], app=self.app)  # the flow says)
+            flat.parent, made = made.parent, flat
         made.id = ref.id
         return made
 

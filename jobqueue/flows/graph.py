@@ -9,7 +9,7 @@ something (`chain(a, group([...]))`) does not spread: each member waits for `a`,
 `a`'s shard and `a`'s own call releases them (the fast path below).
 An edge member -> dependent on one shard is released by the script call that records the
 member's outcome, fenced by its token (the fast path: `member_done` in `_flows.lua`). Across
-shards, that same call writes a "member done" entry in the member's shard's `:forward` stream,
+shards, that same call writes a "member done" entry in the member's shard's `:outcomes` stream,
 which a relay (relay.py) delivers to the dependent's shard (`deliver.lua`: a set, so a replay
 changes nothing) before deleting it; so a replayed ack, a finisher killed at any point, or a
 Valkey restart from its AOF cannot release a dependent twice or never.
@@ -37,7 +37,7 @@ durable rows of a flow, outbox.py, are one queue's).
 `dispatch.submit_flow` decides when a flow is written (now, at the commit, or from a durable queue's
 rows: outbox.py); this module writes it.
 
-Touches `:job:<id>`, `:waiting`, `:deps:<id>`, `:results:<id>`, `:flow:<id>` and `:forward` only
+Touches `:job:<id>`, `:waiting`, `:deps:<id>`, `:results:<id>`, `:flow:<id>` and `:outcomes` only
 through the `flow` script; `members.py` reads `:flow:<id>` for a flow's members.
 """
 

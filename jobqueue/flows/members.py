@@ -1,6 +1,6 @@
 """A flow once written: its jobs listed, in the flow's order, from every shard of every queue it
 spans (each shard's `:flow:<id>` lists its own: a flow's jobs may name several queues), what a
-waiting job still waits for, and a flow cancelled (the `:forward` entries a cancel left are
+waiting job still waits for, and a flow cancelled (the `:outcomes` entries a cancel left are
 relayed at once: relay.py).
 """
 

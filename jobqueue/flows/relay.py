@@ -37,8 +37,8 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
@@ -60,6 +60,11 @@ LEGACY = "forward"
 (`FIELDS`, `token`): relayed by the maintenance turns (`relay_queue`) during a rolling
 upgrade."""
 FIELDS = ("dep", "slot", "policy", "member", "state", "value")
+DELIVER_BYTES = 128 * 1024
+"""About how much of packs one deliver call takes (~1,800 outcomes of a small result): a
+backlog's relay makes several calls rather than one that holds Valkey long."""
+Entry = tuple[str, dict[str, str]]
+"""A stream entry to deliver: its id, and its fields (shard, pack, since: `_relay_batch`)."""
 AOF_WAIT_MS = 2000
 """How long a relay waits for another node's AOF to hold a delivery (everysec: about 1 s)."""
 
@@ -98,7 +103,8 @@ def pack_of(fields: dict[str, str]) -> str | None:
     if "pack" in fields:
         return fields["pack"]
     if all(name in fields for name in FIELDS):  # (one written before tokens has none)
-        return json.dumps([[*(fields[name] for name in FIELDS), fields.get("token", "")]])
+        return json.dumps([[*(fields[name] for name in FIELDS), fields.get("token", "")]],
+                          ensure_ascii=False)
     return None
 
 
@@ -111,39 +117,58 @@ def _relay_batch(queue: Queue, index: int, stream: str, start: str, queues: dict
     entries = client.xrange(key, min=start, count=BATCH)
     if not entries:
         return 0, set(), None
-    by_shard: dict[tuple[str, int], list[tuple[str, str]]] = defaultdict(list)
+    by_shard: dict[tuple[str, int], list[Entry]] = defaultdict(list)
     gone, onward = [], set()
     for entry_id, fields in entries:
         aim, pack = target(queue, str(fields.get("shard", ""))), pack_of(fields)
         if aim is not None and pack is not None:
-            by_shard[aim].append((entry_id, pack))
+            since = fields.get("since", "")  # (a kept rest's: see `_keep_absent`)
+            by_shard[aim].append((entry_id, {
+                "shard": fields["shard"], "pack": pack,
+                "since": since if since.isdigit() else entry_id.split("-")[0]}))
         else:  # (hand-written or corrupt: it could never be delivered)
             log.warning("queue=%s shard %d: dropped a malformed entry %s", queue.name, index,
                         entry_id)
             gone.append(entry_id)
     retention = round(get_config().retention * 1000)
-    for (name, shard), batch in by_shard.items():
+    for (name, shard), batch in ((aim, chunk) for aim, each in by_shard.items()
+                                 for chunk in _chunks(each)):
         there = queues.get(name) or queues.setdefault(name, Queue(name, client=client))
         reply, kept = _deliver(queue.shard(index), there, shard, retention,
-                               [pack for _, pack in batch])
+                               [fields["pack"] for _, fields in batch])
         if reply.forwarded:
             onward.add((name, shard))
         if reply.waits_again:  # (claimed from there, retired or not)
             layouts.reopen(client, name, there.configured, shard)
-        for (entry_id, pack), applied in zip(batch, reply.applied, strict=True):
-            if applied is None:
+        for (entry_id, fields), absent in zip(batch, reply.absent, strict=True):
+            if absent is None:
                 log.warning("queue=%s shard %d: dropped entry %s, whose outcomes are malformed",
                             queue.name, index, entry_id)
                 gone.append(entry_id)
-            elif (applied and kept) or _stale(entry_id, retention):
+            elif absent and _stale(int(fields["since"]), retention):
+                log.warning("queue=%s: a job of entry %s never reached shard %d of queue %s; "
+                            "dropped what it holds for it: %s", queue.name, entry_id, shard,
+                            name, fields["pack"][:500])
                 gone.append(entry_id)
-                if not applied:
-                    log.warning("queue=%s: a job of entry %s never reached shard %d of queue "
-                                "%s; dropped what it holds for it: %s", queue.name, entry_id,
-                                shard, name, pack[:500])
+            elif kept and (not absent or _keep_absent(client, key, fields, absent)):
+                gone.append(entry_id)
     if gone:
         client.xdel(key, *gone)
     return len(gone), onward, entries[-1][0] if len(entries) == BATCH else None
+
+
+def _chunks(batch: list[Entry]) -> Iterator[list[Entry]]:
+    """`batch` in runs of at most DELIVER_BYTES of packs (at least one entry each)."""
+    chunk: list[Entry] = []
+    size = 0
+    for entry in batch:
+        if chunk and size + len(entry[1]["pack"]) > DELIVER_BYTES:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += len(entry[1]["pack"])
+    if chunk:
+        yield chunk
 
 
 def _deliver(source: ShardKeys, queue: Queue, target: int, retention: int,
@@ -162,10 +187,28 @@ def _deliver(source: ShardKeys, queue: Queue, target: int, retention: int,
     return reply, kept
 
 
-def _stale(entry_id: str, retention_ms: int) -> bool:
-    """Whether an entry is older than the retention, and at least a minute old (its id starts
-    with its ms time): a queue without retention still gives a delivery a minute."""
-    return time.time() * 1000 - int(entry_id.split("-")[0]) > max(retention_ms, 60_000)
+def _stale(since_ms: int, retention_ms: int) -> bool:
+    """Whether an entry written at `since_ms` is older than the retention, and at least a
+    minute old: a queue without retention still gives a delivery a minute."""
+    return time.time() * 1000 - since_ms > max(retention_ms, 60_000)
+
+
+def _keep_absent(client: Any, key: str, fields: dict[str, str], absent: list[int]) -> bool:
+    """An entry (`fields`: its shard, pack and the ms it was first written at, `since`) some
+    of whose outcomes found no job (the others applied): those alone stay, in an entry of
+    their own (the same `since`), so that the applied ones
+    are not applied again at each relay (a failure's outcome would cancel again a dependent
+    an operator has retried meanwhile). True when the entry is to be deleted (its rest is
+    written); False when every outcome of it is absent, or it cannot be read (kept whole)."""
+    try:
+        outcomes = json.loads(fields["pack"])
+    except ValueError:
+        return False
+    if len(absent) >= len(outcomes):
+        return False
+    client.xadd(key, {**fields, "pack": json.dumps([outcomes[at] for at in absent],
+                                                   ensure_ascii=False)})
+    return True
 
 
 def relay_queue(queue: Queue, shards: int | None = None) -> int:

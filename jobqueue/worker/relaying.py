@@ -2,7 +2,7 @@
 other shards or queues: `flows/relay.py`), on a thread of its own.
 
 The main loop records outcomes; an ack or nack whose answer says it forwarded names its shard
-here (`after`), and the relay thread delivers that shard's `:forward` entries right away. The
+here (`after`), and the relay thread delivers that shard's `:outcomes` entries right away. The
 main loop does not wait for the three calls a relay makes (read, deliver, delete): it claims
 on. While a relay runs, the shards named meanwhile gather, and the next pass reads each once:
 a busy fan-out's many acks make a few relays of many entries each, not one relay per ack. The

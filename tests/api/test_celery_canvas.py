@@ -196,6 +196,11 @@ def test_results_lead_back_through_their_parents_as_celerys_do() -> None:
     assert ends[0].parent is not None and ends[0].parent.parent is None and ends[1].parent is None
     assert fanned.parent.id == flows.members(fanned.id)[0].id and fanned.id != fanned.parent.id
 
+    nested = chain(echo.s("a"), group(group(echo.s("b"), echo.s("c")), echo.s("d"))).delay()
+    first, *rest = flows.members(nested.id)
+    assert [r.id for r in nested.results] == [info.id for info in rest]  # (one flat list)
+    assert nested.parent.id == first.id
+
 
 def test_a_canvas_in_a_transaction_is_written_at_its_commit_and_not_on_rollback() -> None:
     with transaction.atomic():

@@ -203,6 +203,35 @@ def test_a_delivery_of_part_of_a_jobs_outcomes_leaves_it_waiting_for_the_rest(tw
     assert lease.payload["args"] == [[10, 11, 12]]
 
 
+def test_one_pack_of_more_successes_than_a_script_can_unpack_at_once_releases_its_job(
+        two: Queue) -> None:
+    # 2,500 members acked in one call: one pack, one run of 2,500 successes for the callback,
+    # applied a thousand at a time (Lua's unpack takes ~8,000 values: 4 an outcome).
+    callback, entries = _forwarded(2500)
+    assert len(entries) == 2500
+    assert relay.relay_shard(Queue("default"), 0) == 1
+    [lease] = two.dequeue(count=5)
+    assert lease.job_id == callback and lease.payload["args"] == [[10 + i for i in range(2500)]]
+
+
+def test_a_relay_of_many_packs_delivers_them_a_few_at_a_time(
+        two: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each deliver call takes about DELIVER_BYTES of packs (here: one pack a call).
+    monkeypatch.setattr(relay, "DELIVER_BYTES", 1)
+    calls: list[int] = []
+    deliver = relay.calls.deliver
+    monkeypatch.setattr(relay.calls, "deliver",
+                        lambda *args, **kw: calls.append(len(args[3])) or deliver(*args, **kw))
+    ref = chord([jobs.add.s(i, 0) for i in range(20)], jobs.total.using(queue="two").s()).enqueue()
+    default = Queue("default")
+    leases = default.dequeue(count=20)
+    for at in range(0, 20, 4):
+        default.ack_encoded([(lease, str(lease.payload["args"][0])) for lease in leases[at:at + 4]])
+    assert relay.relay_shard(default, 0) == 5 and calls == [1] * 5
+    [lease] = two.dequeue(count=5)
+    assert lease.job_id == ref.id and lease.payload["args"] == [list(range(20))]
+
+
 def test_a_stopping_worker_relays_what_its_last_runs_forwarded_before_it_ends(two: Queue) -> None:
     # The member still runs when the worker is asked to stop: its ack, recorded by the drain,
     # forwards its outcome, which the worker's relay thread (stopped only after the drain)

@@ -1,6 +1,6 @@
 """Flows across the shards of a queue (standalone Valkey and a cluster): a wide group or chord
 spreads over the shards, a job depends on one on another shard, failures cascade from shard to
-shard; "member done" crosses through the member's shard's `:forward` stream and a relay
+shard; "member done" crosses through the member's shard's `:outcomes` stream and a relay
 (relay.py), once, whether the relay is replayed or left to another worker's maintenance."""
 
 from __future__ import annotations

@@ -93,3 +93,34 @@ def test_an_earlier_versions_entry_is_delivered_by_the_maintenance_relay(four: Q
     assert four.get(d.id).state == "waiting"  # type: ignore[union-attr]
     assert relay.relay_queue(four) == 1 and forward_entries(four) == 0
     assert four.get(d.id).state == "pending"  # type: ignore[union-attr]
+
+
+def test_a_packs_outcomes_applied_are_not_applied_again_while_one_waits_for_its_job(
+        four: Queue) -> None:
+    """One ack's pack holds a run an operator cancelled (its dependent cancelled under "fail")
+    and an outcome for a job not written yet: the applied one goes, the other stays in an entry
+    of its own (as old as the first); the dependent, retried by an operator meanwhile, is not
+    cancelled again by the next relays; the kept outcome is dropped once stale."""
+    a = jobs.add.using(queue=FOUR, lane=lane_on(0)).enqueue(1, 2)
+    d = jobs.noop.using(queue=FOUR, lane=lane_on(2), depends_on=[a]).enqueue()
+    [lease] = four.dequeue(count=5)
+    key = four.shard(0).job(a.id)
+    four.client.hset(key, "dependents", f"{four.client.hget(key, 'dependents')} JOB0000000000a:0:f:2")
+    assert four.cancel(a.id) == "active"
+    assert four.ack_encoded([(lease, "3")]) == [4]
+    [(first, fields)] = four.client.xrange(four.shard(0).key("outcomes"))
+    assert len(json.loads(fields["pack"])) == 2
+    assert relay.relay_shard(four, 0) == 1 and forward_entries(four) == 1  # (its rest stays)
+    assert four.get(d.id).state == "cancelled"  # type: ignore[union-attr]
+    [(_, kept)] = four.client.xrange(four.shard(0).key("outcomes"))
+    assert [o[0] for o in json.loads(kept["pack"])] == ["JOB0000000000a"]
+    assert kept["since"] == first.split("-")[0] and kept["shard"] == "2"
+    four.retry(d.id)
+    for _ in range(2):
+        relay.relay_shard(four, 0)
+        relay.relay_queue(four)
+        assert four.get(d.id).state == "waiting"  # type: ignore[union-attr]
+    old = "1"  # (long past any retention)
+    four.client.delete(four.shard(0).key("outcomes"))
+    four.client.xadd(four.shard(0).key("outcomes"), {**kept, "since": old})
+    assert relay.relay_shard(four, 0) == 1 and forward_entries(four) == 0  # (stale: dropped)

@@ -136,10 +136,11 @@ class Delivered(NamedTuple):
     """The deliveries forwarded in turn (relay from this shard)."""
     waits_again: bool
     """A job a member's failure had cancelled waits again."""
-    applied: list[bool | None]
-    """Per pack: every outcome applied (or nothing left to apply: a replay, an older outcome);
-    False: some outcome's job is not on the shard (expired, deleted, or a node that lost data),
-    the others applied; None: not a list of outcomes, nothing applied."""
+    absent: list[list[int] | None]
+    """Per pack: the places (from 0) of its outcomes whose job is not on the shard (expired,
+    deleted, or a node that lost data), the others applied (an empty list: every outcome
+    applied, or nothing left to apply: a replay, an older outcome); None: not a list of
+    outcomes, nothing applied."""
 
 
 class Watched(NamedTuple):

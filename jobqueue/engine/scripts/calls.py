@@ -177,8 +177,9 @@ def deliver(client: Any, shard: ShardKeys, retention: int, packs: Sequence[str],
         reply, kept = caller.run(client, "deliver", shard, args), True
     else:
         reply, kept = caller.run_on_disk(client, "deliver", shard, args, aof_wait_ms)
-    applied = [None if int(a) < 0 else bool(int(a)) for a in reply[2:]]
-    return Delivered(bool(int(reply[0])), bool(int(reply[1])), applied), kept
+    absent = [[int(at) - 1 for at in a] if isinstance(a, list) else None if int(a) < 0 else []
+              for a in reply[2:]]
+    return Delivered(bool(int(reply[0])), bool(int(reply[1])), absent), kept
 
 
 # -- worker ---------------------------------------------------------------------------------

@@ -26,10 +26,10 @@ ARGV[2..] packs    n, then n packs (an entry's `pack`: JSON, a list of outcomes,
 Returns: {entries this call forwarded in turn (to relay from this shard), 1 when a job a member's
         failure had cancelled waits again (the relay claims from this shard again, should a
         resize have retired it) else 0, then per pack 1 (each outcome applied, or nothing left
-        to apply: a replay, an older outcome, a job no longer waiting), 0 (some outcome's job is
-        not here: one expired or deleted, or a node that lost data; the relay keeps the entry
-        until it is stale; the others were applied) or -1 (not a list of outcomes: nothing
-        applied; the relay drops it)}
+        to apply: a replay, an older outcome, a job no longer waiting), the places (from 1) of
+        its outcomes whose job is not here (one expired or deleted, or a node that lost data:
+        the relay keeps those until they are stale; the others were applied), or -1 (not a list
+        of outcomes: nothing applied; the relay drops it)}
 ]]
 -- uses: now_ms, job_key, edge_done, finish, successes_done
 local base, meta = KEYS[1], KEYS[2]
@@ -50,52 +50,66 @@ local function decoded(text)
   return pack
 end
 
--- Every pack's outcomes in one list, in order (`from`: each outcome's pack).
-local E, from, out = {}, {}, {sent, revived}
+-- Every pack's outcomes in one list, in order (`from`, `at`: each outcome's pack and its place
+-- in it); a pack's answer: an empty list until an outcome of it finds no job (its place noted).
+local E, from, at, out = {}, {}, {}, {sent, revived}
 for p = 1, npacks do
   local pack = decoded(ARGV[2 + p])
-  out[2 + p] = pack and 1 or -1
-  for _, e in ipairs(pack or {}) do
+  out[2 + p] = pack and {} or -1
+  for k, e in ipairs(pack or {}) do
     E[#E + 1] = e
-    from[#E] = p
+    from[#E], at[#E] = p, k
   end
 end
 
 -- The outcomes from `i` on that are successes for the same job as outcome `i` (a chord's
--- callback gets many in a row): their count.
+-- callback gets many in a row): their count, at most RUN (successes_done unpacks 4 values an
+-- outcome into one HSET: Lua's unpack takes ~8,000).
+local RUN = 1000
 local function run_length(i)
   local dep, j = E[i][1], i
-  while j < #E and E[j + 1][1] == dep and E[j + 1][5] == 'succeeded' do j = j + 1 end
+  while j < #E and j - i + 1 < RUN and E[j + 1][1] == dep and E[j + 1][5] == 'succeeded' do
+    j = j + 1
+  end
   return j - i + 1
 end
 
+-- Outcome `k` applied alone.
+local function apply_one(k)
+  local dep, index, policy, member, state, value, token = unpack(E[k])
+  local dk = job_key(base, dep)
+  if redis.call('EXISTS', dk) == 0 then
+    local absent = out[2 + from[k]]
+    absent[#absent + 1] = at[k]
+    return
+  end
+  local applied = edge_done(base, member, state, value, dep, index, policy, now, retention, token)
+  if applied == 'cancel' then
+    sent = sent + finish(base, done, meta, dk, dep, 'cancelled', now, retention)
+  elseif applied == 'revived' then
+    revived = 1
+  end
+end
+
+-- A run of successes for one waiting job goes at once (successes_done); anything else, and a
+-- run whose slots hold a failure mark, one by one.
 local i = 1
 while i <= #E do
-  local dep, index, policy, member, state, value, token = unpack(E[i])
-  local dk = job_key(base, dep)
-  local count = (state == 'succeeded') and run_length(i) or 1
-  local bulk = false
-  if count > 1 and redis.call('HGET', dk, 'state') == 'waiting' then
+  local dep, count = E[i][1], 1
+  if E[i][5] == 'succeeded' and i < #E and E[i + 1][1] == dep
+      and redis.call('HGET', job_key(base, dep), 'state') == 'waiting' then
+    count = run_length(i)
     local run = {}
     for k = i, i + count - 1 do run[#run + 1] = {E[k][4], E[k][2], E[k][6], E[k][7]} end
-    bulk = successes_done(base, dep, run, now)
-  end
-  if bulk then
-    i = i + count
-  else
-    if redis.call('EXISTS', dk) == 0 then
-      out[2 + from[i]] = 0
-    else
-      local applied = edge_done(base, member, state, value, dep, index, policy, now, retention,
-        token)
-      if applied == 'cancel' then
-        sent = sent + finish(base, done, meta, dk, dep, 'cancelled', now, retention)
-      elseif applied == 'revived' then
-        revived = 1
-      end
+    if successes_done(base, dep, run, now) then
+      i, count = i + count, 0
     end
-    i = i + 1
   end
+  for k = i, i + count - 1 do apply_one(k) end
+  i = i + count
+end
+for p = 1, npacks do  -- (an empty list is no reply: 1 for a pack applied whole)
+  if type(out[2 + p]) == 'table' and #out[2 + p] == 0 then out[2 + p] = 1 end
 end
 out[1], out[2] = sent, revived
 return out
