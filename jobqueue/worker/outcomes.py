@@ -254,8 +254,8 @@ class Outcomes:
 
     def _relay(self, leases: list[Lease]) -> None:
         """Relay what the outcomes of `leases` forwarded: at once, here, when the worker holds
-        no other job (its last ones: the dependent waits for this relay, and nothing for this
-        thread), else on the relay thread (relaying.py)."""
+        no other job (the jobs a claim brought are not held yet: relaying.py), else on the
+        relay thread."""
         ours = {(lease.job_id, lease.token) for lease in leases}
         alone = all(held in ours for held in list(self._held.jobs))
         self._relayer.after(leases, now=alone)

@@ -5,11 +5,14 @@ The main loop records outcomes; an ack or nack whose answer says it forwarded na
 here (`after`), and the relay thread delivers that shard's `:outcomes` entries right away. The
 main loop does not wait for the three calls a relay makes (read, deliver, delete): it claims
 on. While a relay runs, the shards named meanwhile gather, and the next pass reads each once:
-a busy fan-out's many acks make a few relays of many entries each, not one relay per ack. The
-outcomes of a worker that holds nothing else (a fan-out's last members) are relayed at once on
-the caller's thread instead: nothing waits for its main loop then, and the dependent's start
-waits for that relay (not for a pass in flight, nor for the thread's turn). A pass in flight
-may then deliver some entries that relay delivers too: a delivery is idempotent.
+a worker whose long jobs end one by one relays while it claims on. The outcomes of a worker
+that holds no job but those its call acked are relayed at once on the caller's thread instead
+(a claim's new jobs are not counted: they are handed to the runners after it): so a fan-out of
+short jobs, whose every claim acks all the worker held, relays inline at each claim, and its
+last members' relay, which the dependent's start waits for, never waits for a pass in flight
+nor for the thread's turn (bench/RESULTS.md, 2026-12-05: handing those relays to the thread ran
+the fan-out faster but started the dependent later). A pass in flight may deliver some entries
+an inline relay delivers too: a delivery is idempotent.
 Before its thread starts (a test that drives the worker's turns itself), and once it stopped,
 a shard is relayed on the caller's thread, as before.
 
