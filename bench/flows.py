@@ -88,6 +88,10 @@ def jobqueue_rounds(url: str, members: int, rounds: int, concurrency: int
     """The chord's rounds, those of the chord whose callback is on another queue, then
     result()'s wake-up latencies (ms)."""
     os.environ.update(env(url))
+    # (the mirror's database, the project's or DATABASE_URL's, migrated: a checkout compared
+    # with another must write the same history, not fail to)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env(url),
+                   check=True)
     import django
 
     django.setup()
