@@ -20,6 +20,9 @@ RECYCLES_KEY = "{emq}:recycles"
 (`name:<worker>`) while that worker lives."""
 RECYCLE_REASONS = ("max_jobs", "max_memory")
 """Why a worker recycles: `runworker --max-jobs`, `--max-memory`."""
+RELAY_STREAMS = ("outcomes", "forward")
+"""A shard's streams of flows' outcomes for other shards, to relay (flows/relay.py): its own
+(an entry a pack of outcomes), then an earlier version's (an entry an outcome)."""
 
 
 def _crc16(data: bytes) -> int:

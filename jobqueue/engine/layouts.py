@@ -42,7 +42,7 @@ from typing import Any
 from .. import ids
 from ..conf import get_client, get_config
 from ..exceptions import InvalidOption, JobQueueError
-from ..keys import REGISTRY_KEY, ShardKeys, placement_hash
+from ..keys import REGISTRY_KEY, RELAY_STREAMS, ShardKeys, placement_hash
 from ..spec import Prepared
 from . import lanes, permits
 from .scripts import operator_calls
@@ -358,7 +358,7 @@ def _settled_shard(client: Any, shard: ShardKeys, now: Layout) -> bool:
         # relay the shards they claim from, so a retired shard's entries would wait forever)
         counts = operator_calls.counts(client, shard)
         return (not any(counts[state] for state in LIVE_STATES)
-                and not any(client.xlen(shard.key(stream)) for stream in ("outcomes", "forward")))
+                and not any(client.xlen(shard.key(stream)) for stream in RELAY_STREAMS))
     if not now.prior:
         return True
     if any(lane and placement_hash(lane) % now.live != shard.index

@@ -47,17 +47,16 @@ from ..engine import layouts
 from ..engine.scripts import calls
 from ..engine.scripts.answers import Delivered
 from ..engine.store import Queue
-from ..keys import QUEUE_NAME, ShardKeys
+from ..keys import QUEUE_NAME, RELAY_STREAMS, ShardKeys
 from ..records import Lease
 
 log = logging.getLogger("jobqueue.relay")
 BATCH = 200
 """Entries read from a stream at a time."""
-STREAM = "outcomes"
-"""Where a finish writes the outcomes it sends to other shards: an entry a pack of them."""
-LEGACY = "forward"
-"""Where workers of an earlier version write them, an entry an outcome in fields of its own
-(`FIELDS`, `token`): relayed by the maintenance turns (`relay_queue`) during a rolling
+STREAM, LEGACY = RELAY_STREAMS
+"""Where a finish writes the outcomes it sends to other shards (an entry a pack of them), and
+where workers of an earlier version write them (an entry an outcome in fields of its own:
+`FIELDS`, `token`), relayed by the maintenance turns (`relay_queue`) during a rolling
 upgrade."""
 FIELDS = ("dep", "slot", "policy", "member", "state", "value")
 DELIVER_BYTES = 128 * 1024
@@ -131,8 +130,7 @@ def _relay_batch(queue: Queue, index: int, stream: str, start: str, queues: dict
                         entry_id)
             gone.append(entry_id)
     retention = round(get_config().retention * 1000)
-    for (name, shard), batch in ((aim, chunk) for aim, each in by_shard.items()
-                                 for chunk in _chunks(each)):
+    for (name, shard), batch in _chunks(by_shard):
         there = queues.get(name) or queues.setdefault(name, Queue(name, client=client))
         reply, kept = _deliver(queue.shard(index), there, shard, retention,
                                [fields["pack"] for _, fields in batch])
@@ -157,18 +155,20 @@ def _relay_batch(queue: Queue, index: int, stream: str, start: str, queues: dict
     return len(gone), onward, entries[-1][0] if len(entries) == BATCH else None
 
 
-def _chunks(batch: list[Entry]) -> Iterator[list[Entry]]:
-    """`batch` in runs of at most DELIVER_BYTES of packs (at least one entry each)."""
-    chunk: list[Entry] = []
-    size = 0
-    for entry in batch:
-        if chunk and size + len(entry[1]["pack"]) > DELIVER_BYTES:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(entry)
-        size += len(entry[1]["pack"])
-    if chunk:
-        yield chunk
+def _chunks(by_shard: dict[tuple[str, int], list[Entry]]
+            ) -> Iterator[tuple[tuple[str, int], list[Entry]]]:
+    """Each shard's entries in runs of at most DELIVER_BYTES of packs (at least one entry
+    each): (the shard, a run)."""
+    for aim, batch in by_shard.items():
+        chunk: list[Entry] = []
+        size = 0
+        for entry in batch:
+            if chunk and size + len(entry[1]["pack"]) > DELIVER_BYTES:
+                yield aim, chunk
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += len(entry[1]["pack"])
+        yield aim, chunk
 
 
 def _deliver(source: ShardKeys, queue: Queue, target: int, retention: int,
@@ -196,10 +196,10 @@ def _stale(since_ms: int, retention_ms: int) -> bool:
 def _keep_absent(client: Any, key: str, fields: dict[str, str], absent: list[int]) -> bool:
     """An entry (`fields`: its shard, pack and the ms it was first written at, `since`) some
     of whose outcomes found no job (the others applied): those alone stay, in an entry of
-    their own (the same `since`), so that the applied ones
-    are not applied again at each relay (a failure's outcome would cancel again a dependent
-    an operator has retried meanwhile). True when the entry is to be deleted (its rest is
-    written); False when every outcome of it is absent, or it cannot be read (kept whole)."""
+    their own (the same `since`), so that the applied ones are not applied again at each
+    relay (a failure's outcome would cancel again a dependent an operator has retried
+    meanwhile). True when the entry is to be deleted (its rest is written); False when every
+    outcome of it is absent, or it cannot be read (kept whole)."""
     try:
         outcomes = json.loads(fields["pack"])
     except ValueError:

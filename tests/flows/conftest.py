@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from jobqueue import Queue, conf
-from jobqueue.keys import placement_hash
+from jobqueue.keys import RELAY_STREAMS, placement_hash
 
 FOUR = "four"
 
@@ -40,4 +40,4 @@ def forward_entries(queue: Queue) -> int:
     """The entries waiting in the 4 shards' `outcomes` streams (flows' outcomes to relay), and
     in their `forward` streams (an earlier version's)."""
     return sum(queue.client.xlen(queue.shard(i).key(stream)) for i in range(4)
-               for stream in ("outcomes", "forward"))
+               for stream in RELAY_STREAMS)

@@ -1,12 +1,13 @@
 --[[ deliver: "member done" entries relayed from another shard's base:outcomes STREAM (members
-finished there; see forward and member_done in _flows.lua), each a pack of outcomes, applied to the jobs of this shard
-that wait for it, as member_done applies them on the member's own shard: the outcome goes in the
-job's slot, the member leaves the job's set of pending members (SREM: a replayed entry finds it
-gone and changes nothing), the job is released once when its set empties, and a failed member's
-policy is applied ('f' cancels the job, and what waits for it, here or forwarded on; 'i' leaves an
-error object; 'c' releases it). Consecutive successes for one waiting job (a chord's callback
-gets runs of them) are applied together, to the same end (successes_done in _flows.lua).
-relay.py deletes an entry from its stream once this answered 1 for its pack.
+finished there; see forward and member_done in _flows.lua), each a pack of outcomes, applied
+to the jobs of this shard that wait for them, as member_done applies them on the member's own
+shard: the outcome goes in the job's slot, the member leaves the job's set of pending members
+(SREM: a replayed entry finds it gone and changes nothing), the job is released once when its
+set empties, and a failed member's policy is applied ('f' cancels the job, and what waits for
+it, here or forwarded on; 'i' leaves an error object; 'c' releases it). Consecutive successes
+for one waiting job (a chord's callback gets runs of them) are applied together, to the same
+end (successes_done in _flows.lua). relay.py deletes an entry from its stream once this
+answered 1 for its pack.
 KEYS[1] base    prefix  emq:{q#k}; derives rows base:job:<id>, base:deps:<id>, base:results:<id>,
                         base:waiting, lanes base:pending / base:lane:<l>, base:ring, base:wake (a
                         job released), base:outcomes (a cancel forwarded on), and as a job is
@@ -35,7 +36,7 @@ Returns: {entries this call forwarded in turn (to relay from this shard), 1 when
 local base, meta = KEYS[1], KEYS[2]
 local done = base .. ':done'
 local retention, npacks = tonumber(ARGV[1]), tonumber(ARGV[2])
-local now, sent, revived = now_ms(), 0, 0
+local now, sent, revived = now_ms(), 0, 0  -- (the reply's first two)
 
 -- A pack decoded: its outcomes, or nil when it is not a list of outcomes of 7 strings.
 local function decoded(text)
@@ -52,7 +53,7 @@ end
 
 -- Every pack's outcomes in one list, in order (`from`, `at`: each outcome's pack and its place
 -- in it); a pack's answer: an empty list until an outcome of it finds no job (its place noted).
-local E, from, at, out = {}, {}, {}, {sent, revived}
+local E, from, at, out = {}, {}, {}, {0, 0}
 for p = 1, npacks do
   local pack = decoded(ARGV[2 + p])
   out[2 + p] = pack and {} or -1
