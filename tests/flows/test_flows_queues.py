@@ -151,13 +151,15 @@ def test_either_queue_resized_while_a_flow_across_them_runs(valkey_url: str) -> 
     lane = next(f"l{n}" for n in range(1000) if placement_hash(f"l{n}") % 3 == 2)
     ref = chord([jobs.mul.s(i, 1) for i in range(5)], on(A, jobs.echo).using(lane=lane).s()).enqueue()
     assert wide.locate(ref.id) == 2
-    spread = chord([on(A, jobs.mul).s(i, 1) for i in range(12)], jobs.total.s()).enqueue()
+    # (members placed by their random ids: 30 miss one of 3 shards once in ~70,000 runs, 12 once
+    # in ~40)
+    spread = chord([on(A, jobs.mul).s(i, 1) for i in range(30)], jobs.total.s()).enqueue()
     assert len({info.shard for info in flows.members(spread.id, B)[:-1]}) == 3
     wide.resize(1)
     assert layouts.settle(wide.client, A, 3) is None  # (jobs wait on its retiring shards)
     run_queues(A, B)
     assert ref.result(timeout=5) == {"args": [list(range(5))], "kwargs": {}}
-    assert spread.result(timeout=5) == sum(range(12))
+    assert spread.result(timeout=5) == sum(range(30))
     assert layouts.settle(wide.client, A, 3) is not None
 
 
